@@ -1,0 +1,62 @@
+// The stage backend interface: one contiguous layer range of one artifact, with a KV cache
+// per session. CPU reference, WebGPU and llama.cpp backends all implement it, in-thread or
+// behind a worker proxy.
+
+import type { TensorSource } from '../gguf/types.ts';
+
+/** Layers [start, end) of an artifact; the embedding rides along when start == 0, the output
+ * norm and head when end == nLayer. */
+export interface ShardRange {
+  start: number;
+  end: number;
+}
+
+export type StageInput =
+  /** first stage: token ids */
+  | { kind: 'tokens'; tokens: Int32Array }
+  /** later stages: hidden states, row-major [nTokens × n_embd] */
+  | { kind: 'hidden'; hidden: Float32Array; nTokens: number };
+
+export type StageOutput =
+  /** hidden states after the shard's last layer, row-major [nTokens × n_embd] */
+  | { kind: 'hidden'; hidden: Float32Array; nTokens: number }
+  /** logits of the last position, [n_vocab], when the shard holds the head */
+  | { kind: 'logits'; logits: Float32Array };
+
+export interface ForwardResult {
+  output: StageOutput;
+  /** wall time spent computing this call, in milliseconds */
+  computeMs: number;
+}
+
+export interface SessionOptions {
+  /** maximum positions the session's KV cache holds */
+  contextLength: number;
+}
+
+export interface SessionStats {
+  /** next position the session expects (= tokens in its KV cache) */
+  position: number;
+  /** bytes held by this session's KV cache on this stage */
+  kvBytes: number;
+  /** tokens processed by each layer of the shard (index 0 = shard.start) since the session opened */
+  processedTokens: number[];
+}
+
+export interface StageBackend {
+  readonly kind: 'cpu' | 'webgpu' | 'llamacpp' | 'stub';
+  /** read only this shard's tensors from `source` and make them ready to compute */
+  load(source: TensorSource, shard: ShardRange): Promise<void>;
+  openSession(sessionId: string, options: SessionOptions): Promise<void>;
+  /** free the session's KV cache; releasing an unknown session is an error */
+  releaseSession(sessionId: string): Promise<void>;
+  /**
+   * Run the shard's layers over `input` at positions [position, position + nTokens).
+   * `position` must equal the session's current position: a mismatch is an error, never a
+   * silent recompute.
+   */
+  forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult>;
+  sessionStats(sessionId: string): SessionStats;
+  /** free every buffer, worker and session */
+  dispose(): Promise<void>;
+}

@@ -1,0 +1,102 @@
+// `gguf-mesh` command-line entry: finds the commands in ./commands/, parses options strictly
+// (unknown commands and options exit 2 with a one-line reason) and runs one.
+
+import { readdirSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { parseArgs } from 'node:util';
+import type { Command, OptionSpec } from './command.ts';
+import { UsageError } from './command.ts';
+import { isMeshError } from '../errors.ts';
+
+const COMMANDS_DIR = join(dirname(fileURLToPath(import.meta.url)), 'commands');
+
+async function loadCommands(): Promise<Map<string, Command>> {
+  const files = readdirSync(COMMANDS_DIR).filter((f) => f.endsWith('.ts')).sort();
+  const commands = new Map<string, Command>();
+  for (const file of files) {
+    const mod = (await import(pathToFileURL(join(COMMANDS_DIR, file)).href)) as { command?: Command };
+    if (mod.command) commands.set(mod.command.name, mod.command);
+  }
+  return commands;
+}
+
+function optionLine(name: string, spec: OptionSpec): string {
+  const flag = `--${name}${spec.type === 'string' ? ` ${spec.valueName ?? '<value>'}` : ''}`;
+  const short = spec.short ? `-${spec.short}, ` : '    ';
+  const dflt = spec.default !== undefined ? ` (default: ${String(spec.default)})` : '';
+  return `  ${short}${flag.padEnd(28)} ${spec.description}${dflt}`;
+}
+
+export function commandHelp(cmd: Command): string {
+  const lines = [`usage: gguf-mesh ${cmd.name} ${cmd.usage}`.trimEnd(), '', cmd.summary, '', 'options:'];
+  for (const [name, spec] of Object.entries(cmd.options)) lines.push(optionLine(name, spec));
+  lines.push(optionLine('help', { type: 'boolean', short: 'h', description: 'show this help' }));
+  return lines.join('\n');
+}
+
+function mainHelp(commands: Map<string, Command>): string {
+  const lines = [
+    'gguf-mesh — serve one GGUF language model across many devices',
+    '',
+    'usage: gguf-mesh <command> [options]',
+    '',
+    'commands:',
+  ];
+  for (const cmd of commands.values()) lines.push(`  ${cmd.name.padEnd(14)} ${cmd.summary}`);
+  lines.push('', 'Run `gguf-mesh <command> --help` for the options of one command.');
+  for (const cmd of commands.values()) lines.push('', commandHelp(cmd));
+  return lines.join('\n');
+}
+
+export async function main(argv: string[]): Promise<number> {
+  const commands = await loadCommands();
+  const [name, ...rest] = argv;
+  if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
+    console.log(mainHelp(commands));
+    return 0;
+  }
+  const cmd = commands.get(name);
+  if (!cmd) {
+    console.error(`gguf-mesh: unknown command '${name}' (commands: ${[...commands.keys()].join(', ')})`);
+    return 2;
+  }
+  try {
+    const options: Record<string, { type: 'string' | 'boolean'; short?: string; multiple?: boolean }> = {
+      help: { type: 'boolean', short: 'h' },
+    };
+    for (const [k, spec] of Object.entries(cmd.options)) {
+      options[k] = { type: spec.type, ...(spec.short ? { short: spec.short } : {}), ...(spec.multiple ? { multiple: true } : {}) };
+    }
+    let parsed;
+    try {
+      parsed = parseArgs({ args: rest, options, allowPositionals: true, strict: true });
+    } catch (e) {
+      throw new UsageError((e as Error).message.split('\n')[0]!);
+    }
+    if (parsed.values.help) {
+      console.log(commandHelp(cmd));
+      return 0;
+    }
+    const [min, max] = cmd.positionals ?? [0, 0];
+    if (parsed.positionals.length < min || parsed.positionals.length > max) {
+      throw new UsageError(
+        max === 0
+          ? `${cmd.name} takes no positional arguments, got '${parsed.positionals.join(' ')}'`
+          : `${cmd.name} expects ${min === max ? min : `${min} to ${max}`} positional argument(s): ${cmd.usage}`,
+      );
+    }
+    return await cmd.run({ values: parsed.values as Record<string, string | boolean | undefined>, positionals: parsed.positionals });
+  } catch (e) {
+    if (e instanceof UsageError) {
+      console.error(`gguf-mesh ${cmd.name}: ${e.message}`);
+      return 2;
+    }
+    if (isMeshError(e)) {
+      console.error(`gguf-mesh ${cmd.name}: ${e.code}: ${e.message}`);
+      return 1;
+    }
+    console.error(`gguf-mesh ${cmd.name}: ${(e as Error).stack ?? String(e)}`);
+    return 1;
+  }
+}
