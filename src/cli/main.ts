@@ -1,7 +1,7 @@
 // `gguf-mesh` command-line entry: finds the commands in ./commands/, parses options strictly
 // (unknown commands and options exit 2 with a one-line reason) and runs one.
 
-import { readdirSync } from 'node:fs';
+import { existsSync, readdirSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
@@ -12,6 +12,8 @@ import { isMeshError } from '../errors.ts';
 const COMMANDS_DIR = join(dirname(fileURLToPath(import.meta.url)), 'commands');
 
 async function loadCommands(): Promise<Map<string, Command>> {
+  // git keeps no empty folders: a clean clone before the first command has none
+  if (!existsSync(COMMANDS_DIR)) return new Map();
   const files = readdirSync(COMMANDS_DIR).filter((f) => f.endsWith('.ts')).sort();
   const commands = new Map<string, Command>();
   for (const file of files) {
