@@ -1,0 +1,242 @@
+// Reading bytes of an artifact: from a local file (positioned fd reads) or from a URL (HTTP
+// Range requests, nearby ranges coalesced into one request). `ByteReader` is the raw layer
+// (manifests and peers use it); `openTensorSource` puts a parsed header on top of it.
+
+import { createReadStream } from 'node:fs';
+import { open } from 'node:fs/promises';
+import type { FileHandle } from 'node:fs/promises';
+import { MeshError } from '../errors.ts';
+import { isUrl, readHeader } from './parse.ts';
+import type { ReadHeaderOptions } from './parse.ts';
+import { coalesceRanges } from './ranges.ts';
+import type { CoalesceOptions } from './ranges.ts';
+import type { ByteRange, GgufHeader, TensorInfo, TensorSource } from './types.ts';
+
+export interface ByteReaderStats {
+  /** reads issued: HTTP requests for URLs, coalesced fd reads for files */
+  requests: number;
+  /** bytes received, gaps between coalesced ranges included */
+  bytesRead: number;
+}
+
+export interface ByteReader {
+  readonly location: string;
+  readonly stats: ByteReaderStats;
+  /**
+   * Reads each range in full. Results are views that may share one buffer with their
+   * neighbours. `labels[i]` (e.g. a tensor name) names range i in errors.
+   */
+  readRanges(ranges: readonly ByteRange[], labels?: readonly string[]): Promise<Uint8Array[]>;
+  /** The whole content, front to back, in chunks (one pass; for hashing). */
+  stream(): AsyncIterable<Uint8Array>;
+  close(): Promise<void>;
+}
+
+export interface ByteReaderOptions extends CoalesceOptions {
+  /** extra HTTP headers for URL locations */
+  headers?: Record<string, string>;
+  /** HTTP requests in flight at once (default 4) */
+  concurrency?: number;
+}
+
+export async function openByteReader(location: string, opts: ByteReaderOptions = {}): Promise<ByteReader> {
+  if (isUrl(location)) return new HttpByteReader(location, opts);
+  let fh: FileHandle;
+  try {
+    fh = await open(location, 'r');
+  } catch (e) {
+    throw new MeshError('GGUF_NOT_FOUND', `cannot open ${location}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+  }
+  return new FileByteReader(location, fh, opts);
+}
+
+/** One-shot helper: read these byte ranges of a file or URL. */
+export async function readByteRanges(
+  location: string,
+  ranges: readonly ByteRange[],
+  opts: ByteReaderOptions = {},
+): Promise<Uint8Array[]> {
+  const reader = await openByteReader(location, opts);
+  try {
+    return await reader.readRanges(ranges);
+  } finally {
+    await reader.close();
+  }
+}
+
+function shortReadError(location: string, label: string, range: ByteRange, got: number): MeshError {
+  return new MeshError(
+    'SHORT_READ',
+    `${location}: ${label} needs bytes [${range.offset}, ${range.offset + range.length}) but only ${got} of ${range.length} arrived`,
+    { label, offset: range.offset, length: range.length, got },
+  );
+}
+
+/** Slices a coalesced read into its parts, naming the first part that came up short. */
+function splitParts(
+  location: string,
+  read: ReturnType<typeof coalesceRanges>[number],
+  bytes: Uint8Array,
+  ranges: readonly ByteRange[],
+  labels: readonly string[] | undefined,
+  out: Uint8Array[],
+): void {
+  for (const p of read.parts) {
+    if (p.relOffset + p.length > bytes.length) {
+      const got = Math.max(0, bytes.length - p.relOffset);
+      throw shortReadError(location, labels?.[p.index] ?? `range ${p.index}`, ranges[p.index]!, got);
+    }
+    out[p.index] = bytes.subarray(p.relOffset, p.relOffset + p.length);
+  }
+}
+
+class FileByteReader implements ByteReader {
+  readonly stats: ByteReaderStats = { requests: 0, bytesRead: 0 };
+
+  constructor(
+    readonly location: string,
+    private readonly fh: FileHandle,
+    private readonly opts: ByteReaderOptions,
+  ) {}
+
+  async readRanges(ranges: readonly ByteRange[], labels?: readonly string[]): Promise<Uint8Array[]> {
+    const out: Uint8Array[] = new Array(ranges.length);
+    for (const read of coalesceRanges(ranges, this.opts)) {
+      const buf = new Uint8Array(read.length);
+      let filled = 0;
+      while (filled < read.length) {
+        const { bytesRead } = await this.fh.read(buf, filled, read.length - filled, read.offset + filled);
+        if (bytesRead === 0) break; // end of file
+        filled += bytesRead;
+      }
+      this.stats.requests++;
+      this.stats.bytesRead += filled;
+      splitParts(this.location, read, buf.subarray(0, filled), ranges, labels, out);
+    }
+    return out;
+  }
+
+  async *stream(): AsyncIterable<Uint8Array> {
+    this.stats.requests++;
+    for await (const chunk of createReadStream(this.location, { highWaterMark: 1 << 20 })) {
+      const bytes = chunk as Buffer;
+      this.stats.bytesRead += bytes.length;
+      yield new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.length);
+    }
+  }
+
+  async close(): Promise<void> {
+    await this.fh.close();
+  }
+}
+
+class HttpByteReader implements ByteReader {
+  readonly stats: ByteReaderStats = { requests: 0, bytesRead: 0 };
+
+  constructor(
+    readonly location: string,
+    private readonly opts: ByteReaderOptions,
+  ) {}
+
+  async readRanges(ranges: readonly ByteRange[], labels?: readonly string[]): Promise<Uint8Array[]> {
+    const out: Uint8Array[] = new Array(ranges.length);
+    const reads = coalesceRanges(ranges, this.opts);
+    let next = 0;
+    const worker = async (): Promise<void> => {
+      while (next < reads.length) {
+        const read = reads[next++]!;
+        const bytes = read.length === 0 ? new Uint8Array(0) : await this.fetchRange(read);
+        splitParts(this.location, read, bytes, ranges, labels, out);
+      }
+    };
+    const workers = Math.max(1, Math.min(this.opts.concurrency ?? 4, reads.length));
+    await Promise.all(Array.from({ length: workers }, worker));
+    return out;
+  }
+
+  /** One Range request; returns what arrived (possibly short: the caller names the victim). */
+  private async fetchRange(range: ByteRange): Promise<Uint8Array> {
+    this.stats.requests++;
+    let res: Response;
+    try {
+      res = await fetch(this.location, {
+        headers: { ...this.opts.headers, Range: `bytes=${range.offset}-${range.offset + range.length - 1}` },
+      });
+    } catch (e) {
+      throw new MeshError('HTTP_ERROR', `cannot fetch ${this.location}: ${(e as Error).message}`);
+    }
+    if (res.status === 200) {
+      await res.body?.cancel();
+      throw new MeshError(
+        'RANGE_NOT_SUPPORTED',
+        `${this.location}: the server ignored the Range request (status 200, not 206 Partial Content)`,
+      );
+    }
+    if (res.status === 416) {
+      await res.body?.cancel();
+      return new Uint8Array(0); // the range starts past the end of the file
+    }
+    if (res.status !== 206) {
+      await res.body?.cancel();
+      throw new MeshError('HTTP_ERROR', `${this.location}: HTTP ${res.status} ${res.statusText}`, { status: res.status });
+    }
+    const start = res.headers.get('content-range')?.match(/bytes\s+(\d+)-/)?.[1];
+    if (start !== undefined && Number(start) !== range.offset) {
+      await res.body?.cancel();
+      throw new MeshError(
+        'RANGE_MISMATCH',
+        `${this.location}: asked for bytes from ${range.offset}, the server sent bytes from ${start}`,
+      );
+    }
+    const bytes = new Uint8Array(await res.arrayBuffer());
+    this.stats.bytesRead += bytes.length;
+    // a server may send more than asked; keep exactly the range
+    return bytes.length > range.length ? bytes.subarray(0, range.length) : bytes;
+  }
+
+  async *stream(): AsyncIterable<Uint8Array> {
+    this.stats.requests++;
+    const res = await fetch(this.location, { headers: { ...this.opts.headers } });
+    if (!res.ok || !res.body) {
+      await res.body?.cancel();
+      throw new MeshError('HTTP_ERROR', `${this.location}: HTTP ${res.status} ${res.statusText}`, { status: res.status });
+    }
+    for await (const chunk of res.body as unknown as AsyncIterable<Uint8Array>) {
+      this.stats.bytesRead += chunk.length;
+      yield chunk;
+    }
+  }
+
+  async close(): Promise<void> {}
+}
+
+export interface OpenTensorSourceOptions extends ReadHeaderOptions, ByteReaderOptions {}
+
+/** A TensorSource that also exposes its byte reader (for raw reads and request counts). */
+export interface ByteTensorSource extends TensorSource {
+  readonly bytes: ByteReader;
+}
+
+/** Parses the header at `location` and returns a source that reads tensors by byte range. */
+export async function openTensorSource(location: string, opts: OpenTensorSourceOptions = {}): Promise<ByteTensorSource> {
+  const header = await readHeader(location, opts);
+  const bytes = await openByteReader(location, opts);
+  return tensorSourceOver(header, bytes);
+}
+
+/** Wraps an already-parsed header and a byte reader as a TensorSource. */
+export function tensorSourceOver(header: GgufHeader, bytes: ByteReader): ByteTensorSource {
+  return {
+    header,
+    location: bytes.location,
+    bytes,
+    async read(tensors: readonly TensorInfo[]): Promise<Map<string, Uint8Array>> {
+      const data = await bytes.readRanges(
+        tensors.map((t) => ({ offset: t.offset, length: t.byteLength })),
+        tensors.map((t) => `tensor '${t.name}'`),
+      );
+      return new Map(tensors.map((t, i) => [t.name, data[i]!]));
+    },
+    close: () => bytes.close(),
+  };
+}
