@@ -1,0 +1,114 @@
+// Payload encodings of the frame types: token ids (i32), hidden states and logits (f16 or
+// f32 rows), and JSON control documents. Builders return whole Frames so callers never set
+// dtype/width/count by hand.
+
+import { f32ToF16, F16_TABLE } from '../gguf/fp16.ts';
+import { MeshError } from '../errors.ts';
+import { DType, FrameFlag, FrameType, makeFrame } from './frame.ts';
+import type { Frame } from './frame.ts';
+
+const utf8 = new TextEncoder();
+const utf8Decoder = new TextDecoder('utf-8', { fatal: true });
+
+/** Little-endian on every host we run on; copying keeps the result aligned. */
+function copyAligned(payload: Uint8Array): ArrayBuffer {
+  return payload.slice().buffer;
+}
+
+export function encodeI32(values: ArrayLike<number>): Uint8Array {
+  const out = new Int32Array(values.length);
+  for (let i = 0; i < values.length; i++) out[i] = values[i]!;
+  return new Uint8Array(out.buffer);
+}
+
+export function decodeI32(payload: Uint8Array): Int32Array {
+  return new Int32Array(copyAligned(payload));
+}
+
+/** Rows of f32 → payload in `dtype` (F16 rounds to nearest even, as ggml does). */
+export function encodeRows(values: Float32Array, dtype: DType.F16 | DType.F32): Uint8Array {
+  if (dtype === DType.F32) return new Uint8Array(values.buffer.slice(values.byteOffset, values.byteOffset + values.byteLength));
+  const out = new Uint16Array(values.length);
+  for (let i = 0; i < values.length; i++) out[i] = f32ToF16(values[i]!);
+  return new Uint8Array(out.buffer);
+}
+
+export function decodeRows(payload: Uint8Array, dtype: DType): Float32Array {
+  if (dtype === DType.F32) return new Float32Array(copyAligned(payload));
+  if (dtype === DType.F16) {
+    const half = new Uint16Array(copyAligned(payload));
+    const out = new Float32Array(half.length);
+    for (let i = 0; i < half.length; i++) out[i] = F16_TABLE[half[i]!]!;
+    return out;
+  }
+  throw new MeshError('FRAME_BAD_DTYPE', `frame dtype: ${DType[dtype] ?? dtype} is not a float row type`, { field: 'dtype' });
+}
+
+export function encodeJson(value: unknown): Uint8Array {
+  return utf8.encode(JSON.stringify(value));
+}
+
+export function decodeJson<T = unknown>(payload: Uint8Array): T {
+  try {
+    return JSON.parse(utf8Decoder.decode(payload)) as T;
+  } catch (e) {
+    throw new MeshError('FRAME_BAD_PAYLOAD', `frame payload: not UTF-8 JSON (${(e as Error).message})`, { field: 'payload' });
+  }
+}
+
+// ---- builders ----
+
+export interface Addressing {
+  routeId: number;
+  sessionId: string;
+  seq?: number;
+}
+
+export function tokensFrame(
+  type: FrameType.Prefill | FrameType.Decode | FrameType.Token,
+  at: Addressing,
+  position: number,
+  tokens: ArrayLike<number>,
+  flags = 0,
+): Frame {
+  return makeFrame({ type, ...at, flags, position, nTokens: tokens.length, dtype: DType.I32, width: 1, payload: encodeI32(tokens) });
+}
+
+/** Hidden states `[nTokens × width]` f32 sent as `dtype`. */
+export function hiddenFrame(at: Addressing, position: number, hidden: Float32Array, nTokens: number, dtype: DType.F16 | DType.F32, flags = 0): Frame {
+  const width = hidden.length / nTokens;
+  return makeFrame({ type: FrameType.Hidden, ...at, flags, position, nTokens, dtype, width, payload: encodeRows(hidden, dtype) });
+}
+
+/** Logits of the last position, `[n_vocab]` f32. */
+export function logitsFrame(at: Addressing, position: number, logits: Float32Array, flags = 0): Frame {
+  return makeFrame({ type: FrameType.Logits, ...at, flags, position, nTokens: 1, dtype: DType.F32, width: logits.length, payload: encodeRows(logits, DType.F32) });
+}
+
+export function jsonFrame(type: FrameType.SessionOpen | FrameType.Status | FrameType.Error, at: Addressing, value: unknown, flags = 0): Frame {
+  return makeFrame({ type, ...at, flags, dtype: DType.Json, payload: encodeJson(value) });
+}
+
+export interface ErrorBody {
+  code: string;
+  message: string;
+  /** the stage index where it happened, when a stage reports it */
+  stage?: number;
+}
+
+export function errorFrame(at: Addressing, body: ErrorBody): Frame {
+  return jsonFrame(FrameType.Error, at, body, FrameFlag.Reply);
+}
+
+/** Turns an Error frame back into the MeshError it describes. */
+export function errorFromFrame(f: Frame): MeshError {
+  const body = decodeJson<Partial<ErrorBody>>(f.payload);
+  const details: Record<string, unknown> = {};
+  if (body.stage !== undefined) details.stage = body.stage;
+  return new MeshError(String(body.code ?? 'REMOTE_ERROR'), String(body.message ?? 'remote error'), details);
+}
+
+/** The answer to `req`: same route, session and sequence, Reply flag set. */
+export function replyAddress(req: Frame): Addressing {
+  return { routeId: req.routeId, sessionId: req.sessionId, seq: req.seq };
+}
