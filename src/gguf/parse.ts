@@ -6,36 +6,18 @@
 // instead of failing: we catch that by comparing where the header ends with the file size.
 
 import { gguf } from '@huggingface/gguf';
-import { stat } from 'node:fs/promises';
 import { MeshError } from '../errors.ts';
-import { GgmlType, TYPE_TRAITS } from './types.ts';
-import type { GgufHeader, MetadataValue, TensorInfo, TypeTraits } from './types.ts';
+import { traitsOf } from './traits.ts';
+import type { GgmlType, GgufHeader, MetadataValue, TensorInfo } from './types.ts';
+
+export { traitsOf };
+
+// Node-only modules are imported where used, so browsers can parse URLs with this module.
 
 const GGUF_MAGIC = [0x47, 0x47, 0x55, 0x46]; // "GGUF"
 /** magic + version + tensor count + kv count, for v2/v3 */
 const MIN_HEADER_BYTES = 24;
 const DEFAULT_ALIGNMENT = 32;
-
-/**
- * Block geometry of ggml types that TYPE_TRAITS leaves out (the i-quants and ternary types).
- * We cannot dequantise them, but we can still locate their bytes, hash and ship them.
- */
-const EXTRA_TRAITS: Partial<Record<GgmlType, TypeTraits>> = {
-  [GgmlType.IQ2_XXS]: { name: 'IQ2_XXS', blockSize: 256, typeSize: 66 },
-  [GgmlType.IQ2_XS]: { name: 'IQ2_XS', blockSize: 256, typeSize: 74 },
-  [GgmlType.IQ3_XXS]: { name: 'IQ3_XXS', blockSize: 256, typeSize: 98 },
-  [GgmlType.IQ1_S]: { name: 'IQ1_S', blockSize: 256, typeSize: 50 },
-  [GgmlType.IQ3_S]: { name: 'IQ3_S', blockSize: 256, typeSize: 110 },
-  [GgmlType.IQ2_S]: { name: 'IQ2_S', blockSize: 256, typeSize: 82 },
-  [GgmlType.IQ1_M]: { name: 'IQ1_M', blockSize: 256, typeSize: 56 },
-  [GgmlType.TQ1_0]: { name: 'TQ1_0', blockSize: 256, typeSize: 54 },
-  [GgmlType.TQ2_0]: { name: 'TQ2_0', blockSize: 256, typeSize: 66 },
-};
-
-/** Block geometry of any ggml type a GGUF may hold, or undefined for an unknown id. */
-export function traitsOf(type: number): TypeTraits | undefined {
-  return TYPE_TRAITS[type as GgmlType] ?? EXTRA_TRAITS[type as GgmlType];
-}
 
 export function isUrl(location: string): boolean {
   return /^https?:\/\//i.test(location);
@@ -145,6 +127,7 @@ export async function readHeader(location: string, opts: ReadHeaderOptions = {})
 
 async function localFileSize(path: string): Promise<number> {
   try {
+    const { stat } = await import('node:fs/promises'); // dynamic: this module also runs in browsers (URLs only)
     const s = await stat(path);
     if (!s.isFile()) throw new MeshError('GGUF_NOT_FOUND', `${path} is not a regular file`);
     return s.size;

@@ -1,9 +1,8 @@
 // Reading bytes of an artifact: from a local file (positioned fd reads) or from a URL (HTTP
-// Range requests, nearby ranges coalesced into one request). `ByteReader` is the raw layer
+// Range requests, nearby ranges coalesced into one request). Node modules are imported only
+// on the file path, so browsers can use the URL path of this module. `ByteReader` is the raw layer
 // (manifests and peers use it); `openTensorSource` puts a parsed header on top of it.
 
-import { createReadStream } from 'node:fs';
-import { open } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import { MeshError } from '../errors.ts';
 import { isUrl, readHeader } from './parse.ts';
@@ -43,6 +42,7 @@ export async function openByteReader(location: string, opts: ByteReaderOptions =
   if (isUrl(location)) return new HttpByteReader(location, opts);
   let fh: FileHandle;
   try {
+    const { open } = await import('node:fs/promises');
     fh = await open(location, 'r');
   } catch (e) {
     throw new MeshError('GGUF_NOT_FOUND', `cannot open ${location}: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
@@ -118,6 +118,7 @@ class FileByteReader implements ByteReader {
 
   async *stream(): AsyncIterable<Uint8Array> {
     this.stats.requests++;
+    const { createReadStream } = await import('node:fs');
     for await (const chunk of createReadStream(this.location, { highWaterMark: 1 << 20 })) {
       const bytes = chunk as Buffer;
       this.stats.bytesRead += bytes.length;

@@ -1,0 +1,153 @@
+// Our dequantisation against ggml's own (libggml-base.so through koffi): every output bit
+// must match, on random raw blocks and on data quantised by ggml.
+import { describe, expect, it } from 'vitest';
+import { dequantize, dequantizeRow, DEQUANT_TYPES } from '../src/gguf/dequant.ts';
+import { f32ToF16 } from '../src/gguf/fp16.ts';
+import { GgmlType, TYPE_TRAITS, typeName } from '../src/gguf/types.ts';
+import { isMeshError } from '../src/errors.ts';
+import { ggmlDequantize, ggmlQuantize, ggmlBlockSize, ggmlTypeSize, ggmlTypeName } from './support/ggml-ffi.ts';
+import { traitsOf } from '../src/gguf/traits.ts';
+
+/** mulberry32: small deterministic PRNG */
+function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** a random finite f16 bit pattern (subnormals and both signs included, no Inf/NaN) */
+function randomF16(r: () => number): number {
+  for (;;) {
+    const bits = Math.floor(r() * 65536);
+    if (((bits >> 10) & 0x1f) !== 0x1f) return bits;
+  }
+}
+
+/** byte offsets of the f16 scale fields inside one block */
+const F16_FIELDS: Partial<Record<GgmlType, number[]>> = {
+  [GgmlType.Q4_0]: [0],
+  [GgmlType.Q4_1]: [0, 2],
+  [GgmlType.Q5_0]: [0],
+  [GgmlType.Q5_1]: [0, 2],
+  [GgmlType.Q8_0]: [0],
+  [GgmlType.Q2_K]: [80, 82],
+  [GgmlType.Q3_K]: [108],
+  [GgmlType.Q4_K]: [0, 2],
+  [GgmlType.Q5_K]: [0, 2],
+  [GgmlType.Q6_K]: [208],
+};
+
+/** random raw bytes for nBlocks blocks of a type, with finite scales (and finite floats) */
+function randomBlocks(type: GgmlType, nBlocks: number, seed: number): Uint8Array {
+  const r = rng(seed);
+  const t = TYPE_TRAITS[type]!;
+  const bytes = new Uint8Array(nBlocks * t.typeSize);
+  for (let i = 0; i < bytes.length; i++) bytes[i] = Math.floor(r() * 256);
+  const put16 = (o: number, v: number) => {
+    bytes[o] = v & 0xff;
+    bytes[o + 1] = v >> 8;
+  };
+  if (type === GgmlType.F16) for (let o = 0; o < bytes.length; o += 2) put16(o, randomF16(r));
+  if (type === GgmlType.BF16) {
+    for (let o = 0; o < bytes.length; o += 2) if (((bytes[o + 1]! & 0x7f) << 1 | bytes[o]! >> 7) === 0xff) bytes[o + 1]! ^= 0x40; // no Inf/NaN
+  }
+  if (type === GgmlType.F32) {
+    for (let o = 0; o < bytes.length; o += 4) if ((((bytes[o + 3]! & 0x7f) << 1) | (bytes[o + 2]! >> 7)) === 0xff) bytes[o + 3]! ^= 0x40;
+  }
+  for (const field of F16_FIELDS[type] ?? []) {
+    for (let b = 0; b < nBlocks; b++) put16(b * t.typeSize + field, randomF16(r));
+  }
+  return bytes;
+}
+
+function expectBitwiseEqual(ours: Float32Array, theirs: Float32Array, label: string): void {
+  expect(ours.length, label).toBe(theirs.length);
+  const a = new Uint32Array(ours.buffer, ours.byteOffset, ours.length);
+  const b = new Uint32Array(theirs.buffer, theirs.byteOffset, theirs.length);
+  let mismatches = 0;
+  let first = -1;
+  for (let i = 0; i < a.length; i++) {
+    if (a[i] !== b[i]) {
+      if (first < 0) first = i;
+      mismatches++;
+    }
+  }
+  expect(mismatches, `${label}: ${mismatches} mismatches, first at ${first}: ours ${ours[first]} ggml ${theirs[first]}`).toBe(0);
+}
+
+describe('dequantize matches ggml bit for bit', () => {
+  it('our block geometry equals ggml\'s', () => {
+    for (const type of DEQUANT_TYPES) {
+      expect(TYPE_TRAITS[type]!.blockSize, typeName(type)).toBe(ggmlBlockSize(type));
+      expect(TYPE_TRAITS[type]!.typeSize, typeName(type)).toBe(ggmlTypeSize(type));
+    }
+  });
+
+  it('traitsOf knows the geometry of the types we only locate (i-quants, ternary) as ggml does', () => {
+    for (const type of [16, 17, 18, 19, 21, 22, 29, 34, 35, 20, 23, 39]) {
+      expect(traitsOf(type), `type ${type}`).toEqual({ name: ggmlTypeName(type).toUpperCase(), blockSize: ggmlBlockSize(type), typeSize: ggmlTypeSize(type) });
+    }
+  });
+
+  for (const type of DEQUANT_TYPES) {
+    it(`${typeName(type)}: random raw blocks`, () => {
+      const t = TYPE_TRAITS[type]!;
+      const nElements = t.blockSize === 1 ? 4096 : 64 * t.blockSize;
+      for (const seed of [1, 2, 3]) {
+        const bytes = randomBlocks(type, nElements / t.blockSize, seed * 1000 + type);
+        expectBitwiseEqual(dequantize(type, bytes, nElements), ggmlDequantize(type, bytes, nElements), `${typeName(type)} seed ${seed}`);
+      }
+    });
+
+    it(`${typeName(type)}: data quantised by ggml`, () => {
+      const r = rng(77 + type);
+      const nPerRow = 512;
+      const nRows = 8;
+      // gaussian-ish weights with a few outliers, as real tensors have
+      const x = new Float32Array(nRows * nPerRow).map(() => (r() + r() + r() - 1.5) * 0.05 + (r() < 0.01 ? (r() - 0.5) * 4 : 0));
+      const q = ggmlQuantize(type, x, nRows, nPerRow);
+      expectBitwiseEqual(dequantize(type, q, x.length), ggmlDequantize(type, q, x.length), `${typeName(type)} quantised`);
+    });
+  }
+});
+
+describe('dequantizeRow', () => {
+  it('dequantises one row at any byte offset into any output offset', () => {
+    for (const type of [GgmlType.Q4_K, GgmlType.Q8_0, GgmlType.F32, GgmlType.F16]) {
+      const t = TYPE_TRAITS[type]!;
+      const ne0 = 256;
+      const rowBytes = (ne0 / t.blockSize) * t.typeSize;
+      const raw = randomBlocks(type, (3 * ne0) / t.blockSize, 5);
+      const whole = dequantize(type, raw, 3 * ne0);
+      // an odd prefix makes F32 rows unaligned
+      const shifted = new Uint8Array(raw.length + 1);
+      shifted.set(raw, 1);
+      const out = new Float32Array(ne0 + 7);
+      dequantizeRow(type, shifted, 1 + 2 * rowBytes, ne0, out, 7);
+      expectBitwiseEqual(out.subarray(7), whole.subarray(2 * ne0), `${typeName(type)} row 2`);
+    }
+  });
+
+  it('UNSUPPORTED_TENSOR_TYPE names the type; partial blocks and short buffers are refused', () => {
+    const err = (() => { try { dequantize(GgmlType.IQ2_XXS, new Uint8Array(66), 256); } catch (e) { return e; } })();
+    expect(isMeshError(err, 'UNSUPPORTED_TENSOR_TYPE')).toBe(true);
+    expect((err as Error).message).toContain('IQ2_XXS');
+    const err2 = (() => { try { dequantize(GgmlType.Q4_0, new Uint8Array(18), 16); } catch (e) { return e; } })();
+    expect(isMeshError(err2, 'BAD_TENSOR_SIZE')).toBe(true);
+    const err3 = (() => { try { dequantize(GgmlType.Q4_0, new Uint8Array(17), 32); } catch (e) { return e; } })();
+    expect(isMeshError(err3, 'BAD_TENSOR_SIZE')).toBe(true);
+  });
+
+  it('f16 round trip of simple values', () => {
+    const bytes = new Uint8Array(4);
+    const v = new DataView(bytes.buffer);
+    v.setUint16(0, f32ToF16(1.5), true);
+    v.setUint16(2, f32ToF16(-0.25), true);
+    expect([...dequantize(GgmlType.F16, bytes, 2)]).toEqual([1.5, -0.25]);
+  });
+});
