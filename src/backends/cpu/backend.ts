@@ -1,0 +1,134 @@
+// The CPU reference StageBackend: one shard in f32, a KV cache per session, and the forward
+// pass of ./forward.ts. Slow but exact; every other backend is compared with it.
+
+import { MeshError } from '../../errors.ts';
+import type { TensorSource } from '../../gguf/types.ts';
+import { configFromHeader, loadRopeFreqFactors } from '../../model/config.ts';
+import type { ModelConfig } from '../../model/config.ts';
+import { shardHasEmbedding, shardHasHead, validateShard } from '../shard.ts';
+import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput, StageOutput } from '../types.ts';
+import { embed, forwardLayers, lastLogits } from './forward.ts';
+import { KvCache } from './kv-cache.ts';
+import { loadShardWeights } from './weights.ts';
+import type { ShardWeights, WeightStorage } from './weights.ts';
+
+export interface CpuBackendOptions {
+  /** 'f32' (default) dequantises every matrix at load; 'quantized' keeps the file's bytes */
+  weightStorage?: WeightStorage;
+}
+
+export class CpuBackend implements StageBackend {
+  readonly kind = 'cpu' as const;
+  private loaded: { config: ModelConfig; shard: ShardRange; weights: ShardWeights } | null = null;
+  private readonly sessions = new Map<string, KvCache>();
+
+  constructor(private readonly options: CpuBackendOptions = {}) {}
+
+  async load(source: TensorSource, shard: ShardRange): Promise<void> {
+    if (this.loaded) throw new MeshError('ALREADY_LOADED', 'this backend already holds a shard; dispose it first');
+    const config = configFromHeader(source.header);
+    validateShard(shard, config.nLayer);
+    await loadRopeFreqFactors(config, source);
+    const weights = await loadShardWeights(source, config, shard, this.options.weightStorage ?? 'f32');
+    this.loaded = { config, shard: { ...shard }, weights };
+  }
+
+  /** the loaded model's hyper-parameters */
+  get config(): ModelConfig {
+    return this.model().config;
+  }
+
+  get shard(): ShardRange {
+    return this.model().shard;
+  }
+
+  /** bytes of weights held in memory */
+  get weightBytes(): number {
+    return this.model().weights.bytes;
+  }
+
+  async openSession(sessionId: string, options: SessionOptions): Promise<void> {
+    const { config, shard } = this.model();
+    if (this.sessions.has(sessionId)) throw new MeshError('SESSION_EXISTS', `session ${sessionId} is already open`);
+    if (!Number.isSafeInteger(options.contextLength) || options.contextLength <= 0) {
+      throw new MeshError('BAD_CONTEXT_LENGTH', `context length must be a positive integer, got ${options.contextLength}`);
+    }
+    this.sessions.set(sessionId, new KvCache(shard.end - shard.start, config.nHeadKv * config.headDim, options.contextLength));
+  }
+
+  async releaseSession(sessionId: string): Promise<void> {
+    this.session(sessionId).free();
+    this.sessions.delete(sessionId);
+  }
+
+  async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
+    const { config, shard, weights } = this.model();
+    const kv = this.session(sessionId);
+    if (position !== kv.length) {
+      throw new MeshError('POSITION_MISMATCH', `session ${sessionId} is at position ${kv.length}, forward was asked for position ${position}`, {
+        expected: kv.length,
+        got: position,
+      });
+    }
+    const started = performance.now();
+    let x: Float32Array; // residual stream [n × nEmbd]
+    let n: number;
+    if (input.kind === 'tokens') {
+      if (!shardHasEmbedding(shard)) {
+        throw new MeshError('BAD_STAGE_INPUT', `shard [${shard.start}, ${shard.end}) takes hidden states, not token ids`);
+      }
+      n = input.tokens.length;
+      for (const t of input.tokens) {
+        if (!Number.isInteger(t) || t < 0 || t >= config.nVocab) {
+          throw new MeshError('BAD_TOKEN', `token id ${t} is outside the vocabulary [0, ${config.nVocab})`);
+        }
+      }
+      if (n > 0) x = embed(weights.tokenEmbd!, input.tokens, config.nEmbd);
+      else x = new Float32Array(0);
+    } else {
+      if (shardHasEmbedding(shard)) {
+        throw new MeshError('BAD_STAGE_INPUT', `shard [${shard.start}, ${shard.end}) starts at layer 0 and takes token ids`);
+      }
+      n = input.nTokens;
+      if (input.hidden.length !== n * config.nEmbd) {
+        throw new MeshError('BAD_STAGE_INPUT', `hidden states hold ${input.hidden.length} floats, expected ${n} × ${config.nEmbd}`);
+      }
+      x = input.hidden.slice();
+    }
+    if (n === 0) throw new MeshError('BAD_STAGE_INPUT', 'forward needs at least one token');
+
+    forwardLayers(config, weights, kv, x, n);
+
+    const output: StageOutput = shardHasHead(shard, config.nLayer)
+      ? { kind: 'logits', logits: lastLogits(config, weights, x, n) }
+      : { kind: 'hidden', hidden: x, nTokens: n };
+    return { output, computeMs: performance.now() - started };
+  }
+
+  sessionStats(sessionId: string): SessionStats {
+    const kv = this.session(sessionId);
+    return { position: kv.length, kvBytes: kv.bytes, processedTokens: [...kv.processedTokens] };
+  }
+
+  /** ids of the open sessions */
+  sessionIds(): string[] {
+    return [...this.sessions.keys()];
+  }
+
+  async dispose(): Promise<void> {
+    for (const kv of this.sessions.values()) kv.free();
+    this.sessions.clear();
+    this.loaded = null;
+  }
+
+  private model(): { config: ModelConfig; shard: ShardRange; weights: ShardWeights } {
+    if (!this.loaded) throw new MeshError('NOT_LOADED', 'no shard is loaded; call load() first');
+    return this.loaded;
+  }
+
+  private session(sessionId: string): KvCache {
+    const kv = this.sessions.get(sessionId);
+    if (!kv) throw new MeshError('SESSION_UNKNOWN', `no session ${sessionId} on this stage`);
+    return kv;
+  }
+}

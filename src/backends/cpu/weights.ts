@@ -1,0 +1,203 @@
+// The weights of one shard, as the CPU engine computes with them: norms and biases as f32
+// vectors, projection matrices as `Matrix` (dense f32, or the file's quantised bytes with
+// rows dequantised tile by tile while multiplying).
+
+import { MeshError } from '../../errors.ts';
+import { canDequantize, dequantize, dequantizeRow } from '../../gguf/dequant.ts';
+import { GgmlType, TYPE_TRAITS, typeName } from '../../gguf/types.ts';
+import type { TensorInfo, TensorSource } from '../../gguf/types.ts';
+import type { ModelConfig } from '../../model/config.ts';
+import { OUTPUT_NORM_TENSOR, OUTPUT_TENSOR, TOKEN_EMBD_TENSOR, shardHasEmbedding, shardHasHead, shardTensors } from '../shard.ts';
+import type { ShardRange } from '../types.ts';
+import { matmulRows } from './ops.ts';
+
+/** How matrices are kept in memory: dense f32 (fastest) or as stored (4–8× smaller). */
+export type WeightStorage = 'f32' | 'quantized';
+
+/** Weight rows dequantised per tile when multiplying a quantised matrix. */
+const TILE_ROWS = 16;
+
+/** A weight matrix of `rows` output features × `cols` input features (ggml shape [cols, rows]). */
+export interface Matrix {
+  readonly name: string;
+  readonly rows: number;
+  readonly cols: number;
+  /** bytes this matrix occupies in memory */
+  readonly bytes: number;
+  /** y = x · selfᵀ. x: [nTokens × cols]; y: [nTokens × rows] */
+  matmul(y: Float32Array, x: Float32Array, nTokens: number): void;
+  /** copies row r, as f32, into out[outOffset …]. out: [cols] */
+  row(r: number, out: Float32Array, outOffset: number): void;
+}
+
+class DenseMatrix implements Matrix {
+  constructor(
+    readonly name: string,
+    readonly rows: number,
+    readonly cols: number,
+    /** [rows × cols] f32 */
+    readonly data: Float32Array,
+  ) {}
+  get bytes(): number {
+    return this.data.byteLength;
+  }
+  matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
+    matmulRows(y, x, this.data, nTokens, this.cols, this.rows, 0, this.rows, 0);
+  }
+  row(r: number, out: Float32Array, outOffset: number): void {
+    out.set(this.data.subarray(r * this.cols, (r + 1) * this.cols), outOffset);
+  }
+}
+
+class QuantizedMatrix implements Matrix {
+  private readonly rowBytes: number;
+  private readonly tile: Float32Array; // [TILE_ROWS × cols] f32 scratch
+
+  constructor(
+    readonly name: string,
+    readonly rows: number,
+    readonly cols: number,
+    readonly type: GgmlType,
+    /** the tensor's bytes as stored in the file: rows × rowBytes */
+    readonly data: Uint8Array,
+  ) {
+    const t = TYPE_TRAITS[type]!;
+    this.rowBytes = (cols / t.blockSize) * t.typeSize;
+    this.tile = new Float32Array(TILE_ROWS * cols);
+  }
+  get bytes(): number {
+    return this.data.byteLength;
+  }
+  matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
+    for (let r0 = 0; r0 < this.rows; r0 += TILE_ROWS) {
+      const r1 = Math.min(r0 + TILE_ROWS, this.rows);
+      dequantizeRow(this.type, this.data, r0 * this.rowBytes, (r1 - r0) * this.cols, this.tile, 0);
+      matmulRows(y, x, this.tile, nTokens, this.cols, this.rows, r0, r1, 0);
+    }
+  }
+  row(r: number, out: Float32Array, outOffset: number): void {
+    dequantizeRow(this.type, this.data, r * this.rowBytes, this.cols, out, outOffset);
+  }
+}
+
+export interface LayerWeights {
+  attnNorm: Float32Array; // [nEmbd]
+  wq: Matrix; // [nHead·headDim × nEmbd]
+  wk: Matrix; // [nHeadKv·headDim × nEmbd]
+  wv: Matrix; // [nHeadKv·headDim × nEmbd]
+  wo: Matrix; // [nEmbd × nHead·headDim]
+  bq: Float32Array | null; // [nHead·headDim] (qwen2)
+  bk: Float32Array | null; // [nHeadKv·headDim]
+  bv: Float32Array | null; // [nHeadKv·headDim]
+  qNorm: Float32Array | null; // [headDim] (qwen3)
+  kNorm: Float32Array | null; // [headDim]
+  ffnNorm: Float32Array; // [nEmbd]
+  wGate: Matrix; // [nFf × nEmbd]
+  wUp: Matrix; // [nFf × nEmbd]
+  wDown: Matrix; // [nEmbd × nFf]
+}
+
+export interface ShardWeights {
+  /** token embedding [nVocab × nEmbd], when the shard starts at layer 0 */
+  tokenEmbd: Matrix | null;
+  /** layers [shard.start, shard.end), index 0 = shard.start */
+  layers: LayerWeights[];
+  /** output norm [nEmbd] and head [nVocab × nEmbd], when the shard ends at the last layer */
+  outputNorm: Float32Array | null;
+  output: Matrix | null;
+  /** bytes held in memory */
+  bytes: number;
+}
+
+/**
+ * Reads exactly the shard's tensors from `source` and turns them into ShardWeights.
+ * Unsupported tensor types fail before anything is read (UNSUPPORTED_TENSOR_TYPE, naming the
+ * tensor and its type).
+ */
+export async function loadShardWeights(
+  source: TensorSource,
+  config: ModelConfig,
+  shard: ShardRange,
+  storage: WeightStorage,
+): Promise<ShardWeights> {
+  const infos = shardTensors(source.header, shard, config.nLayer);
+  for (const t of infos) {
+    if (!canDequantize(t.type)) {
+      throw new MeshError('UNSUPPORTED_TENSOR_TYPE', `tensor ${t.name} has type ${typeName(t.type)}, which the CPU engine cannot dequantise`, {
+        tensor: t.name,
+        type: typeName(t.type),
+      });
+    }
+  }
+  const byName = new Map(infos.map((t) => [t.name, t]));
+  const data = await source.read(infos);
+
+  const info = (name: string): TensorInfo => {
+    const t = byName.get(name);
+    if (!t) throw new MeshError('TENSOR_MISSING', `${source.location} has no tensor ${name}`);
+    return t;
+  };
+  const optional = (name: string): TensorInfo | undefined => byName.get(name);
+
+  const vector = (name: string, length: number): Float32Array => {
+    const t = info(name);
+    if (t.nElements !== length) {
+      throw new MeshError('BAD_TENSOR_SHAPE', `${name} has ${t.nElements} elements, expected ${length}`);
+    }
+    return dequantize(t.type, data.get(name)!, t.nElements);
+  };
+  const optionalVector = (name: string, length: number): Float32Array | null => (optional(name) ? vector(name, length) : null);
+
+  let bytes = 0;
+  const matrix = (name: string, cols: number, rows: number): Matrix => {
+    const t = info(name);
+    if (t.shape.length !== 2 || t.shape[0] !== cols || t.shape[1] !== rows) {
+      throw new MeshError('BAD_TENSOR_SHAPE', `${name} has shape [${t.shape.join(', ')}], expected [${cols}, ${rows}]`);
+    }
+    const raw = data.get(name)!;
+    const m =
+      storage === 'quantized' && t.type !== GgmlType.F32
+        ? new QuantizedMatrix(name, rows, cols, t.type, raw)
+        : new DenseMatrix(name, rows, cols, dequantize(t.type, raw, t.nElements));
+    bytes += m.bytes;
+    return m;
+  };
+
+  const { nEmbd, nFf, headDim } = config;
+  const qDim = config.nHead * headDim;
+  const kvDim = config.nHeadKv * headDim;
+  const layers: LayerWeights[] = [];
+  for (let il = shard.start; il < shard.end; il++) {
+    const p = `blk.${il}.`;
+    if (optional(`${p}attn_qkv.weight`)) {
+      throw new MeshError('UNSUPPORTED_TENSOR_LAYOUT', `${p}attn_qkv.weight (fused QKV) is not supported`);
+    }
+    layers.push({
+      attnNorm: vector(`${p}attn_norm.weight`, nEmbd),
+      wq: matrix(`${p}attn_q.weight`, nEmbd, qDim),
+      wk: matrix(`${p}attn_k.weight`, nEmbd, kvDim),
+      wv: matrix(`${p}attn_v.weight`, nEmbd, kvDim),
+      wo: matrix(`${p}attn_output.weight`, qDim, nEmbd),
+      bq: config.qkvBias ? vector(`${p}attn_q.bias`, qDim) : optionalVector(`${p}attn_q.bias`, qDim),
+      bk: config.qkvBias ? vector(`${p}attn_k.bias`, kvDim) : optionalVector(`${p}attn_k.bias`, kvDim),
+      bv: config.qkvBias ? vector(`${p}attn_v.bias`, kvDim) : optionalVector(`${p}attn_v.bias`, kvDim),
+      qNorm: config.qkNorm ? vector(`${p}attn_q_norm.weight`, headDim) : null,
+      kNorm: config.qkNorm ? vector(`${p}attn_k_norm.weight`, headDim) : null,
+      ffnNorm: vector(`${p}ffn_norm.weight`, nEmbd),
+      wGate: matrix(`${p}ffn_gate.weight`, nEmbd, nFf),
+      wUp: matrix(`${p}ffn_up.weight`, nEmbd, nFf),
+      wDown: matrix(`${p}ffn_down.weight`, nFf, nEmbd),
+    });
+  }
+
+  const tokenEmbd = shardHasEmbedding(shard) ? matrix(TOKEN_EMBD_TENSOR, nEmbd, config.nVocab) : null;
+  let outputNorm: Float32Array | null = null;
+  let output: Matrix | null = null;
+  if (shardHasHead(shard, config.nLayer)) {
+    outputNorm = vector(OUTPUT_NORM_TENSOR, nEmbd);
+    output = config.tiedEmbeddings
+      ? (tokenEmbd ?? matrix(TOKEN_EMBD_TENSOR, nEmbd, config.nVocab))
+      : matrix(OUTPUT_TENSOR, nEmbd, config.nVocab);
+  }
+  return { tokenEmbd, layers, outputNorm, output, bytes };
+}
