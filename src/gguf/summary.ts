@@ -1,0 +1,139 @@
+// What a GGUF header says about its model, for any architecture: hyper-parameters read from
+// the `<arch>.*` metadata keys, and the tensor groups that make up each shard unit.
+// (src/model/config.ts turns a header into a full ModelConfig for the architectures we run;
+// this module only describes, so it also works for architectures we cannot run.)
+
+import { MeshError } from '../errors.ts';
+import { ggmlTypeName } from './traits.ts';
+import type { GgufHeader, MetadataValue, TensorInfo } from './types.ts';
+
+/** A hyper-parameter: a number, or one number per layer where the model varies it. */
+export type PerLayer = number | number[];
+
+export interface RopeSummary {
+  /** rotated dimensions per head (rope.dimension_count), null when absent */
+  dimension_count: number | null;
+  freq_base: number;
+  /** 'none' | 'linear' | 'yarn' | … (rope.scaling.type) */
+  scaling_type: string;
+  scaling_factor: number | null;
+  /** original context of a scaled model (rope.scaling.original_context_length) */
+  scaling_orig_ctx: number | null;
+}
+
+export interface HyperParameters {
+  architecture: string;
+  n_layer: number;
+  n_embd: number;
+  n_head: PerLayer;
+  n_head_kv: PerLayer;
+  n_ff: PerLayer;
+  n_vocab: number;
+  n_ctx_train: number;
+  rope: RopeSummary;
+}
+
+function num(v: MetadataValue | undefined): number | undefined {
+  if (typeof v === 'number') return v;
+  if (typeof v === 'bigint') return Number(v);
+  return undefined;
+}
+
+function perLayer(v: MetadataValue | undefined): PerLayer | undefined {
+  if (Array.isArray(v)) {
+    const nums = v.map((x) => num(x));
+    if (nums.every((x) => x !== undefined)) return nums as number[];
+    return undefined;
+  }
+  return num(v);
+}
+
+/** Reads the hyper-parameters of any architecture; throws GGUF_MISSING_METADATA naming the key. */
+export function hyperParameters(header: GgufHeader, location = 'GGUF'): HyperParameters {
+  const md = header.metadata;
+  const arch = md['general.architecture'];
+  if (typeof arch !== 'string') {
+    throw new MeshError('GGUF_MISSING_METADATA', `${location}: no general.architecture in the metadata`);
+  }
+  const key = (k: string) => `${arch}.${k}`;
+  const required = (k: string): number => {
+    const v = num(md[key(k)]);
+    if (v === undefined) throw new MeshError('GGUF_MISSING_METADATA', `${location}: no ${key(k)} in the metadata`);
+    return v;
+  };
+  const nHead = perLayer(md[key('attention.head_count')]) ?? 0;
+  const tokens = md['tokenizer.ggml.tokens'];
+  const embd = header.tensors.find((t) => t.name === 'token_embd.weight');
+  const nVocab = num(md[key('vocab_size')]) ?? (Array.isArray(tokens) ? tokens.length : undefined) ?? embd?.shape[1] ?? 0;
+  const scalingType = md[key('rope.scaling.type')];
+  return {
+    architecture: arch,
+    n_layer: required('block_count'),
+    n_embd: required('embedding_length'),
+    n_head: nHead,
+    n_head_kv: perLayer(md[key('attention.head_count_kv')]) ?? nHead,
+    n_ff: perLayer(md[key('feed_forward_length')]) ?? 0,
+    n_vocab: nVocab,
+    n_ctx_train: num(md[key('context_length')]) ?? 0,
+    rope: {
+      dimension_count: num(md[key('rope.dimension_count')]) ?? null,
+      freq_base: num(md[key('rope.freq_base')]) ?? 10000,
+      scaling_type: typeof scalingType === 'string' ? scalingType : num(md[key('rope.scale_linear')]) ? 'linear' : 'none',
+      scaling_factor: num(md[key('rope.scaling.factor')]) ?? num(md[key('rope.scale_linear')]) ?? null,
+      scaling_orig_ctx: num(md[key('rope.scaling.original_context_length')]) ?? null,
+    },
+  };
+}
+
+/** Tensor type name → number of tensors of that type, names sorted. */
+export function tensorTypeHistogram(tensors: readonly TensorInfo[]): Record<string, number> {
+  const counts = new Map<string, number>();
+  for (const t of tensors) counts.set(ggmlTypeName(t.type), (counts.get(ggmlTypeName(t.type)) ?? 0) + 1);
+  return Object.fromEntries([...counts.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+}
+
+/**
+ * One shard unit: the tensors a stage must hold to serve it.
+ * - `embed`: token_embd.* (and other input embeddings); held by the first stage
+ * - `layer.N`: every blk.N.* tensor
+ * - `head`: output_norm.* and output.*; with tied embeddings it also uses token_embd.weight
+ * - `global`: any other tensor (e.g. rope_freqs.weight), needed by every stage
+ */
+export interface TensorGroup {
+  name: string;
+  /** tensors that belong to this group, in file order */
+  tensors: string[];
+  /** tensors of other groups this one also needs (the tied embedding for `head`) */
+  uses: string[];
+  /** sum of byteLength over `tensors` (not `uses`) */
+  bytes: number;
+}
+
+const EMBED_RE = /^(token_embd|token_embd_norm|token_types|position_embd)\./;
+const HEAD_RE = /^(output_norm|output)\./;
+const LAYER_RE = /^blk\.(\d+)\./;
+
+/** Groups tensors into embed, layer.0 … layer.{n-1}, head and (if any) global, in that order. */
+export function tensorGroups(header: GgufHeader, nLayer: number): TensorGroup[] {
+  const embed: TensorGroup = { name: 'embed', tensors: [], uses: [], bytes: 0 };
+  const head: TensorGroup = { name: 'head', tensors: [], uses: [], bytes: 0 };
+  const global: TensorGroup = { name: 'global', tensors: [], uses: [], bytes: 0 };
+  const layers: TensorGroup[] = Array.from({ length: nLayer }, (_, i) => ({ name: `layer.${i}`, tensors: [], uses: [], bytes: 0 }));
+  const byOffset = [...header.tensors].sort((a, b) => a.offset - b.offset);
+  for (const t of byOffset) {
+    const m = LAYER_RE.exec(t.name);
+    let g: TensorGroup;
+    if (m) {
+      const i = Number(m[1]);
+      g = layers[i] ?? global; // a blk index past block_count is kept, as a global tensor
+    } else if (EMBED_RE.test(t.name)) g = embed;
+    else if (HEAD_RE.test(t.name)) g = head;
+    else g = global;
+    g.tensors.push(t.name);
+    g.bytes += t.byteLength;
+  }
+  if (!header.tensors.some((t) => t.name === 'output.weight') && header.tensors.some((t) => t.name === 'token_embd.weight')) {
+    head.uses.push('token_embd.weight'); // tied output head
+  }
+  return [embed, ...layers, head, ...(global.tensors.length ? [global] : [])];
+}
