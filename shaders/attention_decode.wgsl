@@ -1,0 +1,121 @@
+// Attention of one query token over the session's KV cache, split-K ("flash-decoding"):
+// `split` gives each (context chunk, head) its own workgroup, which scores CHUNK cached positions,
+// takes their local max and exp-sum and the exp-weighted sum of their values; `combine` merges
+// the chunks of each head with the usual max-rescaling. Grouped-query attention: head h reads
+// KV head h / (n_head / n_head_kv). Supports head_dim up to any size (threads stride over it).
+
+struct Params {
+  n_head: u32,
+  n_head_kv: u32,
+  head_dim: u32,
+  n_kv: u32,      // cached positions to attend to (= position of the query + 1)
+  n_chunks: u32,  // ceil(n_kv / CHUNK)
+  scale: f32,     // 1 / sqrt(head_dim)
+  q_offset: u32,  // elements: start of the query in q
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;               // [n_head × head_dim]
+@group(0) @binding(2) var<storage, read> k_cache: array<f32>;         // [ctx × n_head_kv × head_dim]
+@group(0) @binding(3) var<storage, read> v_cache: array<f32>;         // [ctx × n_head_kv × head_dim]
+@group(0) @binding(4) var<storage, read_write> partial: array<f32>;   // [n_head × n_chunks × (head_dim + 2)]: o, max, sum
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;       // [n_head × head_dim]
+
+const CHUNK: u32 = 64u; // = workgroup size: one cached position per thread
+const NEG_BIG: f32 = -3.0e38;
+
+var<workgroup> weight: array<f32, CHUNK>;
+var<workgroup> red: array<f32, CHUNK>;
+
+fn reduce_max(v: f32, lid: u32) -> f32 {
+  red[lid] = v;
+  workgroupBarrier();
+  for (var stride = CHUNK / 2u; stride > 0u; stride /= 2u) {
+    if (lid < stride) {
+      red[lid] = max(red[lid], red[lid + stride]);
+    }
+    workgroupBarrier();
+  }
+  let r = red[0];
+  workgroupBarrier();
+  return r;
+}
+
+fn reduce_sum(v: f32, lid: u32) -> f32 {
+  red[lid] = v;
+  workgroupBarrier();
+  for (var stride = CHUNK / 2u; stride > 0u; stride /= 2u) {
+    if (lid < stride) {
+      red[lid] += red[lid + stride];
+    }
+    workgroupBarrier();
+  }
+  let r = red[0];
+  workgroupBarrier();
+  return r;
+}
+
+@compute @workgroup_size(CHUNK)
+fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let c = wid.x;
+  let h = wid.y;
+  let hd = p.head_dim;
+  let kvh = h / (p.n_head / p.n_head_kv);
+  let kv_stride = p.n_head_kv * hd;
+  let pos = c * CHUNK + lid;
+  let valid = pos < p.n_kv;
+
+  // score of this thread's position
+  var s = NEG_BIG;
+  if (valid) {
+    let qb = p.q_offset + h * hd;
+    let kb = pos * kv_stride + kvh * hd;
+    var dot_qk = 0.0;
+    for (var d = 0u; d < hd; d++) {
+      dot_qk += q[qb + d] * k_cache[kb + d];
+    }
+    s = dot_qk * p.scale;
+  }
+  let m = reduce_max(s, lid);
+  let e = select(0.0, exp(s - m), valid);
+  weight[lid] = e;
+  let sum = reduce_sum(e, lid); // its barriers also publish `weight`
+
+  // exp-weighted sum of this chunk's values, one output dimension per thread
+  let n_here = min(CHUNK, p.n_kv - c * CHUNK);
+  let dst = (h * p.n_chunks + c) * (hd + 2u);
+  for (var d = lid; d < hd; d += CHUNK) {
+    var acc = 0.0;
+    for (var j = 0u; j < n_here; j++) {
+      acc += weight[j] * v_cache[(c * CHUNK + j) * kv_stride + kvh * hd + d];
+    }
+    partial[dst + d] = acc;
+  }
+  if (lid == 0u) {
+    partial[dst + hd] = m;
+    partial[dst + hd + 1u] = sum;
+  }
+}
+
+@compute @workgroup_size(CHUNK)
+fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let h = wid.x;
+  let hd = p.head_dim;
+  let stride = hd + 2u;
+  let base = h * p.n_chunks * stride;
+  var m = NEG_BIG;
+  for (var c = 0u; c < p.n_chunks; c++) {
+    m = max(m, partial[base + c * stride + hd]);
+  }
+  var den = 0.0;
+  for (var c = 0u; c < p.n_chunks; c++) {
+    den += exp(partial[base + c * stride + hd] - m) * partial[base + c * stride + hd + 1u];
+  }
+  for (var d = lid; d < hd; d += CHUNK) {
+    var num = 0.0;
+    for (var c = 0u; c < p.n_chunks; c++) {
+      num += exp(partial[base + c * stride + hd] - m) * partial[base + c * stride + d];
+    }
+    out[h * hd + d] = num / den;
+  }
+}

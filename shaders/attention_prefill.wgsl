@@ -1,0 +1,109 @@
+// Causal attention for a batch of query tokens (prefill) over the session's KV cache, which
+// already holds the batch's own keys and values. One workgroup per (query token, head); it walks
+// the keys in tiles of TILE positions with an online softmax (running max and exp-sum, the
+// accumulator rescaled when the max grows), so scores never leave the workgroup.
+// Query t sits at position pos0 + t and attends to positions [0, pos0 + t].
+
+struct Params {
+  n_head: u32,
+  n_head_kv: u32,
+  head_dim: u32,  // at most TILE * MAX_D_PER_THREAD
+  n_tokens: u32,
+  pos0: u32,      // position of query token 0
+  scale: f32,     // 1 / sqrt(head_dim)
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;         // [n_tokens × n_head × head_dim]
+@group(0) @binding(2) var<storage, read> k_cache: array<f32>;   // [ctx × n_head_kv × head_dim]
+@group(0) @binding(3) var<storage, read> v_cache: array<f32>;   // [ctx × n_head_kv × head_dim]
+@group(0) @binding(4) var<storage, read_write> out: array<f32>; // [n_tokens × n_head × head_dim]
+
+const TILE: u32 = 64u; // = workgroup size: one key position per thread
+const MAX_D_PER_THREAD: u32 = 4u;
+const NEG_BIG: f32 = -3.0e38;
+
+var<workgroup> weight: array<f32, TILE>;
+var<workgroup> red: array<f32, TILE>;
+
+fn reduce_max(v: f32, lid: u32) -> f32 {
+  red[lid] = v;
+  workgroupBarrier();
+  for (var stride = TILE / 2u; stride > 0u; stride /= 2u) {
+    if (lid < stride) {
+      red[lid] = max(red[lid], red[lid + stride]);
+    }
+    workgroupBarrier();
+  }
+  let r = red[0];
+  workgroupBarrier();
+  return r;
+}
+
+fn reduce_sum(v: f32, lid: u32) -> f32 {
+  red[lid] = v;
+  workgroupBarrier();
+  for (var stride = TILE / 2u; stride > 0u; stride /= 2u) {
+    if (lid < stride) {
+      red[lid] += red[lid + stride];
+    }
+    workgroupBarrier();
+  }
+  let r = red[0];
+  workgroupBarrier();
+  return r;
+}
+
+@compute @workgroup_size(TILE)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let t = wid.x;
+  let h = wid.y;
+  let hd = p.head_dim;
+  let kvh = h / (p.n_head / p.n_head_kv);
+  let kv_stride = p.n_head_kv * hd;
+  let qb = (t * p.n_head + h) * hd;
+  let n_kv = p.pos0 + t + 1u;
+
+  var m = NEG_BIG;  // running max
+  var l = 0.0;      // running exp-sum
+  var acc: array<f32, MAX_D_PER_THREAD>; // output dims lid, lid + TILE, ...
+
+  for (var tile0 = 0u; tile0 < n_kv; tile0 += TILE) {
+    let pos = tile0 + lid;
+    let valid = pos < n_kv;
+    var s = NEG_BIG;
+    if (valid) {
+      let kb = pos * kv_stride + kvh * hd;
+      var dot_qk = 0.0;
+      for (var d = 0u; d < hd; d++) {
+        dot_qk += q[qb + d] * k_cache[kb + d];
+      }
+      s = dot_qk * p.scale;
+    }
+    let m_new = max(m, reduce_max(s, lid));
+    let e = select(0.0, exp(s - m_new), valid);
+    weight[lid] = e;
+    let tile_sum = reduce_sum(e, lid); // its barriers also publish `weight`
+    let alpha = exp(m - m_new);
+    l = l * alpha + tile_sum;
+    let n_here = min(TILE, n_kv - tile0);
+    for (var i = 0u; i < MAX_D_PER_THREAD; i++) {
+      let d = lid + i * TILE;
+      if (d < hd) {
+        var a = acc[i] * alpha;
+        for (var j = 0u; j < n_here; j++) {
+          a += weight[j] * v_cache[(tile0 + j) * kv_stride + kvh * hd + d];
+        }
+        acc[i] = a;
+      }
+    }
+    m = m_new;
+    workgroupBarrier(); // everyone is done with `weight` before the next tile overwrites it
+  }
+  for (var i = 0u; i < MAX_D_PER_THREAD; i++) {
+    let d = lid + i * TILE;
+    if (d < hd) {
+      out[qb + d] = acc[i] / l;
+    }
+  }
+}

@@ -1,0 +1,38 @@
+// Byte access into GGUF tensor data uploaded as-is. `weights` is declared by the kernel that
+// includes this snippet: array<u32> over the raw block bytes (little-endian). Every field we
+// read (f16 scales, quant bytes) starts at an even byte offset: block sizes of all supported
+// types are even and each row starts at an even offset.
+
+// 4 bytes starting at an even byte offset `off`.
+fn load_u32_even(off: u32) -> u32 {
+  let w = off >> 2u;
+  if ((off & 3u) == 0u) {
+    return weights[w];
+  }
+  return (weights[w] >> 16u) | (weights[w + 1u] << 16u);
+}
+
+// 2 bytes at an even byte offset, zero-extended.
+fn load_u16(off: u32) -> u32 {
+  return (weights[off >> 2u] >> ((off & 2u) * 8u)) & 0xffffu;
+}
+
+// 1 byte at any offset, zero-extended.
+fn load_u8(off: u32) -> u32 {
+  return (weights[off >> 2u] >> ((off & 3u) * 8u)) & 0xffu;
+}
+
+// IEEE half at an even byte offset, widened to f32 (no shader-f16 needed).
+fn load_f16(off: u32) -> f32 {
+  return unpack2x16float(load_u16(off)).x;
+}
+
+// The 4 bytes of `w` as signed 8-bit integers, widened to f32.
+fn i8x4(w: u32) -> vec4<f32> {
+  return vec4<f32>(vec4<i32>(bitcast<i32>(w << 24u), bitcast<i32>(w << 16u), bitcast<i32>(w << 8u), bitcast<i32>(w)) >> vec4<u32>(24u));
+}
+
+// The 4 bytes of `w` as unsigned values, widened to f32.
+fn u8x4(w: u32) -> vec4<f32> {
+  return vec4<f32>(f32(w & 0xffu), f32((w >> 8u) & 0xffu), f32((w >> 16u) & 0xffu), f32(w >> 24u));
+}

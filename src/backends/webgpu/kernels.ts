@@ -1,0 +1,168 @@
+// Compiled kernels and the recording of one submission.
+//
+// KernelLibrary compiles each (kernel, quant type, entry point) once and caches the pipeline
+// under a readable label such as `mul_mat_vec_q4_k` or `attention_decode_combine`.
+// Recorder collects a forward pass's dispatches — each with its own small uniform block of
+// parameters, packed into one shared uniform buffer — and encodes them into a single compute
+// pass and a single queue submission, optionally followed by a copy out for readback.
+
+import { assembleShader } from './shader-library.ts';
+import type { QuantKind, ShaderSources } from './shader-library.ts';
+import type { GpuMemory } from './gpu-memory.ts';
+
+/** WebGPU caps a dispatch dimension at 65,535 workgroups. */
+export const MAX_WORKGROUPS_PER_DIM = 65535;
+/** Bytes reserved per dispatch in the uniform buffer (≥ minUniformBufferOffsetAlignment). */
+const PARAM_SLOT = 256;
+
+export class KernelLibrary {
+  private readonly pipelines = new Map<string, GPUComputePipeline>();
+
+  constructor(
+    readonly device: GPUDevice,
+    private readonly sources: ShaderSources,
+  ) {}
+
+  static label(kernel: string, quant?: QuantKind, entry = 'main'): string {
+    return [kernel, entry === 'main' ? '' : entry, quant ?? ''].filter(Boolean).join('_');
+  }
+
+  pipeline(kernel: string, quant?: QuantKind, entry = 'main'): GPUComputePipeline {
+    const label = KernelLibrary.label(kernel, quant, entry);
+    let p = this.pipelines.get(label);
+    if (!p) {
+      const module = this.device.createShaderModule({ label, code: assembleShader(this.sources, kernel, quant) });
+      p = this.device.createComputePipeline({ label, layout: 'auto', compute: { module, entryPoint: entry } });
+      this.pipelines.set(label, p);
+    }
+    return p;
+  }
+
+  /** labels of every compiled pipeline (for tests and benchmarks) */
+  get labels(): string[] {
+    return [...this.pipelines.keys()];
+  }
+}
+
+/** A uniform parameter: plain numbers are u32, `f32(x)` marks a float. */
+export type Param = number | { f32: number };
+export const f32 = (x: number): Param => ({ f32: x });
+
+export interface DispatchSpec {
+  kernel: string;
+  quant?: QuantKind;
+  entry?: string;
+  params: Param[];
+  /** buffers for bindings 1, 2, …; `undefined` skips a binding the entry point does not use */
+  buffers: (GPUBuffer | undefined)[];
+  /** workgroup counts (each ≤ 65,535) */
+  groups: [number, number?, number?];
+}
+
+/** x/y workgroup counts covering `n` workgroups in a grid no wider than 65,535. */
+export function grid2d(n: number): [number, number] {
+  if (n <= MAX_WORKGROUPS_PER_DIM) return [Math.max(1, n), 1];
+  const y = Math.ceil(n / MAX_WORKGROUPS_PER_DIM);
+  return [Math.ceil(n / y), y];
+}
+
+/**
+ * Shared per-stage resources the recorder reuses between submissions: the uniform buffer
+ * and the readback staging buffer, both grown on demand.
+ */
+export class SubmitResources {
+  private uniforms: GPUBuffer | null = null;
+  private staging: GPUBuffer | null = null;
+
+  constructor(private readonly memory: GpuMemory) {}
+
+  uniformBuffer(bytes: number): GPUBuffer {
+    if (!this.uniforms || this.uniforms.size < bytes) {
+      this.memory.destroy(this.uniforms);
+      this.uniforms = this.memory.create('params', Math.max(bytes, 64 * PARAM_SLOT), GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST);
+    }
+    return this.uniforms;
+  }
+
+  stagingBuffer(bytes: number): GPUBuffer {
+    if (!this.staging || this.staging.size < bytes) {
+      this.memory.destroy(this.staging);
+      this.staging = this.memory.create('readback', bytes, GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST);
+    }
+    return this.staging;
+  }
+
+  dispose(): void {
+    this.memory.destroy(this.uniforms);
+    this.memory.destroy(this.staging);
+    this.uniforms = this.staging = null;
+  }
+}
+
+export class Recorder {
+  private readonly dispatches: DispatchSpec[] = [];
+
+  constructor(
+    private readonly lib: KernelLibrary,
+    private readonly resources: SubmitResources,
+  ) {}
+
+  dispatch(spec: DispatchSpec): void {
+    this.dispatches.push(spec);
+  }
+
+  get length(): number {
+    return this.dispatches.length;
+  }
+
+  /**
+   * Encodes every dispatch into one compute pass, submits once, and (when asked) copies
+   * `readback.bytes` bytes from `readback.buffer` at `readback.offset` back to the host.
+   */
+  async submit(readback?: { buffer: GPUBuffer; offset: number; bytes: number }): Promise<ArrayBuffer | undefined> {
+    const device = this.lib.device;
+    const n = this.dispatches.length;
+    const uniforms = this.resources.uniformBuffer(Math.max(1, n) * PARAM_SLOT);
+    const data = new ArrayBuffer(Math.max(1, n) * PARAM_SLOT);
+    const u32 = new Uint32Array(data);
+    const fl = new Float32Array(data);
+    this.dispatches.forEach((d, i) => {
+      const base = (i * PARAM_SLOT) / 4;
+      d.params.forEach((p, j) => {
+        if (typeof p === 'number') u32[base + j] = p;
+        else fl[base + j] = p.f32;
+      });
+    });
+    if (n > 0) device.queue.writeBuffer(uniforms, 0, data, 0, n * PARAM_SLOT);
+
+    const encoder = device.createCommandEncoder();
+    if (n > 0) {
+      const pass = encoder.beginComputePass();
+      this.dispatches.forEach((d, i) => {
+        const pipeline = this.lib.pipeline(d.kernel, d.quant, d.entry ?? 'main');
+        const paramBytes = Math.ceil((d.params.length * 4) / 16) * 16;
+        const entries: GPUBindGroupEntry[] = [{ binding: 0, resource: { buffer: uniforms, offset: i * PARAM_SLOT, size: paramBytes } }];
+        d.buffers.forEach((b, j) => {
+          if (b) entries.push({ binding: j + 1, resource: { buffer: b } });
+        });
+        const bindGroup = device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries });
+        pass.setPipeline(pipeline);
+        pass.setBindGroup(0, bindGroup);
+        pass.dispatchWorkgroups(d.groups[0], d.groups[1] ?? 1, d.groups[2] ?? 1);
+      });
+      pass.end();
+    }
+    let staging: GPUBuffer | undefined;
+    if (readback) {
+      staging = this.resources.stagingBuffer(readback.bytes);
+      encoder.copyBufferToBuffer(readback.buffer, readback.offset, staging, 0, readback.bytes);
+    }
+    device.queue.submit([encoder.finish()]);
+    this.dispatches.length = 0;
+    if (!staging || !readback) return undefined;
+    await staging.mapAsync(GPUMapMode.READ, 0, readback.bytes);
+    const out = staging.getMappedRange(0, readback.bytes).slice(0);
+    staging.unmap();
+    return out;
+  }
+}

@@ -1,0 +1,195 @@
+// One function per kernel: each turns shapes and buffers into a dispatch (uniform parameters
+// in the order of the kernel's Params struct, bindings, workgroup counts) on a Recorder.
+// Offsets and strides are in elements unless they say bytes.
+
+import { f32, grid2d } from './kernels.ts';
+import type { Recorder } from './kernels.ts';
+import type { GpuMatrix } from './matrix.ts';
+
+const WG = 64; // workgroup size of every kernel
+const MUL_MAT_TOKENS = 4; // TN in mul_mat.wgsl
+export const ATTENTION_CHUNK = 64; // CHUNK in attention_decode.wgsl
+export const ATTENTION_MAX_HEAD_DIM = 256; // TILE × MAX_D_PER_THREAD in attention_prefill.wgsl
+
+/** 'mul_mat_vec' reduces each row across a workgroup (good on GPUs); 'mul_mat' gives each
+ * thread whole rows (no barriers: good where barriers are slow, like SwiftShader). */
+export type MatVecKernel = 'mul_mat_vec' | 'mul_mat';
+
+/**
+ * out[t, outOffset + row] = W[row, :] · x[t, :] for t < nTokens.
+ * x: [nTokens × w.k] from element xOffset; out rows are `outStride` apart.
+ */
+export function matmul(
+  rec: Recorder,
+  w: GpuMatrix,
+  x: GPUBuffer,
+  xOffset: number,
+  out: GPUBuffer,
+  outOffset: number,
+  outStride: number,
+  nTokens: number,
+  vecKernel: MatVecKernel = 'mul_mat_vec',
+): void {
+  for (const c of w.chunks) {
+    if (nTokens === 1 && vecKernel === 'mul_mat_vec') {
+      const [gx, gy] = grid2d(c.rows);
+      rec.dispatch({
+        kernel: 'mul_mat_vec',
+        quant: w.quant,
+        params: [w.k, c.rows, w.rowBytes, xOffset, outOffset + c.row0, gx],
+        buffers: [c.buffer, x, out],
+        groups: [gx, gy],
+      });
+    } else {
+      rec.dispatch({
+        kernel: 'mul_mat',
+        quant: w.quant,
+        params: [w.k, c.rows, w.rowBytes, nTokens, xOffset, w.k, outOffset + c.row0, outStride],
+        buffers: [c.buffer, x, out],
+        groups: [Math.ceil(c.rows / WG), Math.ceil(nTokens / MUL_MAT_TOKENS)],
+      });
+    }
+  }
+}
+
+/** out[t, :] = row ids[t] of `table`, dequantised. ids: [nTokens] u32; out: [nTokens × k] */
+export function getRows(rec: Recorder, table: GpuMatrix, ids: GPUBuffer, out: GPUBuffer, nTokens: number): void {
+  const gx = Math.ceil(table.k / 4 / WG);
+  for (const c of table.chunks) {
+    rec.dispatch({
+      kernel: 'get_rows',
+      quant: table.quant,
+      params: [table.k, c.rows, table.rowBytes, c.row0, nTokens, gx],
+      buffers: [c.buffer, ids, out],
+      groups: [gx, nTokens],
+    });
+  }
+}
+
+/** out rows = rmsnorm(x rows) * w. Rows of n elements; offsets/strides in elements. */
+export function rmsNorm(
+  rec: Recorder,
+  x: GPUBuffer,
+  inOffset: number,
+  inStride: number,
+  w: GPUBuffer,
+  out: GPUBuffer,
+  outOffset: number,
+  outStride: number,
+  n: number,
+  nRows: number,
+  eps: number,
+): void {
+  const [gx, gy] = grid2d(nRows);
+  rec.dispatch({
+    kernel: 'rms_norm',
+    params: [n, nRows, f32(eps), gx, inOffset, inStride, outOffset, outStride],
+    buffers: [x, w, out],
+    groups: [gx, gy],
+  });
+}
+
+/** In-place RoPE of x[xOffset …] = [nTokens × nHeads × headDim] with a [nTokens × nRot/2] (cos, sin) table. */
+export function rope(
+  rec: Recorder,
+  x: GPUBuffer,
+  xOffset: number,
+  table: GPUBuffer,
+  nTokens: number,
+  nHeads: number,
+  headDim: number,
+  nRot: number,
+  neox: boolean,
+): void {
+  const [gx, gy] = grid2d(Math.ceil((nTokens * nHeads * (nRot / 2)) / WG));
+  rec.dispatch({
+    kernel: 'rope',
+    params: [nHeads, headDim, nRot, nTokens, neox ? 1 : 0, gx, xOffset],
+    buffers: [x, table],
+    groups: [gx, gy],
+  });
+}
+
+export interface AttentionShape {
+  nHead: number;
+  nHeadKv: number;
+  headDim: number;
+}
+
+/** Elements the split-K partial buffer needs for `nKv` cached positions. */
+export function attentionPartialElements(s: AttentionShape, nKv: number): number {
+  return s.nHead * Math.ceil(nKv / ATTENTION_CHUNK) * (s.headDim + 2);
+}
+
+/** One query token (q[qOffset …] = [nHead × headDim]) over nKv cached positions → out [nHead × headDim]. */
+export function attentionDecode(
+  rec: Recorder,
+  s: AttentionShape,
+  q: GPUBuffer,
+  qOffset: number,
+  kCache: GPUBuffer,
+  vCache: GPUBuffer,
+  partial: GPUBuffer,
+  out: GPUBuffer,
+  nKv: number,
+): void {
+  const nChunks = Math.ceil(nKv / ATTENTION_CHUNK);
+  const params = [s.nHead, s.nHeadKv, s.headDim, nKv, nChunks, f32(1 / Math.sqrt(s.headDim)), qOffset];
+  rec.dispatch({ kernel: 'attention_decode', entry: 'split', params, buffers: [q, kCache, vCache, partial], groups: [nChunks, s.nHead] });
+  rec.dispatch({
+    kernel: 'attention_decode',
+    entry: 'combine',
+    params,
+    buffers: [undefined, undefined, undefined, partial, out],
+    groups: [s.nHead],
+  });
+}
+
+/** Causal attention of nTokens queries at positions pos0… (q, out: [nTokens × nHead × headDim]). */
+export function attentionPrefill(
+  rec: Recorder,
+  s: AttentionShape,
+  q: GPUBuffer,
+  kCache: GPUBuffer,
+  vCache: GPUBuffer,
+  out: GPUBuffer,
+  nTokens: number,
+  pos0: number,
+): void {
+  rec.dispatch({
+    kernel: 'attention_prefill',
+    params: [s.nHead, s.nHeadKv, s.headDim, nTokens, pos0, f32(1 / Math.sqrt(s.headDim))],
+    buffers: [q, kCache, vCache, out],
+    groups: [nTokens, s.nHead],
+  });
+}
+
+/** In-place softmax of each of nRows rows of n elements. */
+export function softmax(rec: Recorder, x: GPUBuffer, n: number, nRows: number): void {
+  const [gx, gy] = grid2d(nRows);
+  rec.dispatch({ kernel: 'softmax', params: [n, nRows, gx], buffers: [x], groups: [gx, gy] });
+}
+
+/** g = silu(g) * u over n elements. */
+export function swiglu(rec: Recorder, g: GPUBuffer, u: GPUBuffer, n: number): void {
+  const [gx, gy] = grid2d(Math.ceil(n / WG));
+  rec.dispatch({ kernel: 'swiglu', params: [n, gx], buffers: [g, u], groups: [gx, gy] });
+}
+
+/** a[aOffset + i] += b[i % nb] for i < n. */
+export function add(rec: Recorder, a: GPUBuffer, aOffset: number, b: GPUBuffer, n: number, nb: number = n): void {
+  const [gx, gy] = grid2d(Math.ceil(n / WG));
+  rec.dispatch({ kernel: 'add', params: [n, nb, gx, aOffset], buffers: [a, b], groups: [gx, gy] });
+}
+
+/** n f32 (even n) → n/2 u32 each holding two f16. */
+export function packF16(rec: Recorder, x: GPUBuffer, out: GPUBuffer, n: number): void {
+  const [gx, gy] = grid2d(Math.ceil(n / 2 / WG));
+  rec.dispatch({ kernel: 'pack_f16', params: [n / 2, gx], buffers: [x, out], groups: [gx, gy] });
+}
+
+/** n/2 u32 of f16 pairs → n f32. */
+export function unpackF16(rec: Recorder, x: GPUBuffer, out: GPUBuffer, n: number): void {
+  const [gx, gy] = grid2d(Math.ceil(n / 2 / WG));
+  rec.dispatch({ kernel: 'unpack_f16', params: [n / 2, gx], buffers: [x, out], groups: [gx, gy] });
+}

@@ -1,0 +1,54 @@
+// WGSL sources by name ("mul_mat_vec", "quant/q4_k", …) and how a kernel is assembled from
+// them: kernels that read GGUF weights get the byte helpers and one quant-type snippet
+// (defining `dequant4`) prepended, so one kernel body serves every supported type.
+
+import { MeshError } from '../../errors.ts';
+import { GgmlType } from '../../gguf/types.ts';
+
+/** file name under shaders/ without ".wgsl" → WGSL source */
+export type ShaderSources = Readonly<Record<string, string>>;
+
+/** Weight encodings with a dequant snippet in shaders/quant/. */
+export type QuantKind = 'f32' | 'f16' | 'q8_0' | 'q4_0' | 'q4_k' | 'q6_k';
+
+export const QUANT_OF_TYPE: Partial<Record<GgmlType, QuantKind>> = {
+  [GgmlType.F32]: 'f32',
+  [GgmlType.F16]: 'f16',
+  [GgmlType.Q8_0]: 'q8_0',
+  [GgmlType.Q4_0]: 'q4_0',
+  [GgmlType.Q4_K]: 'q4_k',
+  [GgmlType.Q6_K]: 'q6_k',
+};
+
+export const SUPPORTED_WEIGHT_TYPES: readonly GgmlType[] = Object.keys(QUANT_OF_TYPE).map(Number) as GgmlType[];
+
+export function quantKindOf(type: GgmlType, what: string): QuantKind {
+  const q = QUANT_OF_TYPE[type];
+  if (!q) {
+    throw new MeshError('UNSUPPORTED_TENSOR_TYPE', `${what} has type ${GgmlType[type] ?? type}, which the WebGPU kernels cannot read (supported: F32, F16, Q8_0, Q4_0, Q4_K, Q6_K)`);
+  }
+  return q;
+}
+
+/** The full WGSL of `kernel`, specialised for `quant` when it reads GGUF weights. */
+export function assembleShader(sources: ShaderSources, kernel: string, quant?: QuantKind): string {
+  const body = need(sources, kernel);
+  if (!quant) return body;
+  return `${need(sources, 'quant/bytes')}\n${need(sources, `quant/${quant}`)}\n${body}`;
+}
+
+function need(sources: ShaderSources, name: string): string {
+  const s = sources[name];
+  if (s === undefined) throw new MeshError('SHADER_MISSING', `no WGSL source named ${name} (expected shaders/${name}.wgsl)`);
+  return s;
+}
+
+/** Turns a map of "…/shaders/x/y.wgsl" paths to sources into ShaderSources keyed "x/y". */
+export function sourcesFromPaths(byPath: Record<string, string>): ShaderSources {
+  const out: Record<string, string> = {};
+  for (const [path, src] of Object.entries(byPath)) {
+    const m = /shaders\/(.+)\.wgsl$/.exec(path);
+    if (m) out[m[1]!] = src;
+  }
+  return out;
+}
