@@ -1,0 +1,198 @@
+// The manifest of a model artifact: architecture, hyper-parameters, every tensor's byte range,
+// type and sha256, and the tensor groups (shard units) with their byte totals. Built by
+// streaming the artifact once (local file or URL), hashing the whole and each tensor as the
+// bytes pass. Deterministic: the same artifact gives the same JSON byte for byte (no paths,
+// no times; fixed key order).
+//
+// A split GGUF (`name-00001-of-00003.gguf` …) is one artifact of several files: its sha256 is
+// that of the files' bytes concatenated in order, and each tensor records which file holds it.
+//
+// Node-only (node:crypto for incremental hashing). Browser code imports the types from here
+// with `import type` and uses ./verify.ts for checking bytes.
+
+import { createHash } from 'node:crypto';
+import { MeshError } from '../errors.ts';
+import { isUrl, readHeader } from './parse.ts';
+import type { ReadHeaderOptions } from './parse.ts';
+import { openByteReader } from './source.ts';
+import { hyperParameters, tensorGroups } from './summary.ts';
+import type { HyperParameters, TensorGroup } from './summary.ts';
+import { ggmlTypeName } from './traits.ts';
+import type { GgufHeader } from './types.ts';
+
+export const MANIFEST_SCHEMA_VERSION = 1;
+
+export interface ManifestFile {
+  /** file name only (no directory or host), so the manifest does not depend on where it lives */
+  name: string;
+  size: number;
+  sha256: string;
+}
+
+export interface ManifestTensor {
+  name: string;
+  /** ggml type name, e.g. 'Q4_K' */
+  type: string;
+  /** ggml type id */
+  type_id: number;
+  /** ggml order: shape[0] is the contiguous dimension */
+  shape: number[];
+  /** index into `artifact.files` */
+  file: number;
+  /** absolute byte offset within its file */
+  offset: number;
+  byte_length: number;
+  sha256: string;
+}
+
+export interface Manifest {
+  schema_version: number;
+  artifact: {
+    /** sha256 of the artifact's bytes (all files concatenated in order); the artifact's id */
+    sha256: string;
+    /** total bytes of all files */
+    size: number;
+    files: ManifestFile[];
+  };
+  architecture: string;
+  hyper_parameters: HyperParameters;
+  /** sum of byte_length over all tensors (alignment padding excluded) */
+  tensor_data_bytes: number;
+  tensors: ManifestTensor[];
+  /** shard units: embed, layer.0 … layer.{n-1}, head, and global when present */
+  groups: TensorGroup[];
+}
+
+const SPLIT_RE = /^(.*)-(\d{5})-of-(\d{5})\.gguf$/;
+
+/** The files of an artifact: the location itself, or every part of a split GGUF. */
+export function artifactFiles(location: string): string[] {
+  const m = SPLIT_RE.exec(location);
+  if (!m) return [location];
+  const total = Number(m[3]);
+  if (total < 1) throw new MeshError('GGUF_BAD_SPLIT', `${location}: a split of ${total} files`);
+  return Array.from({ length: total }, (_, i) => `${m[1]}-${String(i + 1).padStart(5, '0')}-of-${m[3]}.gguf`);
+}
+
+function baseName(location: string): string {
+  const path = isUrl(location) ? new URL(location).pathname : location;
+  return decodeURIComponent(path.slice(path.lastIndexOf('/') + 1));
+}
+
+/** Hashes one file front to back in one pass: the whole, and each tensor range as it passes. */
+async function hashFile(
+  location: string,
+  header: GgufHeader,
+  artifactHash: ReturnType<typeof createHash>,
+  opts: ReadHeaderOptions,
+): Promise<{ size: number; sha256: string; tensorHashes: Map<string, string> }> {
+  const fileHash = createHash('sha256');
+  const tensors = [...header.tensors].sort((a, b) => a.offset - b.offset);
+  const hashes = tensors.map(() => createHash('sha256'));
+  const seen = tensors.map(() => 0); // bytes fed per tensor
+  let first = 0; // first tensor not yet complete
+  let pos = 0;
+  const reader = await openByteReader(location, opts);
+  try {
+    for await (const chunk of reader.stream()) {
+      artifactHash.update(chunk);
+      fileHash.update(chunk);
+      const end = pos + chunk.length;
+      while (first < tensors.length && tensors[first]!.offset + tensors[first]!.byteLength <= pos) first++;
+      for (let k = first; k < tensors.length && tensors[k]!.offset < end; k++) {
+        const t = tensors[k]!;
+        const from = Math.max(t.offset, pos);
+        const to = Math.min(t.offset + t.byteLength, end);
+        if (to > from) {
+          hashes[k]!.update(chunk.subarray(from - pos, to - pos));
+          seen[k]! += to - from;
+        }
+      }
+      pos = end;
+    }
+  } finally {
+    await reader.close();
+  }
+  if (pos !== header.fileBytes) {
+    throw new MeshError('SHORT_READ', `${location}: streamed ${pos} bytes, the header said the file has ${header.fileBytes}`);
+  }
+  const tensorHashes = new Map<string, string>();
+  tensors.forEach((t, k) => {
+    if (seen[k] !== t.byteLength) {
+      throw new MeshError('SHORT_READ', `${location}: tensor '${t.name}' got ${seen[k]} of ${t.byteLength} bytes`);
+    }
+    tensorHashes.set(t.name, hashes[k]!.digest('hex'));
+  });
+  return { size: pos, sha256: fileHash.digest('hex'), tensorHashes };
+}
+
+/** Builds the manifest of the artifact at `location` (a file or URL; a split's any part). */
+export async function buildManifest(location: string, opts: ReadHeaderOptions = {}): Promise<Manifest> {
+  const locations = artifactFiles(location);
+  const headers: GgufHeader[] = [];
+  for (const loc of locations) headers.push(await readHeader(loc, opts));
+
+  const artifactHash = createHash('sha256');
+  const files: ManifestFile[] = [];
+  const tensors: ManifestTensor[] = [];
+  const names = new Set<string>();
+  for (let f = 0; f < locations.length; f++) {
+    const header = headers[f]!;
+    const { size, sha256, tensorHashes } = await hashFile(locations[f]!, header, artifactHash, opts);
+    files.push({ name: baseName(locations[f]!), size, sha256 });
+    for (const t of header.tensors) {
+      if (names.has(t.name)) throw new MeshError('GGUF_BAD_SPLIT', `tensor '${t.name}' appears in more than one file`);
+      names.add(t.name);
+      tensors.push({
+        name: t.name,
+        type: ggmlTypeName(t.type),
+        type_id: t.type,
+        shape: [...t.shape],
+        file: f,
+        offset: t.offset,
+        byte_length: t.byteLength,
+        sha256: tensorHashes.get(t.name)!,
+      });
+    }
+  }
+
+  // hyper-parameters live in the first file; groups span all files' tensors
+  const hp = hyperParameters(headers[0]!, location);
+  const all: GgufHeader = { ...headers[0]!, tensors: headers.flatMap((h) => h.tensors) };
+  return {
+    schema_version: MANIFEST_SCHEMA_VERSION,
+    artifact: { sha256: artifactHash.digest('hex'), size: files.reduce((a, f) => a + f.size, 0), files },
+    architecture: hp.architecture,
+    hyper_parameters: hp,
+    tensor_data_bytes: tensors.reduce((a, t) => a + t.byte_length, 0),
+    tensors,
+    groups: tensorGroups(all, hp.n_layer),
+  };
+}
+
+/** The canonical text of a manifest: 2-space JSON with a final newline. */
+export function manifestJson(manifest: Manifest): string {
+  return JSON.stringify(manifest, null, 2) + '\n';
+}
+
+/** sha256 of bytes, lower-case hex (node:crypto). */
+export function sha256Hex(bytes: Uint8Array): string {
+  return createHash('sha256').update(bytes).digest('hex');
+}
+
+/**
+ * Checks one tensor's bytes against the manifest. Throws TENSOR_HASH_MISMATCH naming the
+ * tensor and both hashes, or UNKNOWN_TENSOR when the manifest has no such tensor.
+ */
+export function verifyTensor(manifest: Manifest, name: string, bytes: Uint8Array): void {
+  const entry = manifest.tensors.find((t) => t.name === name);
+  if (!entry) throw new MeshError('UNKNOWN_TENSOR', `tensor '${name}' is not in the manifest of artifact ${manifest.artifact.sha256}`);
+  const actual = sha256Hex(bytes);
+  if (actual !== entry.sha256 || bytes.length !== entry.byte_length) {
+    throw new MeshError(
+      'TENSOR_HASH_MISMATCH',
+      `tensor '${name}': expected sha256 ${entry.sha256} (${entry.byte_length} bytes), got ${actual} (${bytes.length} bytes)`,
+      { tensor: name, expected: entry.sha256, actual, expectedBytes: entry.byte_length, actualBytes: bytes.length },
+    );
+  }
+}
