@@ -4,7 +4,7 @@
 import type { DecodeOptions, Tokenizer } from './tokenizer.ts';
 
 export class StreamingDecoder {
-  private readonly decoder = new TextDecoder('utf-8');
+  private readonly decoder = new TextDecoder('utf-8', { ignoreBOM: true });
   private readonly special: boolean;
 
   constructor(

@@ -24,7 +24,7 @@ export interface DecodeOptions {
 
 const SPECIAL_ATTRS = Attr.UNKNOWN | Attr.CONTROL;
 const utf8 = new TextEncoder();
-const utf8Decoder = new TextDecoder('utf-8');
+const utf8Decoder = new TextDecoder('utf-8', { ignoreBOM: true });
 
 export class Tokenizer {
   readonly vocab: Vocab;

@@ -133,7 +133,18 @@ export function readVocab(meta: Record<string, MetadataValue>): Vocab {
     throw new MeshError('TOKENIZER_MISSING_VOCAB', 'tokenizer.ggml.tokens is missing or not an array of strings');
   }
   const n = rawTokens.length;
-  const texts = (rawTokens as string[]).map((t, i) => (t === '' ? `[EMPTY_${i}]` : t));
+  // @huggingface/gguf 0.4.6 decodes strings with a BOM-stripping TextDecoder, so the real
+  // SentencePiece token "\ufeff" arrives as ''. A truly empty token is renamed by llama.cpp to
+  // [EMPTY_i]; we take the first empty one to be the stripped BOM, which is what real vocabularies hold.
+  let bomSeen = (rawTokens as string[]).includes('\ufeff');
+  const texts = (rawTokens as string[]).map((t, i) => {
+    if (t !== '') return t;
+    if (!bomSeen) {
+      bomSeen = true;
+      return '\ufeff';
+    }
+    return `[EMPTY_${i}]`;
+  });
 
   const scores = new Float32Array(n);
   const rawScores = metaArray(meta, 'tokenizer.ggml.scores');
