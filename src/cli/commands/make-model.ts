@@ -1,0 +1,73 @@
+// `gguf-mesh make-model`: writes a random-weight GGUF of any shape and quant type with a real
+// tokenizer (see src/model/synthetic-model.ts), streamed so large benchmark models fit.
+
+import type { Command, ParsedArgs } from '../command.ts';
+import { UsageError, intOption, stringOption } from '../command.ts';
+import type { BpePre, TokenizerKind } from '../../model/synthetic-vocab.ts';
+import { BPE_PRES } from '../../model/synthetic-vocab.ts';
+import type { ModelType, SyntheticArch } from '../../model/synthetic-model.ts';
+import { ARCHS, MODEL_DEFAULTS, MODEL_TYPES, makeModelFile } from '../../model/synthetic-model.ts';
+
+function choice<T extends string>(args: ParsedArgs, name: string, allowed: readonly T[]): T | undefined {
+  const v = stringOption(args, name);
+  if (v === undefined) return undefined;
+  if (!allowed.includes(v as T)) throw new UsageError(`--${name} must be one of ${allowed.join(', ')}, got '${v}'`);
+  return v as T;
+}
+
+function optionalInt(args: ParsedArgs, name: string): number | undefined {
+  return args.values[name] === undefined ? undefined : intOption(args, name, 0);
+}
+
+export const command: Command = {
+  name: 'make-model',
+  summary: 'write a random-weight GGUF model (llama/qwen2/qwen3, any quant type) with a real tokenizer',
+  usage: '--out <file> [options]',
+  options: {
+    out: { type: 'string', valueName: '<file>', description: 'GGUF file to write (required)' },
+    arch: { type: 'string', valueName: ARCHS.join('|'), description: 'architecture', default: MODEL_DEFAULTS.arch },
+    layers: { type: 'string', valueName: '<n>', description: 'transformer blocks', default: String(MODEL_DEFAULTS.layers) },
+    embd: { type: 'string', valueName: '<n>', description: 'hidden size', default: String(MODEL_DEFAULTS.embd) },
+    heads: { type: 'string', valueName: '<n>', description: 'attention heads', default: String(MODEL_DEFAULTS.heads) },
+    'kv-heads': { type: 'string', valueName: '<n>', description: 'KV heads (fewer than heads = GQA); default: heads' },
+    ffn: { type: 'string', valueName: '<n>', description: 'feed-forward size', default: String(MODEL_DEFAULTS.ffn) },
+    vocab: { type: 'string', valueName: '<n>', description: 'vocabulary size', default: String(MODEL_DEFAULTS.vocab) },
+    ctx: { type: 'string', valueName: '<n>', description: 'training context length', default: String(MODEL_DEFAULTS.ctx) },
+    type: {
+      type: 'string',
+      valueName: MODEL_TYPES.join('|'),
+      description: 'weight type (q4_k_m mixes Q4_K/Q6_K as llama.cpp does; others apply to every matrix)',
+      default: MODEL_DEFAULTS.type,
+    },
+    seed: { type: 'string', valueName: '<n>', description: 'random seed (same options + seed = same bytes)', default: String(MODEL_DEFAULTS.seed) },
+    tokenizer: { type: 'string', valueName: 'llama|gpt2', description: 'SentencePiece-style or byte-level BPE; default: llama for llama, gpt2 for qwen' },
+    pre: { type: 'string', valueName: BPE_PRES.join('|'), description: 'gpt2 pre-tokenizer; default: llama-bpe for llama, qwen2 for qwen' },
+    'header-only': { type: 'boolean', description: 'write only the header (full tensor infos, no tensor data)' },
+  },
+  async run(args) {
+    const out = stringOption(args, 'out', true);
+    const kvHeads = optionalInt(args, 'kv-heads');
+    const tokenizer = choice<TokenizerKind>(args, 'tokenizer', ['llama', 'gpt2']);
+    const pre = choice<BpePre>(args, 'pre', BPE_PRES);
+    const opts = {
+      arch: choice<SyntheticArch>(args, 'arch', ARCHS) ?? MODEL_DEFAULTS.arch,
+      layers: intOption(args, 'layers', MODEL_DEFAULTS.layers),
+      embd: intOption(args, 'embd', MODEL_DEFAULTS.embd),
+      heads: intOption(args, 'heads', MODEL_DEFAULTS.heads),
+      ffn: intOption(args, 'ffn', MODEL_DEFAULTS.ffn),
+      vocab: intOption(args, 'vocab', MODEL_DEFAULTS.vocab),
+      ctx: intOption(args, 'ctx', MODEL_DEFAULTS.ctx),
+      type: choice<ModelType>(args, 'type', MODEL_TYPES) ?? MODEL_DEFAULTS.type,
+      seed: intOption(args, 'seed', MODEL_DEFAULTS.seed),
+      headerOnly: args.values['header-only'] === true,
+      ...(kvHeads !== undefined ? { kvHeads } : {}),
+      ...(tokenizer ? { tokenizer } : {}),
+      ...(pre ? { pre } : {}),
+    };
+    const started = performance.now();
+    const layout = await makeModelFile(out, opts);
+    const seconds = (performance.now() - started) / 1000;
+    console.log(`wrote ${out}: ${layout.fileBytes} bytes, ${layout.tensors.length} tensors, ${opts.arch} ${opts.type}, ${seconds.toFixed(2)} s`);
+    return 0;
+  },
+};
