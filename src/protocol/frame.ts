@@ -155,7 +155,7 @@ export function validateHeader(h: FrameHeader): void {
 }
 
 /** Encodes a frame into one buffer (header + payload). */
-export function encodeFrame(f: Frame): Uint8Array {
+export function encodeFrame(f: Frame): Uint8Array<ArrayBuffer> {
   for (const k of ['routeId', 'seq', 'position', 'nTokens', 'width'] as const) checkU32(k, f[k]);
   validateHeader({ ...f, payloadLength: f.payload.byteLength });
   const out = new Uint8Array(HEADER_BYTES + f.payload.byteLength);
@@ -187,8 +187,8 @@ export function checkMagicPrefix(bytes: Uint8Array): void {
 
 /** Decodes the 52-byte header at the start of `bytes` (which must hold at least that many). */
 export function decodeHeader(bytes: Uint8Array): FrameHeader {
-  if (bytes.byteLength < HEADER_BYTES) fail('FRAME_TRUNCATED', 'header', `needs ${HEADER_BYTES} bytes, got ${bytes.byteLength}`);
   checkMagicPrefix(bytes);
+  if (bytes.byteLength < HEADER_BYTES) fail('FRAME_TRUNCATED', 'header', `needs ${HEADER_BYTES} bytes, got ${bytes.byteLength}`);
   const v = new DataView(bytes.buffer, bytes.byteOffset, HEADER_BYTES);
   const version = v.getUint8(4);
   if (version !== FRAME_VERSION) fail('FRAME_BAD_VERSION', 'version', `this peer speaks version ${FRAME_VERSION}, got ${version}`);

@@ -94,6 +94,8 @@ export interface ErrorBody {
   message: string;
   /** the stage index where it happened, when a stage reports it */
   stage?: number;
+  /** further machine-readable facts (e.g. expected and received positions) */
+  details?: Record<string, unknown>;
 }
 
 export function errorFrame(at: Addressing, body: ErrorBody): Frame {
@@ -103,7 +105,7 @@ export function errorFrame(at: Addressing, body: ErrorBody): Frame {
 /** Turns an Error frame back into the MeshError it describes. */
 export function errorFromFrame(f: Frame): MeshError {
   const body = decodeJson<Partial<ErrorBody>>(f.payload);
-  const details: Record<string, unknown> = {};
+  const details: Record<string, unknown> = { ...(body.details ?? {}) };
   if (body.stage !== undefined) details.stage = body.stage;
   return new MeshError(String(body.code ?? 'REMOTE_ERROR'), String(body.message ?? 'remote error'), details);
 }

@@ -1,0 +1,79 @@
+// The client's view of one session on a route: open, prefill the prompt in chunks, decode one
+// token at a time, close. It speaks frames over any FrameLink (to the signaling server, or to
+// an in-process SessionManager) and keeps the position so every frame names where it goes.
+
+import { MeshError } from '../errors.ts';
+import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
+import type { Frame } from '../protocol/frame.ts';
+import { decodeI32, decodeJson, decodeRows, jsonFrame, tokensFrame } from '../protocol/payload.ts';
+import type { FrameLink } from '../transport/link.ts';
+import { newSessionId } from './sessions.ts';
+import type { SessionInfo } from './sessions.ts';
+import type { SessionOpenBody } from './stage-service.ts';
+
+export const DEFAULT_PREFILL_CHUNK = 64;
+
+export class RouteSessionClient {
+  position = 0;
+  private closed = false;
+
+  private constructor(
+    private readonly link: FrameLink,
+    readonly routeId: number,
+    readonly sessionId: string,
+  ) {}
+
+  static async open(link: FrameLink, routeId: number, body: SessionOpenBody, sessionId = newSessionId()): Promise<RouteSessionClient> {
+    await link.request(jsonFrame(FrameType.SessionOpen, { routeId, sessionId }, body));
+    return new RouteSessionClient(link, routeId, sessionId);
+  }
+
+  private at(): { routeId: number; sessionId: string } {
+    return { routeId: this.routeId, sessionId: this.sessionId };
+  }
+
+  /** Sends the prompt in chunks; the last chunk is sampled. Returns the first generated token. */
+  async prefill(tokens: ArrayLike<number>, chunk = DEFAULT_PREFILL_CHUNK): Promise<number> {
+    if (tokens.length === 0) throw new MeshError('BAD_REQUEST', 'prefill needs at least one token');
+    let reply: Frame | null = null;
+    for (let i = 0; i < tokens.length; i += chunk) {
+      const part = Array.from({ length: Math.min(chunk, tokens.length - i) }, (_, k) => tokens[i + k]!);
+      const last = i + part.length >= tokens.length;
+      reply = await this.link.request(tokensFrame(FrameType.Prefill, this.at(), this.position, part, last ? FrameFlag.Sample : 0));
+      this.position += part.length;
+    }
+    return this.tokenOf(reply!);
+  }
+
+  /** Feeds the last sampled token and returns the next one. */
+  async decode(token: number): Promise<number> {
+    const reply = await this.link.request(tokensFrame(FrameType.Decode, this.at(), this.position, [token], FrameFlag.Sample));
+    this.position += 1;
+    return this.tokenOf(reply);
+  }
+
+  /** Runs tokens through the route and returns the last position's logits [n_vocab]. */
+  async logits(tokens: ArrayLike<number>): Promise<Float32Array> {
+    const type = tokens.length === 1 && this.position > 0 ? FrameType.Decode : FrameType.Prefill;
+    const reply = await this.link.request(tokensFrame(type, this.at(), this.position, tokens, FrameFlag.WantLogits));
+    this.position += tokens.length;
+    if (reply.type !== FrameType.Logits) throw new MeshError('FRAME_BAD_TYPE', `expected Logits, got ${FrameType[reply.type]}`);
+    return decodeRows(reply.payload, reply.dtype);
+  }
+
+  async info(): Promise<SessionInfo> {
+    const r = await this.link.request(makeFrame({ type: FrameType.Status, ...this.at() }));
+    return decodeJson<SessionInfo>(r.payload);
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.link.request(makeFrame({ type: FrameType.SessionClose, ...this.at() }));
+  }
+
+  private tokenOf(reply: Frame): number {
+    if (reply.type !== FrameType.Token) throw new MeshError('FRAME_BAD_TYPE', `expected a Token frame, got ${FrameType[reply.type]}`);
+    return decodeI32(reply.payload)[0]!;
+  }
+}

@@ -1,0 +1,200 @@
+// One stage of a route, as a frame handler: it runs its backend over incoming tokens (stage 0)
+// or hidden states (later stages), passes hidden states straight to the next stage, and — on
+// the last stage — samples the next token (or returns logits when asked). The reply travels
+// back up the chain, so stage 0 sees every sampled token before the client does.
+//
+// Session open/close/status frames act on this stage only: the session's owner sends them to
+// every stage itself, so a lost stage can never keep another stage's KV cache alive.
+
+import { MeshError } from '../errors.ts';
+import type { StageBackend, ShardRange } from '../backends/types.ts';
+import { DType, FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
+import type { Frame } from '../protocol/frame.ts';
+import { decodeI32, decodeJson, decodeRows, hiddenFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
+import type { FrameLink } from '../transport/link.ts';
+
+export interface SamplerSettings {
+  temperature?: number;
+  topK?: number;
+  topP?: number;
+  seed?: number;
+}
+
+/** Body of a SessionOpen frame. */
+export interface SessionOpenBody {
+  contextLength: number;
+  sampler?: SamplerSettings;
+  /** how hidden states travel between stages (default f16) */
+  hiddenDtype?: 'f16' | 'f32';
+}
+
+export type TokenSampler = (logits: Float32Array) => number;
+export type SamplerFactory = (settings: SamplerSettings) => TokenSampler;
+
+/** Greedy argmax: the default when a stage has no sampler factory or temperature is 0. */
+export function argmax(logits: Float32Array): number {
+  let best = 0;
+  for (let i = 1; i < logits.length; i++) if (logits[i]! > logits[best]!) best = i;
+  return best;
+}
+
+export interface StageStatus {
+  stage: number;
+  shard: ShardRange;
+  backend: string;
+  sessions: Array<{ sessionId: string; position: number; kvBytes: number; processedTokens: number[] }>;
+}
+
+export interface StageServiceOptions {
+  backend: StageBackend;
+  stage: number;
+  shard: ShardRange;
+  nLayer: number;
+  /** the next stage, or null on the last stage */
+  downstream: FrameLink | null;
+  samplerFactory?: SamplerFactory;
+}
+
+interface StageSession {
+  sample: TokenSampler | null;
+  hiddenDtype: DType.F16 | DType.F32;
+}
+
+export class StageService {
+  private sessions = new Map<string, StageSession>();
+  /** bytes of hidden states sent downstream and received from upstream, for telemetry */
+  bytesOut = 0;
+  bytesIn = 0;
+
+  constructor(private readonly opts: StageServiceOptions) {}
+
+  get isFirst(): boolean {
+    return this.opts.shard.start === 0;
+  }
+
+  get isLast(): boolean {
+    return this.opts.shard.end === this.opts.nLayer;
+  }
+
+  setDownstream(link: FrameLink | null): void {
+    this.opts.downstream = link;
+  }
+
+  readonly handle = async (f: Frame): Promise<Frame> => {
+    try {
+      return await this.dispatch(f);
+    } catch (e) {
+      if (e instanceof MeshError && e.details?.stage === undefined) {
+        throw new MeshError(e.code, `stage ${this.opts.stage}: ${e.message}`, { ...e.details, stage: this.opts.stage });
+      }
+      throw e;
+    }
+  };
+
+  private async dispatch(f: Frame): Promise<Frame> {
+    switch (f.type) {
+      case FrameType.SessionOpen:
+        return this.open(f);
+      case FrameType.SessionClose:
+        return this.close(f);
+      case FrameType.Status:
+        return jsonFrame(FrameType.Status, replyAddress(f), f.sessionId === '0'.repeat(32) ? this.status() : this.sessionStatus(f.sessionId));
+      case FrameType.Prefill:
+      case FrameType.Decode:
+        if (!this.isFirst) throw new MeshError('STAGE_INPUT_KIND', `stage ${this.opts.stage} takes hidden states, not token ids`);
+        return this.compute(f, { kind: 'tokens', tokens: decodeI32(f.payload) });
+      case FrameType.Hidden:
+        if (this.isFirst) throw new MeshError('STAGE_INPUT_KIND', 'stage 0 takes token ids, not hidden states');
+        this.bytesIn += f.payload.byteLength;
+        return this.compute(f, { kind: 'hidden', hidden: decodeRows(f.payload, f.dtype), nTokens: f.nTokens });
+      default:
+        throw new MeshError('FRAME_BAD_TYPE', `frame type: a stage does not accept ${FrameType[f.type]} frames`, { field: 'type' });
+    }
+  }
+
+  private async open(f: Frame): Promise<Frame> {
+    const body = decodeJson<SessionOpenBody>(f.payload);
+    if (!Number.isInteger(body.contextLength) || body.contextLength < 1) {
+      throw new MeshError('BAD_REQUEST', `session open: contextLength must be a positive integer, got ${String(body.contextLength)}`);
+    }
+    if (this.sessions.has(f.sessionId)) throw new MeshError('SESSION_EXISTS', `session ${f.sessionId} is already open`);
+    await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
+    const settings = body.sampler ?? {};
+    const greedy = !settings.temperature;
+    this.sessions.set(f.sessionId, {
+      sample: this.isLast ? (greedy || !this.opts.samplerFactory ? argmax : this.opts.samplerFactory(settings)) : null,
+      hiddenDtype: body.hiddenDtype === 'f32' ? DType.F32 : DType.F16,
+    });
+    return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'open', position: 0 });
+  }
+
+  private async close(f: Frame): Promise<Frame> {
+    if (!this.sessions.delete(f.sessionId)) throw new MeshError('SESSION_UNKNOWN', `session ${f.sessionId} is not open on stage ${this.opts.stage}`);
+    await this.opts.backend.releaseSession(f.sessionId);
+    return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'closed' });
+  }
+
+  private session(id: string): StageSession {
+    const s = this.sessions.get(id);
+    if (!s) throw new MeshError('SESSION_UNKNOWN', `session ${id} is not open on stage ${this.opts.stage}`);
+    return s;
+  }
+
+  private async compute(f: Frame, input: Parameters<StageBackend['forward']>[1]): Promise<Frame> {
+    const s = this.session(f.sessionId);
+    const { output } = await this.opts.backend.forward(f.sessionId, input, f.position);
+    const sampleNow = f.type === FrameType.Decode || (f.flags & FrameFlag.Sample) !== 0;
+    if (output.kind === 'hidden') {
+      const next = this.opts.downstream;
+      if (!next) throw new MeshError('STAGE_UNREACHABLE', `stage ${this.opts.stage} has no next stage to send hidden states to`, { stage: this.opts.stage + 1 });
+      const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits)) | (sampleNow ? FrameFlag.Sample : 0);
+      const out = hiddenFrame({ routeId: f.routeId, sessionId: f.sessionId }, f.position, output.hidden, output.nTokens, s.hiddenDtype, flags);
+      this.bytesOut += out.payload.byteLength;
+      try {
+        return await next.request(out);
+      } catch (e) {
+        if (e instanceof MeshError && e.details?.stage !== undefined) throw e;
+        const code = e instanceof MeshError && (e.code === 'LINK_CLOSED' || e.code === 'LINK_FAILED') ? 'STAGE_UNREACHABLE' : (e as MeshError).code ?? 'STAGE_FAILED';
+        throw new MeshError(code, `stage ${this.opts.stage + 1} (${next.remote}): ${(e as Error).message}`, { stage: this.opts.stage + 1 });
+      }
+    }
+    const nextPosition = f.position + f.nTokens;
+    const at = { routeId: f.routeId, sessionId: f.sessionId };
+    if (f.flags & FrameFlag.WantLogits) return logitsFrame(at, nextPosition, output.logits);
+    if (!sampleNow) return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: nextPosition });
+    const token = s.sample!(output.logits);
+    return tokensFrame(FrameType.Token, at, nextPosition, [token]);
+  }
+
+  /** A session's counters on this stage; a session that is not open holds nothing. */
+  sessionStatus(sessionId: string): Record<string, unknown> {
+    if (!this.sessions.has(sessionId)) return { stage: this.opts.stage, shard: this.opts.shard, open: false, position: 0, kvBytes: 0, processedTokens: [] };
+    return { stage: this.opts.stage, shard: this.opts.shard, open: true, ...this.opts.backend.sessionStats(sessionId) };
+  }
+
+  status(): StageStatus {
+    return {
+      stage: this.opts.stage,
+      shard: this.opts.shard,
+      backend: this.opts.backend.kind,
+      sessions: [...this.sessions.keys()].map((id) => ({ sessionId: id, ...this.opts.backend.sessionStats(id) })),
+    };
+  }
+
+  /** Frees every session (the stage is leaving the route). */
+  async releaseAll(): Promise<void> {
+    for (const id of [...this.sessions.keys()]) {
+      this.sessions.delete(id);
+      await this.opts.backend.releaseSession(id).catch(() => undefined);
+    }
+  }
+
+  get openSessions(): number {
+    return this.sessions.size;
+  }
+}
+
+/** Placeholder frame used when a test needs an empty Status request. */
+export function statusRequest(routeId: number, sessionId: string): Frame {
+  return makeFrame({ type: FrameType.Status, routeId, sessionId });
+}

@@ -1,0 +1,99 @@
+// The listening side of a native peer: one node:http server that answers the binary HTTP
+// session paths, `GET /v1/status`, and WebSocket frame links at `/v1/frames`. Every request
+// must carry the room secret (`Authorization: Bearer <secret>`), compared in constant time.
+
+import { createServer } from 'node:http';
+import type { IncomingMessage, Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { timingSafeEqual, createHash } from 'node:crypto';
+import { WebSocketServer } from 'ws';
+import type WebSocket from 'ws';
+import { MeshError } from '../errors.ts';
+import { handleFrameHttp, sendError, sendJson } from './http.ts';
+import type { FrameHandler } from './link.ts';
+import { serveFrames } from './ws.ts';
+
+export const FRAMES_PATH = '/v1/frames';
+
+/** Constant-time comparison of a presented secret with the expected one. */
+export function secretMatches(presented: string | undefined, expected: string): boolean {
+  if (presented === undefined) return false;
+  const a = createHash('sha256').update(presented).digest();
+  const b = createHash('sha256').update(expected).digest();
+  return timingSafeEqual(a, b);
+}
+
+export function bearerOf(req: IncomingMessage): string | undefined {
+  const h = req.headers.authorization;
+  const m = h ? /^Bearer\s+(.+)$/i.exec(h) : null;
+  return m ? m[1]!.trim() : undefined;
+}
+
+export interface FrameServerOptions {
+  host: string;
+  port: number;
+  secret: string;
+  handler: FrameHandler;
+  /** body of GET /v1/status */
+  status: () => unknown;
+  messageLimit?: number;
+}
+
+export interface FrameServer {
+  server: Server;
+  /** http://host:port */
+  url: string;
+  /** ws://host:port/v1/frames */
+  wsUrl: string;
+  connections: Set<WebSocket>;
+  close(): Promise<void>;
+}
+
+export async function startFrameServer(opts: FrameServerOptions): Promise<FrameServer> {
+  const wss = new WebSocketServer({ noServer: true, maxPayload: 512 * 1024 * 1024 });
+  const connections = new Set<WebSocket>();
+  const server = createServer((req, res) => {
+    void (async () => {
+      try {
+        if (!secretMatches(bearerOf(req), opts.secret)) throw new MeshError('AUTH_FAILED', 'missing or wrong room secret (Authorization: Bearer <secret>)');
+        const path = new URL(req.url ?? '/', 'http://x').pathname;
+        if (req.method === 'GET' && path === '/v1/status') return sendJson(res, 200, opts.status());
+        if (await handleFrameHttp(req, res, opts.handler)) return;
+        throw new MeshError('NOT_FOUND', `${req.method} ${path} is not served here`);
+      } catch (e) {
+        if (!res.headersSent) sendError(res, e);
+        else res.destroy();
+      }
+    })();
+  });
+  server.on('upgrade', (req, socket, head) => {
+    const path = new URL(req.url ?? '/', 'http://x').pathname;
+    if (path !== FRAMES_PATH || !secretMatches(bearerOf(req), opts.secret)) {
+      socket.end(`HTTP/1.1 ${path !== FRAMES_PATH ? '404 Not Found' : '401 Unauthorized'}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+      return;
+    }
+    wss.handleUpgrade(req, socket, head, (ws) => {
+      connections.add(ws);
+      ws.on('close', () => connections.delete(ws));
+      serveFrames(ws, opts.handler, { ...(opts.messageLimit ? { messageLimit: opts.messageLimit } : {}) });
+    });
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(opts.port, opts.host, () => resolve());
+  });
+  const addr = server.address() as AddressInfo;
+  const host = addr.family === 'IPv6' ? `[${addr.address}]` : addr.address;
+  return {
+    server,
+    url: `http://${host}:${addr.port}`,
+    wsUrl: `ws://${host}:${addr.port}${FRAMES_PATH}`,
+    connections,
+    close: async () => {
+      for (const ws of connections) ws.terminate();
+      wss.close();
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}

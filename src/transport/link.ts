@@ -1,0 +1,104 @@
+// What every carrier offers: a FrameLink sends a request frame and resolves with the reply
+// frame (an Error reply becomes a rejected MeshError); a FrameHandler is the other side,
+// answering one request frame with one reply frame.
+
+import { MeshError } from '../errors.ts';
+import { FrameFlag, FrameType } from '../protocol/frame.ts';
+import type { Frame } from '../protocol/frame.ts';
+import { errorFrame, errorFromFrame, replyAddress } from '../protocol/payload.ts';
+
+export interface FrameLink {
+  /** the peer's address, for error messages */
+  readonly remote: string;
+  request(frame: Frame): Promise<Frame>;
+  close(): Promise<void>;
+  /** called once when the carrier drops (not after close()) */
+  onClose?: ((reason: MeshError) => void) | undefined;
+}
+
+export type FrameHandler = (frame: Frame) => Promise<Frame>;
+
+/** Rejects when the reply is an Error frame; otherwise returns it. */
+export function unwrapReply(reply: Frame): Frame {
+  if (reply.type === FrameType.Error) throw errorFromFrame(reply);
+  return reply;
+}
+
+/** The error reply for a thrown value (MeshErrors keep their code and stage). */
+export function errorReplyFor(req: Pick<Frame, 'routeId' | 'sessionId' | 'seq'>, e: unknown): Frame {
+  const err = e instanceof MeshError ? e : new MeshError('INTERNAL', e instanceof Error ? e.message : String(e));
+  const { stage, ...rest } = err.details ?? {};
+  return errorFrame(replyAddress(req as Frame), {
+    code: err.code,
+    message: err.message,
+    ...(typeof stage === 'number' ? { stage } : {}),
+    ...(Object.keys(rest).length ? { details: rest } : {}),
+  });
+}
+
+/** Runs a handler so that a throw becomes an Error reply and every reply is marked as one. */
+export async function answer(handler: FrameHandler, req: Frame): Promise<Frame> {
+  let reply: Frame;
+  try {
+    reply = await handler(req);
+  } catch (e) {
+    reply = errorReplyFor(req, e);
+  }
+  return { ...reply, routeId: req.routeId, sessionId: reply.sessionId, seq: req.seq, flags: reply.flags | FrameFlag.Reply };
+}
+
+/** Pending requests keyed by sequence number. */
+export class PendingReplies {
+  private nextSeq = 1;
+  private waiting = new Map<number, { resolve: (f: Frame) => void; reject: (e: Error) => void }>();
+
+  take(): { seq: number; reply: Promise<Frame> } {
+    const seq = this.nextSeq;
+    this.nextSeq = (this.nextSeq + 1) >>> 0 || 1;
+    const reply = new Promise<Frame>((resolve, reject) => this.waiting.set(seq, { resolve, reject }));
+    return { seq, reply };
+  }
+
+  /** Delivers a reply; false when nobody waits for its sequence number. */
+  deliver(frame: Frame): boolean {
+    const w = this.waiting.get(frame.seq);
+    if (!w) return false;
+    this.waiting.delete(frame.seq);
+    if (frame.type === FrameType.Error) w.reject(errorFromFrame(frame));
+    else w.resolve(frame);
+    return true;
+  }
+
+  fail(seq: number, e: Error): void {
+    const w = this.waiting.get(seq);
+    if (!w) return;
+    this.waiting.delete(seq);
+    w.reject(e);
+  }
+
+  failAll(e: Error): void {
+    for (const w of this.waiting.values()) w.reject(e);
+    this.waiting.clear();
+  }
+
+  get size(): number {
+    return this.waiting.size;
+  }
+}
+
+/** A link to a handler in the same process (single-process routes, tests, the bench baseline). */
+export class LocalLink implements FrameLink {
+  readonly remote = 'local';
+  onClose?: (reason: MeshError) => void;
+  private closed = false;
+  constructor(private readonly handler: FrameHandler) {}
+
+  async request(frame: Frame): Promise<Frame> {
+    if (this.closed) throw new MeshError('LINK_CLOSED', 'local link is closed');
+    return unwrapReply(await answer(this.handler, frame));
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+  }
+}

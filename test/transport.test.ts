@@ -1,0 +1,222 @@
+// The stub route: three stub stages over real loopback sockets prove prefill chunks, decode
+// steps, KV bookkeeping, the HTTP session paths, fragmentation and failure handling without a
+// model. A one-stage stub over all layers is the reference the route must equal exactly.
+import { afterAll, describe, expect, it } from 'vitest';
+import { StubBackend } from '../src/backends/stub/stub-backend.ts';
+import type { StubModel } from '../src/backends/stub/stub-backend.ts';
+import { startLoopbackRoute } from '../src/route/loopback.ts';
+import type { LoopbackRoute } from '../src/route/loopback.ts';
+import { RouteSessionClient } from '../src/route/client.ts';
+import { newSessionId } from '../src/route/sessions.ts';
+import { encodeFrame, FrameFlag, FrameType, makeFrame } from '../src/protocol/frame.ts';
+import { decodeI32, decodeJson, jsonFrame, tokensFrame } from '../src/protocol/payload.ts';
+import { HttpLink } from '../src/transport/http.ts';
+import { WsLink } from '../src/transport/ws.ts';
+import { isMeshError, MeshError } from '../src/errors.ts';
+
+const MODEL: StubModel = { nLayer: 6, nEmbd: 16, nVocab: 50 };
+const PROMPT = [3, 17, 5, 42, 8, 1, 9, 30, 2, 11];
+const open: LoopbackRoute[] = [];
+
+async function stubRoute(ranges: Array<[number, number]>, opts: Partial<Parameters<typeof startLoopbackRoute>[1]> = {}): Promise<LoopbackRoute> {
+  const stages = [];
+  for (const [start, end] of ranges) {
+    const backend = new StubBackend(MODEL);
+    await backend.load(null, { start, end });
+    stages.push({ backend, shard: { start, end } });
+  }
+  const r = await startLoopbackRoute(stages, { nLayer: MODEL.nLayer, ...opts });
+  open.push(r);
+  return r;
+}
+
+async function generate(r: LoopbackRoute, n: number, hiddenDtype: 'f16' | 'f32', chunk = 4): Promise<{ tokens: number[]; client: RouteSessionClient }> {
+  const client = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64, hiddenDtype });
+  const tokens = [await client.prefill(PROMPT, chunk)];
+  while (tokens.length < n) tokens.push(await client.decode(tokens.at(-1)!));
+  return { tokens, client };
+}
+
+async function expectRejects(p: Promise<unknown>, code: string): Promise<MeshError> {
+  try {
+    await p;
+  } catch (e) {
+    expect(isMeshError(e) ? e.code : String(e)).toBe(code);
+    return e as MeshError;
+  }
+  throw new Error(`expected ${code}, resolved`);
+}
+
+afterAll(async () => {
+  for (const r of open) await r.close();
+});
+
+describe('stub route over loopback sockets', () => {
+  it('three stages over WebSocket give exactly the one-stage tokens (f32 hidden states)', async () => {
+    const single = await stubRoute([[0, 6]], { carrier: 'local' });
+    const chain = await stubRoute([[0, 2], [2, 5], [5, 6]]);
+    const ref = await generate(single, 12, 'f32');
+    const got = await generate(chain, 12, 'f32');
+    expect(got.tokens).toEqual(ref.tokens);
+    expect(new Set(ref.tokens).size).toBeGreaterThan(1); // the stub is not constant
+    // no recompute: every layer of every stage processed prompt + fed-back tokens, once
+    const info = await got.client.info();
+    expect(info.position).toBe(PROMPT.length + 11);
+    expect(info.state).toBe('idle');
+    for (const st of info.stages) {
+      expect(st.processedTokens as number[]).toEqual(new Array((st.shard as { end: number; start: number }).end - (st.shard as { start: number }).start).fill(PROMPT.length + 11));
+      expect(st.kvBytes).toBeGreaterThan(0);
+    }
+    await got.client.close();
+    const after = await got.client.info();
+    expect(after.state).toBe('closed');
+    for (const st of after.stages) expect(st.kvBytes).toBe(0);
+    for (const svc of chain.services) expect(svc.openSessions).toBe(0);
+    await ref.client.close();
+  });
+
+  it('f16 hidden states travel at 2 bytes per value and stay close to f32', async () => {
+    const chain = await stubRoute([[0, 3], [3, 6]]);
+    const c = await RouteSessionClient.open(chain.clientLink, chain.route.id, { contextLength: 64, hiddenDtype: 'f16' });
+    await c.prefill(PROMPT, 64);
+    // 10 tokens × 16 values × 2 bytes
+    expect(chain.services[0]!.bytesOut).toBe(PROMPT.length * MODEL.nEmbd * 2);
+    await c.close();
+  });
+
+  it('the same route over binary HTTP, prompt in 3-token chunks', async () => {
+    const single = await stubRoute([[0, 6]], { carrier: 'local' });
+    const chain = await stubRoute([[0, 1], [1, 4], [4, 6]], { carrier: 'http' });
+    expect((await generate(chain, 8, 'f32', 3)).tokens).toEqual((await generate(single, 8, 'f32', 3)).tokens);
+  });
+
+  for (const limit of [16 * 1024, 256 * 1024]) {
+    it(`fragments frames to ${limit / 1024} KiB messages between stages`, async () => {
+      const wide: StubModel = { nLayer: 2, nEmbd: 1024, nVocab: 50 };
+      const stages = [];
+      for (const [start, end] of [[0, 1], [1, 2]] as const) {
+        const b = new StubBackend(wide);
+        await b.load(null, { start, end });
+        stages.push({ backend: b, shard: { start, end } });
+      }
+      const r = await startLoopbackRoute(stages, { nLayer: 2, messageLimit: limit });
+      open.push(r);
+      const c = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 512, hiddenDtype: 'f32' });
+      const prompt = Array.from({ length: 300 }, (_, i) => i % 50);
+      const tok = await c.prefill(prompt, 300); // 300 × 1024 × 4 = 1.2 MB in one frame
+      expect(tok).toBeGreaterThanOrEqual(0);
+      expect(r.services[0]!.bytesOut).toBe(300 * 1024 * 4);
+      await c.close();
+    });
+  }
+});
+
+describe('session rules', () => {
+  it('refuses out-of-order positions, decode before prefill, unknown sessions and steps after close', async () => {
+    const r = await stubRoute([[0, 3], [3, 6]]);
+    const c = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64 });
+    const at = { routeId: r.route.id, sessionId: c.sessionId };
+    await expectRejects(r.clientLink.request(tokensFrame(FrameType.Decode, at, 0, [1])), 'SESSION_BAD_STATE');
+    await c.prefill([1, 2, 3]);
+    const e = await expectRejects(r.clientLink.request(tokensFrame(FrameType.Decode, at, 7, [1])), 'POSITION_MISMATCH');
+    expect(e.details).toMatchObject({ expected: 3, got: 7 });
+    expect(r.manager.state(c.sessionId)).toBe('idle'); // a refused frame changes nothing
+    await expectRejects(r.clientLink.request(tokensFrame(FrameType.Decode, { ...at, sessionId: newSessionId() }, 0, [1])), 'SESSION_UNKNOWN');
+    await expectRejects(r.clientLink.request(tokensFrame(FrameType.Decode, { ...at, routeId: 99 }, 3, [1])), 'FRAME_BAD_ROUTE');
+    await expectRejects(RouteSessionClient.open(r.clientLink, 99, { contextLength: 8 }), 'ROUTE_UNKNOWN');
+    await c.close();
+    await expectRejects(c.decode(4), 'SESSION_CLOSED');
+  });
+
+  it('expires an idle session after its TTL and frees every stage', async () => {
+    const r = await stubRoute([[0, 2], [2, 6]], { sessions: { idleTtlMs: 150, sweepMs: 25 } });
+    const c = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64 });
+    await c.prefill(PROMPT);
+    await new Promise((res) => setTimeout(res, 400));
+    const info = await c.info();
+    expect(info.state).toBe('expired');
+    expect(info.history).toEqual(['opening', 'idle', 'prefilling', 'idle', 'expired']);
+    for (const st of info.stages) expect(st.kvBytes).toBe(0);
+    await expectRejects(c.decode(1), 'SESSION_CLOSED');
+  });
+
+  it('a stage that dies mid-session fails the session naming it and frees the others', async () => {
+    const r = await stubRoute([[0, 2], [2, 4], [4, 6]]);
+    const c = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64 });
+    const t = await c.prefill(PROMPT);
+    await r.killStage(1);
+    const e = await expectRejects(c.decode(t), 'STAGE_UNREACHABLE');
+    expect(e.details?.stage).toBe(1);
+    const info = await c.info();
+    expect(info.state).toBe('failed');
+    expect(info.failure?.stage).toBe(1);
+    expect(r.services[0]!.openSessions).toBe(0);
+    expect(r.services[2]!.openSessions).toBe(0);
+    expect(info.stages[1]!.reachable).toBe(false);
+  });
+});
+
+describe('binary HTTP on one stage node', () => {
+  it('serves open, prefill, decode, status and delete, and refuses bad input with typed errors', async () => {
+    const r = await stubRoute([[0, 6]]);
+    const base = r.servers[0]!.url;
+    const auth = { authorization: `Bearer ${r.secret}` };
+    const sid = newSessionId();
+    const link = new HttpLink(base, auth);
+    await link.request(jsonFrame(FrameType.SessionOpen, { routeId: 1, sessionId: sid }, { contextLength: 32 }));
+    const t1 = await link.request(tokensFrame(FrameType.Prefill, { routeId: 1, sessionId: sid }, 0, [1, 2, 3], FrameFlag.Sample));
+    expect(t1.type).toBe(FrameType.Token);
+    const t2 = await link.request(tokensFrame(FrameType.Decode, { routeId: 1, sessionId: sid }, 3, [decodeI32(t1.payload)[0]!]));
+    expect(t2.type).toBe(FrameType.Token);
+    expect(t2.position).toBe(4);
+
+    const status = await fetch(`${base}/v1/sessions/${sid}`, { headers: auth });
+    expect(await status.json()).toMatchObject({ open: true, position: 4, processedTokens: new Array(6).fill(4) });
+    const nodeStatus = (await (await fetch(`${base}/v1/status`, { headers: auth })).json()) as { sessions: unknown[] };
+    expect(nodeStatus.sessions).toHaveLength(1);
+
+    // out-of-order position → 409 with an Error frame
+    const bad = await fetch(`${base}/v1/sessions/${sid}/decode`, { method: 'POST', headers: auth, body: encodeFrame(tokensFrame(FrameType.Decode, { routeId: 1, sessionId: sid }, 9, [1])) });
+    expect(bad.status).toBe(409);
+    await expectRejects(link.request(tokensFrame(FrameType.Decode, { routeId: 1, sessionId: sid }, 9, [1])), 'POSITION_MISMATCH');
+    // malformed body → 400 naming the field
+    const garbage = await fetch(`${base}/v1/sessions/${sid}/decode`, { method: 'POST', headers: auth, body: new Uint8Array(60) });
+    expect(garbage.status).toBe(400);
+    const gf = decodeJson<{ code: string; message: string }>(new Uint8Array(await garbage.arrayBuffer()).subarray(52));
+    expect(gf.code).toBe('FRAME_BAD_MAGIC');
+    // a frame for another session than the path names
+    const other = await fetch(`${base}/v1/sessions/${sid}/decode`, { method: 'POST', headers: auth, body: encodeFrame(tokensFrame(FrameType.Decode, { routeId: 1, sessionId: newSessionId() }, 4, [1])) });
+    expect(other.status).toBe(400);
+    // a decode frame on the prefill path's opposite: a Hidden-only path refuses token frames? (prefill accepts Prefill)
+    const wrongType = await fetch(`${base}/v1/sessions/${sid}/prefill`, { method: 'POST', headers: auth, body: encodeFrame(tokensFrame(FrameType.Decode, { routeId: 1, sessionId: sid }, 4, [1])) });
+    expect(wrongType.status).toBe(400);
+    // wrong secret → 401, unknown session → 404
+    expect((await fetch(`${base}/v1/status`, { headers: { authorization: 'Bearer nope' } })).status).toBe(401);
+    expect((await fetch(`${base}/v1/status`)).status).toBe(401);
+    await expectRejects(new HttpLink(base, { authorization: 'Bearer nope' }).request(makeFrame({ type: FrameType.SessionClose, sessionId: sid })), 'AUTH_FAILED');
+    await expectRejects(link.request(makeFrame({ type: FrameType.SessionClose, sessionId: newSessionId() })), 'SESSION_UNKNOWN');
+
+    await link.request(makeFrame({ type: FrameType.SessionClose, sessionId: sid }));
+    expect(r.services[0]!.openSessions).toBe(0);
+    expect(await (await fetch(`${base}/v1/sessions/${sid}`, { headers: auth })).json()).toMatchObject({ open: false, kvBytes: 0 });
+  });
+
+  it('refuses a WebSocket without the secret and answers garbage messages with an error frame', async () => {
+    const r = await stubRoute([[0, 6]]);
+    await expectRejects(WsLink.connect(r.servers[0]!.wsUrl, { headers: { authorization: 'Bearer wrong' } }), 'AUTH_FAILED');
+    const { default: WebSocket } = await import('ws');
+    const ws = new WebSocket(r.servers[0]!.wsUrl, { headers: { authorization: `Bearer ${r.secret}` } });
+    await new Promise((res) => ws.once('open', res));
+    const reply = await new Promise<Buffer>((res) => {
+      ws.once('message', (d) => res(d as Buffer));
+      ws.send(Buffer.from('not a frame at all, just bytes'), { binary: true });
+    });
+    const body = decodeJson<{ code: string }>(new Uint8Array(reply).subarray(52));
+    expect(body.code).toBe('FRAME_BAD_MAGIC');
+    // the socket still works afterwards
+    const link = WsLink.wrap(ws, 'raw');
+    const st = await link.request(makeFrame({ type: FrameType.Status }));
+    expect(decodeJson<{ stage: number }>(st.payload).stage).toBe(0);
+    await link.close();
+  });
+});
