@@ -40,3 +40,42 @@ export function vocabCases(name: string): { text: string; ids: number[] }[] {
     return { text, ids: line === '' ? [] : line.split(' ').map(Number) };
   });
 }
+
+/**
+ * A vocabulary-only GGUF made from llama.cpp's gpt-2 vocabulary with another
+ * `tokenizer.ggml.pre`, so pre-tokenizers without a fixture of their own (e.g. `default`)
+ * can still be compared with llama.cpp on real merges.
+ */
+export async function gpt2VocabWithPre(pre: string): Promise<string> {
+  const { gguf } = await import('@huggingface/gguf');
+  const { writeGgufFile } = await import('../src/gguf/writer.ts');
+  const out = join(REPO_ROOT, '.cache', 'tokenizer', `gpt-2-pre-${pre}.gguf`);
+  if (existsSync(out)) return out;
+  const { metadata } = await gguf(vocabPath('gpt-2'), { allowLocalFile: true });
+  const m = metadata as unknown as Record<string, unknown>;
+  mkdirSync(join(REPO_ROOT, '.cache', 'tokenizer'), { recursive: true });
+  const tmp = `${out}.tmp-${process.pid}`;
+  await writeGgufFile(tmp, {
+    metadata: [
+      { key: 'general.architecture', type: 'string', value: 'gpt2' },
+      { key: 'general.name', type: 'string', value: `gpt-2 with pre ${pre}` },
+      { key: 'gpt2.block_count', type: 'uint32', value: 12 },
+      { key: 'gpt2.context_length', type: 'uint32', value: 1024 },
+      { key: 'gpt2.embedding_length', type: 'uint32', value: 768 },
+      { key: 'gpt2.feed_forward_length', type: 'uint32', value: 3072 },
+      { key: 'gpt2.attention.head_count', type: 'uint32', value: 12 },
+      { key: 'gpt2.attention.layer_norm_epsilon', type: 'float32', value: 1e-5 },
+      { key: 'tokenizer.ggml.model', type: 'string', value: 'gpt2' },
+      { key: 'tokenizer.ggml.pre', type: 'string', value: pre },
+      { key: 'tokenizer.ggml.tokens', type: 'array', itemType: 'string', value: m['tokenizer.ggml.tokens'] as string[] },
+      { key: 'tokenizer.ggml.token_type', type: 'array', itemType: 'int32', value: m['tokenizer.ggml.token_type'] as number[] },
+      { key: 'tokenizer.ggml.merges', type: 'array', itemType: 'string', value: m['tokenizer.ggml.merges'] as string[] },
+      { key: 'tokenizer.ggml.bos_token_id', type: 'uint32', value: 50256 },
+      { key: 'tokenizer.ggml.eos_token_id', type: 'uint32', value: 50256 },
+    ],
+    tensors: [],
+  });
+  if (!existsSync(out)) renameSync(tmp, out);
+  else rmSync(tmp, { force: true });
+  return out;
+}

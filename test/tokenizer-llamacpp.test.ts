@@ -3,12 +3,12 @@
 // detokenization, and llama.cpp's own .inp/.out fixtures.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { getLlama, LlamaLogLevel } from 'node-llama-cpp';
-import type { Llama, LlamaModel } from 'node-llama-cpp';
+import type { Llama, LlamaModel, Token } from 'node-llama-cpp';
 import { loadTokenizer } from '../src/model/tokenizer/index.ts';
 import type { Tokenizer } from '../src/model/tokenizer/index.ts';
 import { stories260K } from './support/models.ts';
 import { CORPUS } from './tokenizer-corpus.ts';
-import { vocabCases, vocabPath } from './tokenizer-fixtures.ts';
+import { gpt2VocabWithPre, vocabCases, vocabPath } from './tokenizer-fixtures.ts';
 
 let llama: Llama;
 beforeAll(async () => {
@@ -33,6 +33,8 @@ const CASES: Case[] = [
   { name: 'gpt-2', path: async () => vocabPath('gpt-2'), fixture: 'gpt-2' },
   { name: 'phi-3 (spm, rstrip specials)', path: async () => vocabPath('phi-3'), fixture: 'phi-3' },
   { name: 'mpt (gpt-2 regex)', path: async () => vocabPath('mpt'), fixture: 'mpt' },
+  { name: 'gpt-2 merges, pre-tokenizer "default"', path: () => gpt2VocabWithPre('default') },
+  { name: 'gpt-2 merges, pre-tokenizer "llama-bpe"', path: () => gpt2VocabWithPre('llama-bpe') },
 ];
 
 for (const c of CASES) {
@@ -80,7 +82,7 @@ for (const c of CASES) {
     it('decodes the corpus tokens like model.detokenize (special off and on)', () => {
       const bad: string[] = [];
       for (const s of CORPUS) {
-        const ids = ours.encode(s);
+        const ids = ours.encode(s) as Token[];
         if (ours.decode(ids) !== model.detokenize(ids, false)) bad.push(s);
         if (ours.decode(ids, { special: true }) !== model.detokenize(ids, true)) bad.push(s);
       }
