@@ -48,6 +48,11 @@ function rowF32(b: Uint8Array, o: number, n: number, y: Float32Array, yo: number
 }
 
 function rowF16(b: Uint8Array, o: number, n: number, y: Float32Array, yo: number): void {
+  if ((b.byteOffset + o) % 2 === 0) {
+    const u = new Uint16Array(b.buffer, b.byteOffset + o, n);
+    for (let i = 0; i < n; i++) y[yo + i] = F16_TABLE[u[i]!]!;
+    return;
+  }
   for (let i = 0; i < n; i++) y[yo + i] = h(b, o + 2 * i);
 }
 
@@ -157,16 +162,17 @@ function rowQ3_K(b: Uint8Array, o: number, nb: number, y: Float32Array, yo: numb
     const d = h(b, o + 108);
     q3kScales(b, o + 96, q3Scales);
     let is = 0;
-    let m = 1;
+    let bit = 0; // the hmask bit holding this group's high bits
     for (let half = 0; half < 2; half++) {
       const qs = o + 32 + half * 32;
-      for (let shift = 0; shift < 8; shift += 2, m <<= 1) {
+      for (let shift = 0; shift < 8; shift += 2, bit++) {
         for (let part = 0; part < 2; part++) {
           const dl = fr(d * (q3Scales[is++]! - 32));
           const q = qs + part * 16;
           const hm = o + part * 16;
           for (let l = 0; l < 16; l++) {
-            const v = ((b[q + l]! >> shift) & 3) - (b[hm + l]! & m ? 0 : 4);
+            // 2 low bits, minus 4 when the high bit is clear
+            const v = ((b[q + l]! >> shift) & 3) - ((((b[hm + l]! >> bit) & 1) ^ 1) << 2);
             y[yo++] = fr(dl * v);
           }
         }
@@ -175,24 +181,37 @@ function rowQ3_K(b: Uint8Array, o: number, nb: number, y: Float32Array, yo: numb
   }
 }
 
-/** The j-th (scale, min) pair of the 12-byte 6-bit packing used by Q4_K and Q5_K. */
-function scaleMinK4(b: Uint8Array, o: number, j: number): [number, number] {
-  if (j < 4) return [b[o + j]! & 63, b[o + j + 4]! & 63];
-  return [(b[o + j + 4]! & 0x0f) | ((b[o + j - 4]! >> 6) << 4), (b[o + j + 4]! >> 4) | ((b[o + j]! >> 6) << 4)];
+/**
+ * Unpacks the eight (scale, min) pairs of the 12-byte 6-bit packing used by Q4_K and Q5_K:
+ * pairs 0-3 are the low 6 bits of bytes 0-3 / 4-7; pairs 4-7 take their low 4 bits from
+ * bytes 8-11 and their top 2 bits from the spare high bits of bytes 0-7.
+ */
+function scaleMinK4(b: Uint8Array, o: number, sc: Int32Array, mn: Int32Array): void {
+  for (let j = 0; j < 4; j++) {
+    sc[j] = b[o + j]! & 63;
+    mn[j] = b[o + j + 4]! & 63;
+    sc[j + 4] = (b[o + j + 8]! & 0x0f) | ((b[o + j]! >> 6) << 4);
+    mn[j + 4] = (b[o + j + 8]! >> 4) | ((b[o + j + 4]! >> 6) << 4);
+  }
 }
+
+const kScales = new Int32Array(8);
+const kMins = new Int32Array(8);
 
 function rowQ4_K(b: Uint8Array, o: number, nb: number, y: Float32Array, yo: number): void {
   for (let i = 0; i < nb; i++, o += 144) {
     const d = h(b, o);
     const dmin = h(b, o + 2);
+    scaleMinK4(b, o + 4, kScales, kMins);
     for (let j = 0; j < 4; j++) {
-      const [s1, m1] = scaleMinK4(b, o + 4, 2 * j);
-      const [s2, m2] = scaleMinK4(b, o + 4, 2 * j + 1);
-      const d1 = fr(d * s1), mm1 = fr(dmin * m1);
-      const d2 = fr(d * s2), mm2 = fr(dmin * m2);
+      const d1 = fr(d * kScales[2 * j]!), m1 = fr(dmin * kMins[2 * j]!);
+      const d2 = fr(d * kScales[2 * j + 1]!), m2 = fr(dmin * kMins[2 * j + 1]!);
       const q = o + 16 + 32 * j;
-      for (let l = 0; l < 32; l++) y[yo + l] = fr(fr(d1 * (b[q + l]! & 0x0f)) - mm1);
-      for (let l = 0; l < 32; l++) y[yo + 32 + l] = fr(fr(d2 * (b[q + l]! >> 4)) - mm2);
+      for (let l = 0; l < 32; l++) {
+        const v = b[q + l]!;
+        y[yo + l] = fr(fr(d1 * (v & 0x0f)) - m1);
+        y[yo + 32 + l] = fr(fr(d2 * (v >> 4)) - m2);
+      }
       yo += 64;
     }
   }
@@ -202,19 +221,18 @@ function rowQ5_K(b: Uint8Array, o: number, nb: number, y: Float32Array, yo: numb
   for (let i = 0; i < nb; i++, o += 176) {
     const d = h(b, o);
     const dmin = h(b, o + 2);
+    scaleMinK4(b, o + 4, kScales, kMins);
     const qh = o + 16;
     for (let j = 0; j < 4; j++) {
-      const [s1, m1] = scaleMinK4(b, o + 4, 2 * j);
-      const [s2, m2] = scaleMinK4(b, o + 4, 2 * j + 1);
-      const d1 = fr(d * s1), mm1 = fr(dmin * m1);
-      const d2 = fr(d * s2), mm2 = fr(dmin * m2);
-      const u1 = 1 << (2 * j), u2 = 2 << (2 * j);
+      const d1 = fr(d * kScales[2 * j]!), m1 = fr(dmin * kMins[2 * j]!);
+      const d2 = fr(d * kScales[2 * j + 1]!), m2 = fr(dmin * kMins[2 * j + 1]!);
+      const s1 = 2 * j, s2 = 2 * j + 1; // bit of qh[l] holding each half's 5th bit
       const q = o + 48 + 32 * j;
       for (let l = 0; l < 32; l++) {
-        y[yo + l] = fr(fr(d1 * ((b[q + l]! & 0x0f) + (b[qh + l]! & u1 ? 16 : 0))) - mm1);
-      }
-      for (let l = 0; l < 32; l++) {
-        y[yo + 32 + l] = fr(fr(d2 * ((b[q + l]! >> 4) + (b[qh + l]! & u2 ? 16 : 0))) - mm2);
+        const v = b[q + l]!;
+        const hb = b[qh + l]!;
+        y[yo + l] = fr(fr(d1 * ((v & 0x0f) | (((hb >> s1) & 1) << 4))) - m1);
+        y[yo + 32 + l] = fr(fr(d2 * ((v >> 4) | (((hb >> s2) & 1) << 4))) - m2);
       }
       yo += 64;
     }
