@@ -1,0 +1,88 @@
+// The route planner answers one question: which peer serves which contiguous layer range.
+// Peers that asked for explicit layers get them when those ranges tile [0, n_layer); otherwise
+// the layers are split over the peers in proportion to their memory, in join order, every
+// stage at least one layer, and a peer whose memory cannot hold its shard is left out.
+
+import type { ShardRange } from '../backends/types.ts';
+
+export interface PlannerPeer {
+  id: string;
+  /** bytes the peer offers for weights */
+  memoryBytes: number;
+  /** the range the peer asked for (`--layers`), if any */
+  layers?: ShardRange | undefined;
+}
+
+export interface PlannedStage {
+  peerId: string;
+  shard: ShardRange;
+}
+
+export type Plan = { ok: true; stages: PlannedStage[] } | { ok: false; reason: string };
+
+export interface PlanInput {
+  nLayer: number;
+  /** in join order */
+  peers: readonly PlannerPeer[];
+  /** bytes of tensor data shard `range` needs */
+  shardBytes: (range: ShardRange) => number;
+  /** most stages to use (default: every peer) */
+  maxStages?: number;
+}
+
+/** Explicit ranges that tile [0, n): a chain of peers whose ranges meet end to start. */
+function planExplicit(nLayer: number, peers: readonly PlannerPeer[]): PlannedStage[] | string {
+  const explicit = peers.filter((p) => p.layers);
+  const stages: PlannedStage[] = [];
+  let at = 0;
+  while (at < nLayer) {
+    const next = explicit.find((p) => p.layers!.start === at && p.layers!.end > at && p.layers!.end <= nLayer && !stages.some((s) => s.peerId === p.id));
+    if (!next) return `no peer asked for layers starting at ${at} (explicit: ${explicit.map((p) => `${p.id}=${p.layers!.start}-${p.layers!.end}`).join(', ')})`;
+    stages.push({ peerId: next.id, shard: { ...next.layers! } });
+    at = next.layers!.end;
+  }
+  return stages;
+}
+
+/** Splits [0, n) over `peers` in proportion to memory: boundaries at rounded cumulative shares. */
+export function proportionalSplit(nLayer: number, memories: readonly number[]): ShardRange[] {
+  const k = memories.length;
+  const total = memories.reduce((a, b) => a + b, 0);
+  const ends: number[] = [];
+  let cum = 0;
+  for (let i = 0; i < k; i++) {
+    cum += memories[i]!;
+    let end = i === k - 1 ? nLayer : Math.round((nLayer * cum) / total);
+    const prev = i === 0 ? 0 : ends[i - 1]!;
+    end = Math.max(end, prev + 1); // every stage gets a layer
+    end = Math.min(end, nLayer - (k - 1 - i)); // and leaves one for each later stage
+    ends.push(end);
+  }
+  return ends.map((end, i) => ({ start: i === 0 ? 0 : ends[i - 1]!, end }));
+}
+
+export function planRoute(input: PlanInput): Plan {
+  const { nLayer, peers } = input;
+  if (peers.length === 0) return { ok: false, reason: 'no peers in the room' };
+  if (peers.some((p) => p.layers)) {
+    const explicit = planExplicit(nLayer, peers);
+    if (typeof explicit !== 'string') {
+      const short = explicit.find((s) => input.shardBytes(s.shard) > (peers.find((p) => p.id === s.peerId)!.memoryBytes));
+      if (!short) return { ok: true, stages: explicit };
+      return { ok: false, reason: `peer ${short.peerId} asked for layers ${short.shard.start}-${short.shard.end} but its memory cannot hold them` };
+    }
+    const free = peers.filter((p) => !p.layers);
+    if (free.length === 0) return { ok: false, reason: explicit };
+    return planRoute({ ...input, peers: free });
+  }
+  // proportional: try all peers, then drop the one with the least memory until shards fit
+  let candidates = peers.slice(0, Math.min(peers.length, nLayer, input.maxStages ?? Infinity));
+  while (candidates.length > 0) {
+    const ranges = proportionalSplit(nLayer, candidates.map((p) => p.memoryBytes));
+    const misfit = ranges.findIndex((r, i) => input.shardBytes(r) > candidates[i]!.memoryBytes);
+    if (misfit < 0) return { ok: true, stages: ranges.map((shard, i) => ({ peerId: candidates[i]!.id, shard })) };
+    const smallest = candidates.reduce((m, p) => (p.memoryBytes < m.memoryBytes ? p : m));
+    candidates = candidates.filter((p) => p !== smallest);
+  }
+  return { ok: false, reason: `the peers' memory (${peers.map((p) => p.memoryBytes).join(', ')} bytes) cannot hold the model` };
+}
