@@ -47,7 +47,7 @@ describe('manifest of stories260K', () => {
     const sum = execFileSync('sha256sum', [model], { encoding: 'utf8' }).split(/\s+/)[0];
     expect(manifest.artifact.sha256).toBe(sum);
     expect(manifest.artifact.size).toBe(original.length);
-    expect(manifest.artifact.files).toEqual([{ name: 'stories260K.gguf', size: original.length, sha256: sum }]);
+    expect(manifest.artifact.files).toEqual([{ size: original.length, sha256: sum }]);
     expect(manifest.schema_version).toBe(1);
     expect(manifest.architecture).toBe('llama');
     expect(manifest.hyper_parameters).toMatchObject({ n_layer: 5, n_embd: 64, n_head: 8, n_head_kv: 4, n_vocab: 512 });
@@ -221,7 +221,7 @@ describe('split artifacts and tied heads', () => {
     server.set('/tiny-00002-of-00002.gguf', part2);
 
     const m = await buildManifest(join(dir, 'tiny-00002-of-00002.gguf')); // any part names the artifact
-    expect(m.artifact.files.map((f) => f.name)).toEqual(['tiny-00001-of-00002.gguf', 'tiny-00002-of-00002.gguf']);
+    expect(m.artifact.files.map((f) => f.size)).toEqual([part1.length, part2.length]);
     expect(m.artifact.sha256).toBe(sha(Buffer.concat([part1, part2])));
     expect(m.artifact.files[1]!.sha256).toBe(sha(part2));
     expect(m.artifact.size).toBe(part1.length + part2.length);
@@ -257,5 +257,31 @@ describe('split artifacts and tied heads', () => {
       ['head', ['output_norm.weight'], ['token_embd.weight'], 128],
       ['global', ['rope_freqs.weight'], [], 128],
     ]);
+  });
+});
+
+describe('loadOrBuildManifest', () => {
+  it('computes once, caches beside the file, and rebuilds when the file changes', async () => {
+    const { loadOrBuildManifest } = await import('../src/gguf/manifest.ts');
+    const { utimesSync, existsSync } = await import('node:fs');
+    const p = join(dir, 'cached.gguf');
+    writeFileSync(p, original);
+    const m1 = await loadOrBuildManifest(p);
+    expect(existsSync(`${p}.manifest.json`)).toBe(true);
+    expect(readFileSync(`${p}.manifest.json`, 'utf8')).toBe(manifestJson(manifest));
+    expect(manifestJson(m1)).toBe(manifestJson(manifest));
+    // a cached manifest is returned as is: prove it by planting a marker in the cache
+    const planted = { ...m1, architecture: 'from-cache' };
+    writeFileSync(`${p}.manifest.json`, manifestJson(planted));
+    expect((await loadOrBuildManifest(p)).architecture).toBe('from-cache');
+    // the file changes after the cache was written: rebuilt
+    const changed = original.slice();
+    changed[changed.length - 1]! ^= 1;
+    writeFileSync(p, changed);
+    const future = new Date(Date.now() + 5000);
+    utimesSync(p, future, future);
+    const m2 = await loadOrBuildManifest(p);
+    expect(m2.architecture).toBe('llama');
+    expect(m2.artifact.sha256).toBe(sha(changed));
   });
 });

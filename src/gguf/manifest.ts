@@ -1,8 +1,8 @@
 // The manifest of a model artifact: architecture, hyper-parameters, every tensor's byte range,
 // type and sha256, and the tensor groups (shard units) with their byte totals. Built by
 // streaming the artifact once (local file or URL), hashing the whole and each tensor as the
-// bytes pass. Deterministic: the same artifact gives the same JSON byte for byte (no paths,
-// no times; fixed key order).
+// bytes pass. Deterministic: the same bytes give the same JSON byte for byte (no names,
+// paths or times; fixed key order).
 //
 // A split GGUF (`name-00001-of-00003.gguf` …) is one artifact of several files: its sha256 is
 // that of the files' bytes concatenated in order, and each tensor records which file holds it.
@@ -22,9 +22,9 @@ import type { GgufHeader } from './types.ts';
 
 export const MANIFEST_SCHEMA_VERSION = 1;
 
+/** One file of the artifact (a split GGUF has several, in part order). No names or paths: the
+ *  manifest depends only on the bytes, so a renamed or re-hosted copy has the same manifest. */
 export interface ManifestFile {
-  /** file name only (no directory or host), so the manifest does not depend on where it lives */
-  name: string;
   size: number;
   sha256: string;
 }
@@ -72,11 +72,6 @@ export function artifactFiles(location: string): string[] {
   const total = Number(m[3]);
   if (total < 1) throw new MeshError('GGUF_BAD_SPLIT', `${location}: a split of ${total} files`);
   return Array.from({ length: total }, (_, i) => `${m[1]}-${String(i + 1).padStart(5, '0')}-of-${m[3]}.gguf`);
-}
-
-function baseName(location: string): string {
-  const path = isUrl(location) ? new URL(location).pathname : location;
-  return decodeURIComponent(path.slice(path.lastIndexOf('/') + 1));
 }
 
 /** Hashes one file front to back in one pass: the whole, and each tensor range as it passes. */
@@ -139,7 +134,7 @@ export async function buildManifest(location: string, opts: ReadHeaderOptions = 
   for (let f = 0; f < locations.length; f++) {
     const header = headers[f]!;
     const { size, sha256, tensorHashes } = await hashFile(locations[f]!, header, artifactHash, opts);
-    files.push({ name: baseName(locations[f]!), size, sha256 });
+    files.push({ size, sha256 });
     for (const t of header.tensors) {
       if (names.has(t.name)) throw new MeshError('GGUF_BAD_SPLIT', `tensor '${t.name}' appears in more than one file`);
       names.add(t.name);
@@ -195,4 +190,53 @@ export function verifyTensor(manifest: Manifest, name: string, bytes: Uint8Array
       { tensor: name, expected: entry.sha256, actual, expectedBytes: entry.byte_length, actualBytes: bytes.length },
     );
   }
+}
+
+export interface CachedManifestOptions extends ReadHeaderOptions {
+  /**
+   * Where to keep the manifest: default `<file>.manifest.json` beside a local file; URLs are
+   * cached only where a path is given. A cache that cannot be written is skipped silently.
+   */
+  cachePath?: string;
+}
+
+/**
+ * The manifest of a local file or URL, computed once and cached: a cached manifest is used
+ * while it is newer than every file of the artifact and records their sizes. (URLs: the cache
+ * is trusted while the remote sizes match — pass no cachePath to always re-hash.)
+ */
+export async function loadOrBuildManifest(location: string, opts: CachedManifestOptions = {}): Promise<Manifest> {
+  const { readFile, stat, writeFile, rename } = await import('node:fs/promises');
+  const { parseManifest } = await import('./verify.ts');
+  const files = artifactFiles(location);
+  const cachePath = opts.cachePath ?? (isUrl(location) ? undefined : `${files[0]}.manifest.json`);
+  if (cachePath) {
+    try {
+      const cached = parseManifest(await readFile(cachePath, 'utf8'));
+      const cacheTime = (await stat(cachePath)).mtimeMs;
+      let fresh = cached.artifact.files.length === files.length;
+      for (let i = 0; fresh && i < files.length; i++) {
+        if (isUrl(files[i]!)) {
+          fresh = (await readHeader(files[i]!, { ...opts, allowTruncatedData: true })).fileBytes === cached.artifact.files[i]!.size;
+        } else {
+          const s = await stat(files[i]!);
+          fresh = s.size === cached.artifact.files[i]!.size && s.mtimeMs <= cacheTime;
+        }
+      }
+      if (fresh) return cached;
+    } catch {
+      // no cache, or an unreadable one: build
+    }
+  }
+  const manifest = await buildManifest(location, opts);
+  if (cachePath) {
+    try {
+      const tmp = `${cachePath}.${process.pid}.tmp`;
+      await writeFile(tmp, manifestJson(manifest));
+      await rename(tmp, cachePath);
+    } catch {
+      // read-only place: serve without caching
+    }
+  }
+  return manifest;
 }
