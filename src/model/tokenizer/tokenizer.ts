@@ -56,6 +56,11 @@ export class Tokenizer {
     return this.vocab.addBos;
   }
 
+  /** whether encode() with addSpecial puts EOS last */
+  get addsEos(): boolean {
+    return this.vocab.addEos;
+  }
+
   /** true for tokens that end generation (EOS, EOT, <|im_end|>, …) */
   isEog(id: number): boolean {
     return this.vocab.eog.has(id);
