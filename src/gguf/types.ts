@@ -46,6 +46,8 @@ export interface TypeTraits {
   typeSize: number;
 }
 
+// Every type a GGUF may hold: also those we cannot dequantise, so their tensors can still be
+// located, hashed and shipped.
 export const TYPE_TRAITS: Partial<Record<GgmlType, TypeTraits>> = {
   [GgmlType.F32]: { name: 'F32', blockSize: 1, typeSize: 4 },
   [GgmlType.F16]: { name: 'F16', blockSize: 1, typeSize: 2 },
@@ -62,6 +64,15 @@ export const TYPE_TRAITS: Partial<Record<GgmlType, TypeTraits>> = {
   [GgmlType.Q5_K]: { name: 'Q5_K', blockSize: 256, typeSize: 176 },
   [GgmlType.Q6_K]: { name: 'Q6_K', blockSize: 256, typeSize: 210 },
   [GgmlType.Q8_K]: { name: 'Q8_K', blockSize: 256, typeSize: 292 },
+  [GgmlType.IQ2_XXS]: { name: 'IQ2_XXS', blockSize: 256, typeSize: 66 },
+  [GgmlType.IQ2_XS]: { name: 'IQ2_XS', blockSize: 256, typeSize: 74 },
+  [GgmlType.IQ3_XXS]: { name: 'IQ3_XXS', blockSize: 256, typeSize: 98 },
+  [GgmlType.IQ1_S]: { name: 'IQ1_S', blockSize: 256, typeSize: 50 },
+  [GgmlType.IQ3_S]: { name: 'IQ3_S', blockSize: 256, typeSize: 110 },
+  [GgmlType.IQ2_S]: { name: 'IQ2_S', blockSize: 256, typeSize: 82 },
+  [GgmlType.IQ1_M]: { name: 'IQ1_M', blockSize: 256, typeSize: 56 },
+  [GgmlType.TQ1_0]: { name: 'TQ1_0', blockSize: 256, typeSize: 54 },
+  [GgmlType.TQ2_0]: { name: 'TQ2_0', blockSize: 256, typeSize: 66 },
   [GgmlType.IQ4_NL]: { name: 'IQ4_NL', blockSize: 32, typeSize: 18 },
   [GgmlType.IQ4_XS]: { name: 'IQ4_XS', blockSize: 256, typeSize: 136 },
   [GgmlType.I8]: { name: 'I8', blockSize: 1, typeSize: 1 },
