@@ -1,0 +1,146 @@
+// The WebGPU StageBackend. It reads the shard's tensors from the TensorSource where it runs
+// (the page, or Node) and hands their bytes to a StageEngine: normally a dedicated Web Worker
+// that owns the GPUDevice (workers/webgpu-stage.worker.ts, over comlink), or a stage in this
+// thread (Node with Dawn). Session positions are mirrored here so sessionStats stays
+// synchronous, as the StageBackend interface wants.
+
+import * as Comlink from 'comlink';
+import { MeshError } from '../../errors.ts';
+import type { TensorSource } from '../../gguf/types.ts';
+import { configFromHeader, loadRopeFreqFactors, ROPE_FREQS_TENSOR } from '../../model/config.ts';
+import type { ModelConfig } from '../../model/config.ts';
+import { shardTensors, validateShard } from '../shard.ts';
+import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
+import type { AdapterSummary } from './device.ts';
+import { fromWire } from './engine.ts';
+import type { BufferStats, StageEngine, WireResult } from './engine.ts';
+import { quantKindOf } from './shader-library.ts';
+import type { StageModel, StageTensor, WebGpuStageOptions } from './stage.ts';
+import type { WorkerApi } from '../../../workers/webgpu-stage.worker.ts';
+
+interface MirroredSession {
+  position: number;
+  kvBytes: number;
+  processedTokens: number[];
+}
+
+export class WebGpuBackend implements StageBackend {
+  readonly kind = 'webgpu' as const;
+  private config: ModelConfig | null = null;
+  private shard: ShardRange | null = null;
+  private readonly sessions = new Map<string, MirroredSession>();
+  /** what the stage reported after dispose, once the engine (and its worker) are gone */
+  private finalStats: BufferStats | null = null;
+
+  constructor(
+    private readonly engine: StageEngine,
+    private readonly onDispose: () => void = () => {},
+  ) {}
+
+  /** A backend whose GPU work runs in a new dedicated module worker. */
+  static async inWorker(options: WebGpuStageOptions = {}): Promise<WebGpuBackend> {
+    const worker = new Worker(new URL('../../../workers/webgpu-stage.worker.ts', import.meta.url), { type: 'module', name: 'gguf-mesh webgpu stage' });
+    const remote = Comlink.wrap<WorkerApi>(worker);
+    try {
+      const adapter = fromWire(await remote.init(options));
+      return new WebGpuBackend(workerEngine(remote, adapter), () => {
+        remote[Comlink.releaseProxy]();
+        worker.terminate();
+      });
+    } catch (e) {
+      worker.terminate();
+      throw e;
+    }
+  }
+
+  get adapter(): AdapterSummary {
+    return this.engine.adapter;
+  }
+
+  /** live GPU buffers of the stage (both 0 after dispose) */
+  async bufferStats(): Promise<BufferStats> {
+    return this.finalStats ?? this.engine.bufferStats();
+  }
+
+  async load(source: TensorSource, shard: ShardRange): Promise<void> {
+    if (this.config) throw new MeshError('ALREADY_LOADED', 'this backend already holds a shard; dispose it first');
+    const config = configFromHeader(source.header);
+    validateShard(shard, config.nLayer);
+    await loadRopeFreqFactors(config, source);
+    const infos = shardTensors(source.header, shard, config.nLayer).filter((t) => t.name !== ROPE_FREQS_TENSOR);
+    // refuse unsupported types before reading a byte
+    for (const t of infos) if (t.shape.length > 1) quantKindOf(t.type, `tensor ${t.name}`);
+    const bytes = await source.read(infos);
+    const tensors: StageTensor[] = infos.map((t) => ({ name: t.name, type: t.type, shape: [...t.shape], bytes: bytes.get(t.name)! }));
+    const model: StageModel = { config, shard: { ...shard }, artifact: source.location, tensors };
+    await this.engine.load(model);
+    this.config = config;
+    this.shard = { ...shard };
+  }
+
+  async openSession(sessionId: string, options: SessionOptions): Promise<void> {
+    const c = this.loaded();
+    await this.engine.openSession(sessionId, options.contextLength);
+    const nLayers = this.shard!.end - this.shard!.start;
+    this.sessions.set(sessionId, {
+      position: 0,
+      kvBytes: 2 * nLayers * options.contextLength * c.nHeadKv * c.headDim * 4,
+      processedTokens: new Array<number>(nLayers).fill(0),
+    });
+  }
+
+  async releaseSession(sessionId: string): Promise<void> {
+    await this.engine.releaseSession(sessionId);
+    this.sessions.delete(sessionId);
+  }
+
+  async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
+    const result = await this.engine.forward(sessionId, input, position);
+    const s = this.sessions.get(sessionId)!;
+    const n = input.kind === 'tokens' ? input.tokens.length : input.nTokens;
+    s.position = position + n;
+    for (let l = 0; l < s.processedTokens.length; l++) s.processedTokens[l]! += n;
+    return result;
+  }
+
+  sessionStats(sessionId: string): SessionStats {
+    const s = this.sessions.get(sessionId);
+    if (!s) throw new MeshError('SESSION_UNKNOWN', `no session ${sessionId} on this stage`);
+    return { position: s.position, kvBytes: s.kvBytes, processedTokens: [...s.processedTokens] };
+  }
+
+  async dispose(): Promise<void> {
+    if (this.finalStats) return;
+    try {
+      await this.engine.dispose();
+      this.finalStats = await this.engine.bufferStats();
+    } finally {
+      this.finalStats ??= { count: NaN, bytes: NaN };
+      this.sessions.clear();
+      this.config = null;
+      this.onDispose();
+    }
+  }
+
+  private loaded(): ModelConfig {
+    if (!this.config) throw new MeshError('NOT_LOADED', 'no shard is loaded; call load() first');
+    return this.config;
+  }
+}
+
+/** The worker's comlink proxy as a StageEngine; tensor and activation bytes are transferred, not copied. */
+function workerEngine(remote: Comlink.Remote<WorkerApi>, adapter: AdapterSummary): StageEngine {
+  const call = async <T>(p: Promise<WireResult<T>>): Promise<T> => fromWire(await p);
+  return {
+    adapter,
+    load: (model) => {
+      const buffers = [...new Set(model.tensors.map((t) => t.bytes.buffer as ArrayBuffer))];
+      return call(remote.load(Comlink.transfer(model, buffers)));
+    },
+    openSession: (id, ctx) => call(remote.openSession(id, ctx)),
+    releaseSession: (id) => call(remote.releaseSession(id)),
+    forward: (id, input, position) => call(remote.forward(id, input, position)),
+    bufferStats: () => call(remote.bufferStats()),
+    dispose: () => call(remote.dispose()),
+  };
+}

@@ -1,0 +1,171 @@
+// The WebGPU stage end to end in headless Chromium: shards run in dedicated workers (comlink),
+// compared with the CPU reference backend on the real stories260K model and on synthetic
+// quantised models with grouped-query attention. Models are served by vite from
+// .cache/test-models (stories260K linked there by webgpu-global-setup.ts; synthetic ones are
+// made here in the page and written there through vitest's file commands).
+import { afterAll, describe, expect, it } from 'vitest';
+import { commands } from 'vitest/browser';
+import { CpuBackend } from '../../src/backends/cpu/backend.ts';
+import { argmax } from '../../src/backends/cpu/ops.ts';
+import type { StageBackend } from '../../src/backends/types.ts';
+import { WebGpuBackend } from '../../src/backends/webgpu/backend.ts';
+import { isMeshError } from '../../src/errors.ts';
+import { openTensorSource } from '../../src/gguf/source.ts';
+import type { TensorSource } from '../../src/gguf/types.ts';
+import { makeModel } from '../../src/model/synthetic-model.ts';
+import type { MakeModelOptions } from '../../src/model/synthetic-model.ts';
+
+const SERVED = '.cache/test-models';
+const STORIES_PROMPT = [1, 403, 407, 261, 378];
+const CONTEXT = 128;
+
+const sources: TensorSource[] = [];
+const backends: StageBackend[] = [];
+
+afterAll(async () => {
+  for (const b of backends) await b.dispose().catch(() => {});
+  for (const s of sources) await s.close();
+});
+
+async function served(name: string): Promise<TensorSource> {
+  const url = `${location.origin}/${SERVED}/${name}`;
+  const head = await fetch(url, { method: 'HEAD' });
+  if (!head.ok) throw new Error(`${url} is not served (HTTP ${head.status}): the browser project's globalSetup (test/browser/webgpu-global-setup.ts) links the test models there`);
+  const s = await openTensorSource(url);
+  sources.push(s);
+  return s;
+}
+
+async function synthetic(options: MakeModelOptions): Promise<TensorSource> {
+  const name = `webgpu-${options.type}-${options.layers}x${options.embd}-kv${options.kvHeads}.gguf`;
+  const bytes = makeModel(options);
+  let bin = '';
+  for (let i = 0; i < bytes.length; i += 0x8000) bin += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  await commands.writeFile(`${SERVED}/${name}`, btoa(bin), { encoding: 'base64' });
+  return served(name);
+}
+
+async function cpuStage(source: TensorSource, start: number, end: number): Promise<CpuBackend> {
+  const b = new CpuBackend();
+  await b.load(source, { start, end });
+  backends.push(b);
+  return b;
+}
+
+async function gpuStage(source: TensorSource, start: number, end: number, options = {}): Promise<WebGpuBackend> {
+  const b = await WebGpuBackend.inWorker(options);
+  backends.push(b);
+  await b.load(source, { start, end });
+  return b;
+}
+
+/** Runs tokens through a chain of stages; returns the last stage's logits. */
+async function chainForward(stages: StageBackend[], session: string, tokens: number[], position: number): Promise<Float32Array> {
+  let out = (await stages[0]!.forward(session, { kind: 'tokens', tokens: Int32Array.from(tokens) }, position)).output;
+  for (const s of stages.slice(1)) {
+    if (out.kind !== 'hidden') throw new Error('a middle stage returned logits');
+    out = (await s.forward(session, { kind: 'hidden', hidden: out.hidden, nTokens: out.nTokens }, position)).output;
+  }
+  if (out.kind !== 'logits') throw new Error('the last stage returned hidden states');
+  return out.logits;
+}
+
+/** Greedy generation: prefill the prompt in one call, then one token per call. */
+async function greedy(stages: StageBackend[], session: string, prompt: number[], nNew: number): Promise<{ tokens: number[]; logits: Float32Array }> {
+  for (const s of stages) await s.openSession(session, { contextLength: CONTEXT });
+  let logits = await chainForward(stages, session, prompt, 0);
+  const tokens: number[] = [];
+  for (let i = 0; i < nNew; i++) {
+    const next = argmax(logits);
+    tokens.push(next);
+    if (i === nNew - 1) break;
+    logits = await chainForward(stages, session, [next], prompt.length + i);
+  }
+  for (const s of stages) await s.releaseSession(session);
+  return { tokens, logits };
+}
+
+function relErr(got: Float32Array, want: Float32Array): number {
+  let maxDiff = 0;
+  let maxRef = 0;
+  for (let i = 0; i < want.length; i++) {
+    maxDiff = Math.max(maxDiff, Math.abs(got[i]! - want[i]!));
+    maxRef = Math.max(maxRef, Math.abs(want[i]!));
+  }
+  return Number.isFinite(maxDiff) ? maxDiff / maxRef : Infinity;
+}
+
+describe('stories260K', () => {
+  it('greedy 32 tokens in one WebGPU worker equal the CPU reference; last logits within 1e-3', async () => {
+    const source = await served('stories260K.gguf');
+    const n = 5;
+    const cpu = await greedy([await cpuStage(source, 0, n)], 'a', STORIES_PROMPT, 32);
+    const gpu = await greedy([await gpuStage(source, 0, n)], 'a', STORIES_PROMPT, 32);
+    expect(gpu.tokens).toEqual(cpu.tokens);
+    expect(relErr(gpu.logits, cpu.logits)).toBeLessThan(1e-3);
+  });
+
+  it('a two-stage chain ([0,2) → [2,5), hidden states between workers) gives the same tokens', async () => {
+    const source = await served('stories260K.gguf');
+    const cpu = await greedy([await cpuStage(source, 0, 5)], 'b', STORIES_PROMPT, 32);
+    const gpu = await greedy([await gpuStage(source, 0, 2), await gpuStage(source, 2, 5)], 'b', STORIES_PROMPT, 32);
+    expect(gpu.tokens).toEqual(cpu.tokens);
+    expect(relErr(gpu.logits, cpu.logits)).toBeLessThan(1e-3);
+  });
+
+  it('prefill of a 64-token prompt in one forward equals 64 decode steps', async () => {
+    const source = await served('stories260K.gguf');
+    const gpu = await gpuStage(source, 0, 5);
+    const prompt = Array.from({ length: 64 }, (_, i) => (i === 0 ? 1 : 3 + ((i * 37) % 500)));
+    await gpu.openSession('batch', { contextLength: CONTEXT });
+    await gpu.openSession('steps', { contextLength: CONTEXT });
+    const batch = await chainForward([gpu], 'batch', prompt, 0);
+    let steps = new Float32Array();
+    for (let i = 0; i < prompt.length; i++) steps = await chainForward([gpu], 'steps', [prompt[i]!], i);
+    expect(relErr(steps, batch)).toBeLessThan(1e-4);
+    expect(argmax(steps)).toBe(argmax(batch));
+    expect(gpu.sessionStats('batch')).toEqual(gpu.sessionStats('steps'));
+    expect(gpu.sessionStats('batch').position).toBe(64);
+    // and both continue identically
+    const a = await chainForward([gpu], 'batch', [argmax(batch)], 64);
+    const b = await chainForward([gpu], 'steps', [argmax(steps)], 64);
+    expect(relErr(b, a)).toBeLessThan(1e-4);
+  });
+
+  it('weights split over many small buffers give the same logits', async () => {
+    const source = await served('stories260K.gguf');
+    const whole = await greedy([await gpuStage(source, 0, 5)], 'c', STORIES_PROMPT, 4);
+    const split = await greedy([await gpuStage(source, 0, 5, { maxChunkBytes: 4096 })], 'c', STORIES_PROMPT, 4);
+    expect(split.tokens).toEqual(whole.tokens);
+    expect(relErr(split.logits, whole.logits)).toBeLessThan(1e-5);
+  });
+
+  it('errors keep their codes across the worker boundary, and dispose frees every GPU buffer', async () => {
+    const source = await served('stories260K.gguf');
+    const gpu = await WebGpuBackend.inWorker();
+    await gpu.load(source, { start: 0, end: 5 });
+    await gpu.openSession('s', { contextLength: 16 });
+    expect((await gpu.bufferStats()).count).toBeGreaterThan(0);
+    const code = async (p: Promise<unknown>) => p.then(() => 'no error', (e) => (isMeshError(e) ? e.code : String(e)));
+    expect(await code(gpu.forward('s', { kind: 'tokens', tokens: Int32Array.from([1]) }, 3))).toBe('POSITION_MISMATCH');
+    expect(await code(gpu.forward('nope', { kind: 'tokens', tokens: Int32Array.from([1]) }, 0))).toBe('SESSION_UNKNOWN');
+    expect(await code(gpu.forward('s', { kind: 'tokens', tokens: Int32Array.from([99999]) }, 0))).toBe('BAD_TOKEN');
+    expect(await code(gpu.forward('s', { kind: 'tokens', tokens: new Int32Array(17).fill(1) }, 0))).toBe('CONTEXT_FULL');
+    expect(await code(gpu.openSession('s', { contextLength: 16 }))).toBe('SESSION_EXISTS');
+    await gpu.forward('s', { kind: 'tokens', tokens: Int32Array.from([1, 2]) }, 0);
+    expect(gpu.sessionStats('s').position).toBe(2);
+    await gpu.dispose();
+    expect(await gpu.bufferStats()).toEqual({ count: 0, bytes: 0 });
+  });
+});
+
+describe.each(['q8_0', 'q4_0', 'q4_k_m', 'q6_k'] as const)('synthetic %s model with GQA (4 heads, 2 KV heads)', (type) => {
+  it('greedy 32 tokens through two WebGPU stages equal the CPU reference; last logits within 1e-3', async () => {
+    const source = await synthetic({ type, layers: 2, embd: 256, heads: 4, kvHeads: 2, ffn: 512, vocab: 1024, seed: 3 });
+    const prompt = [1, 10, 300, 77, 900, 5];
+    const cpu = await greedy([await cpuStage(source, 0, 2)], 's', prompt, 32);
+    const gpu = await greedy([await gpuStage(source, 0, 1), await gpuStage(source, 1, 2)], 's', prompt, 32);
+    expect(gpu.tokens).toEqual(cpu.tokens);
+    expect(relErr(gpu.logits, cpu.logits)).toBeLessThan(1e-3);
+  });
+});
