@@ -120,7 +120,7 @@ describe('stories260K', () => {
     await gpu.openSession('batch', { contextLength: CONTEXT });
     await gpu.openSession('steps', { contextLength: CONTEXT });
     const batch = await chainForward([gpu], 'batch', prompt, 0);
-    let steps = new Float32Array();
+    let steps: Float32Array = new Float32Array();
     for (let i = 0; i < prompt.length; i++) steps = await chainForward([gpu], 'steps', [prompt[i]!], i);
     expect(relErr(steps, batch)).toBeLessThan(1e-4);
     expect(argmax(steps)).toBe(argmax(batch));
