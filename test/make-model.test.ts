@@ -1,0 +1,243 @@
+// `gguf-mesh make-model`: every --type and architecture loads in llama.cpp (node-llama-cpp)
+// and generates; tensor names, shapes and types follow llama.cpp; same options → same bytes;
+// bad options fail with one line.
+import { createHash } from 'node:crypto';
+import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { LlamaModel } from 'node-llama-cpp';
+import { afterAll, describe, expect, it } from 'vitest';
+import { readHeader } from '../src/gguf/parse.ts';
+import { GgmlType } from '../src/gguf/types.ts';
+import type { MakeModelOptions } from '../src/model/synthetic-model.ts';
+import { makeModel, planModel, syntheticModelSpec } from '../src/model/synthetic-model.ts';
+import { buildVocab, minVocabSize } from '../src/model/synthetic-vocab.ts';
+import { runCli } from './support/cli.ts';
+import { greedyGenerate, loadModel, tokenize } from './support/llama.ts';
+import { syntheticModel } from './support/synthetic.ts';
+
+const dir = mkdtempSync(join(tmpdir(), 'make-model-'));
+const models: LlamaModel[] = [];
+afterAll(async () => {
+  for (const m of models) await m.dispose();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+const TINY = ['--layers', '2', '--embd', '256', '--heads', '4', '--ffn', '512', '--vocab', '600'];
+
+async function make(name: string, args: string[]): Promise<string> {
+  const out = join(dir, name);
+  const r = await runCli(['make-model', '--out', out, ...args]);
+  expect(r.stderr).toBe('');
+  expect(r.code).toBe(0);
+  expect(r.stdout).toMatch(/^wrote .*: \d+ bytes, \d+ tensors/);
+  return out;
+}
+
+/** Loads a model in llama.cpp and greedy-generates a few tokens from a prompt. */
+async function generates(path: string, nVocab: number): Promise<number[]> {
+  const model = await loadModel(path);
+  models.push(model);
+  expect(model.fileInsights.totalLayers).toBeGreaterThan(0);
+  const prompt = tokenize(model, 'Once upon a time the dog');
+  expect(prompt.length).toBeGreaterThan(2);
+  const out = await greedyGenerate(model, prompt, 6);
+  expect(out).toHaveLength(6);
+  for (const t of out) expect(t >= 0 && t < nVocab).toBe(true);
+  expect(new Set(out).size, `degenerate continuation ${out.join(',')}`).toBeGreaterThan(1);
+  return out;
+}
+
+function typesByName(header: Awaited<ReturnType<typeof readHeader>>): Map<string, GgmlType> {
+  return new Map(header.tensors.map((t) => [t.name, t.type]));
+}
+
+describe('make-model --type', () => {
+  const expected: Record<string, { matrix: GgmlType; fileType: number }> = {
+    f32: { matrix: GgmlType.F32, fileType: 0 },
+    f16: { matrix: GgmlType.F16, fileType: 1 },
+    q8_0: { matrix: GgmlType.Q8_0, fileType: 7 },
+    q4_0: { matrix: GgmlType.Q4_0, fileType: 2 },
+    q4_k: { matrix: GgmlType.Q4_K, fileType: 14 },
+    q6_k: { matrix: GgmlType.Q6_K, fileType: 18 },
+  };
+  for (const [type, want] of Object.entries(expected)) {
+    it(`${type}: every matrix is ${GgmlType[want.matrix]}, norms stay F32, llama.cpp loads it and generates`, async () => {
+      const path = await make(`${type}.gguf`, [...TINY, '--type', type]);
+      const header = await readHeader(path);
+      expect(header.metadata['general.file_type']).toBe(want.fileType);
+      for (const t of header.tensors) {
+        expect(t.type, t.name).toBe(t.shape.length === 1 ? GgmlType.F32 : want.matrix);
+      }
+      await generates(path, 600);
+    });
+  }
+
+  it("q4_k_m: Q4_K with output and llama.cpp's use_more_bits layers' attn_v/ffn_down in Q6_K; loads and generates", async () => {
+    const path = await make('q4_k_m.gguf', [...TINY, '--type', 'q4_k_m']);
+    const header = await readHeader(path);
+    expect(header.metadata['general.file_type']).toBe(15);
+    const types = typesByName(header);
+    // 2 layers: use_more_bits(i, 2) is true for i >= 7*2/8 = 1 only
+    expect(types.get('output.weight')).toBe(GgmlType.Q6_K);
+    expect(types.get('token_embd.weight')).toBe(GgmlType.Q4_K);
+    expect(types.get('blk.0.attn_v.weight')).toBe(GgmlType.Q4_K);
+    expect(types.get('blk.0.ffn_down.weight')).toBe(GgmlType.Q4_K);
+    expect(types.get('blk.1.attn_v.weight')).toBe(GgmlType.Q6_K);
+    expect(types.get('blk.1.ffn_down.weight')).toBe(GgmlType.Q6_K);
+    expect(types.get('blk.1.attn_q.weight')).toBe(GgmlType.Q4_K);
+    expect(types.get('blk.1.attn_norm.weight')).toBe(GgmlType.F32);
+    await generates(path, 600);
+  });
+
+  it('q4_k_m over 8 layers picks Q6_K for layers 0, 3, 6 and 7 (as llama-quantize would)', () => {
+    const spec = syntheticModelSpec({ layers: 8, type: 'q4_k_m', headerOnly: true });
+    const q6 = (role: string) =>
+      spec.tensors.filter((t) => t.name.endsWith(`${role}.weight`) && t.type === GgmlType.Q6_K).map((t) => Number(t.name.split('.')[1]));
+    expect(q6('attn_v')).toEqual([0, 3, 6, 7]);
+    expect(q6('ffn_down')).toEqual([0, 3, 6, 7]);
+    expect(q6('ffn_up')).toEqual([]);
+  });
+});
+
+describe('make-model --arch', () => {
+  it('llama with GQA: llama.cpp tensor names and shapes, metadata, generation', async () => {
+    const path = await make('llama-gqa.gguf', [...TINY, '--kv-heads', '2', '--type', 'q8_0']);
+    const header = await readHeader(path);
+    const shapes = new Map(header.tensors.map((t) => [t.name, t.shape]));
+    expect(shapes.get('token_embd.weight')).toEqual([256, 600]);
+    expect(shapes.get('blk.0.attn_q.weight')).toEqual([256, 256]);
+    expect(shapes.get('blk.0.attn_k.weight')).toEqual([256, 128]);
+    expect(shapes.get('blk.0.attn_v.weight')).toEqual([256, 128]);
+    expect(shapes.get('blk.0.attn_output.weight')).toEqual([256, 256]);
+    expect(shapes.get('blk.1.ffn_gate.weight')).toEqual([256, 512]);
+    expect(shapes.get('blk.1.ffn_up.weight')).toEqual([256, 512]);
+    expect(shapes.get('blk.1.ffn_down.weight')).toEqual([512, 256]);
+    expect(shapes.get('output_norm.weight')).toEqual([256]);
+    expect(shapes.get('output.weight')).toEqual([256, 600]);
+    expect(header.tensors).toHaveLength(2 + 2 * 9 + 1);
+    const m = header.metadata;
+    expect(m['general.architecture']).toBe('llama');
+    expect(m['llama.block_count']).toBe(2);
+    expect(m['llama.attention.head_count']).toBe(4);
+    expect(m['llama.attention.head_count_kv']).toBe(2);
+    expect(m['llama.rope.freq_base']).toBe(10000);
+    expect(m['llama.attention.layer_norm_rms_epsilon']).toBeCloseTo(1e-5, 10);
+    expect(m['tokenizer.ggml.model']).toBe('llama');
+    await generates(path, 600);
+  });
+
+  it('qwen2 with GQA: q/k/v biases, gpt2 tokenizer with the qwen2 pre-tokenizer, generation', async () => {
+    const path = await make('qwen2.gguf', [...TINY, '--arch', 'qwen2', '--kv-heads', '1', '--type', 'f16']);
+    const header = await readHeader(path);
+    const shapes = new Map(header.tensors.map((t) => [t.name, t.shape]));
+    expect(shapes.get('blk.0.attn_q.bias')).toEqual([256]);
+    expect(shapes.get('blk.0.attn_k.bias')).toEqual([64]);
+    expect(shapes.get('blk.1.attn_v.bias')).toEqual([64]);
+    expect(typesByName(header).get('blk.0.attn_q.bias')).toBe(GgmlType.F32);
+    expect(header.metadata['general.architecture']).toBe('qwen2');
+    expect(header.metadata['qwen2.attention.head_count_kv']).toBe(1);
+    expect(header.metadata['tokenizer.ggml.model']).toBe('gpt2');
+    expect(header.metadata['tokenizer.ggml.pre']).toBe('qwen2');
+    await generates(path, 600);
+  });
+
+  it('qwen3 with GQA: per-head q/k norms, no biases, generation', async () => {
+    const path = await make('qwen3.gguf', [...TINY, '--arch', 'qwen3', '--kv-heads', '2', '--type', 'q4_k_m']);
+    const header = await readHeader(path);
+    const shapes = new Map(header.tensors.map((t) => [t.name, t.shape]));
+    expect(shapes.get('blk.0.attn_q_norm.weight')).toEqual([64]);
+    expect(shapes.get('blk.1.attn_k_norm.weight')).toEqual([64]);
+    expect(shapes.has('blk.0.attn_q.bias')).toBe(false);
+    expect(header.metadata['qwen3.attention.key_length']).toBe(64);
+    await generates(path, 600);
+  });
+
+  it('llama with the gpt2 (llama-bpe) tokenizer loads and generates', async () => {
+    const path = await make('llama-bpe.gguf', [...TINY, '--tokenizer', 'gpt2']);
+    const header = await readHeader(path);
+    expect(header.metadata['tokenizer.ggml.pre']).toBe('llama-bpe');
+    await generates(path, 600);
+  });
+});
+
+describe('make-model tokenizers', () => {
+  it('learn real words from the corpus, so llama.cpp tokenises English into few tokens', async () => {
+    for (const [kind, pre] of [['llama', undefined], ['gpt2', 'llama-bpe'], ['gpt2', 'qwen2']] as const) {
+      const path = await syntheticModel({ vocab: 1024, tokenizer: kind, ...(kind === 'gpt2' ? { pre, arch: pre === 'qwen2' ? 'qwen2' : 'llama' } : {}) });
+      const model = await loadModel(path, { vocabOnly: true });
+      models.push(model);
+      const text = 'Once upon a time there was a little girl. She loved the boats and the sea.';
+      const tokens = [...model.tokenize(text, false)];
+      expect(tokens.length, `${kind}/${pre}`).toBeLessThan(text.length / 2.5);
+      expect(model.detokenize(tokens)).toContain('upon a time there was a little girl');
+      // chat markers are single control tokens, so a chat template's output tokenises cleanly
+      const chat = [...model.tokenize('<|im_start|>user\nhi<|im_end|>', true)];
+      expect(model.detokenize([chat[0]!], true)).toBe('<|im_start|>');
+      expect(model.detokenize([chat.at(-1)!], true)).toBe('<|im_end|>');
+      expect(model.isSpecialToken(chat[0]!)).toBe(true);
+      expect(model.isEogToken(chat.at(-1)!)).toBe(true);
+    }
+  });
+
+  it('fills --vocab exactly and refuses a vocabulary below the base tokens with the minimum named', () => {
+    for (const kind of ['llama', 'gpt2'] as const) {
+      const min = minVocabSize(kind);
+      expect(buildVocab({ kind, vocabSize: min }).tokens).toHaveLength(min);
+      expect(buildVocab({ kind, vocabSize: 5000 }).tokens).toHaveLength(5000);
+      expect(new Set(buildVocab({ kind, vocabSize: 5000 }).tokens).size).toBe(5000);
+      expect(() => buildVocab({ kind, vocabSize: min - 1 })).toThrow(new RegExp(`at least ${min}`));
+    }
+    const spm = buildVocab({ kind: 'llama', vocabSize: 600 });
+    expect(spm.tokens.slice(0, 4)).toEqual(['<unk>', '<s>', '</s>', '<0x00>']);
+    expect(spm.tokens[3 + 255]).toBe('<0xFF>');
+    expect(spm.tokens).toContain('▁the');
+  });
+});
+
+describe('make-model determinism and errors', () => {
+  it('same options and seed give the same bytes (CLI and in-process); another seed differs', async () => {
+    const args = [...TINY, '--type', 'q4_k', '--seed', '7'];
+    const a = await make('det-a.gguf', args);
+    const b = await make('det-b.gguf', args);
+    const c = await make('det-c.gguf', [...TINY, '--type', 'q4_k', '--seed', '8']);
+    const hash = (p: string) => createHash('sha256').update(readFileSync(p)).digest('hex');
+    expect(hash(a)).toBe(hash(b));
+    expect(hash(c)).not.toBe(hash(a));
+    const opts: MakeModelOptions = { layers: 2, embd: 256, heads: 4, ffn: 512, vocab: 600, type: 'q4_k', seed: 7 };
+    expect(createHash('sha256').update(makeModel(opts)).digest('hex')).toBe(hash(a));
+    expect(planModel(opts).fileBytes).toBe(statSync(a).size);
+  });
+
+  it('--header-only writes only the header of a large model', async () => {
+    const path = await make('big-header.gguf', ['--layers', '80', '--embd', '8192', '--heads', '64', '--kv-heads', '8', '--ffn', '28672', '--vocab', '32000', '--type', 'q4_k_m', '--header-only']);
+    expect(statSync(path).size).toBeLessThan(2_000_000);
+    const header = await readHeader(path, { allowTruncatedData: true });
+    expect(header.tensors).toHaveLength(2 + 80 * 9 + 1);
+    const last = header.tensors.at(-1)!;
+    expect(last.offset + last.byteLength).toBeGreaterThan(30e9);
+  });
+
+  const bad: [string, string[], RegExp][] = [
+    ['missing --out', ['make-model'], /--out is required/],
+    ['unknown arch', ['make-model', '--out', 'x.gguf', '--arch', 'gpt5'], /--arch must be one of llama, qwen2, qwen3/],
+    ['unknown type', ['make-model', '--out', 'x.gguf', '--type', 'q3_k'], /--type must be one of/],
+    ['non-integer', ['make-model', '--out', 'x.gguf', '--layers', 'two'], /--layers must be an integer/],
+    ['heads not dividing embd', ['make-model', '--out', 'x.gguf', '--embd', '256', '--heads', '3'], /not divisible by heads 3/],
+    ['kv-heads not dividing heads', ['make-model', '--out', 'x.gguf', '--heads', '4', '--kv-heads', '3'], /multiple of kv-heads 3/],
+    ['vocab too small', ['make-model', '--out', 'x.gguf', '--vocab', '100'], /vocab 100 is too small .* at least \d+/],
+    ['K-quant row length', ['make-model', '--out', 'x.gguf', '--embd', '128', '--type', 'q4_k'], /rows of 128 values.*multiple of 256/],
+    ['zero layers', ['make-model', '--out', 'x.gguf', '--layers', '0'], /layers must be a positive integer/],
+    ['pre without gpt2', ['make-model', '--out', 'x.gguf', '--pre', 'qwen2'], /--pre applies to the gpt2 tokenizer only/],
+    ['unknown option', ['make-model', '--out', 'x.gguf', '--bogus', '1'], /bogus/],
+  ];
+  for (const [what, args, reason] of bad) {
+    it(`exits non-zero with one line for ${what}`, async () => {
+      const r = await runCli(args.map((a) => (a === 'x.gguf' ? join(dir, 'never.gguf') : a)));
+      expect(r.code).not.toBe(0);
+      expect(r.stderr.trim().split('\n')).toHaveLength(1);
+      expect(r.stderr).toMatch(reason);
+      expect(() => statSync(join(dir, 'never.gguf'))).toThrow();
+    });
+  }
+});
