@@ -1,0 +1,102 @@
+// The synthetic vocabularies make-model writes (src/model/synthetic-vocab.ts) through our
+// tokenizer and through llama.cpp: every corpus string must tokenize and detokenize alike.
+import { existsSync, mkdirSync, renameSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { getLlama, LlamaLogLevel } from 'node-llama-cpp';
+import type { Llama, LlamaModel, Token } from 'node-llama-cpp';
+import { readHeader } from '../src/gguf/parse.ts';
+import { writeGgufFile } from '../src/gguf/writer.ts';
+import { buildVocab } from '../src/model/synthetic-vocab.ts';
+import type { VocabOptions } from '../src/model/synthetic-vocab.ts';
+import { ChatTemplate } from '../src/model/chat-template.ts';
+import { Tokenizer } from '../src/model/tokenizer/index.ts';
+import { REPO_ROOT } from './support/cli.ts';
+import { CORPUS } from './tokenizer-corpus.ts';
+
+/** A vocabulary-only GGUF (no tensors) holding one synthetic tokenizer; llama.cpp loads it with vocabOnly. */
+async function writeVocabOnly(opts: VocabOptions): Promise<string> {
+  const dir = join(REPO_ROOT, '.cache', 'tokenizer');
+  mkdirSync(dir, { recursive: true });
+  // buildVocab is deterministic, so one file per options is reused across runs
+  const path = join(dir, `synthetic-${opts.kind}-${opts.pre ?? 'spm'}-${opts.vocabSize}.gguf`);
+  if (existsSync(path)) return path;
+  const vocab = buildVocab(opts);
+  const tmp = `${path}.tmp-${process.pid}`;
+  await writeGgufFile(tmp, {
+    metadata: [
+      { key: 'general.architecture', type: 'string', value: 'llama' },
+      { key: 'general.name', type: 'string', value: 'synthetic vocabulary' },
+      { key: 'llama.block_count', type: 'uint32', value: 1 },
+      { key: 'llama.context_length', type: 'uint32', value: 256 },
+      { key: 'llama.embedding_length', type: 'uint32', value: 64 },
+      { key: 'llama.feed_forward_length', type: 'uint32', value: 128 },
+      { key: 'llama.attention.head_count', type: 'uint32', value: 4 },
+      { key: 'llama.attention.layer_norm_rms_epsilon', type: 'float32', value: 1e-5 },
+      ...vocab.metadata,
+    ],
+    tensors: [],
+  });
+  renameSync(tmp, path);
+  return path;
+}
+
+const CONFIGS: VocabOptions[] = [
+  { kind: 'llama', vocabSize: 600 },
+  { kind: 'llama', vocabSize: 4000 },
+  { kind: 'gpt2', vocabSize: 1000, pre: 'llama-bpe' },
+  { kind: 'gpt2', vocabSize: 1000, pre: 'qwen2' },
+  { kind: 'gpt2', vocabSize: 3000, pre: 'gpt-2' },
+];
+
+let llama: Llama;
+beforeAll(async () => {
+  llama = await getLlama({ gpu: false, build: 'never', logLevel: LlamaLogLevel.error });
+});
+afterAll(async () => {
+  await llama?.dispose();
+});
+
+for (const opts of CONFIGS) {
+  describe(`synthetic ${opts.kind} vocabulary (${opts.pre ?? 'sentencepiece'}, ${opts.vocabSize} tokens) vs llama.cpp`, () => {
+    let ours: Tokenizer;
+    let metadata: Awaited<ReturnType<typeof readHeader>>['metadata'];
+    let model: LlamaModel;
+    beforeAll(async () => {
+      const path = await writeVocabOnly(opts);
+      metadata = (await readHeader(path)).metadata;
+      ours = Tokenizer.fromMetadata(metadata);
+      model = await llama.loadModel({ modelPath: path, vocabOnly: true });
+    });
+    afterAll(async () => {
+      await model?.dispose();
+    });
+
+    it(`encodes all ${CORPUS.length} corpus strings alike, specials parsed or not`, () => {
+      for (const parseSpecial of [true, false]) {
+        const bad = CORPUS.filter(
+          (s) => JSON.stringify(ours.encode(s, { addSpecial: false, parseSpecial })) !== JSON.stringify(Array.from(model.tokenize(s, parseSpecial))),
+        );
+        expect(bad, `parseSpecial=${parseSpecial}: ${JSON.stringify(bad.slice(0, 5))}`).toEqual([]);
+      }
+      expect(ours.addsBos).toBe(model.tokens.shouldPrependBosToken);
+    });
+
+    it('decodes alike', () => {
+      const bad = CORPUS.filter((s) => {
+        const ids = ours.encode(s) as Token[];
+        return ours.decode(ids) !== model.detokenize(ids, false) || ours.decode(ids, { special: true }) !== model.detokenize(ids, true);
+      });
+      expect(bad, JSON.stringify(bad.slice(0, 5))).toEqual([]);
+    });
+
+    it('renders its ChatML template into prompts whose control tokens are single tokens', () => {
+      const t = ChatTemplate.fromMetadata(metadata, { tokenizer: ours });
+      const text = t.prompt(ours, [{ role: 'user', content: 'Hello!' }]);
+      expect(text).toBe('<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n');
+      const ids = ours.encode(text);
+      expect(ids).toEqual([...(ours.addsBos ? [ours.bos!] : []), ...Array.from(model.tokenize(text, true))]);
+      expect(ids).toContain(ours.vocab.ids.get('<|im_start|>'));
+    });
+  });
+}
