@@ -8,11 +8,13 @@
 
 import { existsSync, readdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
+import { availableParallelism } from 'node:os';
 import { basename, dirname, join } from 'node:path';
 import { MeshError } from '../../errors.ts';
 
 type Koffi = typeof import('koffi');
 type Fn = (...args: unknown[]) => unknown;
+type TypeSpec = ReturnType<Koffi['struct']>;
 
 /** ggml_type ids used for the KV cache */
 export const KV_TYPES = { f32: 0, f16: 1, q8_0: 8, q4_0: 2 } as const;
@@ -21,11 +23,11 @@ export type KvType = keyof typeof KV_TYPES;
 interface Bindings {
   koffi: Koffi;
   binsDir: string;
-  ContextParams: unknown;
-  ModelParams: unknown;
-  Batch: unknown;
-  TensorHead: unknown;
-  EvalCallback: unknown;
+  ContextParams: TypeSpec;
+  ModelParams: TypeSpec;
+  Batch: TypeSpec;
+  TensorHead: TypeSpec;
+  EvalCallback: TypeSpec;
   fn: Record<string, Fn>;
   /** the last error-level lines llama.cpp logged, for error messages */
   recentErrors: string[];
@@ -59,7 +61,8 @@ export function llamaBinsDir(): string {
 
 async function bind(): Promise<Bindings> {
   if (bindings) return bindings;
-  const koffi = ((await import('koffi')) as { default: Koffi }).default;
+  const mod = (await import('koffi')) as unknown as Koffi & { default?: Koffi };
+  const koffi = mod.default ?? mod;
   const binsDir = llamaBinsDir();
   const file = (re: RegExp): string => join(binsDir, readdirSync(binsDir).find((f) => re.test(f))!);
   const ggmlBase = koffi.load(join(binsDir, 'libggml-base.so'));
@@ -191,11 +194,21 @@ async function bind(): Promise<Bindings> {
   return bindings;
 }
 
+/**
+ * Threads for llama.cpp when none are asked for: all cores but one. ggml's workers spin while
+ * they wait, so asking for every core of a busy machine makes each step wait on a descheduled
+ * thread (measured: 50× slower on 2 loaded cores).
+ */
+export function defaultLlamaThreads(): number {
+  return Math.max(1, availableParallelism() - 1);
+}
+
 export interface LlamaContextOptions {
   /** KV cache positions (default 2048) */
   contextLength?: number;
   /** tokens per llama_decode batch (default: contextLength) */
   batchSize?: number;
+  /** CPU threads (default: defaultLlamaThreads()) */
   threads?: number;
   /** default false: exact attention, for agreement with f32 references */
   flashAttention?: boolean;
@@ -283,10 +296,9 @@ export class LlamaContextFfi {
     p.n_batch = options.batchSize ?? this.contextLength;
     p.n_ubatch = options.batchSize ?? this.contextLength;
     p.n_seq_max = 1;
-    if (options.threads) {
-      p.n_threads = options.threads;
-      p.n_threads_batch = options.threads;
-    }
+    const threads = options.threads ?? defaultLlamaThreads();
+    p.n_threads = threads;
+    p.n_threads_batch = threads;
     p.flash_attn_type = options.flashAttention ? 1 : 0;
     const kv = KV_TYPES[options.kvType ?? 'f32'];
     p.type_k = kv;

@@ -1,0 +1,101 @@
+// llama.cpp as a StageBackend: a stage that holds every layer (llama.cpp's public API cannot
+// run a partial layer range), token ids in, last-position logits out. Each session is one
+// llama.cpp context with its own KV cache. Runs through ./ffi.ts because node-llama-cpp does
+// not hand out raw logits.
+
+import { MeshError } from '../../errors.ts';
+import { isUrl } from '../../gguf/parse.ts';
+import type { TensorSource } from '../../gguf/types.ts';
+import { configFromHeader } from '../../model/config.ts';
+import type { ModelConfig } from '../../model/config.ts';
+import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
+import { LlamaModelFfi } from './ffi.ts';
+import type { LlamaContextFfi, LlamaContextOptions } from './ffi.ts';
+
+export type LlamaCppStageOptions = Omit<LlamaContextOptions, 'contextLength' | 'capture' | 'embeddings'>;
+
+interface Session {
+  ctx: LlamaContextFfi;
+  processed: number;
+}
+
+export class LlamaCppStage implements StageBackend {
+  readonly kind = 'llamacpp' as const;
+  private model: LlamaModelFfi | null = null;
+  private config: ModelConfig | null = null;
+  private readonly sessions = new Map<string, Session>();
+
+  constructor(private readonly options: LlamaCppStageOptions = {}) {}
+
+  async load(source: TensorSource, shard: ShardRange): Promise<void> {
+    const config = configFromHeader(source.header);
+    if (shard.start !== 0 || shard.end !== config.nLayer) {
+      throw new MeshError(
+        'UNSUPPORTED_SHARD',
+        `the llama.cpp backend serves whole models only: asked for layers [${shard.start}, ${shard.end}) of ${config.nLayer}`,
+      );
+    }
+    if (isUrl(source.location)) {
+      throw new MeshError('LLAMACPP_LOCAL_ONLY', `llama.cpp loads local files only, not ${source.location}`);
+    }
+    this.model = await LlamaModelFfi.load(source.location);
+    this.config = config;
+  }
+
+  async openSession(sessionId: string, options: SessionOptions): Promise<void> {
+    const model = this.live();
+    if (this.sessions.has(sessionId)) throw new MeshError('SESSION_EXISTS', `session ${sessionId} is already open`);
+    const ctx = model.createContext({ ...this.options, contextLength: options.contextLength, batchSize: Math.min(options.contextLength, 512) });
+    this.sessions.set(sessionId, { ctx, processed: 0 });
+  }
+
+  async releaseSession(sessionId: string): Promise<void> {
+    this.session(sessionId).ctx.dispose();
+    this.sessions.delete(sessionId);
+  }
+
+  async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
+    const s = this.session(sessionId);
+    if (input.kind !== 'tokens') throw new MeshError('BAD_STAGE_INPUT', 'the llama.cpp stage takes token ids');
+    if (position !== s.ctx.position) {
+      throw new MeshError('POSITION_MISMATCH', `session ${sessionId} is at position ${s.ctx.position}, forward was asked for position ${position}`, {
+        expected: s.ctx.position,
+        got: position,
+      });
+    }
+    const started = performance.now();
+    const logits = s.ctx.decode(input.tokens);
+    s.processed += input.tokens.length;
+    return { output: { kind: 'logits', logits }, computeMs: performance.now() - started };
+  }
+
+  sessionStats(sessionId: string): SessionStats {
+    const s = this.session(sessionId);
+    const cfg = this.config!;
+    const kvBytesPerElement = { f32: 4, f16: 2, q8_0: 34 / 32, q4_0: 18 / 32 }[this.options.kvType ?? 'f32'];
+    return {
+      position: s.ctx.position,
+      // what llama.cpp reserves: K and V for every layer and every position of the context
+      kvBytes: Math.round(2 * cfg.nLayer * s.ctx.contextLength * cfg.nHeadKv * cfg.headDim * kvBytesPerElement),
+      processedTokens: new Array<number>(cfg.nLayer).fill(s.processed),
+    };
+  }
+
+  async dispose(): Promise<void> {
+    for (const s of this.sessions.values()) s.ctx.dispose();
+    this.sessions.clear();
+    this.model?.dispose();
+    this.model = null;
+  }
+
+  private live(): LlamaModelFfi {
+    if (!this.model) throw new MeshError('NOT_LOADED', 'no model is loaded; call load() first');
+    return this.model;
+  }
+
+  private session(sessionId: string): Session {
+    const s = this.sessions.get(sessionId);
+    if (!s) throw new MeshError('SESSION_UNKNOWN', `no session ${sessionId} on this stage`);
+    return s;
+  }
+}

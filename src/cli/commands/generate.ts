@@ -1,0 +1,177 @@
+// `gguf-mesh generate`: continue a prompt with a local model, on the CPU reference engine
+// (optionally as a chain of in-process stages, --layers) or on llama.cpp. Text streams to
+// stdout; --json prints one document with tokens, text and timings instead.
+//
+// Where the generator comes from is decided in `openGenerator`: a new route (e.g. joining a
+// room) is one more branch there.
+
+import type { Command, ParsedArgs } from '../command.ts';
+import { UsageError, intOption, numberOption, stringOption } from '../command.ts';
+import { CpuBackend } from '../../backends/cpu/backend.ts';
+import type { WeightStorage } from '../../backends/cpu/weights.ts';
+import type { KvType } from '../../backends/llamacpp/ffi.ts';
+import { LlamaCppGenerator } from '../../backends/llamacpp/generator.ts';
+import { parseLayerRanges } from '../../backends/shard.ts';
+import type { StageBackend } from '../../backends/types.ts';
+import { MeshError } from '../../errors.ts';
+import { isUrl } from '../../gguf/parse.ts';
+import { openTensorSource } from '../../gguf/source.ts';
+import type { TensorSource } from '../../gguf/types.ts';
+import { configFromHeader } from '../../model/config.ts';
+import type { SamplerOptions } from '../../model/sampler.ts';
+import { Tokenizer } from '../../model/tokenizer/tokenizer.ts';
+import { ChainGenerator, InProcessChain } from '../../route/generation.ts';
+import type { GenerationResult, TextGenerator } from '../../route/generation.ts';
+
+const BACKENDS = ['cpu', 'llamacpp'] as const;
+type Backend = (typeof BACKENDS)[number];
+
+export const command: Command = {
+  name: 'generate',
+  summary: 'continue a prompt with a local GGUF model (CPU reference engine or llama.cpp)',
+  usage: '--model <path|url> --prompt <text> [options]',
+  options: {
+    model: { type: 'string', short: 'm', valueName: '<path|url>', description: 'GGUF model file or http(s) URL' },
+    prompt: { type: 'string', short: 'p', valueName: '<text>', description: 'prompt text (BOS added when the model asks, special tokens parsed)' },
+    n: { type: 'string', valueName: '<count>', description: 'most tokens to generate', default: '64' },
+    backend: { type: 'string', valueName: '<cpu|llamacpp>', description: 'engine', default: 'cpu' },
+    layers: { type: 'string', valueName: '<a-b,b-c,…>', description: 'cpu: run as a chain of in-process stages over these layer ranges' },
+    temperature: { type: 'string', valueName: '<t>', description: 'sampling temperature; 0 is greedy', default: '0' },
+    'top-k': { type: 'string', valueName: '<k>', description: 'keep the k most likely tokens (0 = off)', default: '0' },
+    'top-p': { type: 'string', valueName: '<p>', description: 'nucleus sampling threshold (1 = off)', default: '1' },
+    'min-p': { type: 'string', valueName: '<p>', description: 'drop tokens below p × the top probability (0 = off)', default: '0' },
+    'repeat-penalty': { type: 'string', valueName: '<x>', description: 'penalty for recently seen tokens (1 = off)', default: '1' },
+    seed: { type: 'string', valueName: '<n>', description: 'sampling seed' },
+    stop: { type: 'string', valueName: '<text>', description: 'stop when the text contains this (repeatable)', multiple: true },
+    ctx: { type: 'string', valueName: '<n>', description: 'context length (default: prompt + n)' },
+    threads: { type: 'string', valueName: '<n>', description: 'llamacpp: CPU threads' },
+    'flash-attn': { type: 'boolean', description: 'llamacpp: flash attention (default off)' },
+    'kv-type': { type: 'string', valueName: '<f32|f16|q8_0|q4_0>', description: 'llamacpp: KV cache type', default: 'f32' },
+    'weight-storage': { type: 'string', valueName: '<f32|quantized>', description: 'cpu: keep weights as f32 or as stored', default: 'f32' },
+    json: { type: 'boolean', description: 'print one JSON document: prompt_tokens, tokens, text, timings' },
+  },
+  async run(args: ParsedArgs): Promise<number> {
+    const opts = readOptions(args);
+    const source = await openTensorSource(opts.model);
+    let generator: TextGenerator | null = null;
+    try {
+      const tokenizer = Tokenizer.fromMetadata(source.header.metadata);
+      const promptTokens = tokenizer.encode(opts.prompt);
+      const contextLength = opts.ctx ?? promptTokens.length + opts.n;
+      generator = await openGenerator(opts, source, tokenizer, contextLength);
+      const result = await generator.generate({
+        promptTokens,
+        maxTokens: opts.n,
+        sampler: opts.sampler,
+        stopStrings: opts.stop,
+        contextLength,
+        ...(opts.json ? {} : { onDelta: (d: string) => process.stdout.write(d) }),
+      });
+      printResult(result, opts.json);
+      return 0;
+    } finally {
+      await generator?.dispose();
+      await source.close();
+    }
+  },
+};
+
+interface GenerateOptions {
+  model: string;
+  prompt: string;
+  n: number;
+  backend: Backend;
+  layers: string | undefined;
+  sampler: SamplerOptions;
+  stop: string[];
+  ctx: number | undefined;
+  threads: number | undefined;
+  flashAttention: boolean;
+  kvType: KvType;
+  weightStorage: WeightStorage;
+  json: boolean;
+}
+
+function readOptions(args: ParsedArgs): GenerateOptions {
+  const backend = stringOption(args, 'backend') ?? 'cpu';
+  if (!(BACKENDS as readonly string[]).includes(backend)) throw new UsageError(`--backend must be one of ${BACKENDS.join(', ')}, got '${backend}'`);
+  const kvType = stringOption(args, 'kv-type') ?? 'f32';
+  if (!['f32', 'f16', 'q8_0', 'q4_0'].includes(kvType)) throw new UsageError(`--kv-type must be f32, f16, q8_0 or q4_0, got '${kvType}'`);
+  const weightStorage = stringOption(args, 'weight-storage') ?? 'f32';
+  if (weightStorage !== 'f32' && weightStorage !== 'quantized') throw new UsageError(`--weight-storage must be f32 or quantized, got '${weightStorage}'`);
+  const n = intOption(args, 'n', 64);
+  if (n < 0) throw new UsageError(`--n must be >= 0, got ${n}`);
+  const temperature = numberOption(args, 'temperature', 0);
+  if (temperature < 0) throw new UsageError(`--temperature must be >= 0, got ${temperature}`);
+  const seed = args.values.seed === undefined ? undefined : intOption(args, 'seed', 0);
+  const ctx = args.values.ctx === undefined ? undefined : intOption(args, 'ctx', 0);
+  if (ctx !== undefined && ctx <= 0) throw new UsageError(`--ctx must be > 0, got ${ctx}`);
+  const threads = args.values.threads === undefined ? undefined : intOption(args, 'threads', 0);
+  const layers = stringOption(args, 'layers');
+  if (layers !== undefined && backend !== 'cpu') throw new UsageError('--layers needs --backend cpu (llama.cpp runs whole models only)');
+  const stop = (args.values.stop as string[] | undefined) ?? [];
+  return {
+    model: stringOption(args, 'model', true),
+    prompt: stringOption(args, 'prompt', true),
+    n,
+    backend: backend as Backend,
+    layers,
+    sampler: {
+      temperature,
+      topK: intOption(args, 'top-k', 0),
+      topP: numberOption(args, 'top-p', 1),
+      minP: numberOption(args, 'min-p', 0),
+      repeatPenalty: numberOption(args, 'repeat-penalty', 1),
+      ...(seed !== undefined ? { seed } : {}),
+    },
+    stop,
+    ctx,
+    threads,
+    flashAttention: args.values['flash-attn'] === true,
+    kvType: kvType as KvType,
+    weightStorage,
+    json: args.values.json === true,
+  };
+}
+
+/** The generator the options ask for. */
+async function openGenerator(opts: GenerateOptions, source: TensorSource, tokenizer: Tokenizer, contextLength: number): Promise<TextGenerator> {
+  if (opts.backend === 'llamacpp') {
+    if (isUrl(opts.model)) throw new MeshError('LLAMACPP_LOCAL_ONLY', `llama.cpp loads local files only, not ${opts.model}`);
+    return LlamaCppGenerator.load(opts.model, tokenizer, {
+      contextLength,
+      flashAttention: opts.flashAttention,
+      kvType: opts.kvType,
+      ...(opts.threads ? { threads: opts.threads } : {}),
+    });
+  }
+  const { nLayer } = configFromHeader(source.header);
+  const shards = opts.layers ? parseLayerRanges(opts.layers, nLayer) : [{ start: 0, end: nLayer }];
+  const stages: StageBackend[] = [];
+  for (const shard of shards) {
+    const stage = new CpuBackend({ weightStorage: opts.weightStorage });
+    await stage.load(source, shard);
+    stages.push(stage);
+  }
+  return new ChainGenerator(new InProcessChain(stages), tokenizer);
+}
+
+function printResult(result: GenerationResult, json: boolean): void {
+  if (json) {
+    process.stdout.write(
+      JSON.stringify({
+        prompt_tokens: result.promptTokens,
+        tokens: result.tokens,
+        text: result.text,
+        timings: result.timings,
+      }) + '\n',
+    );
+    return;
+  }
+  const t = result.timings;
+  process.stdout.write('\n');
+  process.stderr.write(
+    `prompt: ${result.promptTokens.length} tokens in ${t.prompt_ms.toFixed(1)} ms (${t.prompt_tok_s.toFixed(1)} tok/s); ` +
+      `generated ${result.tokens.length} tokens, decode ${t.decode_ms.toFixed(1)} ms (${t.decode_tok_s.toFixed(1)} tok/s); stop: ${result.stopReason}\n`,
+  );
+}
