@@ -1,5 +1,6 @@
 // The synthetic vocabularies make-model writes (src/model/synthetic-vocab.ts) through our
 // tokenizer and through llama.cpp: every corpus string must tokenize and detokenize alike.
+import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, renameSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -18,10 +19,11 @@ import { CORPUS } from './tokenizer-corpus.ts';
 async function writeVocabOnly(opts: VocabOptions): Promise<string> {
   const dir = join(REPO_ROOT, '.cache', 'tokenizer');
   mkdirSync(dir, { recursive: true });
-  // buildVocab is deterministic, so one file per options is reused across runs
-  const path = join(dir, `synthetic-${opts.kind}-${opts.pre ?? 'spm'}-${opts.vocabSize}.gguf`);
-  if (existsSync(path)) return path;
+  // buildVocab is deterministic: a file named by its content is reused across runs
   const vocab = buildVocab(opts);
+  const digest = createHash('sha256').update(JSON.stringify(vocab.metadata, (_, v: unknown) => (ArrayBuffer.isView(v) ? Array.from(v as Float32Array) : v))).digest('hex');
+  const path = join(dir, `synthetic-${opts.kind}-${opts.pre ?? 'spm'}-${opts.vocabSize}-${digest.slice(0, 12)}.gguf`);
+  if (existsSync(path)) return path;
   const tmp = `${path}.tmp-${process.pid}`;
   await writeGgufFile(tmp, {
     metadata: [
