@@ -52,8 +52,8 @@ function randomArray(n: number, seed: number, scale = 2): Float32Array {
 }
 
 function storage(data: Float32Array | Uint32Array | number): GPUBuffer {
-  const usage = GPUBufferUsage.COPY_SRC;
-  if (typeof data === 'number') return memory.create('scratch', data * 4, GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | usage);
+  const usage = 0x0004; // COPY_SRC
+  if (typeof data === 'number') return memory.create('scratch', data * 4, 0x0080 | 0x0008 | usage);
   return memory.upload('input', data, usage);
 }
 

@@ -2,6 +2,8 @@
 // buffers and bytes it holds (dispose() must bring both to zero) and so allocation failures
 // become MeshErrors naming what was being allocated.
 
+import { BufferUsage } from './usage.ts';
+
 export class GpuMemory {
   private readonly live = new Map<GPUBuffer, number>(); // buffer → bytes
   private liveBytes = 0;
@@ -18,7 +20,7 @@ export class GpuMemory {
 
   /** a storage buffer holding `data` (padded to 4 bytes) */
   upload(label: string, data: ArrayBufferView, extraUsage: GPUBufferUsageFlags = 0): GPUBuffer {
-    const buffer = this.create(label, data.byteLength, GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | extraUsage);
+    const buffer = this.create(label, data.byteLength, BufferUsage.STORAGE | BufferUsage.COPY_DST | extraUsage);
     const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
     const whole = bytes.byteLength & ~3;
     if (whole > 0) this.device.queue.writeBuffer(buffer, 0, bytes as Uint8Array<ArrayBuffer>, 0, whole);

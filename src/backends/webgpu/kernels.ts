@@ -6,6 +6,7 @@
 // parameters, packed into one shared uniform buffer — and encodes them into a single compute
 // pass and a single queue submission, optionally followed by a copy out for readback.
 
+import { BufferUsage, MapMode } from './usage.ts';
 import { assembleShader } from './shader-library.ts';
 import type { QuantKind, ShaderSources } from './shader-library.ts';
 import type { GpuMemory } from './gpu-memory.ts';
@@ -79,7 +80,7 @@ export class SubmitResources {
   uniformBuffer(bytes: number): GPUBuffer {
     if (!this.uniforms || this.uniforms.size < bytes) {
       this.memory.destroy(this.uniforms);
-      this.uniforms = this.memory.create('params', Math.max(bytes, 64 * PARAM_SLOT), GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST);
+      this.uniforms = this.memory.create('params', Math.max(bytes, 64 * PARAM_SLOT), BufferUsage.UNIFORM | BufferUsage.COPY_DST);
     }
     return this.uniforms;
   }
@@ -87,7 +88,7 @@ export class SubmitResources {
   stagingBuffer(bytes: number): GPUBuffer {
     if (!this.staging || this.staging.size < bytes) {
       this.memory.destroy(this.staging);
-      this.staging = this.memory.create('readback', bytes, GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST);
+      this.staging = this.memory.create('readback', bytes, BufferUsage.MAP_READ | BufferUsage.COPY_DST);
     }
     return this.staging;
   }
@@ -160,7 +161,7 @@ export class Recorder {
     device.queue.submit([encoder.finish()]);
     this.dispatches.length = 0;
     if (!staging || !readback) return undefined;
-    await staging.mapAsync(GPUMapMode.READ, 0, readback.bytes);
+    await staging.mapAsync(MapMode.READ, 0, readback.bytes);
     const out = staging.getMappedRange(0, readback.bytes).slice(0);
     staging.unmap();
     return out;

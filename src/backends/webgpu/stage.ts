@@ -6,6 +6,7 @@
 // One forward call = one command submission; only the stage's output is read back (hidden
 // states [n × n_embd], or the last position's logits on the shard that holds the head).
 
+import { BufferUsage } from './usage.ts';
 import { MeshError } from '../../errors.ts';
 import { dequantize } from '../../gguf/dequant.ts';
 import type { GgmlType } from '../../gguf/types.ts';
@@ -97,7 +98,7 @@ interface Scratch {
   logits?: GPUBuffer; // [nVocab]
 }
 
-const ACTIVATION = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
+const ACTIVATION = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DST;
 
 export class WebGpuStage {
   private readonly memory: GpuMemory;
