@@ -1,0 +1,37 @@
+// Byte sizes as people type them ("16GiB", "8GB", "512MiB") and as the report prints them.
+
+const UNITS: Record<string, number> = {
+  b: 1,
+  kib: 1024,
+  mib: 1024 ** 2,
+  gib: 1024 ** 3,
+  tib: 1024 ** 4,
+  kb: 1e3,
+  mb: 1e6,
+  gb: 1e9,
+  tb: 1e12,
+};
+
+/** Parses "16GiB", "1.5 GiB", "8GB", "4096" (bytes); undefined when it is not a size. */
+export function parseByteSize(text: string): number | undefined {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$/i.exec(text);
+  if (!m) return undefined;
+  const unit = m[2]!.toLowerCase() || 'b';
+  const scale = UNITS[unit];
+  if (scale === undefined) return undefined;
+  const n = Math.round(Number(m[1]) * scale);
+  return Number.isSafeInteger(n) && n > 0 ? n : undefined;
+}
+
+/** 1536 → "1.50 KiB"; binary units, three significant figures. */
+export function formatBytes(n: number): string {
+  if (n < 1024) return `${Math.round(n)} B`;
+  const units = ['KiB', 'MiB', 'GiB', 'TiB'];
+  let v = n / 1024;
+  let u = 0;
+  while (v >= 1024 && u < units.length - 1) {
+    v /= 1024;
+    u++;
+  }
+  return `${v.toFixed(v < 10 ? 2 : v < 100 ? 1 : 0)} ${units[u]}`;
+}
