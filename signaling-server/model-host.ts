@@ -1,0 +1,77 @@
+// Serves model files with HTTP Range support (GET/HEAD, one range per request: 206 with
+// Content-Range, 416 when unsatisfiable) and records which byte ranges each client fetched,
+// so tests can prove a peer read only its shard.
+
+import { createReadStream } from 'node:fs';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+
+export interface RangeFetch {
+  /** the peer id from `x-mesh-peer`, else the client's address:port */
+  client: string;
+  /** inclusive byte range [start, end] */
+  start: number;
+  end: number;
+  at: number;
+}
+
+export class FetchLog {
+  readonly entries: RangeFetch[] = [];
+  add(e: RangeFetch): void {
+    this.entries.push(e);
+    if (this.entries.length > 100_000) this.entries.shift(); // bounded: a log, not a store
+  }
+  /** bytes each client fetched */
+  byClient(): Record<string, { requests: number; bytes: number; ranges: Array<[number, number]> }> {
+    const out: Record<string, { requests: number; bytes: number; ranges: Array<[number, number]> }> = {};
+    for (const e of this.entries) {
+      const c = (out[e.client] ??= { requests: 0, bytes: 0, ranges: [] });
+      c.requests++;
+      c.bytes += e.end - e.start + 1;
+      c.ranges.push([e.start, e.end]);
+    }
+    return out;
+  }
+}
+
+/** Parses a single `bytes=` range against `size`; null = unsatisfiable, undefined = no/ignored range. */
+export function parseRange(header: string | undefined, size: number): { start: number; end: number } | null | undefined {
+  if (!header) return undefined;
+  const m = /^bytes=(\d*)-(\d*)$/.exec(header.trim());
+  if (!m) return header.trim().startsWith('bytes=') && header.includes(',') ? undefined : null; // multiple ranges: serve whole file
+  const [, a, b] = m;
+  if (a === '' && b === '') return null;
+  let start: number;
+  let end: number;
+  if (a === '') {
+    const suffix = Number(b);
+    if (suffix === 0) return null;
+    start = Math.max(0, size - suffix);
+    end = size - 1;
+  } else {
+    start = Number(a);
+    end = b === '' ? size - 1 : Math.min(Number(b), size - 1);
+  }
+  if (start >= size || start > end) return null;
+  return { start, end };
+}
+
+export function serveFile(req: IncomingMessage, res: ServerResponse, path: string, size: number, log: FetchLog): void {
+  const client = (req.headers['x-mesh-peer'] as string | undefined) ?? `${req.socket.remoteAddress}:${req.socket.remotePort}`;
+  const range = parseRange(req.headers.range, size);
+  const head = req.method === 'HEAD';
+  const common = { 'accept-ranges': 'bytes', 'content-type': 'application/octet-stream' };
+  if (range === null) {
+    res.writeHead(416, { ...common, 'content-range': `bytes */${size}` });
+    res.end();
+    return;
+  }
+  const { start, end } = range ?? { start: 0, end: size - 1 };
+  const headers = { ...common, 'content-length': String(size === 0 ? 0 : end - start + 1), ...(range ? { 'content-range': `bytes ${start}-${end}/${size}` } : {}) };
+  res.writeHead(range ? 206 : 200, headers);
+  if (head || size === 0) {
+    res.end();
+    return;
+  }
+  log.add({ client, start, end, at: Date.now() });
+  createReadStream(path, { start, end }).on('error', () => res.destroy()).pipe(res);
+}

@@ -1,0 +1,278 @@
+// A room: one model artifact, its secret, the peers that joined, and the route planned over
+// them. The route's status moves forming → loading → ready, to degraded when a stage's peer
+// leaves or fails to load, and to closed when a new route replaces it or the server stops.
+
+import { randomBytes } from 'node:crypto';
+import type WebSocket from 'ws';
+import { MeshError } from '../src/errors.ts';
+import type { ShardRange } from '../src/backends/types.ts';
+import type { GgufHeader } from '../src/gguf/types.ts';
+import { shardBytes } from '../src/backends/shard.ts';
+import { planRoute } from '../src/route/planner.ts';
+import type { ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/route/control.ts';
+import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
+import type { FrameLink } from '../src/transport/link.ts';
+import { WsLink } from '../src/transport/ws.ts';
+
+export type RouteStatus = 'forming' | 'loading' | 'ready' | 'degraded' | 'closed';
+
+export interface Peer {
+  id: string;
+  hello: PeerHello;
+  ws: WebSocket;
+  /** frames to the peer's stage over its control socket */
+  control: WsLink;
+  joinedAt: number;
+  gone: boolean;
+}
+
+export interface RouteStage {
+  stage: number;
+  peerId: string;
+  shard: ShardRange;
+  status: 'loading' | 'ready' | 'failed' | 'lost';
+  listen: string | null;
+  loadMs?: number;
+  bytesRead?: number;
+  error?: { code: string; message: string };
+}
+
+export interface ModelArtifact {
+  id: string;
+  /** local path, or the URL peers read */
+  location: string;
+  header: GgufHeader;
+  nLayer: number;
+}
+
+export class Route implements RouteHandle {
+  status: RouteStatus = 'forming';
+  reason: string | null = null;
+  readonly history: RouteStatus[] = ['forming'];
+  entryLink: FrameLink | null = null;
+  readonly createdAt = Date.now();
+
+  constructor(
+    readonly id: number,
+    readonly room: Room,
+    readonly stages: RouteStage[],
+  ) {}
+
+  setStatus(s: RouteStatus, reason: string | null = null): void {
+    if (this.status === s || this.status === 'closed') return;
+    this.status = s;
+    this.reason = reason;
+    this.history.push(s);
+    this.room.log(`route ${this.id}: ${s}${reason ? ` (${reason})` : ''}`);
+  }
+
+  entry(): FrameLink {
+    if (this.status !== 'ready' || !this.entryLink) throw new MeshError('ROUTE_NOT_READY', `route ${this.id} is ${this.status}${this.reason ? `: ${this.reason}` : ''}`);
+    return this.entryLink;
+  }
+
+  stageLinks(): Array<FrameLink | null> {
+    return this.stages.map((s) => {
+      const p = this.room.peers.get(s.peerId);
+      return p && !p.gone ? p.control : null;
+    });
+  }
+
+  stagePeers(): string[] {
+    return this.stages.map((s) => s.peerId);
+  }
+
+  summary(): Record<string, unknown> {
+    return {
+      id: this.id,
+      roomId: this.room.id,
+      model: this.room.model.id,
+      status: this.status,
+      reason: this.reason,
+      history: this.history,
+      stages: this.stages.map((s) => ({ ...s, peer: this.room.peerSummary(s.peerId) })),
+    };
+  }
+}
+
+export interface RoomOptions {
+  minPeers: number;
+  planDelayMs: number;
+  /** URL peers use to read the model (already absolute) */
+  modelUrl: string;
+  nextRouteId: () => number;
+  sessions: SessionManager;
+  log: (line: string) => void;
+}
+
+export class Room {
+  readonly peers = new Map<string, Peer>();
+  route: Route | null = null;
+  readonly routes: Route[] = [];
+  private planTimer: NodeJS.Timeout | null = null;
+  private peerCounter = 0;
+
+  constructor(
+    readonly id: string,
+    readonly secret: string,
+    readonly model: ModelArtifact,
+    private readonly opts: RoomOptions,
+  ) {}
+
+  log(line: string): void {
+    this.opts.log(`[room ${this.id}] ${line}`);
+  }
+
+  brief(): ModelBrief {
+    return { id: this.model.id, url: this.opts.modelUrl, nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes };
+  }
+
+  addPeer(hello: PeerHello, ws: WebSocket): Peer {
+    const id = `${hello.name ? hello.name.replace(/[^A-Za-z0-9_.-]/g, '').slice(0, 24) + '-' : 'peer-'}${++this.peerCounter}${randomBytes(2).toString('hex')}`;
+    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`), joinedAt: Date.now(), gone: false };
+    this.peers.set(id, peer);
+    this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}`);
+    this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief() });
+    this.schedulePlan();
+    return peer;
+  }
+
+  peerGone(peer: Peer, why: string): void {
+    if (peer.gone) return;
+    peer.gone = true;
+    this.peers.delete(peer.id);
+    this.log(`peer ${peer.id} left: ${why}`);
+    const r = this.route;
+    const st = r?.stages.find((s) => s.peerId === peer.id);
+    if (r && st && r.status !== 'closed') {
+      st.status = 'lost';
+      r.setStatus('degraded', `stage ${st.stage} (${peer.id}) left: ${why}`);
+      void this.opts.sessions.stageLost(r.id, st.stage, why);
+    }
+    this.schedulePlan();
+  }
+
+  onPeerMessage(peer: Peer, msg: PeerToServer): void {
+    const r = this.route;
+    if (msg.t === 'hello' || !r || msg.routeId !== r.id) return;
+    const st = r.stages[msg.stage];
+    if (!st || st.peerId !== peer.id) return;
+    if (msg.t === 'ready') {
+      st.status = 'ready';
+      st.loadMs = msg.loadMs;
+      st.bytesRead = msg.bytesRead;
+      this.log(`route ${r.id}: stage ${st.stage} ready on ${peer.id} (${msg.bytesRead} bytes read in ${Math.round(msg.loadMs)} ms)`);
+      if (r.stages.every((s) => s.status === 'ready')) void this.announceReady(r);
+    } else if (msg.t === 'load-failed') {
+      st.status = 'failed';
+      st.error = { code: msg.code, message: msg.message };
+      r.setStatus('degraded', `stage ${st.stage} (${peer.id}) failed to load: ${msg.code} ${msg.message}`);
+    }
+  }
+
+  /** Stage 0's data link: straight to its listen address, else over its control socket. */
+  private async announceReady(r: Route): Promise<void> {
+    const first = r.stages[0]!;
+    const peer = this.peers.get(first.peerId);
+    if (!peer) return;
+    let link: FrameLink = peer.control;
+    if (first.listen) {
+      try {
+        link = await WsLink.connect(first.listen, { headers: { authorization: `Bearer ${this.secret}` } });
+      } catch (e) {
+        this.log(`route ${r.id}: stage 0 not reachable at ${first.listen} (${(e as Error).message}); using its control socket`);
+      }
+    }
+    if (this.route !== r || r.status !== 'loading') {
+      if (link !== peer.control) void link.close();
+      return;
+    }
+    r.entryLink = link;
+    r.setStatus('ready');
+  }
+
+  schedulePlan(): void {
+    if (this.planTimer) clearTimeout(this.planTimer);
+    this.planTimer = setTimeout(() => {
+      this.planTimer = null;
+      this.plan();
+    }, this.opts.planDelayMs);
+    this.planTimer.unref();
+  }
+
+  /** Plans a new route when there is none or the current one cannot serve. */
+  plan(): void {
+    const current = this.route;
+    if (current && (current.status === 'ready' || current.status === 'loading')) return;
+    const peers = [...this.peers.values()].filter((p) => !p.gone);
+    if (peers.length < this.opts.minPeers) {
+      if (current?.status === 'forming') current.reason = `waiting for peers: ${peers.length} of ${this.opts.minPeers}`;
+      return;
+    }
+    const plan = planRoute({
+      nLayer: this.model.nLayer,
+      peers: peers.map((p) => ({ id: p.id, memoryBytes: p.hello.memoryBytes, layers: p.hello.layers })),
+      shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer),
+    });
+    if (current && current.status === 'forming' && !plan.ok) {
+      current.reason = plan.reason;
+      return;
+    }
+    if (current) this.closeRoute(current);
+    const route = new Route(
+      this.opts.nextRouteId(),
+      this,
+      plan.ok ? plan.stages.map((s, i) => ({ stage: i, peerId: s.peerId, shard: s.shard, status: 'loading', listen: this.peers.get(s.peerId)!.hello.listen ?? null })) : [],
+    );
+    this.route = route;
+    this.routes.push(route);
+    if (!plan.ok) {
+      route.reason = plan.reason;
+      this.log(`route ${route.id}: forming (${plan.reason})`);
+      return;
+    }
+    route.setStatus('loading');
+    // downstream first: the last stage starts loading before the ones that will send to it
+    for (const st of [...route.stages].reverse()) {
+      const next = route.stages[st.stage + 1];
+      const downstream = next ? (this.peers.get(next.peerId)?.hello.listen ?? null) : null;
+      this.send(this.peers.get(st.peerId)!, { t: 'assign', routeId: route.id, stage: st.stage, shard: st.shard, nLayer: this.model.nLayer, modelUrl: this.opts.modelUrl, downstream });
+    }
+  }
+
+  closeRoute(r: Route): void {
+    if (r.status === 'closed') return;
+    r.setStatus('closed');
+    if (r.entryLink && !this.isControlLink(r.entryLink)) void r.entryLink.close();
+    for (const st of r.stages) {
+      const p = this.peers.get(st.peerId);
+      if (p && !p.gone) this.send(p, { t: 'release', routeId: r.id });
+    }
+  }
+
+  private isControlLink(l: FrameLink): boolean {
+    return [...this.peers.values()].some((p) => p.control === l);
+  }
+
+  send(peer: Peer, msg: ServerToPeer): void {
+    if (peer.ws.readyState === peer.ws.OPEN) peer.ws.send(JSON.stringify(msg));
+  }
+
+  peerSummary(id: string): Record<string, unknown> | null {
+    const p = this.peers.get(id);
+    if (!p) return null;
+    const { proof: _proof, t: _t, ...hello } = p.hello;
+    const stage = this.route?.stages.find((s) => s.peerId === id);
+    return { id, ...hello, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+  }
+
+  summary(): Record<string, unknown> {
+    return { id: this.id, model: this.brief(), peers: this.peers.size, route: this.route ? { id: this.route.id, status: this.route.status, reason: this.route.reason } : null };
+  }
+
+  dispose(): void {
+    if (this.planTimer) clearTimeout(this.planTimer);
+    if (this.route) this.closeRoute(this.route);
+    for (const p of this.peers.values()) p.ws.terminate();
+  }
+}

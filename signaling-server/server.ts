@@ -1,0 +1,266 @@
+// The signaling server: hosts model files (Range), keeps a room per model, admits peers that
+// prove the room secret, plans routes over them, owns every session (open, step, close,
+// expiry, failure), and answers the status API. Hidden states never pass through it: stages
+// send them to each other directly.
+//
+//   GET|HEAD /models/{model}.gguf            model bytes (Range)           Bearer secret
+//   GET  /v1/models/{model}/fetches          byte ranges each client read  Bearer secret
+//   GET  /v1/rooms/{room}                    room summary                  Bearer secret
+//   GET  /v1/rooms/{room}/peers              peers, backends, stages       Bearer secret
+//   GET  /v1/routes, /v1/routes/{id}         route status and stages       Bearer secret
+//   GET  /v1/sessions/{id}                   session state, per-stage KV   Bearer secret
+//   POST /v1/sessions/{id}[/prefill|/decode], DELETE /v1/sessions/{id}     binary frames
+//   WS   /v1/rooms/{room}/peer               peer control (challenge → hello with HMAC proof)
+//   WS   /v1/rooms/{room}/client             client frames (Bearer secret on the upgrade)
+
+import { createServer } from 'node:http';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { randomBytes } from 'node:crypto';
+import { basename } from 'node:path';
+import { WebSocketServer } from 'ws';
+import type WebSocket from 'ws';
+import { MeshError } from '../src/errors.ts';
+import { readHeader, isUrl } from '../src/gguf/parse.ts';
+import { configFromHeader } from '../src/model/config.ts';
+import { helloProof } from '../src/route/control.ts';
+import type { PeerHello, PeerToServer } from '../src/route/control.ts';
+import { SessionManager } from '../src/route/sessions.ts';
+import { FrameType } from '../src/protocol/frame.ts';
+import type { Frame } from '../src/protocol/frame.ts';
+import { bearerOf, secretMatches } from '../src/transport/frame-server.ts';
+import { handleFrameHttp, sendError, sendJson } from '../src/transport/http.ts';
+import { serveFrames } from '../src/transport/ws.ts';
+import { FetchLog, serveFile } from './model-host.ts';
+import { Room } from './room.ts';
+import type { Route } from './room.ts';
+
+export interface SignalingServerOptions {
+  host?: string;
+  port?: number;
+  /** model paths or URLs, one room each */
+  models: string[];
+  /** one secret for every room (default: a random one per room) */
+  secret?: string;
+  /** a route is planned once this many peers joined (default 1) */
+  minPeers?: number;
+  /** wait this long after the last join before planning (ms, default 300) */
+  planDelayMs?: number;
+  /** idle sessions expire after this long (ms, default 5 min) */
+  sessionTtlMs?: number;
+  log?: (line: string) => void;
+}
+
+export interface SignalingServer {
+  url: string;
+  rooms: Room[];
+  sessions: SessionManager;
+  fetchLogs: Map<string, FetchLog>;
+  /** the join URL of a room, secret in the fragment */
+  joinUrl(room: Room): string;
+  close(): Promise<void>;
+}
+
+function modelIdFor(location: string, taken: Set<string>): string {
+  const name = basename(isUrl(location) ? new URL(location).pathname : location).replace(/\.gguf$/i, '').replace(/[^A-Za-z0-9_.-]/g, '_') || 'model';
+  let id = name;
+  for (let i = 2; taken.has(id); i++) id = `${name}-${i}`;
+  taken.add(id);
+  return id;
+}
+
+export async function startSignalingServer(opts: SignalingServerOptions): Promise<SignalingServer> {
+  const log = opts.log ?? (() => undefined);
+  const rooms: Room[] = [];
+  const fetchLogs = new Map<string, FetchLog>();
+  const localFiles = new Map<string, { path: string; size: number }>();
+  let routeCounter = 0;
+  const findRoute = (id: number): Route | undefined => {
+    for (const room of rooms) for (const r of room.routes) if (r.id === id) return r;
+    return undefined;
+  };
+  const sessions = new SessionManager(
+    (routeId) => {
+      const r = findRoute(routeId);
+      return r && r.status === 'ready' ? r : undefined;
+    },
+    { idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => log(`session ${id}: ${state}`) },
+  );
+
+  const server: Server = createServer((req, res) => void handle(req, res));
+  const wss = new WebSocketServer({ noServer: true, maxPayload: 64 * 1024 * 1024 });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(opts.port ?? 8080, opts.host ?? '127.0.0.1', () => resolve());
+  });
+  const addr = server.address() as AddressInfo;
+  const url = `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`;
+
+  const taken = new Set<string>();
+  for (const location of opts.models) {
+    const header = await readHeader(location);
+    const config = configFromHeader(header);
+    const id = modelIdFor(location, taken);
+    const remote = isUrl(location);
+    if (!remote) {
+      localFiles.set(id, { path: location, size: header.fileBytes });
+      fetchLogs.set(id, new FetchLog());
+    }
+    const room = new Room(
+      randomBytes(6).toString('hex'),
+      opts.secret ?? randomBytes(18).toString('base64url'),
+      { id, location, header, nLayer: config.nLayer },
+      {
+        minPeers: opts.minPeers ?? 1,
+        planDelayMs: opts.planDelayMs ?? 300,
+        modelUrl: remote ? location : `${url}/models/${id}.gguf`,
+        nextRouteId: () => ++routeCounter,
+        sessions,
+        log,
+      },
+    );
+    rooms.push(room);
+  }
+
+  /** Rooms whose secret the request presents. */
+  const authed = (req: IncomingMessage): Room[] => {
+    const token = bearerOf(req);
+    return rooms.filter((r) => secretMatches(token, r.secret));
+  };
+  const requireAuth = (req: IncomingMessage): Room[] => {
+    const ok = authed(req);
+    if (ok.length === 0) throw new MeshError('AUTH_FAILED', 'missing or wrong room secret (Authorization: Bearer <secret>)');
+    return ok;
+  };
+  /** The room a session frame belongs to, checked against the request's secret. */
+  const roomOfFrame = (f: Frame, allowed: Room[]): void => {
+    const routeId = f.type === FrameType.SessionOpen ? f.routeId : sessions.brief(f.sessionId).routeId;
+    const r = findRoute(routeId);
+    if (!r) throw new MeshError('ROUTE_UNKNOWN', `no route ${routeId}`);
+    if (!allowed.includes(r.room)) throw new MeshError('AUTH_FAILED', `the secret does not open route ${routeId}'s room`);
+  };
+
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    try {
+      const path = new URL(req.url ?? '/', 'http://x').pathname;
+      const method = req.method ?? 'GET';
+      const modelFile = /^\/models\/([^/]+)\.gguf$/.exec(path);
+      if (modelFile && (method === 'GET' || method === 'HEAD')) {
+        const allowed = requireAuth(req);
+        const file = localFiles.get(modelFile[1]!);
+        if (!file || !allowed.some((r) => r.model.id === modelFile[1])) throw new MeshError('NOT_FOUND', `no model ${modelFile[1]} in the rooms this secret opens`);
+        return serveFile(req, res, file.path, file.size, fetchLogs.get(modelFile[1]!)!);
+      }
+      const allowed = requireAuth(req);
+      let m: RegExpExecArray | null;
+      if (method === 'GET' && (m = /^\/v1\/models\/([^/]+)\/fetches$/.exec(path))) {
+        if (!allowed.some((r) => r.model.id === m![1])) throw new MeshError('NOT_FOUND', `no model ${m[1]}`);
+        return sendJson(res, 200, { model: m[1], clients: fetchLogs.get(m[1]!)?.byClient() ?? {} });
+      }
+      if (method === 'GET' && (m = /^\/v1\/rooms\/([^/]+)(\/peers)?$/.exec(path))) {
+        const room = allowed.find((r) => r.id === m![1]);
+        if (!room) throw new MeshError('NOT_FOUND', `no room ${m[1]} for this secret`);
+        if (!m[2]) return sendJson(res, 200, room.summary());
+        return sendJson(res, 200, { roomId: room.id, peers: [...room.peers.keys()].map((id) => room.peerSummary(id)) });
+      }
+      if (method === 'GET' && path === '/v1/rooms') return sendJson(res, 200, { rooms: allowed.map((r) => r.summary()) });
+      if (method === 'GET' && path === '/v1/routes') return sendJson(res, 200, { routes: allowed.flatMap((r) => r.routes.map((x) => x.summary())) });
+      if (method === 'GET' && (m = /^\/v1\/routes\/(\d+)$/.exec(path))) {
+        const r = findRoute(Number(m[1]));
+        if (!r || !allowed.includes(r.room)) throw new MeshError('ROUTE_UNKNOWN', `no route ${m[1]}`);
+        return sendJson(res, 200, r.summary());
+      }
+      const handled = await handleFrameHttp(req, res, async (f) => {
+        roomOfFrame(f, allowed);
+        return sessions.handle(f);
+      });
+      if (handled) return;
+      throw new MeshError('NOT_FOUND', `${method} ${path} is not served here`);
+    } catch (e) {
+      if (!res.headersSent) sendError(res, e);
+      else res.destroy();
+    }
+  }
+
+  server.on('upgrade', (req, socket, head) => {
+    const path = new URL(req.url ?? '/', 'http://x').pathname;
+    const m = /^\/v1\/rooms\/([^/]+)\/(peer|client)$/.exec(path);
+    const room = m ? rooms.find((r) => r.id === m[1]) : undefined;
+    if (!m || !room) {
+      socket.end('HTTP/1.1 404 Not Found\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
+      return;
+    }
+    if (m[2] === 'client' && !secretMatches(bearerOf(req), room.secret)) {
+      socket.end('HTTP/1.1 401 Unauthorized\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
+      return;
+    }
+    wss.handleUpgrade(req, socket, head, (ws) => (m[2] === 'peer' ? admitPeer(room, ws) : serveClient(room, ws)));
+  });
+
+  function serveClient(room: Room, ws: WebSocket): void {
+    const owner = ws;
+    serveFrames(ws, async (f) => {
+      roomOfFrame(f, [room]);
+      return sessions.handle(f, owner);
+    });
+    ws.on('close', () => void sessions.ownerGone(owner));
+  }
+
+  function admitPeer(room: Room, ws: WebSocket): void {
+    const nonce = randomBytes(16).toString('hex');
+    let peer: ReturnType<Room['addPeer']> | null = null;
+    const refuse = (code: string, message: string): void => {
+      ws.send(JSON.stringify({ t: 'error', code, message }));
+      ws.close(4401, code);
+    };
+    const helloTimer = setTimeout(() => !peer && refuse('HELLO_TIMEOUT', 'no hello within 10 s'), 10_000);
+    helloTimer.unref();
+    ws.on('message', (data, isBinary) => {
+      if (isBinary) return; // frame replies: the peer's WsLink reads them
+      let msg: PeerToServer;
+      try {
+        msg = JSON.parse(data.toString()) as PeerToServer;
+      } catch {
+        return refuse('BAD_MESSAGE', 'control messages are JSON');
+      }
+      if (!peer) {
+        if (msg.t !== 'hello') return refuse('BAD_MESSAGE', 'the first message must be hello');
+        if (!secretMatches(msg.proof, helloProof(room.secret, nonce))) return refuse('AUTH_FAILED', 'wrong room secret');
+        clearTimeout(helloTimer);
+        const hello: PeerHello = {
+          t: 'hello',
+          proof: '',
+          backend: String(msg.backend),
+          memoryBytes: Number(msg.memoryBytes) || 0,
+          ...(msg.name ? { name: String(msg.name) } : {}),
+          ...(msg.listen ? { listen: String(msg.listen) } : {}),
+          ...(msg.httpUrl ? { httpUrl: String(msg.httpUrl) } : {}),
+          ...(msg.layers ? { layers: { start: Number(msg.layers.start), end: Number(msg.layers.end) } } : {}),
+        };
+        peer = room.addPeer(hello, ws);
+        return;
+      }
+      room.onPeerMessage(peer, msg);
+    });
+    ws.on('close', () => {
+      clearTimeout(helloTimer);
+      if (peer) room.peerGone(peer, 'connection closed');
+    });
+    ws.send(JSON.stringify({ t: 'challenge', nonce }));
+  }
+
+  return {
+    url,
+    rooms,
+    sessions,
+    fetchLogs,
+    joinUrl: (room) => `${url}/room/${room.id}#secret=${encodeURIComponent(room.secret)}`,
+    async close() {
+      await sessions.dispose();
+      for (const r of rooms) r.dispose();
+      wss.close();
+      server.closeAllConnections();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}

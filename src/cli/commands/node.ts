@@ -1,0 +1,74 @@
+// `gguf-mesh node --join <room url>`: a native peer. Joins the room, advertises its backend and
+// memory, loads the shard the planner assigns (only that shard's bytes), and serves frames
+// until stopped or until the server goes away.
+
+import type { Command } from '../command.ts';
+import { stringOption, UsageError } from '../command.ts';
+import type { ShardRange } from '../../backends/types.ts';
+import { parseBytes, parseRoomUrl } from '../../route/control.ts';
+import { startNodePeer } from '../../route/node-peer.ts';
+import type { BackendKind } from '../../route/node-peer.ts';
+
+/** `--layers a-b`: the half-open range [a, b). */
+function parseLayerRange(text: string): ShardRange {
+  const m = /^\s*(\d+)\s*-\s*(\d+)\s*$/.exec(text);
+  if (!m || Number(m[2]) <= Number(m[1])) throw new UsageError(`--layers must be a-b with a < b (layers [a, b)), got '${text}'`);
+  return { start: Number(m[1]), end: Number(m[2]) };
+}
+
+export const command: Command = {
+  name: 'node',
+  summary: 'join a room as a native peer and serve the layers the route planner assigns',
+  usage: '--join <room url> [--secret S] [--backend cpu|llamacpp] [--layers a-b] [--memory 4GiB] [--listen host:port]',
+  options: {
+    join: { type: 'string', description: 'room URL printed by `serve` (the #secret= fragment is read too)', valueName: '<url>' },
+    secret: { type: 'string', description: 'room secret (default: from the URL fragment)', valueName: '<secret>' },
+    backend: { type: 'string', description: 'cpu or llamacpp', default: 'cpu', valueName: '<kind>' },
+    layers: { type: 'string', description: 'serve exactly layers [a, b) instead of what the planner picks', valueName: '<a-b>' },
+    memory: { type: 'string', description: 'memory offered for weights', default: '4GiB', valueName: '<size>' },
+    listen: { type: 'string', description: 'where other stages reach this node', default: '127.0.0.1:0', valueName: '<host:port>' },
+    name: { type: 'string', description: 'a name shown in the room', valueName: '<name>' },
+  },
+  async run(args) {
+    const joinUrl = stringOption(args, 'join', true);
+    let room;
+    try {
+      room = parseRoomUrl(joinUrl);
+    } catch (e) {
+      throw new UsageError((e as Error).message);
+    }
+    const secret = stringOption(args, 'secret') ?? room.secret;
+    if (!secret) throw new UsageError('--secret is required (or a join URL ending in #secret=…)');
+    const backend = (stringOption(args, 'backend') ?? 'cpu') as BackendKind;
+    if (backend !== 'cpu' && backend !== 'llamacpp') throw new UsageError(`--backend must be cpu or llamacpp, got '${backend}'`);
+    const layersText = stringOption(args, 'layers');
+    let memoryBytes: number;
+    try {
+      memoryBytes = parseBytes(stringOption(args, 'memory') ?? '4GiB');
+    } catch (e) {
+      throw new UsageError(`--memory: ${(e as Error).message}`);
+    }
+    const listen = stringOption(args, 'listen') ?? '127.0.0.1:0';
+    const lm = /^(.*):(\d+)$/.exec(listen);
+    if (!lm) throw new UsageError(`--listen must be host:port, got '${listen}'`);
+    const peer = await startNodePeer({
+      joinUrl,
+      secret,
+      backend,
+      memoryBytes,
+      ...(layersText ? { layers: parseLayerRange(layersText) } : {}),
+      listenHost: lm[1]!.replace(/^\[|\]$/g, ''),
+      listenPort: Number(lm[2]),
+      ...(stringOption(args, 'name') ? { name: stringOption(args, 'name')! } : {}),
+      log: (line) => console.log(line),
+    });
+    const stop = new Promise<string>((resolve) => {
+      process.once('SIGINT', () => resolve('interrupted'));
+      process.once('SIGTERM', () => resolve('terminated'));
+    });
+    const why = await Promise.race([peer.closed, stop]);
+    console.log(`leaving: ${why}`);
+    await peer.close();
+    return why.startsWith('control') ? 1 : 0;
+  },
+};

@@ -1,0 +1,50 @@
+// `gguf-mesh serve`: the signaling server. Hosts each --model with Range support, opens a
+// room per model, prints each room's join URL (secret in the fragment) and runs until stopped.
+
+import type { Command } from '../command.ts';
+import { intOption, stringOption, UsageError } from '../command.ts';
+import { startSignalingServer } from '../../../signaling-server/server.ts';
+
+export const command: Command = {
+  name: 'serve',
+  summary: 'run the signaling server: host models, open a room per model, plan routes over joining peers',
+  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S]',
+  options: {
+    host: { type: 'string', description: 'interface to bind', default: '127.0.0.1', valueName: '<host>' },
+    port: { type: 'string', description: 'TCP port (0 = any free port)', default: '8080', valueName: '<port>' },
+    model: { type: 'string', multiple: true, description: 'GGUF path or URL; one room each (repeatable)', valueName: '<path|url>' },
+    secret: { type: 'string', description: 'room secret (default: random per room)', valueName: '<secret>' },
+    'min-peers': { type: 'string', description: 'plan a route once this many peers joined', default: '1', valueName: '<n>' },
+    'plan-delay': { type: 'string', description: 'wait after the last join before planning (ms)', default: '300', valueName: '<ms>' },
+    'session-ttl': { type: 'string', description: 'idle sessions expire after this many seconds', default: '300', valueName: '<s>' },
+    quiet: { type: 'boolean', description: 'print only the join URLs, not room events' },
+  },
+  async run(args) {
+    const models = (args.values.model as string[] | undefined) ?? [];
+    if (models.length === 0) throw new UsageError('--model is required (a GGUF path or URL; repeat for more rooms)');
+    const host = stringOption(args, 'host') ?? '127.0.0.1';
+    const server = await startSignalingServer({
+      host,
+      port: intOption(args, 'port', 8080),
+      models,
+      ...(stringOption(args, 'secret') ? { secret: stringOption(args, 'secret')! } : {}),
+      minPeers: intOption(args, 'min-peers', 1),
+      planDelayMs: intOption(args, 'plan-delay', 300),
+      sessionTtlMs: intOption(args, 'session-ttl', 300) * 1000,
+      log: args.values.quiet ? () => undefined : (line) => console.log(line),
+    });
+    console.log(`gguf-mesh signaling server listening on ${server.url}`);
+    if (host !== '127.0.0.1' && host !== 'localhost') console.log(`bound to ${host}: every room still requires its secret`);
+    for (const room of server.rooms) {
+      console.log(`room ${room.id} model ${room.model.id} (${room.model.nLayer} layers)`);
+      console.log(`  join:   ${server.joinUrl(room)}`);
+      console.log(`  secret: ${room.secret}`);
+    }
+    await new Promise<void>((resolve) => {
+      process.once('SIGINT', resolve);
+      process.once('SIGTERM', resolve);
+    });
+    await server.close();
+    return 0;
+  },
+};

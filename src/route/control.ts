@@ -1,0 +1,65 @@
+// JSON control messages between a peer and the signaling server, sent as WebSocket text
+// messages on the peer's control connection (binary messages on the same socket are frames:
+// session open/close/status from the server to the stage). The secret never crosses the
+// wire: the peer proves it with an HMAC of the server's nonce.
+
+import { createHmac } from 'node:crypto';
+import type { ShardRange } from '../backends/types.ts';
+
+export interface PeerHello {
+  t: 'hello';
+  /** hex HMAC-SHA256(key = room secret, message = nonce) */
+  proof: string;
+  name?: string;
+  backend: string;
+  memoryBytes: number;
+  /** where other stages reach this peer: ws://host:port/v1/frames (absent: not reachable) */
+  listen?: string;
+  /** http://host:port for the binary HTTP protocol */
+  httpUrl?: string;
+  layers?: ShardRange;
+}
+
+export interface ModelBrief {
+  id: string;
+  /** where to read the GGUF (HTTP Range), with the room secret as a Bearer token */
+  url: string;
+  nLayer: number;
+  fileBytes: number;
+}
+
+export type ServerToPeer =
+  | { t: 'challenge'; nonce: string }
+  | { t: 'welcome'; peerId: string; roomId: string; model: ModelBrief }
+  | { t: 'assign'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string; downstream: string | null }
+  | { t: 'release'; routeId: number }
+  | { t: 'error'; code: string; message: string };
+
+export type PeerToServer =
+  | PeerHello
+  | { t: 'ready'; routeId: number; stage: number; loadMs: number; bytesRead: number }
+  | { t: 'load-failed'; routeId: number; stage: number; code: string; message: string };
+
+export function helloProof(secret: string, nonce: string): string {
+  return createHmac('sha256', secret).update(nonce).digest('hex');
+}
+
+/** Parses a room URL `http://host:port/room/<id>#secret=<s>` into its parts. */
+export function parseRoomUrl(url: string): { base: string; roomId: string; secret?: string } {
+  const u = new URL(url);
+  const m = /\/room\/([A-Za-z0-9_.-]+)\/?$/.exec(u.pathname);
+  if (!m) throw new Error(`'${url}' is not a room URL (expected …/room/<id>)`);
+  const secret = new URLSearchParams(u.hash.replace(/^#/, '')).get('secret') ?? undefined;
+  return { base: `${u.protocol}//${u.host}`, roomId: m[1]!, ...(secret ? { secret } : {}) };
+}
+
+/** Parses sizes like 4GiB, 512MiB, 1.5GB, 1000000. */
+export function parseBytes(text: string): number {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$/i.exec(text);
+  if (!m) throw new Error(`'${text}' is not a size (e.g. 4GiB, 512MiB)`);
+  const unit = (m[2] ?? '').toUpperCase();
+  const pow = { '': 0, B: 0, K: 1, KB: 1, KIB: 1, M: 2, MB: 2, MIB: 2, G: 3, GB: 3, GIB: 3, T: 4, TB: 4, TIB: 4 }[unit];
+  if (pow === undefined) throw new Error(`'${text}': unknown unit ${m[2]}`);
+  const base = unit.includes('I') || unit.length === 1 ? 1024 : 1000;
+  return Math.round(Number(m[1]) * base ** pow);
+}

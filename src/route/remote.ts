@@ -1,0 +1,115 @@
+// A client of a room: waits for the room's route to be ready, connects to the signaling server
+// over WebSocket, and offers the route as a StageChain, so the same generation loop that runs
+// local stages runs a distributed route (`generate --join`).
+
+import { MeshError } from '../errors.ts';
+import { readHeader } from '../gguf/parse.ts';
+import type { GgufHeader } from '../gguf/types.ts';
+import { WsLink } from '../transport/ws.ts';
+import { RouteSessionClient } from './client.ts';
+import { parseRoomUrl } from './control.ts';
+import type { ModelBrief } from './control.ts';
+import type { StageChain } from './generation.ts';
+import { newSessionId } from './sessions.ts';
+import type { SessionOpenBody } from './stage-service.ts';
+
+export interface RoomSummary {
+  id: string;
+  model: ModelBrief;
+  peers: number;
+  route: { id: number; status: string; reason: string | null } | null;
+}
+
+export interface JoinedRoom {
+  base: string;
+  roomId: string;
+  secret: string;
+  room: RoomSummary;
+  routeId: number;
+  link: WsLink;
+  /** reads the model's header through the server (tokenizer, config) */
+  header(): Promise<GgufHeader>;
+  close(): Promise<void>;
+}
+
+export async function fetchJson<T>(url: string, secret: string): Promise<T> {
+  let res: Response;
+  try {
+    res = await fetch(url, { headers: { authorization: `Bearer ${secret}` } });
+  } catch (e) {
+    throw new MeshError('JOIN_FAILED', `cannot reach ${url}: ${(e as Error).message}`);
+  }
+  const body = (await res.json().catch(() => ({}))) as T & { error?: { code: string; message: string } };
+  if (!res.ok) throw new MeshError(body.error?.code ?? 'HTTP_ERROR', body.error?.message ?? `${url}: HTTP ${res.status}`);
+  return body;
+}
+
+/** Waits (up to `waitMs`) for the room's route to be ready, then connects. */
+export async function joinRoom(joinUrl: string, secret: string | undefined, waitMs = 30_000): Promise<JoinedRoom> {
+  const parsed = parseRoomUrl(joinUrl);
+  const key = secret ?? parsed.secret;
+  if (!key) throw new MeshError('AUTH_FAILED', 'no room secret: pass --secret or a join URL with #secret=…');
+  const deadline = Date.now() + waitMs;
+  let room: RoomSummary;
+  for (;;) {
+    room = await fetchJson<RoomSummary>(`${parsed.base}/v1/rooms/${parsed.roomId}`, key);
+    if (room.route?.status === 'ready') break;
+    if (Date.now() > deadline) {
+      throw new MeshError('ROUTE_NOT_READY', `room ${parsed.roomId}: route is ${room.route ? `${room.route.status}${room.route.reason ? ` (${room.route.reason})` : ''}` : 'not planned yet'} after ${waitMs} ms`);
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  const link = await WsLink.connect(`${parsed.base.replace(/^http/, 'ws')}/v1/rooms/${parsed.roomId}/client`, { headers: { authorization: `Bearer ${key}` } });
+  return {
+    base: parsed.base,
+    roomId: parsed.roomId,
+    secret: key,
+    room,
+    routeId: room.route!.id,
+    link,
+    header: () => readHeader(room.model.url, { headers: { authorization: `Bearer ${key}` } }),
+    close: () => link.close(),
+  };
+}
+
+/** The room's route as a StageChain: logits come back from the last stage. */
+export class RemoteChain implements StageChain {
+  private sessions = new Map<string, RouteSessionClient>();
+  /** wire session ids (32 hex digits) by the caller's ids */
+  readonly wireIds = new Map<string, string>();
+
+  constructor(
+    private readonly joined: JoinedRoom,
+    private readonly openBody: Omit<SessionOpenBody, 'contextLength'> = {},
+  ) {}
+
+  async openSession(sessionId: string, contextLength: number): Promise<void> {
+    const wire = /^[0-9a-f]{32}$/.test(sessionId) ? sessionId : newSessionId();
+    const client = await RouteSessionClient.open(this.joined.link, this.joined.routeId, { ...this.openBody, contextLength }, wire);
+    this.sessions.set(sessionId, client);
+    this.wireIds.set(sessionId, wire);
+  }
+
+  async forward(sessionId: string, tokens: Int32Array, position: number): Promise<Float32Array> {
+    const c = this.client(sessionId);
+    if (position !== c.position) throw new MeshError('POSITION_MISMATCH', `session ${sessionId} is at position ${c.position}, asked to run position ${position}`);
+    return c.logits(tokens);
+  }
+
+  async releaseSession(sessionId: string): Promise<void> {
+    const c = this.client(sessionId);
+    this.sessions.delete(sessionId);
+    await c.close();
+  }
+
+  async dispose(): Promise<void> {
+    for (const id of [...this.sessions.keys()]) await this.releaseSession(id).catch(() => undefined);
+    await this.joined.close();
+  }
+
+  private client(id: string): RouteSessionClient {
+    const c = this.sessions.get(id);
+    if (!c) throw new MeshError('SESSION_UNKNOWN', `no session ${id} on this chain`);
+    return c;
+  }
+}

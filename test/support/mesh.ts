@@ -1,0 +1,106 @@
+// Real `gguf-mesh serve` and `gguf-mesh node` processes for end-to-end tests: spawn them on
+// free loopback ports, wait for the lines that say they are up, and kill every one at the end.
+import { spawn } from 'node:child_process';
+import type { ChildProcessWithoutNullStreams } from 'node:child_process';
+import { CLI, REPO_ROOT } from './cli.ts';
+
+export interface MeshProcess {
+  child: ChildProcessWithoutNullStreams;
+  output: () => string;
+  /** resolves with the first match of `re` in the output so far or later */
+  waitFor(re: RegExp, timeoutMs?: number): Promise<RegExpMatchArray>;
+  exited: Promise<number>;
+  kill(signal?: NodeJS.Signals): Promise<number>;
+}
+
+const running = new Set<MeshProcess>();
+
+export function spawnMesh(args: string[]): MeshProcess {
+  const child = spawn(process.execPath, [CLI, ...args], { cwd: REPO_ROOT, stdio: ['pipe', 'pipe', 'pipe'] });
+  let out = '';
+  const waiters: Array<() => void> = [];
+  const onData = (d: Buffer): void => {
+    out += d.toString();
+    for (const w of [...waiters]) w();
+  };
+  child.stdout.on('data', onData);
+  child.stderr.on('data', onData);
+  const exited = new Promise<number>((resolve) => child.on('exit', (code, sig) => resolve(code ?? (sig ? 128 : -1))));
+  const p: MeshProcess = {
+    child,
+    output: () => out,
+    waitFor(re, timeoutMs = 60_000) {
+      return new Promise((resolve, reject) => {
+        const check = (): boolean => {
+          const m = out.match(re);
+          if (m) {
+            waiters.splice(waiters.indexOf(check), 1);
+            clearTimeout(timer);
+            resolve(m);
+            return true;
+          }
+          return false;
+        };
+        const timer = setTimeout(() => {
+          waiters.splice(waiters.indexOf(check), 1);
+          reject(new Error(`timed out waiting for ${re} in output of gguf-mesh ${args.join(' ')}:\n${out}`));
+        }, timeoutMs);
+        waiters.push(check);
+        check();
+        void exited.then((code) => {
+          if (!check()) {
+            clearTimeout(timer);
+            reject(new Error(`gguf-mesh ${args[0]} exited with ${code} before printing ${re}:\n${out}`));
+          }
+        });
+      });
+    },
+    exited,
+    async kill(signal = 'SIGKILL') {
+      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
+      const code = await exited;
+      running.delete(p);
+      return code;
+    },
+  };
+  running.add(p);
+  void exited.then(() => running.delete(p));
+  return p;
+}
+
+/** Kills every process spawned by this test file (call in afterAll). */
+export async function killAll(): Promise<void> {
+  await Promise.all([...running].map((p) => p.kill('SIGKILL')));
+}
+
+export interface ServeInfo {
+  proc: MeshProcess;
+  base: string;
+  joinUrl: string;
+  secret: string;
+  roomId: string;
+}
+
+export async function spawnServe(model: string, extra: string[] = []): Promise<ServeInfo> {
+  const proc = spawnMesh(['serve', '--port', '0', '--model', model, ...extra]);
+  const [, joinUrl] = await proc.waitFor(/join:\s+(\S+)/);
+  const [, secret] = await proc.waitFor(/secret:\s+(\S+)/);
+  const u = new URL(joinUrl!);
+  return { proc, base: `${u.protocol}//${u.host}`, joinUrl: joinUrl!, secret: secret!, roomId: u.pathname.split('/').pop()! };
+}
+
+export async function getJson<T = any>(url: string, secret: string): Promise<{ status: number; body: T }> {
+  const res = await fetch(url, { headers: { authorization: `Bearer ${secret}` } });
+  return { status: res.status, body: (await res.json()) as T };
+}
+
+/** Polls until the room's route reaches `status`. */
+export async function waitForRoute(s: ServeInfo, status: string, timeoutMs = 60_000): Promise<any> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const { body } = await getJson(`${s.base}/v1/rooms/${s.roomId}`, s.secret);
+    if (body.route?.status === status) return (await getJson(`${s.base}/v1/routes/${body.route.id}`, s.secret)).body;
+    if (Date.now() > deadline) throw new Error(`route never became ${status}: ${JSON.stringify(body)}\n${s.proc.output()}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
