@@ -44,12 +44,14 @@ const JSON_KEYS = `JSON output (--json), one object:
   backends.{cpu,webgpu,llamacpp}: {architecture, missing_ops[], unsupported_types[], ready, notes[]};
   tensor_types[]: {type, tensors, bytes, cpu, webgpu, llamacpp};
   ops[]: {op, what, cpu, webgpu};
-  layer_bytes[], embed_bytes, head_bytes, global_bytes, largest_tensor {name, bytes};
+  layer_bytes[], embed_bytes, head_bytes, mtp_bytes (optional MTP blocks, not planned),
+  global_bytes, largest_tensor {name, bytes};
   kv_bytes_per_token (f16, whole model), kv_bytes_per_token_per_layer[], fixed_state_bytes;
   hop_bytes_per_token (f16 activations crossing one boundary);
   boundaries: {free_starts[] | null, token_id_blocks[], start_penalty_bytes_per_token, notes[]};
   plan (null without peers): {feasible, reason, context, budget_fraction, max_binding_bytes,
-    relaxed_starts, unused_peers[], wire_bytes_per_token, runnable_now, stages[]: {peer, kind,
+    relaxed_starts, unused_peers[], wire_bytes_per_token, runnable_now,
+    fewest_stages {stages, ranges[] {peer, start, end}} | null, stages[]: {peer, kind,
     memory, start, end, holds_embedding, holds_head, weight_bytes, kv_bytes, state_bytes,
     total_bytes, budget_bytes, fill, inbound_bytes_per_token, needs_token_ids,
     needs_start_penalty, split_tensors[] {name, bytes, pieces}, backend, blockers[]}}`;
