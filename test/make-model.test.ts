@@ -163,7 +163,7 @@ describe('make-model --arch', () => {
 
 describe('make-model tokenizers', () => {
   it('learn real words from the corpus, so llama.cpp tokenises English into few tokens', async () => {
-    for (const [kind, pre] of [['llama', undefined], ['gpt2', 'llama-bpe'], ['gpt2', 'qwen2']] as const) {
+    for (const [kind, pre] of [['llama', undefined], ['gpt2', 'llama-bpe'], ['gpt2', 'qwen2'], ['gpt2', 'gpt-2']] as const) {
       const path = await syntheticModel({ vocab: 1024, tokenizer: kind, ...(kind === 'gpt2' ? { pre, arch: pre === 'qwen2' ? 'qwen2' : 'llama' } : {}) });
       const model = await loadModel(path, { vocabOnly: true });
       models.push(model);

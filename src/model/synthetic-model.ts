@@ -234,13 +234,15 @@ export function syntheticModelSpec(options: MakeModelOptions): GgufSpec {
   const vector = (name: string, n: number, init: Init): void => {
     tensors.push({ name, type: GgmlType.F32, shape: [n], data: randomTensor(name, GgmlType.F32, [n], init, o.seed) });
   };
-  // Scales that keep activations sane: embeddings small (the first norm rescales them), each
-  // projection ~1/sqrt(fan_in) so outputs stay near unit size, norms near 1.
+  // Scales that keep activations sane and greedy output varied: each projection ~1/sqrt(fan_in)
+  // so outputs stay near unit size, norms near 1, and unit-size embeddings so the current
+  // token stays a large part of the residual stream (with 0.02-size embeddings the attention
+  // average dominates and random models repeat one token).
   const norm: Init = { mean: 1, std: 0.02 };
   const bias: Init = { mean: 0, std: 0.02 };
   const proj = (nIn: number): number => 1 / Math.sqrt(nIn);
 
-  matrix('token_embd.weight', 'token_embd', 0, o.embd, o.vocab, 0.02);
+  matrix('token_embd.weight', 'token_embd', 0, o.embd, o.vocab, 1);
   for (let i = 0; i < o.layers; i++) {
     const p = `blk.${i}.`;
     vector(`${p}attn_norm.weight`, o.embd, norm);
