@@ -22,6 +22,7 @@ import type { SamplerOptions } from '../../model/sampler.ts';
 import { Tokenizer } from '../../model/tokenizer/tokenizer.ts';
 import { ChainGenerator, InProcessChain } from '../../route/generation.ts';
 import type { GenerationResult, TextGenerator } from '../../route/generation.ts';
+import { joinRoom, RemoteChain } from '../../route/remote.ts';
 
 const BACKENDS = ['cpu', 'llamacpp'] as const;
 type Backend = (typeof BACKENDS)[number];
@@ -29,7 +30,7 @@ type Backend = (typeof BACKENDS)[number];
 export const command: Command = {
   name: 'generate',
   summary: 'continue a prompt with a local GGUF model (CPU reference engine or llama.cpp)',
-  usage: '--model <path|url> --prompt <text> [options]',
+  usage: '(--model <path|url> | --join <room url> [--secret S]) --prompt <text> [options]',
   options: {
     model: { type: 'string', short: 'm', valueName: '<path|url>', description: 'GGUF model file or http(s) URL' },
     prompt: { type: 'string', short: 'p', valueName: '<text>', description: 'prompt text (BOS added when the model asks, special tokens parsed)' },
@@ -49,16 +50,21 @@ export const command: Command = {
     'kv-type': { type: 'string', valueName: '<f32|f16|q8_0|q4_0>', description: 'llamacpp: KV cache type', default: 'f32' },
     'weight-storage': { type: 'string', valueName: '<f32|quantized>', description: 'cpu: keep weights as f32 or as stored', default: 'f32' },
     json: { type: 'boolean', description: 'print one JSON document: prompt_tokens, tokens, text, timings' },
+    join: { type: 'string', valueName: '<room url>', description: 'generate over the route of a room instead of a local model (see `serve`)' },
+    secret: { type: 'string', valueName: '<secret>', description: '--join: the room secret (default: the URL\'s #secret=)' },
+    wait: { type: 'string', valueName: '<s>', description: '--join: wait this long for the route to be ready', default: '30' },
   },
   async run(args: ParsedArgs): Promise<number> {
     const opts = readOptions(args);
-    const source = await openTensorSource(opts.model);
+    const joinUrl = stringOption(args, 'join');
+    const joined = joinUrl ? await joinRoom(joinUrl, stringOption(args, 'secret'), intOption(args, 'wait', 30) * 1000) : null;
+    const source = joined ? null : await openTensorSource(opts.model);
     let generator: TextGenerator | null = null;
     try {
-      const tokenizer = Tokenizer.fromMetadata(source.header.metadata);
+      const tokenizer = Tokenizer.fromMetadata((joined ? await joined.header() : source!.header).metadata);
       const promptTokens = tokenizer.encode(opts.prompt);
       const contextLength = opts.ctx ?? promptTokens.length + opts.n;
-      generator = await openGenerator(opts, source, tokenizer, contextLength);
+      generator = joined ? new ChainGenerator(new RemoteChain(joined), tokenizer) : await openGenerator(opts, source!, tokenizer, contextLength);
       const result = await generator.generate({
         promptTokens,
         maxTokens: opts.n,
@@ -71,7 +77,8 @@ export const command: Command = {
       return 0;
     } finally {
       await generator?.dispose();
-      await source.close();
+      if (!generator) await joined?.close();
+      await source?.close();
     }
   },
 };
@@ -111,7 +118,7 @@ function readOptions(args: ParsedArgs): GenerateOptions {
   if (layers !== undefined && backend !== 'cpu') throw new UsageError('--layers needs --backend cpu (llama.cpp runs whole models only)');
   const stop = (args.values.stop as string[] | undefined) ?? [];
   return {
-    model: stringOption(args, 'model', true),
+    model: args.values.join !== undefined ? '' : stringOption(args, 'model', true),
     prompt: stringOption(args, 'prompt', true),
     n,
     backend: backend as Backend,
