@@ -138,8 +138,10 @@ describe('deepseek4 (DeepSeek-V4-Flash layout, Q4_K)', () => {
     const p = auditHeader(header, 'ds4', { peers: mix }).plan!;
     expect(p.feasible).toBe(true);
     expect(p.stages.map((s) => [s.start, s.end])).toEqual([[0, 13], [13, 18], [18, 22], [22, 26], [26, 30], [30, 43]]);
-    expect(p.stages.at(-1)!.blockers.join('\n')).toMatch(/cannot take the 4-stream/);
+    expect(p.stages.at(-1)!.blockers.join('\n')).toMatch(/not the 4-stream hyper-connection state/);
+    expect(p.stages[0]!.blockers.join('\n')).toMatch(/serves whole models only/);
     expect(p.stages[0]!.split_tensors).toEqual([]); // native peers have no binding limit
+    expect(p.stages.map((s) => s.backend)).toEqual(['llamacpp', 'webgpu', 'webgpu', 'webgpu', 'webgpu', 'llamacpp']);
   });
 
   it('also reads the MXFP4-experts layout of the released checkpoint', async () => {
@@ -264,6 +266,14 @@ describe('stories260K (llama, fully supported)', () => {
     expect(p.runnable_now).toBe(true);
     expect(p.unused_peers).toEqual([]);
     expect(p.wire_bytes_per_token).toBe((n - 1) * 128);
+  });
+
+  it('runs a whole model on a native llama.cpp peer and a layer range on the native CPU engine', () => {
+    const whole = auditHeader(header, 'stories', { peers: peers(1, 8 * MiB, 'native') }).plan!;
+    expect(whole.stages.map((s) => s.backend)).toEqual(['llamacpp']);
+    const split = auditHeader(header, 'stories', { peers: [...peers(1, 8 * MiB), ...peers(1, 8 * MiB, 'native')] }).plan!;
+    expect(split.stages.map((s) => s.backend)).toEqual(['webgpu', 'cpu']);
+    expect(split.runnable_now).toBe(true);
   });
 
   it('leaves the sixth of six peers unused and refuses peers too small for one block', () => {

@@ -3,7 +3,7 @@
 // out; the command prints it. Key names are snake_case because they are the JSON output
 // documented in `gguf-mesh audit --help`.
 
-import type { GgufHeader } from '../gguf/types.ts';
+import type { GgmlType, GgufHeader } from '../gguf/types.ts';
 import { ggmlTypeName } from '../gguf/traits.ts';
 import { ARCH_OPS, BACKEND_ARCHS, BACKEND_OPS, BACKEND_TYPES, OPS, missingOps } from './ops.ts';
 import type { OpId } from './ops.ts';
@@ -52,8 +52,8 @@ export interface StageReport {
   needs_token_ids: boolean;
   needs_start_penalty: boolean;
   split_tensors: { name: string; bytes: number; pieces: number }[];
-  /** backend this peer kind would use: webgpu for browsers, llamacpp for native peers */
-  backend: 'webgpu' | 'llamacpp';
+  /** backend the stage would run on: webgpu (browser), llamacpp (native, whole model) or cpu (native, layer range) */
+  backend: 'webgpu' | 'llamacpp' | 'cpu';
   /** why that backend cannot serve this stage today (empty when it can) */
   blockers: string[];
 }
@@ -147,7 +147,7 @@ function support(g: ModelGeometry, types: TypeRow[], backend: 'cpu' | 'webgpu'):
 function llamacppSupport(g: ModelGeometry): BackendSupport {
   const architecture = BACKEND_ARCHS.llamacpp.has(g.architecture);
   const notes = [
-    'whole-model loads through node-llama-cpp; a layer range needs hidden-state input/output around llama.cpp',
+    'serves whole models only today (src/backends/llamacpp/stage.ts); a layer range needs hidden-state input/output around llama.cpp',
   ];
   if (g.hcStreams > 1) {
     notes.push(`llama.cpp takes n_embd-wide input embeddings only: a middle or last stage cannot receive the ${g.hcStreams}-stream state`);
@@ -155,28 +155,58 @@ function llamacppSupport(g: ModelGeometry): BackendSupport {
   return { architecture, missing_ops: [], unsupported_types: [], ready: architecture, notes };
 }
 
-function stageBlockers(g: ModelGeometry, report: Pick<AuditReport, 'backends'>, header: GgufHeader, s: ShardPlan['stages'][number]): string[] {
+/** Names of the tensors a stage holds. */
+function stageTensorNames(g: ModelGeometry, s: ShardPlan['stages'][number]): Set<string> {
+  return new Set(
+    g.blocks.slice(s.start, s.end).flatMap((blk) => blk.tensors.map((t) => t.name))
+      .concat(s.holdsEmbedding ? g.embed.tensors.map((t) => t.name) : [])
+      .concat(s.holdsHead ? g.head.tensors.map((t) => t.name) : [])
+      .concat(g.global.tensors.map((t) => t.name)),
+  );
+}
+
+/**
+ * The backend a stage would run on and what stops it today. Browsers run WebGPU. A native peer
+ * runs llama.cpp for a whole model (the llama.cpp backend serves whole models only,
+ * src/backends/llamacpp/stage.ts), and the CPU reference engine for a layer range.
+ */
+function stageBackend(
+  g: ModelGeometry,
+  report: Pick<AuditReport, 'backends'>,
+  header: GgufHeader,
+  s: ShardPlan['stages'][number],
+): { backend: StageReport['backend']; blockers: string[] } {
   const out: string[] = [];
+  let backend: StageReport['backend'];
+  const unreadable = (types: ReadonlySet<GgmlType>) => {
+    const names = stageTensorNames(g, s);
+    return [...new Set(header.tensors.filter((t) => names.has(t.name) && !types.has(t.type)).map((t) => ggmlTypeName(t.type)))];
+  };
   if (s.kind === 'browser') {
+    backend = 'webgpu';
     const b = report.backends.webgpu;
     if (!b.architecture) out.push(`WebGPU backend does not run '${g.architecture}'`);
     if (b.missing_ops?.length) out.push(`WGSL lacks: ${b.missing_ops.join(', ')}`);
-    const names = new Set(
-      g.blocks.slice(s.start, s.end).flatMap((blk) => blk.tensors.map((t) => t.name))
-        .concat(s.holdsEmbedding ? g.embed.tensors.map((t) => t.name) : [])
-        .concat(s.holdsHead ? g.head.tensors.map((t) => t.name) : []),
-    );
-    const bad = new Set(header.tensors.filter((t) => names.has(t.name) && !BACKEND_TYPES.webgpu.has(t.type)).map((t) => ggmlTypeName(t.type)));
-    if (bad.size) out.push(`WGSL cannot read ${[...bad].join(', ')}`);
+    const bad = unreadable(BACKEND_TYPES.webgpu);
+    if (bad.length) out.push(`WGSL cannot read ${bad.join(', ')}`);
+  } else if (s.start === 0 && s.holdsHead) {
+    backend = 'llamacpp';
+    if (!report.backends.llamacpp.architecture) out.push(`the bundled llama.cpp does not know '${g.architecture}'`);
+  } else if (report.backends.cpu.architecture && report.backends.cpu.missing_ops?.length === 0 && unreadable(BACKEND_TYPES.cpu).length === 0) {
+    backend = 'cpu';
   } else {
-    const b = report.backends.llamacpp;
-    if (!b.architecture) out.push(`the bundled llama.cpp does not know '${g.architecture}'`);
-    if (g.hcStreams > 1 && s.start > 0) out.push(`llama.cpp cannot take the ${g.hcStreams}-stream hyper-connection state as input`);
-    if (g.hcStreams > 1 && !s.holdsHead) out.push(`llama.cpp exposes no ${g.hcStreams}-stream state output`);
+    backend = 'llamacpp';
+    out.push('the llama.cpp backend serves whole models only; a layer range needs hidden-state input/output around it');
+    if (g.hcStreams > 1 && s.start > 0) out.push(`llama.cpp takes n_embd-wide embeddings, not the ${g.hcStreams}-stream hyper-connection state`);
+    const cpu = report.backends.cpu;
+    if (cpu.missing_ops === null || !cpu.architecture) out.push(`the CPU engine does not run '${g.architecture}'`);
+    else if (cpu.missing_ops.length) out.push(`the CPU engine lacks: ${cpu.missing_ops.join(', ')}`);
+    const bad = unreadable(BACKEND_TYPES.cpu);
+    if (bad.length) out.push(`the CPU engine cannot read ${bad.join(', ')}`);
   }
   if (s.needsTokenIds) out.push('needs the token ids forwarded from stage 0 (hash-routed blocks)');
   if (s.needsStartPenalty) out.push(`starts on a shared-indexer block: needs ${g.startPenaltyWhat} per token from the previous stage`);
-  return out;
+  return { backend, blockers: out };
 }
 
 export interface AuditOptions {
@@ -245,8 +275,7 @@ export function auditHeader(header: GgufHeader, location: string, opts: AuditOpt
       needs_token_ids: s.needsTokenIds,
       needs_start_penalty: s.needsStartPenalty,
       split_tensors: s.splitTensors,
-      backend: s.kind === 'browser' ? 'webgpu' : 'llamacpp',
-      blockers: stageBlockers(g, report, header, s),
+      ...stageBackend(g, report, header, s),
     }));
     report.plan = {
       feasible: plan.feasible,
