@@ -35,6 +35,8 @@ const HAND_PICKED: string[] = [
   'The quick brown fox jumps over the lazy dog.', 'Lorem ipsum dolor sit amet, consectetur adipiscing elit.',
   '\u0000', 'a\u0000b', '\u0001\u0002', '\u007f', '\u001b[31mred\u001b[0m', '\u00ad', '\u200d', '\u200c', '\u2060', '\ue000', '\uffff',
   '\ufffd', '\ufffe', String.fromCodePoint(0x10ffff), String.fromCodePoint(0xe0041), 'a\u0300\u0301\u0302',
+  // assigned only in Unicode 16/17, which llama.cpp's tables (older) still treat as unassigned
+  'a\u1c89b Ᲊx', '\ua7cb\ua7cc test', 'x\u{10d40}\u{10d41}y 12', '🫩 face', 'new\u{11380}\u{11381} script', '\u20c1 sign',
 ];
 
 /** A deterministic 32-bit generator (mulberry32) so the corpus is the same on every run. */
@@ -73,4 +75,13 @@ export const LONG_PROMPT = Array.from(
   (_, i) => `Paragraph ${i + 1}: Once upon a time, in a land far away, a curious llama named Lily (age ${i * 3}) asked "why?" — and the answer was 42.\n`,
 ).join('');
 
-export const CORPUS: string[] = [...HAND_PICKED, ...randomStrings(120, 2026), LONG_PROMPT];
+// One code point from several blocks new in Unicode 16/17 (letters, digits, symbols, marks), in
+// the contexts where llama.cpp's older tables split differently: before "'s", after a space,
+// between digits.
+const NEWER_UNICODE = [0x88f, 0x1c89, 0xa7cb, 0x105c0, 0x10d40, 0x10d45, 0x11380, 0x16100, 0x1cc00, 0x1e5d0, 0x1fae9, 0x2b73a];
+const NEWER_UNICODE_STRINGS = NEWER_UNICODE.flatMap((cp) => {
+  const ch = String.fromCodePoint(cp);
+  return [`${ch}'s`, ` ${ch}x`, `1${ch}2`];
+});
+
+export const CORPUS: string[] = [...HAND_PICKED, ...NEWER_UNICODE_STRINGS, ...randomStrings(120, 2026), LONG_PROMPT];

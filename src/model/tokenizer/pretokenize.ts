@@ -10,17 +10,42 @@ import { MeshError } from '../../errors.ts';
 const WS = '\\p{White_Space}';
 const NOT_WS = '\\P{White_Space}';
 
+// Code points assigned in Unicode 16.0 and 17.0. llama.cpp's category tables come from an
+// older UnicodeData.txt and call them unassigned (neither letter, number nor punctuation),
+// while V8 (Unicode 17 in Node 20.20) already classifies them; we subtract them from the
+// classes so words split where llama.cpp splits them. Found by comparing llama.cpp's
+// unicode-data table with V8's \p{…} classes over every code point (hex, inclusive ranges).
+const NEWER_THAN_LLAMA_CPP =
+  '88f 897 c5c cdc 1acf-1add 1ae0-1aeb 1b4e-1b4f 1b7f 1c89-1c8a 20c1 2427-2429 2b96 31e4-31e5 ' +
+  'a7cb-a7cf a7d2 a7d4 a7da-a7dc a7f1 fbc3-fbd2 fd90-fd91 fdc8-fdce 105c0-105f3 10940-10959 ' +
+  '10d40-10d65 10d69-10d85 10d8e-10d8f 10ec2-10ec7 10ed0-10ed8 10efa-10efc 11380-11389 1138b 1138e ' +
+  '11390-113b5 113b7-113c0 113c2 113c5 113c7-113ca 113cc-113d5 113d7-113d8 113e1-113e2 116d0-116e3 ' +
+  '11b60-11b67 11bc0-11be1 11bf0-11bf9 11db0-11ddb 11de0-11de9 11f5a 13460-143fa 16100-16139 ' +
+  '16d40-16d79 16ea0-16eb8 16ebb-16ed3 16ff2-16ff6 187f8-187ff 18cff 18d09-18d1e 18d80-18df2 ' +
+  '1cc00-1ccfc 1cd00-1ceb3 1ceba-1ced0 1cee0-1cef0 1e5d0-1e5fa 1e5ff 1e6c0-1e6de 1e6e0-1e6f5 ' +
+  '1e6fe-1e6ff 1f6d8 1f777-1f77a 1f8b2-1f8bb 1f8c0-1f8c1 1f8d0-1f8d8 1fa54-1fa57 1fa89-1fa8a ' +
+  '1fa8e-1fa8f 1fabe 1fac6 1fac8 1facd 1fadc 1fadf 1fae9-1faea 1faef 1fbcb-1fbef 1fbfa 2b73a-2b73f ' +
+  '2cea2-2cead 323b0-33479';
+
+const NEWER_CLASS = NEWER_THAN_LLAMA_CPP.split(' ')
+  .map((r) => r.split('-').map((h) => `\\u{${h}}`).join('-'))
+  .join('');
+// letters, numbers and punctuation as llama.cpp's tables know them (needs the `v` flag)
+const L = `[\\p{L}--[${NEWER_CLASS}]]`;
+const N = `[\\p{N}--[${NEWER_CLASS}]]`;
+const P = `[\\p{P}--[${NEWER_CLASS}]]`;
+
 // ' ?\p{L}+ …' — the original GPT-2 word regex (llama.cpp also ends it with a bare \s+).
-const GPT2 = `'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^${WS}\\p{L}\\p{N}]+|${WS}+(?!${NOT_WS})|${WS}+`;
+const GPT2 = `'s|'t|'re|'ve|'m|'ll|'d| ?${L}+| ?${N}+| ?[^${WS}${L}${N}]+|${WS}+(?!${NOT_WS})|${WS}+`;
 
 // Llama 3's regex with the (?i:…) contraction group spelled out; Qwen2 differs only in taking
 // digits one at a time.
 function llama3Like(digits: string): string {
   return (
     `(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])` +
-    `|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+` +
-    `|\\p{N}${digits}` +
-    `| ?[^${WS}\\p{L}\\p{N}]+[\\r\\n]*` +
+    `|[^\\r\\n${L}${N}]?${L}+` +
+    `|${N}${digits}` +
+    `| ?[^${WS}${L}${N}]+[\\r\\n]*` +
     `|${WS}*[\\r\\n]+` +
     `|${WS}+(?!${NOT_WS})` +
     `|${WS}+`
@@ -30,7 +55,7 @@ function llama3Like(digits: string): string {
 const LLAMA3 = llama3Like('{1,3}');
 const QWEN2 = llama3Like('');
 // llama.cpp's fallback for BPE vocabularies without a known pre-tokenizer
-const DEFAULT = ['[\\p{P}$+<=>^~|]+', GPT2, '\\p{N}+', '[0-9][0-9][0-9]'];
+const DEFAULT = [`[${P}$+<=>^~\\|]+`, GPT2, `${N}+`, '[0-9][0-9][0-9]'];
 
 export interface PreTokenizer {
   /** the `tokenizer.ggml.pre` value it was chosen for */
@@ -86,7 +111,7 @@ export function preTokenizerFor(name: string): PreTokenizer {
   }
   return {
     name,
-    regexes: family.regexes.map((r) => new RegExp(r, 'gu')),
+    regexes: family.regexes.map((r) => new RegExp(r, 'gv')),
     addBos: family.addBos ?? false,
     ignoreMerges: family.ignoreMerges ?? false,
     cleanSpaces: family.cleanSpaces,
