@@ -10,11 +10,13 @@ import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBack
 import { embed, forwardLayers, lastLogits } from './forward.ts';
 import { KvCache } from './kv-cache.ts';
 import { loadShardWeights } from './weights.ts';
-import type { ShardWeights, WeightStorage } from './weights.ts';
+import type { ActivationRounding, ShardWeights, WeightStorage } from './weights.ts';
 
 export interface CpuBackendOptions {
   /** 'f32' (default) dequantises every matrix at load; 'quantized' keeps the file's bytes */
   weightStorage?: WeightStorage;
+  /** 'ggml' (default) rounds activations like llama.cpp for quantised weights; 'none' is exact f32 */
+  activationRounding?: ActivationRounding;
 }
 
 export class CpuBackend implements StageBackend {
@@ -29,7 +31,7 @@ export class CpuBackend implements StageBackend {
     const config = configFromHeader(source.header);
     validateShard(shard, config.nLayer);
     await loadRopeFreqFactors(config, source);
-    const weights = await loadShardWeights(source, config, shard, this.options.weightStorage ?? 'f32');
+    const weights = await loadShardWeights(source, config, shard, this.options.weightStorage ?? 'f32', this.options.activationRounding ?? 'ggml');
     this.loaded = { config, shard: { ...shard }, weights };
   }
 

@@ -9,10 +9,18 @@ import type { TensorInfo, TensorSource } from '../../gguf/types.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { OUTPUT_NORM_TENSOR, OUTPUT_TENSOR, TOKEN_EMBD_TENSOR, shardHasEmbedding, shardHasHead, shardTensors } from '../shard.ts';
 import type { ShardRange } from '../types.ts';
+import { activationFormatFor, roundActivations } from './act-round.ts';
+import type { ActivationFormat } from './act-round.ts';
 import { matmulRows } from './ops.ts';
 
 /** How matrices are kept in memory: dense f32 (fastest) or as stored (4–8× smaller). */
 export type WeightStorage = 'f32' | 'quantized';
+
+/**
+ * 'ggml' (default): round activations as llama.cpp does before multiplying by a quantised or
+ * f16 weight (see ./act-round.ts), so results agree with it to ~1e-5; 'none': exact f32.
+ */
+export type ActivationRounding = 'ggml' | 'none';
 
 /** Weight rows dequantised per tile when multiplying a quantised matrix. */
 const TILE_ROWS = 16;
@@ -37,12 +45,15 @@ class DenseMatrix implements Matrix {
     readonly cols: number,
     /** [rows × cols] f32 */
     readonly data: Float32Array,
+    /** how activations are rounded before multiplying */
+    readonly activation: ActivationFormat,
   ) {}
   get bytes(): number {
     return this.data.byteLength;
   }
   matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
-    matmulRows(y, x, this.data, nTokens, this.cols, this.rows, 0, this.rows, 0);
+    const xr = roundActivations(x, nTokens, this.cols, this.activation);
+    matmulRows(y, xr, this.data, nTokens, this.cols, this.rows, 0, this.rows, 0);
   }
   row(r: number, out: Float32Array, outOffset: number): void {
     out.set(this.data.subarray(r * this.cols, (r + 1) * this.cols), outOffset);
@@ -60,6 +71,7 @@ class QuantizedMatrix implements Matrix {
     readonly type: GgmlType,
     /** the tensor's bytes as stored in the file: rows × rowBytes */
     readonly data: Uint8Array,
+    readonly activation: ActivationFormat,
   ) {
     const t = TYPE_TRAITS[type]!;
     this.rowBytes = (cols / t.blockSize) * t.typeSize;
@@ -69,10 +81,11 @@ class QuantizedMatrix implements Matrix {
     return this.data.byteLength;
   }
   matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
+    const xr = roundActivations(x, nTokens, this.cols, this.activation);
     for (let r0 = 0; r0 < this.rows; r0 += TILE_ROWS) {
       const r1 = Math.min(r0 + TILE_ROWS, this.rows);
       dequantizeRow(this.type, this.data, r0 * this.rowBytes, (r1 - r0) * this.cols, this.tile, 0);
-      matmulRows(y, x, this.tile, nTokens, this.cols, this.rows, r0, r1, 0);
+      matmulRows(y, xr, this.tile, nTokens, this.cols, this.rows, r0, r1, 0);
     }
   }
   row(r: number, out: Float32Array, outOffset: number): void {
@@ -119,6 +132,7 @@ export async function loadShardWeights(
   config: ModelConfig,
   shard: ShardRange,
   storage: WeightStorage,
+  rounding: ActivationRounding = 'ggml',
 ): Promise<ShardWeights> {
   const infos = shardTensors(source.header, shard, config.nLayer);
   for (const t of infos) {
@@ -155,10 +169,11 @@ export async function loadShardWeights(
       throw new MeshError('BAD_TENSOR_SHAPE', `${name} has shape [${t.shape.join(', ')}], expected [${cols}, ${rows}]`);
     }
     const raw = data.get(name)!;
+    const activation = rounding === 'ggml' ? activationFormatFor(t.type) : 'f32';
     const m =
       storage === 'quantized' && t.type !== GgmlType.F32
-        ? new QuantizedMatrix(name, rows, cols, t.type, raw)
-        : new DenseMatrix(name, rows, cols, dequantize(t.type, raw, t.nElements));
+        ? new QuantizedMatrix(name, rows, cols, t.type, raw, activation)
+        : new DenseMatrix(name, rows, cols, dequantize(t.type, raw, t.nElements), activation);
     bytes += m.bytes;
     return m;
   };

@@ -1,0 +1,68 @@
+// llama.cpp as an oracle for the engines: raw logits, greedy continuations and per-layer
+// hidden states of a GGUF, computed by the libllama node-llama-cpp ships (through the koffi
+// binding in src/backends/llamacpp/ffi.ts), with flash attention off and an F32 KV cache:
+// the settings under which llama.cpp matches an exact f32 engine.
+import { LlamaModelFfi } from '../../src/backends/llamacpp/ffi.ts';
+import type { LlamaContextOptions } from '../../src/backends/llamacpp/ffi.ts';
+
+export { LlamaModelFfi };
+
+const EXACT: LlamaContextOptions = { flashAttention: false, kvType: 'f32', threads: 1 };
+
+/** index of the largest value (the first on ties), as llama.cpp's greedy sampler picks */
+export function argmax(x: Float32Array): number {
+  let best = 0;
+  for (let i = 1; i < x.length; i++) if (x[i]! > x[best]!) best = i;
+  return best;
+}
+
+export interface OracleGreedy {
+  /** logits after the prompt, [nVocab] */
+  promptLogits: Float32Array;
+  /** n greedy tokens (end-of-generation tokens do not stop it) */
+  tokens: number[];
+}
+
+/** llama.cpp's greedy continuation of `prompt` and the logits it started from. */
+export function oracleGreedy(model: LlamaModelFfi, prompt: readonly number[], n: number): OracleGreedy {
+  const ctx = model.createContext({ ...EXACT, contextLength: prompt.length + n + 1 });
+  try {
+    let logits = ctx.decode(prompt);
+    const promptLogits = logits;
+    const tokens: number[] = [];
+    for (let i = 0; i < n; i++) {
+      const t = argmax(logits);
+      tokens.push(t);
+      if (i + 1 < n) logits = ctx.decode([t]);
+    }
+    return { promptLogits, tokens };
+  } finally {
+    ctx.dispose();
+  }
+}
+
+/**
+ * Hidden states after layers [0, k) for every prompt token, [nTokens × nEmbd], read from
+ * llama.cpp's graph tensor `l_out-(k-1)` through the eval callback. k must be below the
+ * layer count (the last layer's output holds only the last token's row).
+ */
+export function oracleHidden(model: LlamaModelFfi, prompt: readonly number[], k: number): Float32Array {
+  const name = `l_out-${k - 1}`;
+  const ctx = model.createContext({ ...EXACT, contextLength: prompt.length + 1, capture: [name] });
+  try {
+    ctx.decode(prompt);
+    const h = ctx.captured(name);
+    if (!h) throw new Error(`llama.cpp produced no ${name}`);
+    return h;
+  } finally {
+    ctx.dispose();
+  }
+}
+
+/** max |a[i] - b[i]| */
+export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  if (a.length !== b.length) throw new Error(`length ${a.length} != ${b.length}`);
+  let d = 0;
+  for (let i = 0; i < a.length; i++) d = Math.max(d, Math.abs(a[i]! - b[i]!));
+  return d;
+}
