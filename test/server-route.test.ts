@@ -34,9 +34,12 @@ beforeAll(async () => {
   modelPath = await stories260K();
   serve = await spawnServe(modelPath, ['--min-peers', '3', '--session-ttl', '2']);
   // memory 1 : 2 : 1 → layers [0,1) [1,4) [4,5)
-  nodes = ['1GiB', '2GiB', '1GiB'].map((m, i) => spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', m, '--name', `n${i}`]));
-  // join in a fixed order so the plan is predictable
-  for (const n of nodes) await n.waitFor(/joined room/);
+  // join one after another so the plan (join order) is predictable
+  for (const [i, m] of ['1GiB', '2GiB', '1GiB'].entries()) {
+    const n = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', m, '--name', `n${i}`]);
+    await n.waitFor(/joined room/);
+    nodes.push(n);
+  }
   await waitForRoute(serve, 'ready');
   joined = await joinRoom(serve.joinUrl, serve.secret);
   llamaModel = await loadModel(modelPath);
@@ -91,6 +94,16 @@ describe('serve + three cpu nodes on stories260K', () => {
       expect(result.tokens.slice(0, expected.length)).toEqual(expected.slice(0, result.tokens.length));
       expect(result.tokens.length).toBeGreaterThan(5);
     }
+  });
+
+  it('`generate --join` prints the same JSON tokens as llama.cpp\'s greedy continuation', async () => {
+    const expected = await greedyGenerate(llamaModel, STORIES_PROMPT_TOKENS, N);
+    const r = await runCli(['generate', '--join', serve.joinUrl.replace(/#.*/, ''), '--secret', serve.secret, '--prompt', 'Once upon a time', '--n', String(N), '--json']);
+    expect(r.code, r.stderr).toBe(0);
+    const out = JSON.parse(r.stdout) as { prompt_tokens: number[]; tokens: number[]; text: string };
+    expect(out.prompt_tokens).toEqual(STORIES_PROMPT_TOKENS);
+    expect(out.tokens).toEqual(expected);
+    expect(out.text.startsWith(', there was a little girl named Lily.')).toBe(true);
   });
 
   it('stage sampling: the last stage samples, every stage processed prompt + fed tokens once, and close frees all KV', async () => {
@@ -154,6 +167,8 @@ describe('serve + three cpu nodes on stories260K', () => {
     const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: 64 });
     let t = await c.prefill(STORIES_PROMPT_TOKENS);
     t = await c.decode(t);
+    const route0 = (await getJson(`${serve.base}/v1/routes/${joined.routeId}`, serve.secret)).body;
+    expect(route0.stages[1].peerId.startsWith('n1-')).toBe(true);
     await nodes[1]!.kill('SIGKILL'); // stage 1, layers [1,4)
     let err: unknown;
     try {

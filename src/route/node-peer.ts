@@ -5,7 +5,7 @@
 
 import { mkdir, rename, stat } from 'node:fs/promises';
 import { createWriteStream } from 'node:fs';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -119,7 +119,9 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       const headers = { ...auth, 'x-mesh-peer': peer.peerId ?? 'unknown' };
       let source: ByteTensorSource;
       if (opts.backend === 'llamacpp') {
-        const path = await localCopy(m.modelUrl, headers, opts.cacheDir ?? join(tmpdir(), 'gguf-mesh-cache'), `${roomId}-${m.routeId}`);
+        // keyed by the file name; localCopy re-fetches when the size differs
+        const name = basename(new URL(m.modelUrl).pathname, '.gguf').replace(/[^A-Za-z0-9_.-]/g, '_');
+        const path = await localCopy(m.modelUrl, headers, opts.cacheDir ?? join(tmpdir(), 'gguf-mesh-cache'), name);
         source = await openTensorSource(path);
       } else {
         source = await openTensorSource(m.modelUrl, { headers });
