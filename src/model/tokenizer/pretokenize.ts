@@ -34,6 +34,8 @@ const NEWER_CLASS = NEWER_THAN_LLAMA_CPP.split(' ')
 const L = `[\\p{L}--[${NEWER_CLASS}]]`;
 const N = `[\\p{N}--[${NEWER_CLASS}]]`;
 const P = `[\\p{P}--[${NEWER_CLASS}]]`;
+/** the character classes above, for tests that hold them against llama.cpp's tables */
+export const LLAMA_CPP_CLASSES = { letter: L, number: N, punctuation: P, whitespace: `[${WS}]` };
 
 // ' ?\p{L}+ …' — the original GPT-2 word regex (llama.cpp also ends it with a bare \s+).
 const GPT2 = `'s|'t|'re|'ve|'m|'ll|'d| ?${L}+| ?${N}+| ?[^${WS}${L}${N}]+|${WS}+(?!${NOT_WS})|${WS}+`;
