@@ -1,0 +1,197 @@
+// Loading one shard's slice of an artifact: the units the cache holds (re-verified), then the
+// rest by HTTP Range from the model URL — only those tensors' bytes, nearby ranges coalesced,
+// in batches so progress can be reported — each tensor hashed against the manifest before it
+// is kept (a mismatch is re-fetched once, then refused naming the tensor and both hashes).
+// Newly fetched units are stored in the cache; a full cache is reported, not fatal.
+
+import { MeshError } from '../errors.ts';
+import type { Manifest, ManifestTensor } from '../gguf/manifest.ts';
+import { openByteReader } from '../gguf/source.ts';
+import type { ByteReader } from '../gguf/source.ts';
+import type { GgufHeader, TensorInfo, TensorSource } from '../gguf/types.ts';
+import { readVerifiedTensors, shardGroupNames } from '../gguf/verify.ts';
+import type { ShardRange } from '../backends/types.ts';
+import type { ShardCache } from '../storage/shard-cache.ts';
+import { unitTensorNames } from '../storage/shard-cache.ts';
+
+export interface SliceProgress {
+  /** bytes of the slice ready (from the cache or fetched and verified) */
+  doneBytes: number;
+  totalBytes: number;
+  fetchedBytes: number;
+  cachedBytes: number;
+}
+
+export interface LoadSliceOptions {
+  manifest: Manifest;
+  modelUrl: string;
+  shard: ShardRange;
+  /** headers for the model URL (the room secret, the peer id for the server's fetch log) */
+  headers?: Record<string, string>;
+  cache?: ShardCache | null;
+  onProgress?: (p: SliceProgress) => void;
+  /** told about every hash mismatch, including one that a re-fetch then fixes */
+  onMismatch?: (e: MeshError) => void;
+  /** told when the cache cannot be read or written (quota); loading goes on without it */
+  onCacheError?: (e: MeshError) => void;
+  /** bytes per fetch batch (default 8 MiB): one progress report per batch */
+  batchBytes?: number;
+}
+
+export interface LoadedSlice {
+  /** verified bytes by tensor name */
+  tensors: Map<string, Uint8Array>;
+  units: string[];
+  cachedUnits: string[];
+  fetchedUnits: string[];
+  totalBytes: number;
+  /** bytes received over HTTP (gaps between coalesced ranges included) */
+  fetchedBytes: number;
+  requests: number;
+  cachedBytes: number;
+  /** tensors whose first read mismatched and whose re-fetch verified */
+  refetched: string[];
+  /** set when the cache refused (e.g. STORAGE_QUOTA); the slice is complete regardless */
+  cacheError: MeshError | null;
+  ms: number;
+}
+
+/** Splits entries (sorted by offset) into batches of about `limit` bytes. */
+function batches(entries: ManifestTensor[], limit: number): ManifestTensor[][] {
+  const out: ManifestTensor[][] = [];
+  let cur: ManifestTensor[] = [];
+  let bytes = 0;
+  for (const e of entries) {
+    if (cur.length && bytes + e.byte_length > limit) {
+      out.push(cur);
+      cur = [];
+      bytes = 0;
+    }
+    cur.push(e);
+    bytes += e.byte_length;
+  }
+  if (cur.length) out.push(cur);
+  return out;
+}
+
+/** A TensorSource over a byte reader, with byte ranges from the manifest (readVerifiedTensors reads through it). */
+function rangeSource(reader: ByteReader): TensorSource {
+  return {
+    get header(): GgufHeader {
+      throw new MeshError('INTERNAL', 'the range source has no header');
+    },
+    location: reader.location,
+    async read(infos: readonly TensorInfo[]) {
+      const parts = await reader.readRanges(
+        infos.map((t) => ({ offset: t.offset, length: t.byteLength })),
+        infos.map((t) => t.name),
+      );
+      return new Map(infos.map((t, i) => [t.name, parts[i]!]));
+    },
+    close: () => reader.close(),
+  };
+}
+
+export async function loadSlice(opts: LoadSliceOptions): Promise<LoadedSlice> {
+  const t0 = performance.now();
+  const { manifest, shard } = opts;
+  if (manifest.artifact.files.length > 1) {
+    throw new MeshError('UNSUPPORTED', 'browser peers read single-file artifacts only (this one is a split GGUF)');
+  }
+  const units = shardGroupNames(manifest, shard.start, shard.end);
+  const wanted = new Set(units.flatMap((u) => unitTensorNames(manifest, u)));
+  const entries = manifest.tensors.filter((t) => wanted.has(t.name)).sort((a, b) => a.offset - b.offset);
+  const totalBytes = entries.reduce((s, e) => s + e.byte_length, 0);
+  const tensors = new Map<string, Uint8Array>();
+  let cacheError: MeshError | null = null;
+  const cacheFailed = (e: unknown): void => {
+    const err = e instanceof MeshError ? e : new MeshError('STORAGE_FAILED', String(e));
+    cacheError ??= err;
+    opts.onCacheError?.(err);
+  };
+
+  // 1. what the cache holds, re-verified
+  let cachedUnits: string[] = [];
+  let cachedBytes = 0;
+  if (opts.cache) {
+    try {
+      const { result, hit } = await opts.cache.readUnits(manifest, units);
+      cachedUnits = hit;
+      for (const [k, v] of result.tensors) tensors.set(k, v);
+      cachedBytes = [...tensors.values()].reduce((s, b) => s + b.byteLength, 0);
+    } catch (e) {
+      cacheFailed(e);
+    }
+  }
+  const progress = (fetchedBytes: number): void => {
+    const doneBytes = entries.reduce((s, e) => s + (tensors.has(e.name) ? e.byte_length : 0), 0);
+    opts.onProgress?.({ doneBytes, totalBytes, fetchedBytes, cachedBytes });
+  };
+  progress(0);
+
+  // 2. the rest over HTTP Range, verified batch by batch
+  const missing = entries.filter((e) => !tensors.has(e.name));
+  const fetchedUnits = units.filter((u) => !cachedUnits.includes(u));
+  const refetched: string[] = [];
+  let fetchedBytes = 0;
+  let requests = 0;
+  if (missing.length) {
+    const reader = await openByteReader(opts.modelUrl, { ...(opts.headers ? { headers: opts.headers } : {}) });
+    const source = rangeSource(reader);
+    const stored = new Set<string>();
+    try {
+      for (const batch of batches(missing, opts.batchBytes ?? 8 * 1024 * 1024)) {
+        const got = await readVerifiedTensors(source, manifest, batch.map((e) => e.name), { ...(opts.onMismatch ? { onMismatch: opts.onMismatch } : {}) });
+        for (const [k, v] of got.tensors) tensors.set(k, v);
+        refetched.push(...got.refetched);
+        fetchedBytes = reader.stats.bytesRead;
+        requests = reader.stats.requests;
+        progress(fetchedBytes);
+        // 3. store every unit that is now complete
+        if (opts.cache && !cacheError) {
+          for (const u of fetchedUnits) {
+            if (stored.has(u) || !unitTensorNames(manifest, u).every((n) => tensors.has(n))) continue;
+            stored.add(u);
+            try {
+              await opts.cache.storeUnit(manifest, u, tensors);
+            } catch (e) {
+              cacheFailed(e);
+              break;
+            }
+          }
+        }
+      }
+    } finally {
+      await reader.close();
+    }
+  }
+  return { tensors, units, cachedUnits, fetchedUnits, totalBytes, fetchedBytes, requests, cachedBytes, refetched, cacheError, ms: performance.now() - t0 };
+}
+
+/**
+ * The TensorSource a backend loads from: the header the server described, and the slice's
+ * verified bytes. Reading a tensor outside the slice is an error, never a silent fetch.
+ * The header's byte ranges must agree with the manifest's (BAD_HEADER otherwise).
+ */
+export function sliceSource(header: GgufHeader, manifest: Manifest, slice: ReadonlyMap<string, Uint8Array>, location: string): TensorSource {
+  for (const t of header.tensors) {
+    const m = manifest.tensors.find((x) => x.name === t.name);
+    if (!m || m.offset !== t.offset || m.byte_length !== t.byteLength || m.type_id !== t.type) {
+      throw new MeshError('BAD_HEADER', `the header's tensor '${t.name}' does not match the manifest of artifact ${manifest.artifact.sha256}`);
+    }
+  }
+  return {
+    header,
+    location,
+    async read(infos) {
+      const out = new Map<string, Uint8Array>();
+      for (const t of infos) {
+        const b = slice.get(t.name);
+        if (!b) throw new MeshError('TENSOR_NOT_IN_SLICE', `tensor '${t.name}' is not in this peer's verified slice`);
+        out.set(t.name, b);
+      }
+      return out;
+    },
+    close: async () => undefined,
+  };
+}
