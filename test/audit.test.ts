@@ -286,6 +286,32 @@ describe('stories260K (llama, fully supported)', () => {
   });
 });
 
+describe('the peer-count tables in docs/audits/', () => {
+  const fewest = (header: GgufHeader, gib: number) => planShards(modelGeometry(header), peers(100, gib * GiB), {}, 'fewest');
+
+  it('DeepSeek-V4-Flash Q4_K: 15 / 9 / 8 / 4 / 2 peers of 16 / 24 / 32 / 64 / 128 GiB', async () => {
+    const h = await headerOf('ds4-table.gguf', deepseek4Spec(Q4K));
+    expect([16, 24, 32, 64, 128].map((m) => fewest(h, m).stages.length)).toEqual([15, 9, 8, 4, 2]);
+    expect(fewest(h, 8).stages.length).toBe(43);
+    expect(fewest(h, 8).relaxedStarts).toBe(true); // one block per peer: blocks 1 and 2 start stages
+  });
+
+  it('GLM-5.2 Q4_K: full-layer starts need 19 × 32 GiB, 19 × 48 GiB, 10 × 64 GiB; 16 GiB only with shipped top-k', async () => {
+    const h = await headerOf('glm-table.gguf', glmDsaSpec(Q4K, 'key'));
+    const p16 = fewest(h, 16);
+    expect([p16.stages.length, p16.relaxedStarts]).toEqual([38, true]);
+    for (const [m, n] of [[32, 19], [48, 19], [64, 10], [128, 5]] as const) {
+      const p = fewest(h, m);
+      expect([m, p.stages.length, p.relaxedStarts]).toEqual([m, n, false]);
+    }
+  });
+
+  it('Ornith-35B Q4_K: 4 × 8 GiB, 2 × 16 GiB, 2 × 24 GiB, 1 × 32 GiB', async () => {
+    const h = await headerOf('qwen-table.gguf', qwen35moeSpec(Q4K));
+    expect([8, 16, 24, 32].map((m) => fewest(h, m).stages.length)).toEqual([4, 2, 2, 1]);
+  });
+});
+
 describe('units and tables', () => {
   it('parses sizes people type', () => {
     expect(parseByteSize('16GiB')).toBe(16 * GiB);

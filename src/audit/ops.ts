@@ -74,7 +74,8 @@ export const ARCH_OPS: Readonly<Record<string, readonly OpId[]>> = {
   qwen35moe: [...QWEN35, ...MOE_SOFTMAX, 'swiglu', 'moe_shared_expert', 'moe_shared_expert_gate'],
   deepseek2: MLA_MOE,
   deepseek32: [...MLA_MOE, ...DSA],
-  'glm-dsa': [...MLA_MOE, ...DSA, 'index_share'],
+  // GLM-5.x reaches 1M tokens with a larger RoPE base, not YaRN
+  'glm-dsa': [...MLA_MOE.filter((op) => op !== 'yarn_rope'), ...DSA, 'index_share'],
   glm4moe: [...DENSE_LLAMA, 'rope_neox', 'partial_rope', 'qk_norm', 'attn_bias', 'moe_router_sigmoid_bias', 'moe_expert_matmul', 'moe_shared_expert'],
   deepseek4: [
     'embed_lookup', 'rms_norm', 'mhc_mixer', 'sinkhorn', 'mhc_head', 'mqa_shared_kv', 'attention_sinks',

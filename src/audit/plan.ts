@@ -210,13 +210,13 @@ function solve(
       best[j]![e] = best[j - 1]![e]!;
       from[j]![e] = e;
       used[j]![e] = used[j - 1]![e]!;
+      // grow the stage [s, e) backwards; once it cannot fit, no longer range can
       for (let s = e - 1; s >= 0; s--) {
+        if (peer.kind === 'browser' && c.maxRowBytes[s]! > opts.maxBindingBytes) break;
+        const fill = stageBytes(g, c, s, e).total / budget;
+        if (fill > 1) break;
         const prev = best[j - 1]![s]!;
         if (prev === Infinity || !startAllowed(g, s, strict)) continue;
-        const bytes = stageBytes(g, c, s, e).total;
-        const fill = bytes / budget;
-        if (fill > 1) break; // longer ranges only get fuller
-        if (peer.kind === 'browser' && c.maxRowBytes.slice(s, e).some((r) => r > opts.maxBindingBytes)) continue;
         const worst = Math.max(prev, fill);
         if (better(objective, worst, used[j - 1]![s]! + 1, best[j]![e]!, used[j]![e]!)) {
           best[j]![e] = worst;
