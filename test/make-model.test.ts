@@ -228,6 +228,8 @@ describe('make-model determinism and errors', () => {
     ['vocab too small', ['make-model', '--out', 'x.gguf', '--vocab', '100'], /vocab 100 is too small .* at least \d+/],
     ['K-quant row length', ['make-model', '--out', 'x.gguf', '--embd', '128', '--type', 'q4_k'], /rows of 128 values.*multiple of 256/],
     ['zero layers', ['make-model', '--out', 'x.gguf', '--layers', '0'], /layers must be a positive integer/],
+    ['qwen2 head size', ['make-model', '--out', 'x.gguf', '--arch', 'qwen2', '--head-dim', '32'], /qwen2 needs heads × head-dim = embd/],
+    ['odd head size', ['make-model', '--out', 'x.gguf', '--head-dim', '33'], /head size 33 must be even/],
     ['pre without gpt2', ['make-model', '--out', 'x.gguf', '--pre', 'qwen2'], /--pre applies to the gpt2 tokenizer only/],
     ['unknown option', ['make-model', '--out', 'x.gguf', '--bogus', '1'], /bogus/],
   ];
@@ -240,4 +242,28 @@ describe('make-model determinism and errors', () => {
       expect(() => statSync(join(dir, 'never.gguf'))).toThrow();
     });
   }
+});
+
+describe('make-model variants of real small models', () => {
+  it('qwen3 with a head size other than embd/heads (as Qwen3 has) loads and generates', async () => {
+    const path = await make('qwen3-hd.gguf', [...TINY, '--arch', 'qwen3', '--heads', '4', '--kv-heads', '2', '--head-dim', '128', '--type', 'q8_0']);
+    const header = await readHeader(path);
+    const shapes = new Map(header.tensors.map((t) => [t.name, t.shape]));
+    expect(shapes.get('blk.0.attn_q.weight')).toEqual([256, 512]);
+    expect(shapes.get('blk.0.attn_k.weight')).toEqual([256, 256]);
+    expect(shapes.get('blk.0.attn_output.weight')).toEqual([512, 256]);
+    expect(shapes.get('blk.0.attn_q_norm.weight')).toEqual([128]);
+    expect(header.metadata['qwen3.attention.key_length']).toBe(128);
+    expect(header.metadata['qwen3.rope.dimension_count']).toBe(128);
+    await generates(path, 600);
+  });
+
+  it('--tied drops output.weight (llama.cpp uses token_embd as the head); q4_k_m gives it Q6_K', async () => {
+    const path = await make('tied.gguf', [...TINY, '--tied', '--type', 'q4_k_m']);
+    const header = await readHeader(path);
+    const types = typesByName(header);
+    expect(types.has('output.weight')).toBe(false);
+    expect(types.get('token_embd.weight')).toBe(GgmlType.Q6_K);
+    await generates(path, 600);
+  });
 });

@@ -7,7 +7,7 @@
 // Types: `f32` keeps everything F32; `f16`, `q8_0`, `q4_0`, `q4_k`, `q6_k` give every matrix
 // that type (like llama-quantize --pure) with norms and biases F32; `q4_k_m` mixes Q4_K and
 // Q6_K the way llama.cpp's Q4_K_M does (output, and attn_v/ffn_down of the layers its
-// use_more_bits picks, in Q6_K). K-quant rows must be multiples of 256 values: instead of
+// use_more_bits picks, in Q6_K; a tied token_embd is the output head, so Q6_K too). K-quant rows must be multiples of 256 values: instead of
 // llama.cpp's silent fall-back to other types we refuse such shapes with a reason.
 
 import { MeshError } from '../errors.ts';
@@ -32,6 +32,10 @@ export interface MakeModelOptions {
   heads?: number;
   /** KV heads (GQA when fewer than heads); default = heads */
   kvHeads?: number;
+  /** size of one attention head; default embd/heads (Qwen3 models use other sizes) */
+  headDim?: number;
+  /** tie the output head to token_embd (no output.weight), as small Llama/Qwen models do */
+  tied?: boolean;
   /** feed-forward size n_ff */
   ffn?: number;
   vocab?: number;
@@ -89,6 +93,8 @@ export function resolveModelOptions(o: MakeModelOptions): ResolvedModelOptions {
     embd: o.embd ?? MODEL_DEFAULTS.embd,
     heads,
     kvHeads: o.kvHeads ?? heads,
+    headDim: o.headDim ?? (heads > 0 && (o.embd ?? MODEL_DEFAULTS.embd) % heads === 0 ? (o.embd ?? MODEL_DEFAULTS.embd) / heads : 0),
+    tied: o.tied ?? false,
     ffn: o.ffn ?? MODEL_DEFAULTS.ffn,
     vocab: o.vocab ?? MODEL_DEFAULTS.vocab,
     ctx: o.ctx ?? MODEL_DEFAULTS.ctx,
@@ -106,9 +112,12 @@ export function resolveModelOptions(o: MakeModelOptions): ResolvedModelOptions {
   for (const k of ['layers', 'embd', 'heads', 'kvHeads', 'ffn', 'vocab', 'ctx'] as const) {
     if (!Number.isSafeInteger(r[k]) || r[k] < 1) throw badOption(`${k} must be a positive integer, got ${r[k]}`);
   }
+  if (o.headDim !== undefined && (!Number.isSafeInteger(o.headDim) || o.headDim < 1)) throw badOption(`head-dim must be a positive integer, got ${o.headDim}`);
   if (!Number.isSafeInteger(r.seed) || r.seed < 0 || r.seed > 0xffffffff) throw badOption(`seed must be an integer in [0, 2^32), got ${r.seed}`);
-  if (r.embd % r.heads !== 0) throw badOption(`embd ${r.embd} is not divisible by heads ${r.heads}`);
-  if ((r.embd / r.heads) % 2 !== 0) throw badOption(`head size ${r.embd / r.heads} (embd/heads) must be even for RoPE`);
+  if (o.headDim === undefined && r.embd % r.heads !== 0) throw badOption(`embd ${r.embd} is not divisible by heads ${r.heads} (or give --head-dim)`);
+  if (r.headDim % 2 !== 0) throw badOption(`head size ${r.headDim} must be even for RoPE`);
+  // llama.cpp's qwen2 loader fixes attn_q/attn_output at [embd, embd]
+  if (r.arch === 'qwen2' && r.headDim * r.heads !== r.embd) throw badOption(`qwen2 needs heads × head-dim = embd, got ${r.heads} × ${r.headDim} ≠ ${r.embd}`);
   if (r.kvHeads > r.heads || r.heads % r.kvHeads !== 0) throw badOption(`heads ${r.heads} must be a multiple of kv-heads ${r.kvHeads}`);
   const min = minVocabSize(r.tokenizer);
   if (r.vocab < min) throw badOption(`vocab ${r.vocab} is too small for the ${r.tokenizer} tokenizer: it needs at least ${min} tokens (specials, 256 bytes${r.tokenizer === 'llama' ? ', base characters' : ''})`);
@@ -124,9 +133,10 @@ function useMoreBits(i: number, n: number): boolean {
 type Role = 'token_embd' | 'output' | 'attn_q' | 'attn_k' | 'attn_v' | 'attn_output' | 'ffn_gate' | 'ffn_up' | 'ffn_down';
 
 /** The ggml type of a matrix for a model type (vectors are always F32). */
-function matrixType(type: ModelType, role: Role, layer: number, nLayer: number): GgmlType {
+function matrixType(type: ModelType, role: Role, layer: number, nLayer: number, tied: boolean): GgmlType {
   if (type !== 'q4_k_m') return PURE_TYPE[type];
-  if (role === 'output') return GgmlType.Q6_K;
+  // a tied token_embd doubles as the output head, so it gets the output's type
+  if (role === 'output' || (role === 'token_embd' && tied)) return GgmlType.Q6_K;
   if ((role === 'attn_v' || role === 'ffn_down') && useMoreBits(layer, nLayer)) return GgmlType.Q6_K;
   return GgmlType.Q4_K;
 }
@@ -213,14 +223,14 @@ function randomTensor(name: string, type: GgmlType, shape: number[], init: Init,
 /** The GGUF spec of a synthetic model; tensor data is produced lazily when written. */
 export function syntheticModelSpec(options: MakeModelOptions): GgufSpec {
   const o = resolveModelOptions(options);
-  const headDim = o.embd / o.heads;
+  const headDim = o.headDim;
   const kvDim = headDim * o.kvHeads;
   const qDim = headDim * o.heads;
   const arch = o.arch;
   const tensors: TensorSpec[] = [];
 
   const matrix = (name: string, role: Role, layer: number, nIn: number, nOut: number, std: number): void => {
-    const type = matrixType(o.type, role, layer, o.layers);
+    const type = matrixType(o.type, role, layer, o.layers, o.tied);
     const traits = TYPE_TRAITS[type]!;
     if (nIn % traits.blockSize !== 0) {
       throw new MeshError(
@@ -237,12 +247,13 @@ export function syntheticModelSpec(options: MakeModelOptions): GgufSpec {
   // Scales that keep activations sane and greedy output varied: each projection ~1/sqrt(fan_in)
   // so outputs stay near unit size, norms near 1, and unit-size embeddings so the current
   // token stays a large part of the residual stream (with 0.02-size embeddings the attention
-  // average dominates and random models repeat one token).
+  // average dominates and random models repeat one token). A tied table is also the head,
+  // where unit-size rows make every token predict itself, so tied embeddings stay small.
   const norm: Init = { mean: 1, std: 0.02 };
   const bias: Init = { mean: 0, std: 0.02 };
   const proj = (nIn: number): number => 1 / Math.sqrt(nIn);
 
-  matrix('token_embd.weight', 'token_embd', 0, o.embd, o.vocab, 1);
+  matrix('token_embd.weight', 'token_embd', 0, o.embd, o.vocab, o.tied ? 0.02 : 1);
   for (let i = 0; i < o.layers; i++) {
     const p = `blk.${i}.`;
     vector(`${p}attn_norm.weight`, o.embd, norm);
@@ -266,7 +277,7 @@ export function syntheticModelSpec(options: MakeModelOptions): GgufSpec {
     matrix(`${p}ffn_down.weight`, 'ffn_down', i, o.ffn, o.embd, proj(o.ffn));
   }
   vector('output_norm.weight', o.embd, norm);
-  matrix('output.weight', 'output', o.layers, o.embd, o.vocab, proj(o.embd));
+  if (!o.tied) matrix('output.weight', 'output', o.layers, o.embd, o.vocab, proj(o.embd));
 
   const vocab = buildVocab({ kind: o.tokenizer, vocabSize: o.vocab, ...(o.pre ? { pre: o.pre } : {}) });
   const isQwen = arch !== 'llama';

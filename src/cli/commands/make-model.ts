@@ -30,6 +30,8 @@ export const command: Command = {
     embd: { type: 'string', valueName: '<n>', description: 'hidden size', default: String(MODEL_DEFAULTS.embd) },
     heads: { type: 'string', valueName: '<n>', description: 'attention heads', default: String(MODEL_DEFAULTS.heads) },
     'kv-heads': { type: 'string', valueName: '<n>', description: 'KV heads (fewer than heads = GQA); default: heads' },
+    'head-dim': { type: 'string', valueName: '<n>', description: 'size of one attention head; default: embd/heads' },
+    tied: { type: 'boolean', description: 'tie the output head to token_embd (no output.weight)' },
     ffn: { type: 'string', valueName: '<n>', description: 'feed-forward size', default: String(MODEL_DEFAULTS.ffn) },
     vocab: { type: 'string', valueName: '<n>', description: 'vocabulary size', default: String(MODEL_DEFAULTS.vocab) },
     ctx: { type: 'string', valueName: '<n>', description: 'training context length', default: String(MODEL_DEFAULTS.ctx) },
@@ -47,6 +49,7 @@ export const command: Command = {
   async run(args) {
     const out = stringOption(args, 'out', true);
     const kvHeads = optionalInt(args, 'kv-heads');
+    const headDim = optionalInt(args, 'head-dim');
     const tokenizer = choice<TokenizerKind>(args, 'tokenizer', ['llama', 'gpt2']);
     const pre = choice<BpePre>(args, 'pre', BPE_PRES);
     const opts = {
@@ -60,7 +63,9 @@ export const command: Command = {
       type: choice<ModelType>(args, 'type', MODEL_TYPES) ?? MODEL_DEFAULTS.type,
       seed: intOption(args, 'seed', MODEL_DEFAULTS.seed),
       headerOnly: args.values['header-only'] === true,
+      tied: args.values.tied === true,
       ...(kvHeads !== undefined ? { kvHeads } : {}),
+      ...(headDim !== undefined ? { headDim } : {}),
       ...(tokenizer ? { tokenizer } : {}),
       ...(pre ? { pre } : {}),
     };
