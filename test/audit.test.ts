@@ -100,6 +100,7 @@ describe('deepseek4 (DeepSeek-V4-Flash layout, Q4_K)', () => {
     }
     expect(p.stages.every((s) => s.total_bytes <= s.budget_bytes)).toBe(true);
     expect(p.relaxed_starts).toBe(false);
+    expect(p.stages[1]).toMatchObject({ start: 3, end: 6, kv_bytes: (8 + 320 + 8) * 4096, state_bytes: 3 * 128 * 512 * 2 });
     expect(p.wire_bytes_per_token).toBe(14 * 32_768);
     expect(p.runnable_now).toBe(false);
     // the 1.13 GiB expert tensors exceed the 128 MiB default binding: cut by rows into 10
@@ -274,6 +275,17 @@ describe('stories260K (llama, fully supported)', () => {
     const split = auditHeader(header, 'stories', { peers: [...peers(1, 8 * MiB), ...peers(1, 8 * MiB, 'native')] }).plan!;
     expect(split.stages.map((s) => s.backend)).toEqual(['webgpu', 'cpu']);
     expect(split.runnable_now).toBe(true);
+  });
+
+  it('needs a native peer when a single row exceeds the browser binding limit', () => {
+    const tiny = { maxBindingBytes: 128 };
+    const browsers = auditHeader(header, 'stories', { peers: peers(2, 8 * MiB), plan: tiny }).plan!;
+    expect(browsers.feasible).toBe(false);
+    expect(browsers.reason).toMatch(/row exceeds the browser binding limit.*add a native peer/);
+    const mixed = auditHeader(header, 'stories', { peers: [...peers(1, 8 * MiB), ...peers(1, 8 * MiB, 'native')], plan: tiny }).plan!;
+    expect(mixed.feasible).toBe(true);
+    expect(mixed.stages.map((s) => s.kind)).toEqual(['native']);
+    expect(mixed.unused_peers).toEqual([0]);
   });
 
   it('leaves the sixth of six peers unused and refuses peers too small for one block', () => {

@@ -8,6 +8,7 @@
 // (the stage is then marked with what it must receive).
 
 import type { ModelGeometry } from './geometry.ts';
+import { formatBytes } from './units.ts';
 
 export type PeerKind = 'browser' | 'native';
 
@@ -305,7 +306,7 @@ function whyNothingFits(g: ModelGeometry, c: Costs, peers: readonly PeerSpec[], 
     return `the model needs ${gib(total)} for ${opts.context} tokens of context but the ${peers.length} peers may use ${gib(sum)} together (${pct}% of their memory)`;
   }
   if (peers.every((p) => p.kind === 'browser') && c.maxRowBytes.some((r) => r > opts.maxBindingBytes)) {
-    return `a tensor row exceeds the browser binding limit of ${gib(opts.maxBindingBytes)}; add a native peer`;
+    return `a tensor row exceeds the browser binding limit of ${formatBytes(opts.maxBindingBytes)}; add a native peer`;
   }
   return `no contiguous assignment of the ${c.n} blocks to the peers in the given order fits; put larger peers where the larger blocks are, or add peers`;
 }
