@@ -86,15 +86,19 @@ function quantizeQ4_0(x: Float32Array, out: Uint8Array): void {
   }
 }
 
+// scratch for makeQkx2Quants (sub-blocks are at most 32 values)
+const qkxShifted = new Float32Array(32); // [n] f32: x − min for the current min
+let qkxMin = 0; // the second result of makeQkx2Quants
+
 /**
- * ggml's make_qkx2_quants for n values with an affine (scale, min) fit: writes L (0..nmax)
- * and returns [scale, theMin] where x ≈ scale·L − theMin. Searches nstep+1 candidate scales
- * and keeps the one with the least weighted squared error.
+ * ggml's make_qkx2_quants for n values with an affine (scale, min) fit: writes L (0..nmax),
+ * returns the scale and leaves `qkxMin` (the negated offset) so that x ≈ scale·L − qkxMin.
+ * Searches nstep+1 candidate scales and keeps the one with the least weighted squared error.
  */
 function makeQkx2Quants(
   n: number, nmax: number, x: Float32Array, xo: number, weights: Float32Array,
   L: Uint8Array, lo: number, Laux: Uint8Array, rmin: number, rdelta: number, nstep: number,
-): [number, number] {
+): number {
   let min = x[xo]!;
   let max = x[xo]!;
   let sumW = weights[0]!;
@@ -110,20 +114,25 @@ function makeQkx2Quants(
   if (min > 0) min = 0;
   if (max === min) {
     for (let i = 0; i < n; i++) L[lo + i] = 0;
-    return [0, -min];
+    qkxMin = -min;
+    return 0;
   }
+  const shifted = qkxShifted;
+  for (let i = 0; i < n; i++) shifted[i] = x[xo + i]! - min; // the store rounds to f32
   let iscale = fr(nmax / fr(max - min));
   let scale = fr(1 / iscale);
   let bestError = 0;
   for (let i = 0; i < n; i++) {
-    const l = nearestInt(fr(iscale * fr(x[xo + i]! - min)));
-    const q = Math.max(0, Math.min(nmax, l));
+    const l = nearestInt(fr(iscale * shifted[i]!));
+    const q = l < 0 ? 0 : l > nmax ? nmax : l;
     L[lo + i] = q;
-    let diff = fr(fr(fr(scale * q) + min) - x[xo + i]!);
-    diff = fr(diff * diff);
-    bestError = fr(bestError + fr(weights[i]! * diff));
+    const diff = fr(fr(fr(scale * q) + min) - x[xo + i]!);
+    bestError = fr(bestError + fr(weights[i]! * fr(diff * diff)));
   }
-  if (nstep < 1) return [scale, -min];
+  if (nstep < 1) {
+    qkxMin = -min;
+    return scale;
+  }
   for (let is = 0; is <= nstep; is++) {
     // `min` moves when a candidate wins, and later candidates start from it (as in ggml)
     iscale = fr(fr(fr(rmin + fr(rdelta * is)) + nmax) / fr(max - min));
@@ -131,14 +140,13 @@ function makeQkx2Quants(
     let sumL2 = 0;
     let sumXL = 0;
     for (let i = 0; i < n; i++) {
-      const xi = x[xo + i]!;
-      const l = Math.max(0, Math.min(nmax, nearestInt(fr(iscale * fr(xi - min)))));
+      const l0 = nearestInt(fr(iscale * shifted[i]!));
+      const l = l0 < 0 ? 0 : l0 > nmax ? nmax : l0;
       Laux[i] = l;
-      const w = weights[i]!;
-      const wl = fr(w * l);
+      const wl = fr(weights[i]! * l);
       sumL = fr(sumL + wl);
       sumL2 = fr(sumL2 + fr(wl * l));
-      sumXL = fr(sumXL + fr(wl * xi));
+      sumXL = fr(sumXL + fr(wl * x[xo + i]!));
     }
     const D = fr(fr(sumW * sumL2) - fr(sumL * sumL));
     if (D > 0) {
@@ -150,19 +158,22 @@ function makeQkx2Quants(
       }
       let curError = 0;
       for (let i = 0; i < n; i++) {
-        let diff = fr(fr(fr(thisScale * Laux[i]!) + thisMin) - x[xo + i]!);
-        diff = fr(diff * diff);
-        curError = fr(curError + fr(weights[i]! * diff));
+        const diff = fr(fr(fr(thisScale * Laux[i]!) + thisMin) - x[xo + i]!);
+        curError = fr(curError + fr(weights[i]! * fr(diff * diff)));
       }
       if (curError < bestError) {
         for (let i = 0; i < n; i++) L[lo + i] = Laux[i]!;
         bestError = curError;
         scale = thisScale;
-        min = thisMin;
+        if (thisMin !== min) {
+          min = thisMin;
+          for (let i = 0; i < n; i++) shifted[i] = x[xo + i]! - min;
+        }
       }
     }
   }
-  return [scale, -min];
+  qkxMin = -min;
+  return scale;
 }
 
 /** ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j from the packed 12 bytes. */
@@ -192,9 +203,8 @@ function quantizeQ4_K(x: Float32Array, out: Uint8Array): void {
       for (let l = 0; l < 32; l++) sumX2 = fr(sumX2 + fr(x[xo + l]! * x[xo + l]!));
       const avX = fr(Math.sqrt(fr(sumX2 / 32)));
       for (let l = 0; l < 32; l++) weights[l] = fr(avX + Math.abs(x[xo + l]!));
-      const [scale, theMin] = makeQkx2Quants(32, 15, x, xo, weights, L, 32 * j, Laux, -1, fr(0.1), 20);
-      scales[j] = scale;
-      mins[j] = theMin;
+      scales[j] = makeQkx2Quants(32, 15, x, xo, weights, L, 32 * j, Laux, -1, fr(0.1), 20);
+      mins[j] = qkxMin;
       if (scales[j]! > maxScale) maxScale = scales[j]!;
       if (mins[j]! > maxMin) maxMin = mins[j]!;
     }
