@@ -31,7 +31,6 @@ export const command: Command = {
     heads: { type: 'string', valueName: '<n>', description: 'attention heads', default: String(MODEL_DEFAULTS.heads) },
     'kv-heads': { type: 'string', valueName: '<n>', description: 'KV heads (fewer than heads = GQA); default: heads' },
     'head-dim': { type: 'string', valueName: '<n>', description: 'size of one attention head; default: embd/heads' },
-    tied: { type: 'boolean', description: 'tie the output head to token_embd (no output.weight)' },
     ffn: { type: 'string', valueName: '<n>', description: 'feed-forward size', default: String(MODEL_DEFAULTS.ffn) },
     vocab: { type: 'string', valueName: '<n>', description: 'vocabulary size', default: String(MODEL_DEFAULTS.vocab) },
     ctx: { type: 'string', valueName: '<n>', description: 'training context length', default: String(MODEL_DEFAULTS.ctx) },
@@ -44,6 +43,7 @@ export const command: Command = {
     seed: { type: 'string', valueName: '<n>', description: 'random seed (same options + seed = same bytes)', default: String(MODEL_DEFAULTS.seed) },
     tokenizer: { type: 'string', valueName: 'llama|gpt2', description: 'SentencePiece-style or byte-level BPE; default: llama for llama, gpt2 for qwen' },
     pre: { type: 'string', valueName: BPE_PRES.join('|'), description: 'gpt2 pre-tokenizer; default: llama-bpe for llama, qwen2 for qwen' },
+    tied: { type: 'boolean', description: 'tie the output head to token_embd (no output.weight)' },
     'header-only': { type: 'boolean', description: 'write only the header (full tensor infos, no tensor data)' },
   },
   async run(args) {
