@@ -35,6 +35,8 @@ export interface RouteStage {
   loadMs?: number;
   bytesRead?: number;
   error?: { code: string; message: string };
+  /** the stage's own report (browser peers): load progress, hop to the next stage, frame counters */
+  telemetry?: Record<string, unknown>;
 }
 
 export interface ModelArtifact {
@@ -163,6 +165,8 @@ export class Room {
       st.bytesRead = msg.bytesRead;
       this.log(`route ${r.id}: stage ${st.stage} ready on ${peer.id} (${msg.bytesRead} bytes read in ${Math.round(msg.loadMs)} ms)`);
       if (r.stages.every((s) => s.status === 'ready')) void this.announceReady(r);
+    } else if (msg.t === 'telemetry') {
+      st.telemetry = msg; // browser peers: load progress, hop kind (webrtc | relay), frames per channel
     } else if (msg.t === 'load-failed') {
       st.status = 'failed';
       st.error = { code: msg.code, message: msg.message };
@@ -236,7 +240,8 @@ export class Room {
     for (const st of [...route.stages].reverse()) {
       const next = route.stages[st.stage + 1];
       const downstream = next ? (this.peers.get(next.peerId)?.hello.listen ?? null) : null;
-      this.send(this.peers.get(st.peerId)!, { t: 'assign', routeId: route.id, stage: st.stage, shard: st.shard, nLayer: this.model.nLayer, modelUrl: this.opts.modelUrl, downstream });
+      const upstreamPeer = route.stages[st.stage - 1]?.peerId ?? null;
+      this.send(this.peers.get(st.peerId)!, { t: 'assign', routeId: route.id, stage: st.stage, shard: st.shard, nLayer: this.model.nLayer, modelUrl: this.opts.modelUrl, downstream, downstreamPeer: next?.peerId ?? null, upstreamPeer });
     }
   }
 

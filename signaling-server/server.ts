@@ -32,6 +32,11 @@ import { bearerOf, secretMatches } from '../src/transport/frame-server.ts';
 import { handleFrameHttp, sendError, sendJson } from '../src/transport/http.ts';
 import { serveFrames } from '../src/transport/ws.ts';
 import { FetchLog, serveFile } from './model-host.ts';
+import { loadOrBuildManifest } from '../src/gguf/manifest.ts';
+import type { Manifest } from '../src/gguf/manifest.ts';
+import { headerToWire } from '../src/peer/header-wire.ts';
+import { handleBrowserPeerMessage } from '../src/peer/server-side.ts';
+import type { RelayLedger } from '../src/peer/server-side.ts';
 import { Room } from './room.ts';
 import type { Route } from './room.ts';
 
@@ -75,6 +80,8 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
   const fetchLogs = new Map<string, FetchLog>();
   const localFiles = new Map<string, { path: string; size: number }>();
   let routeCounter = 0;
+  const manifests = new Map<string, Promise<Manifest>>();
+  const relayLedgers = new Map<string, RelayLedger>();
   const findRoute = (id: number): Route | undefined => {
     for (const room of rooms) for (const r of room.routes) if (r.id === id) return r;
     return undefined;
@@ -144,6 +151,13 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     try {
       const path = new URL(req.url ?? '/', 'http://x').pathname;
       const method = req.method ?? 'GET';
+      // browser peers may be served from another origin: CORS (auth is the Bearer secret, no cookies)
+      res.setHeader('access-control-allow-origin', '*');
+      res.setHeader('access-control-expose-headers', 'content-range, content-length, accept-ranges');
+      if (method === 'OPTIONS') {
+        res.writeHead(204, { 'access-control-allow-headers': 'authorization, range, x-mesh-peer, content-type', 'access-control-allow-methods': 'GET, HEAD, POST, DELETE, OPTIONS', 'access-control-max-age': '600' });
+        return void res.end();
+      }
       const modelFile = /^\/models\/([^/]+)\.gguf$/.exec(path);
       if (modelFile && (method === 'GET' || method === 'HEAD')) {
         const allowed = requireAuth(req);
@@ -157,11 +171,20 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
         if (!allowed.some((r) => r.model.id === m![1])) throw new MeshError('NOT_FOUND', `no model ${m[1]}`);
         return sendJson(res, 200, { model: m[1], clients: fetchLogs.get(m[1]!)?.byClient() ?? {} });
       }
+      if (method === 'GET' && (m = /^\/v1\/models\/([^/]+)\/(manifest|header)$/.exec(path))) {
+        // browser peers verify against the manifest and build their config from the header (no model bytes)
+        const room = allowed.find((r) => r.model.id === m![1]);
+        if (!room) throw new MeshError('NOT_FOUND', `no model ${m[1]}`);
+        if (m[2] === 'header') return sendJson(res, 200, headerToWire(room.model.header));
+        let manifest = manifests.get(room.model.id);
+        if (!manifest) manifests.set(room.model.id, (manifest = loadOrBuildManifest(room.model.location)));
+        return sendJson(res, 200, await manifest.catch((e) => (manifests.delete(room.model.id), Promise.reject(e))));
+      }
       if (method === 'GET' && (m = /^\/v1\/rooms\/([^/]+)(\/peers)?$/.exec(path))) {
         const room = allowed.find((r) => r.id === m![1]);
         if (!room) throw new MeshError('NOT_FOUND', `no room ${m[1]} for this secret`);
         if (!m[2]) return sendJson(res, 200, room.summary());
-        return sendJson(res, 200, { roomId: room.id, peers: [...room.peers.keys()].map((id) => room.peerSummary(id)) });
+        return sendJson(res, 200, { roomId: room.id, peers: [...room.peers.keys()].map((id) => room.peerSummary(id)), relayed: Object.fromEntries(relayLedgers.get(room.id) ?? []) });
       }
       if (method === 'GET' && path === '/v1/rooms') return sendJson(res, 200, { rooms: allowed.map((r) => r.summary()) });
       if (method === 'GET' && path === '/v1/routes') return sendJson(res, 200, { routes: allowed.flatMap((r) => r.routes.map((x) => x.summary())) });
@@ -236,10 +259,25 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
           ...(msg.listen ? { listen: String(msg.listen) } : {}),
           ...(msg.httpUrl ? { httpUrl: String(msg.httpUrl) } : {}),
           ...(msg.layers ? { layers: { start: Number(msg.layers.start), end: Number(msg.layers.end) } } : {}),
+          ...(typeof msg.artifact === 'string' ? { artifact: msg.artifact } : {}),
+          ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
+          ...(msg.adapter ? { adapter: msg.adapter } : {}),
         };
         peer = room.addPeer(hello, ws);
         return;
       }
+      const p = peer;
+      const ledger = relayLedgers.get(room.id) ?? relayLedgers.set(room.id, new Map()).get(room.id)!;
+      const browserView = {
+        sendTo: (id: string, m: unknown) => {
+          const to = room.peers.get(id);
+          if (!to) return false;
+          room.send(to, m as never);
+          return true;
+        },
+        controlOf: (id: string) => room.peers.get(id)?.control ?? null,
+      };
+      if (handleBrowserPeerMessage(browserView, p.id, msg, (m) => room.send(p, m as never), ledger)) return;
       room.onPeerMessage(peer, msg);
     });
     ws.on('close', () => {

@@ -18,6 +18,11 @@ export interface PeerHello {
   /** http://host:port for the binary HTTP protocol */
   httpUrl?: string;
   layers?: ShardRange;
+  /** browser peers: the artifact (sha256) whose shard units they hold verified, and those units */
+  artifact?: string;
+  units?: string[];
+  /** browser peers: the WebGPU adapter */
+  adapter?: unknown;
 }
 
 export interface ModelBrief {
@@ -31,14 +36,16 @@ export interface ModelBrief {
 export type ServerToPeer =
   | { t: 'challenge'; nonce: string }
   | { t: 'welcome'; peerId: string; roomId: string; model: ModelBrief }
-  | { t: 'assign'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string; downstream: string | null }
+  | { t: 'assign'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string; downstream: string | null; downstreamPeer?: string | null; upstreamPeer?: string | null }
   | { t: 'release'; routeId: number }
   | { t: 'error'; code: string; message: string };
 
 export type PeerToServer =
   | PeerHello
   | { t: 'ready'; routeId: number; stage: number; loadMs: number; bytesRead: number }
-  | { t: 'load-failed'; routeId: number; stage: number; code: string; message: string };
+  | { t: 'load-failed'; routeId: number; stage: number; code: string; message: string }
+  /** browser peers (src/peer/messages.ts): signal/relay are routed before this union is consulted */
+  | { t: 'telemetry'; routeId: number; stage: number; [k: string]: unknown };
 
 export function helloProof(secret: string, nonce: string): string {
   return createHmac('sha256', secret).update(nonce).digest('hex');
