@@ -8,7 +8,7 @@
 
 import { MeshError } from '../errors.ts';
 import type { StageBackend, ShardRange } from '../backends/types.ts';
-import { DType, FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
+import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, decodeRows, hiddenFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
@@ -62,9 +62,12 @@ interface StageSession {
 
 export class StageService {
   private sessions = new Map<string, StageSession>();
-  /** bytes of hidden states sent downstream and received from upstream, for telemetry */
+  /** payload bytes of hidden states sent downstream and received from upstream */
   bytesOut = 0;
   bytesIn = 0;
+  /** whole frames (header + payload) sent downstream, and how many */
+  wireBytesOut = 0;
+  framesOut = 0;
 
   constructor(private readonly opts: StageServiceOptions) {}
 
@@ -150,6 +153,8 @@ export class StageService {
       const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits)) | (sampleNow ? FrameFlag.Sample : 0);
       const out = hiddenFrame({ routeId: f.routeId, sessionId: f.sessionId }, f.position, output.hidden, output.nTokens, s.hiddenDtype, flags);
       this.bytesOut += out.payload.byteLength;
+      this.wireBytesOut += HEADER_BYTES + out.payload.byteLength;
+      this.framesOut++;
       try {
         return await next.request(out);
       } catch (e) {
