@@ -4,8 +4,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { getLlama, LlamaLogLevel } from 'node-llama-cpp';
 import type { Llama, LlamaModel, Token } from 'node-llama-cpp';
-import { loadTokenizer } from '../src/model/tokenizer/index.ts';
-import type { Tokenizer } from '../src/model/tokenizer/index.ts';
+import { readHeader } from '../src/gguf/parse.ts';
+import { loadTokenizer, Tokenizer } from '../src/model/tokenizer/index.ts';
+import { Attr } from '../src/model/tokenizer/vocab.ts';
 import { stories260K } from './support/models.ts';
 import { CORPUS } from './tokenizer-corpus.ts';
 import { gpt2VocabWithPre, vocabCases, vocabPath } from './tokenizer-fixtures.ts';
@@ -17,6 +18,14 @@ beforeAll(async () => {
 afterAll(async () => {
   await llama?.dispose();
 });
+
+/** node-llama-cpp's token attributes as llama.cpp attribute bits */
+function attrBits(a: ReturnType<LlamaModel['getTokenAttributes']>): number {
+  return (
+    (a.unknown ? Attr.UNKNOWN : 0) | (a.unused ? Attr.UNUSED : 0) | (a.normal ? Attr.NORMAL : 0) | (a.control ? Attr.CONTROL : 0) |
+    (a.userDefined ? Attr.USER_DEFINED : 0) | (a.byte ? Attr.BYTE : 0) | (a.lstrip ? Attr.LSTRIP : 0) | (a.rstrip ? Attr.RSTRIP : 0)
+  );
+}
 
 interface Case {
   name: string;
@@ -79,6 +88,15 @@ for (const c of CASES) {
       expect(ours.isEog(model.tokens.eos!)).toBe(true);
     });
 
+    it('gives every token the attributes and end-of-generation flag llama.cpp gives it', () => {
+      const differ: string[] = [];
+      for (let id = 0; id < ours.size; id++) {
+        const theirs = attrBits(model.getTokenAttributes(id as Token));
+        if (theirs !== ours.vocab.attrs[id] || model.isEogToken(id as Token) !== ours.isEog(id)) differ.push(`${id} ${JSON.stringify(ours.tokenText(id))}`);
+      }
+      expect(differ.slice(0, 10), `${differ.length} tokens differ`).toEqual([]);
+    });
+
     it('decodes the corpus tokens like model.detokenize (special off and on)', () => {
       const bad: string[] = [];
       for (const s of CORPUS) {
@@ -113,3 +131,28 @@ for (const c of CASES) {
     }
   });
 }
+
+// Vocabularies whose pre-tokenizer we do not run still show how llama.cpp finds FIM, EOT and
+// end-of-generation tokens by their text; their attributes must come out the same.
+describe('token attributes and end-of-generation ids on more of llama.cpp fixtures', () => {
+  for (const name of ['command-r', 'deepseek-coder', 'refact', 'starcoder', 'qwen35', 'aquila', 'baichuan']) {
+    it(`ggml-vocab-${name}`, async () => {
+      const path = vocabPath(name);
+      const meta = (await readHeader(path)).metadata;
+      // the pre-tokenizer does not affect attributes; 'default' lets us read any gpt2 vocabulary
+      const ours = Tokenizer.fromMetadata(meta['tokenizer.ggml.model'] === 'gpt2' ? { ...meta, 'tokenizer.ggml.pre': 'default' } : meta);
+      const model = await llama.loadModel({ modelPath: path, vocabOnly: true });
+      try {
+        const differ: string[] = [];
+        for (let id = 0; id < ours.size; id++) {
+          if (attrBits(model.getTokenAttributes(id as Token)) !== ours.vocab.attrs[id] || model.isEogToken(id as Token) !== ours.isEog(id)) {
+            differ.push(`${id} ${JSON.stringify(ours.tokenText(id))}`);
+          }
+        }
+        expect(differ.slice(0, 10), `${differ.length} tokens differ`).toEqual([]);
+      } finally {
+        await model.dispose();
+      }
+    });
+  }
+});

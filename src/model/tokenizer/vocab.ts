@@ -90,6 +90,17 @@ const EOT_TEXTS = new Set([
   '<|eot_id|>', '<|im_end|>', '<|end|>', '<end_of_turn>', '<|endoftext|>', '<|end_of_text|>',
   '<EOT>', '_<EOT>', '[EOT]', '<｜end▁of▁sentence｜>', '<end_of_utterance>',
 ]);
+type FimKind = 'pre' | 'suf' | 'mid' | 'pad' | 'rep' | 'sep';
+const FIM_KINDS: readonly FimKind[] = ['pre', 'suf', 'mid', 'pad', 'rep', 'sep'];
+// Texts llama.cpp recognises as fill-in-the-middle tokens when the metadata names none.
+const FIM_TEXTS: Record<FimKind, readonly string[]> = {
+  pre: ['<|fim_prefix|>', '<fim-prefix>', '<fim_prefix>', '<｜fim▁begin｜>', '<PRE>', '▁<PRE>', '<|code_prefix|>', '<|prefix|>'],
+  suf: ['<|fim_suffix|>', '<fim-suffix>', '<fim_suffix>', '<｜fim▁hole｜>', '<SUF>', '▁<SUF>', '<|code_suffix|>', '<|suffix|>'],
+  mid: ['<|fim_middle|>', '<fim-middle>', '<fim_middle>', '<｜fim▁end｜>', '<MID>', '▁<MID>', '<|code_middle|>', '<|middle|>'],
+  pad: ['<|fim_pad|>', '<fim-pad>', '<fim_pad>', '<PAD>', '[PAD]'],
+  rep: ['<|fim_repo|>', '<|repo_name|>', '<fim-repo>', '<REPO>', '<reponame>'],
+  sep: ['<|file_sep|>'],
+};
 // gpt-oss channel markers are always rendered as text.
 const ALWAYS_USER_DEFINED = new Set(['<|channel|>', '<|message|>', '<|start|>', '<|constrain|>']);
 
@@ -210,15 +221,22 @@ export function readVocab(meta: Record<string, MetadataValue>): Vocab {
   unk = fromMeta('unknown_token_id', unk);
   let eot = fromMeta('eot_token_id', undefined);
   let eom = fromMeta('eom_token_id', undefined);
-  const fimIds = ['fim_pad_token_id', 'fim_rep_token_id', 'fim_sep_token_id']
-    .map((k) => fromMeta(k, undefined))
-    .filter((id): id is number => id !== undefined);
+  // fill-in-the-middle ids; the deprecated prefix/suffix/middle keys win when both are present
+  const fim: Record<FimKind, number | undefined> = {
+    pre: fromMeta('prefix_token_id', fromMeta('fim_pre_token_id', undefined)),
+    suf: fromMeta('suffix_token_id', fromMeta('fim_suf_token_id', undefined)),
+    mid: fromMeta('middle_token_id', fromMeta('fim_mid_token_id', undefined)),
+    pad: fromMeta('fim_pad_token_id', undefined),
+    rep: fromMeta('fim_rep_token_id', undefined),
+    sep: fromMeta('fim_sep_token_id', undefined),
+  };
 
   addBos = metaBool(meta, 'tokenizer.ggml.add_bos_token') ?? addBos;
   const addEos = metaBool(meta, 'tokenizer.ggml.add_eos_token') ?? false;
 
-  // Find EOT/EOM by text and collect end-of-generation tokens; such tokens become control.
-  const eog = new Set<number>(fimIds);
+  // Ids the metadata left unset are found by text, as llama.cpp does; what is found becomes a
+  // control token. (llama.cpp scans a hash map, so where two texts qualify its pick is
+  // unspecified; we take the lowest id.)
   for (let id = 0; id < n; id++) {
     const text = texts[id]!;
     if (eot === undefined && EOT_TEXTS.has(text)) {
@@ -229,7 +247,22 @@ export function readVocab(meta: Record<string, MetadataValue>): Vocab {
       eom = id;
       attrs[id] = attrs[id]! | Attr.CONTROL;
     }
-    if (EOG_TEXTS.has(text)) {
+    for (const kind of FIM_KINDS) {
+      if (fim[kind] === undefined && FIM_TEXTS[kind].includes(text)) {
+        fim[kind] = id;
+        attrs[id] = attrs[id]! | Attr.CONTROL;
+      }
+    }
+  }
+  // control tokens named like "<unused12>" are unused
+  for (let id = 0; id < n; id++) {
+    if (attrs[id]! & Attr.CONTROL && texts[id]!.includes('unused')) attrs[id] = attrs[id]! | Attr.UNUSED;
+  }
+
+  // end-of-generation tokens: FIM pad/repo/file-separator, tokens with end-like texts, EOS/EOT/EOM
+  const eog = new Set<number>([fim.pad, fim.rep, fim.sep].filter((id): id is number => id !== undefined));
+  for (let id = 0; id < n; id++) {
+    if (EOG_TEXTS.has(texts[id]!)) {
       eog.add(id);
       attrs[id] = attrs[id]! | Attr.CONTROL;
     }
