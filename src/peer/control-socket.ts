@@ -1,0 +1,95 @@
+// A browser peer's control connection to the signaling server: one WebSocket carrying JSON
+// control messages (text) and frames from the server to this peer's stage (binary). The room
+// secret never crosses the wire: the peer answers the server's nonce with an HMAC (SubtleCrypto).
+
+import { MeshError } from '../errors.ts';
+import type { MessagePipe } from '../transport/webrtc-link.ts';
+
+/** hex HMAC-SHA256(key = secret, message = nonce), as src/route/control.ts computes in Node. */
+export async function helloProofAsync(secret: string, nonce: string): Promise<string> {
+  const enc = new TextEncoder();
+  const key = await crypto.subtle.importKey('raw', enc.encode(secret), { name: 'HMAC', hash: 'SHA-256' }, false, ['sign']);
+  const mac = new Uint8Array(await crypto.subtle.sign('HMAC', key, enc.encode(nonce)));
+  let hex = '';
+  for (const b of mac) hex += b.toString(16).padStart(2, '0');
+  return hex;
+}
+
+/** `http(s)://host/room/<id>#secret=…` → its parts (the secret stays in the fragment). */
+export function parseJoinUrl(url: string): { base: string; roomId: string; secret: string | null; params: URLSearchParams } {
+  const u = new URL(url);
+  const m = /\/room\/([A-Za-z0-9_.-]+)\/?$/.exec(u.pathname);
+  if (!m) throw new MeshError('BAD_JOIN_URL', `'${url}' is not a room link (expected …/room/<id>#secret=…)`);
+  const params = new URLSearchParams(u.hash.replace(/^#/, ''));
+  return { base: `${u.protocol}//${u.host}`, roomId: m[1]!, secret: params.get('secret'), params };
+}
+
+export interface ControlSocket {
+  /** frames from the server (the server's requests to this stage) */
+  readonly frames: MessagePipe;
+  sendJson(m: unknown): void;
+  onJson(cb: (m: Record<string, unknown> & { t: string }) => void): void;
+  close(): void;
+  readonly closed: Promise<MeshError>;
+}
+
+/** Largest frame message to the server (its WebSocket accepts 64 MiB). */
+const SERVER_MESSAGE_LIMIT = 32 * 1024 * 1024;
+
+export function openControlSocket(base: string, roomId: string): Promise<ControlSocket> {
+  const url = `${base.replace(/^http/, 'ws')}/v1/rooms/${encodeURIComponent(roomId)}/peer`;
+  const ws = new WebSocket(url);
+  ws.binaryType = 'arraybuffer';
+  const jsonCbs: Array<(m: Record<string, unknown> & { t: string }) => void> = [];
+  const frameCbs: Array<(m: Uint8Array) => void> = [];
+  const closeCbs: Array<(r: MeshError) => void> = [];
+  let resolveClosed!: (e: MeshError) => void;
+  const closed = new Promise<MeshError>((r) => (resolveClosed = r));
+  ws.addEventListener('message', (ev) => {
+    if (typeof ev.data === 'string') {
+      let m: Record<string, unknown> & { t: string };
+      try {
+        m = JSON.parse(ev.data);
+      } catch {
+        return;
+      }
+      for (const cb of jsonCbs) cb(m);
+    } else {
+      const bytes = new Uint8Array(ev.data as ArrayBuffer);
+      for (const cb of frameCbs) cb(bytes);
+    }
+  });
+  ws.addEventListener('close', (ev) => {
+    const err = new MeshError('LINK_CLOSED', `control connection to ${base} closed (${ev.code}${ev.reason ? ` ${ev.reason}` : ''})`);
+    for (const cb of closeCbs) cb(err);
+    resolveClosed(err);
+  });
+  const frames: MessagePipe = {
+    label: 'signaling server',
+    maxMessageSize: SERVER_MESSAGE_LIMIT,
+    async send(m) {
+      if (ws.readyState !== WebSocket.OPEN) throw new MeshError('LINK_CLOSED', 'control connection is closed');
+      ws.send(m);
+    },
+    onMessage: (cb) => void frameCbs.push(cb),
+    onClose: (cb) => void closeCbs.push(cb),
+    close: () => ws.close(),
+  };
+  return new Promise((resolve, reject) => {
+    ws.addEventListener('error', () => reject(new MeshError('JOIN_FAILED', `cannot open ${url}`)), { once: true });
+    ws.addEventListener(
+      'open',
+      () =>
+        resolve({
+          frames,
+          sendJson: (m) => {
+            if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(m));
+          },
+          onJson: (cb) => void jsonCbs.push(cb),
+          close: () => ws.close(1000),
+          closed,
+        }),
+      { once: true },
+    );
+  });
+}

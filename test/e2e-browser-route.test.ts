@@ -1,0 +1,239 @@
+// Browser peers end to end: a real `gguf-mesh serve` on stories260K, a vite dev server for the
+// test peer page (test/fixtures/peer-page), and headless Chromium (WebGPU on SwiftShader)
+// driven by playwright-core. Three browser contexts open the room link; the route forms over
+// them; greedy tokens through the server's binary HTTP API equal llama.cpp's; each tab fetched
+// only its shard; hidden states crossed the WebRTC data channels; a reload loads from the
+// shard cache with zero model bytes fetched; blocked direct connections fall back to the relay;
+// two tabs and a native cpu node serve one route.
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { chromium } from 'playwright-core';
+import type { Browser, BrowserContext, Page } from 'playwright-core';
+import { createServer } from 'vite';
+import type { ViteDevServer } from 'vite';
+import type { LlamaModel } from 'node-llama-cpp';
+import { chromiumArgs } from '../vite.config.ts';
+import { RouteSessionClient } from '../src/route/client.ts';
+import { HttpLink } from '../src/transport/http.ts';
+import { buildManifest } from '../src/gguf/manifest.ts';
+import type { Manifest } from '../src/gguf/manifest.ts';
+import { shardTensors } from '../src/gguf/verify.ts';
+import type { BrowserPeerState } from '../src/peer/browser-peer.ts';
+import { REPO_ROOT } from './support/cli.ts';
+import { greedyGenerate, loadModel } from './support/llama.ts';
+import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
+import type { ServeInfo } from './support/mesh.ts';
+import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
+
+const N = 16;
+let modelPath: string;
+let manifest: Manifest;
+let expected: number[];
+let llamaModel: LlamaModel;
+let vite: ViteDevServer;
+let pageBase: string;
+let browser: Browser;
+
+beforeAll(async () => {
+  modelPath = await stories260K();
+  manifest = await buildManifest(modelPath);
+  llamaModel = await loadModel(modelPath);
+  expected = await greedyGenerate(llamaModel, STORIES_PROMPT_TOKENS, N);
+  vite = await createServer({
+    configFile: false,
+    root: join(REPO_ROOT, 'test', 'fixtures', 'peer-page'),
+    logLevel: 'warn',
+    server: { host: '127.0.0.1', port: 0, strictPort: false, hmr: false },
+    optimizeDeps: { include: ['comlink', 'simple-peer', 'buffer', 'process', 'idb-keyval'] },
+  });
+  await vite.listen();
+  const addr = vite.httpServer!.address() as { port: number };
+  pageBase = `http://127.0.0.1:${addr.port}/`;
+  // launch() gives the browser a fresh temporary profile; each context is isolated storage
+  browser = await chromium.launch({ executablePath: process.env.CHROME_PATH ?? '/usr/bin/chromium', args: chromiumArgs });
+});
+
+afterAll(async () => {
+  await browser?.close();
+  await vite?.close();
+  await llamaModel?.dispose();
+  await killAll();
+});
+
+interface Tab {
+  context: BrowserContext;
+  page: Page;
+}
+
+function pageUrl(serve: ServeInfo, name: string, extra: Record<string, string> = {}): string {
+  return `${pageBase}#${new URLSearchParams({ join: serve.joinUrl, name, memory: String(1 << 30), ...extra })}`;
+}
+
+async function openTab(serve: ServeInfo, name: string, extra: Record<string, string> = {}): Promise<Tab> {
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  page.on('console', (m) => m.type() === 'error' && console.log(`[${name}] ${m.text()}`));
+  await page.goto(pageUrl(serve, name, extra));
+  await waitForState(page, (s) => s.status === 'idle' || s.status === 'ready', `${name} joined`);
+  return { context, page };
+}
+
+async function state(page: Page): Promise<BrowserPeerState | null> {
+  return page.evaluate(() => (window.__peer ? JSON.parse(JSON.stringify(window.__peer.state)) : null));
+}
+
+async function waitForState(page: Page, ok: (s: BrowserPeerState) => boolean, what: string, timeoutMs = 90_000): Promise<BrowserPeerState> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const s = await state(page);
+    if (s && ok(s)) return s;
+    const err = await page.evaluate(() => window.__peerError ?? null);
+    if (err || Date.now() > deadline) {
+      const log = await page.evaluate(() => window.__peerLog.join('\n'));
+      throw new Error(`${what}: not reached (${JSON.stringify(err ?? s?.status)}); page log:\n${log}`);
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+/** Greedy generation through the server's binary HTTP session API. */
+async function generateOverHttp(serve: ServeInfo, routeId: number): Promise<number[]> {
+  const link = new HttpLink(serve.base, { authorization: `Bearer ${serve.secret}` });
+  const c = await RouteSessionClient.open(link, routeId, { contextLength: 64 });
+  const tokens = [await c.prefill(STORIES_PROMPT_TOKENS, 2)];
+  while (tokens.length < N) tokens.push(await c.decode(tokens.at(-1)!));
+  await c.close();
+  return tokens;
+}
+
+function shardBytesOf(shard: { start: number; end: number }): number {
+  return shardTensors(manifest, shard.start, shard.end).reduce((s, t) => s + t.byte_length, 0);
+}
+
+describe('three browser tabs serve stories260K', () => {
+  let serve: ServeInfo;
+  let tabs: Tab[] = [];
+  let firstRoute: any;
+
+  beforeAll(async () => {
+    serve = await spawnServe(modelPath, ['--min-peers', '3']);
+    for (const name of ['t0', 't1', 't2']) tabs.push(await openTab(serve, name));
+    firstRoute = await waitForRoute(serve, 'ready', 120_000);
+  });
+  afterAll(async () => {
+    for (const t of tabs) await t.context.close();
+    await serve?.proc.kill();
+  });
+
+  it('forms a 3-stage all-browser route whose greedy tokens equal llama.cpp\'s', async () => {
+    expect(firstRoute.stages).toHaveLength(3);
+    const peers = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body;
+    expect(peers.peers.every((p: any) => p.backend === 'webgpu')).toBe(true);
+    expect(await generateOverHttp(serve, firstRoute.id)).toEqual(expected);
+  });
+
+  it('each tab fetched only its shard\'s byte ranges (≤ 1.02 × shard bytes)', async () => {
+    const fetches = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
+    for (const st of firstRoute.stages) {
+      const log = fetches[st.peerId];
+      expect(log, `no fetches by ${st.peerId}`).toBeDefined();
+      const shardBytes = shardBytesOf(st.shard);
+      expect(log.bytes).toBeGreaterThanOrEqual(shardBytes);
+      expect(log.bytes).toBeLessThanOrEqual(1.02 * shardBytes);
+      const tensors = shardTensors(manifest, st.shard.start, st.shard.end);
+      for (const [a, b] of log.ranges as Array<[number, number]>) {
+        // every byte fetched lies inside some span of this shard's tensors (gaps ≤ coalescing)
+        expect(tensors.some((t) => a >= t.offset - 4096 && a <= t.offset + t.byte_length)).toBe(true);
+        expect(b).toBeLessThan(manifest.artifact.size);
+      }
+    }
+  });
+
+  it('hidden states crossed the data channels, not the server', async () => {
+    const states = await Promise.all(tabs.map((t) => state(t.page)));
+    const byStage = [...states].sort((a, b) => a!.stage! - b!.stage!);
+    expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'webrtc', 'none']);
+    for (const s of byStage.slice(0, 2)) {
+      // prefill (3 chunks) + decode steps: one Hidden request per step at least
+      expect(s!.downstreamChannel!.sentByType.Hidden).toBeGreaterThanOrEqual(N + 1);
+      expect(s!.downstreamChannel!.largestMessage).toBeLessThanOrEqual(256 * 1024);
+    }
+    for (const s of byStage.slice(1)) {
+      const received = Object.values(s!.upstreamChannels).reduce((a, c) => a + (c.receivedByType.Hidden ?? 0), 0);
+      expect(received).toBeGreaterThanOrEqual(N + 1);
+    }
+    const relayed = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.relayed;
+    expect(relayed).toEqual({});
+  });
+
+  it('after a reload the route forms again from the shard cache: zero model bytes fetched, same tokens', async () => {
+    const before = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
+    const bytesBefore = Object.values(before).reduce((a: number, c: any) => a + c.bytes, 0);
+    for (const t of tabs) await t.page.reload();
+    for (const t of tabs) await waitForState(t.page, (s) => s.status === 'ready', 'reloaded tab ready', 120_000);
+    const route = await waitForRoute(serve, 'ready', 120_000);
+    expect(route.id).not.toBe(firstRoute.id);
+    const after = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
+    const bytesAfter = Object.values(after).reduce((a: number, c: any) => a + c.bytes, 0);
+    expect(bytesAfter).toBe(bytesBefore);
+    for (const t of tabs) {
+      const s = (await state(t.page))!;
+      expect(s.load!.fetchedBytes).toBe(0);
+      expect(s.load!.cachedBytes).toBe(s.load!.totalBytes);
+      expect(s.load!.cachedUnits.length).toBe(s.load!.units.length);
+    }
+    expect(await generateOverHttp(serve, route.id)).toEqual(expected);
+  });
+});
+
+describe('blocked direct connections relay through the server', () => {
+  let serve: ServeInfo;
+  const tabs: Tab[] = [];
+
+  beforeAll(async () => {
+    serve = await spawnServe(modelPath, ['--min-peers', '3']);
+    // iceTransportPolicy 'relay' with no TURN server: no candidate pair can form, as on a blocking network
+    for (const name of ['r0', 'r1', 'r2']) tabs.push(await openTab(serve, name, { ice: 'relay', rtcTimeoutMs: '1500' }));
+  });
+  afterAll(async () => {
+    for (const t of tabs) await t.context.close();
+    await serve?.proc.kill();
+  });
+
+  it('forms the route over relayed hops, says so in telemetry, and gives the same tokens', async () => {
+    const route = await waitForRoute(serve, 'ready', 120_000);
+    expect(await generateOverHttp(serve, route.id)).toEqual(expected);
+    const summary = (await getJson(`${serve.base}/v1/routes/${route.id}`, serve.secret)).body;
+    expect(summary.stages.slice(0, 2).map((s: any) => s.telemetry?.hop)).toEqual(['relay', 'relay']);
+    const relayed = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.relayed;
+    const hops = [`${route.stages[0].peerId}->${route.stages[1].peerId}`, `${route.stages[1].peerId}->${route.stages[2].peerId}`];
+    for (const h of hops) expect(relayed[h]?.frames).toBeGreaterThanOrEqual(N + 1);
+    const states = await Promise.all(tabs.map((t) => state(t.page)));
+    for (const s of states) expect(s!.downstreamChannel).toBeNull();
+  });
+});
+
+describe('a mixed route: two browser tabs and a native cpu node', () => {
+  let serve: ServeInfo;
+  const tabs: Tab[] = [];
+
+  beforeAll(async () => {
+    serve = await spawnServe(modelPath, ['--min-peers', '3']);
+    for (const name of ['m0', 'm1']) tabs.push(await openTab(serve, name));
+    const node = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', '1GiB', '--name', 'native']);
+    await node.waitFor(/joined room/);
+  });
+  afterAll(async () => {
+    for (const t of tabs) await t.context.close();
+    await serve?.proc.kill();
+  });
+
+  it('serves one model with tokens identical to llama.cpp\'s', async () => {
+    const route = await waitForRoute(serve, 'ready', 120_000);
+    expect(route.stages).toHaveLength(3);
+    expect(route.stages[2].peerId.startsWith('native-')).toBe(true);
+    expect(await generateOverHttp(serve, route.id)).toEqual(expected);
+    const byStage = (await Promise.all(tabs.map((t) => state(t.page)))).sort((a, b) => a!.stage! - b!.stage!);
+    expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'relay']); // browser → native goes through the server
+  });
+});
