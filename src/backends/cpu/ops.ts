@@ -19,7 +19,8 @@ export function rmsnorm(out: Float32Array, x: Float32Array, weight: Float32Array
   for (let r = 0; r < nRows; r++) {
     const o = r * n;
     let ss = 0;
-    for (let i = 0; i < n; i++) ss += x[o + i]! * x[o + i]!;
+    // squares rounded to f32, summed in f64 (as ggml does)
+    for (let i = 0; i < n; i++) ss += f32(x[o + i]! * x[o + i]!);
     const scale = f32(1 / f32(Math.sqrt(f32(f32(ss / n) + eps))));
     // ggml scales first (rounding to f32), then multiplies by the weight in a separate op
     for (let i = 0; i < n; i++) out[o + i] = f32(x[o + i]! * scale) * weight[i]!;
