@@ -1,6 +1,6 @@
-// Unicode helpers the tokenizers share: UTF-8 byte lengths, GPT-2's byte↔character table,
-// and code point classes decided the way llama.cpp decides them (general category and the
-// White_Space property), so pre-tokenizer splits land where llama.cpp's do.
+// Unicode helpers the tokenizers share: UTF-8 encoding of JavaScript strings (lone surrogates
+// become U+FFFD, as when node-llama-cpp hands text to llama.cpp) and GPT-2's reversible
+// byte ↔ printable-character table.
 
 const utf8Encoder = new TextEncoder();
 
@@ -9,19 +9,11 @@ export function utf8Bytes(text: string): Uint8Array {
   return utf8Encoder.encode(text);
 }
 
-/** Bytes in the UTF-8 sequence a lead byte starts (1 for ASCII and stray continuation bytes). */
-export function utf8SequenceLength(leadByte: number): number {
-  if (leadByte < 0xc0) return 1;
-  if (leadByte < 0xe0) return 2;
-  if (leadByte < 0xf0) return 3;
-  return 4;
-}
-
 /** The same string with lone surrogates replaced by U+FFFD. */
 export function wellFormed(text: string): string {
   // String.prototype.toWellFormed exists from Node 20 / Chrome 111.
   const s = text as string & { toWellFormed?: () => string };
-  return typeof s.toWellFormed === 'function' ? s.toWellFormed() : new TextDecoder().decode(utf8Bytes(text));
+  return typeof s.toWellFormed === 'function' ? s.toWellFormed() : new TextDecoder('utf-8', { ignoreBOM: true }).decode(utf8Bytes(text));
 }
 
 /**
