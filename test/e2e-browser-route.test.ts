@@ -6,6 +6,8 @@
 // shard cache with zero model bytes fetched; blocked direct connections fall back to the relay;
 // two tabs and a native cpu node serve one route.
 import { join } from 'node:path';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chromium } from 'playwright-core';
 import type { Browser, BrowserContext, Page } from 'playwright-core';
@@ -15,7 +17,7 @@ import type { LlamaModel } from 'node-llama-cpp';
 import { chromiumArgs } from '../vite.config.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { HttpLink } from '../src/transport/http.ts';
-import { buildManifest } from '../src/gguf/manifest.ts';
+import { buildManifest, manifestJson } from '../src/gguf/manifest.ts';
 import type { Manifest } from '../src/gguf/manifest.ts';
 import { shardTensors } from '../src/gguf/verify.ts';
 import type { BrowserPeerState } from '../src/peer/browser-peer.ts';
@@ -164,6 +166,15 @@ describe('three browser tabs serve stories260K', () => {
     }
     const relayed = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.relayed;
     expect(relayed).toEqual({});
+    // the same counts reach the server's route summary as stage telemetry
+    let summary: any;
+    for (let i = 0; i < 30; i++) {
+      summary = (await getJson(`${serve.base}/v1/routes/${firstRoute.id}`, serve.secret)).body;
+      if (summary.stages[0].telemetry?.downstreamChannel?.sentByType?.Hidden >= N + 1) break;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    expect(summary.stages.map((s: any) => s.telemetry?.hop)).toEqual(['webrtc', 'webrtc', 'none']);
+    expect(summary.stages[0].telemetry.downstreamChannel.sentByType.Hidden).toBeGreaterThanOrEqual(N + 1);
   });
 
   it('after a reload the route forms again from the shard cache: zero model bytes fetched, same tokens', async () => {
@@ -176,6 +187,14 @@ describe('three browser tabs serve stories260K', () => {
     const after = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
     const bytesAfter = Object.values(after).reduce((a: number, c: any) => a + c.bytes, 0);
     expect(bytesAfter).toBe(bytesBefore);
+    // the reloaded tabs advertised the units they hold verified
+    const peers = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.peers;
+    for (const p of peers) {
+      expect(p.artifact).toBe(manifest.artifact.sha256);
+      const st = route.stages.find((x: any) => x.peerId === p.id);
+      expect(p.units.length).toBeGreaterThan(0);
+      expect(p.units).toContain(`layer.${st.shard.start}`);
+    }
     for (const t of tabs) {
       const s = (await state(t.page))!;
       expect(s.load!.fetchedBytes).toBe(0);
@@ -235,5 +254,55 @@ describe('a mixed route: two browser tabs and a native cpu node', () => {
     expect(await generateOverHttp(serve, route.id)).toEqual(expected);
     const byStage = (await Promise.all(tabs.map((t) => state(t.page)))).sort((a, b) => a!.stage! - b!.stage!);
     expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'relay']); // browser → native goes through the server
+  });
+});
+
+describe('verification and degraded cases', () => {
+  it('a copy with one flipped byte in layer 2, served with the original manifest: that tab refuses naming the tensor, the others serve, no tokens', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'gguf-mesh-flip-'));
+    const copy = join(dir, 'stories260K.gguf');
+    const bytes = new Uint8Array(readFileSync(modelPath));
+    const victim = manifest.tensors.find((t) => t.name === 'blk.2.attn_q.weight')!;
+    bytes[victim.offset + 17]! ^= 0x40;
+    writeFileSync(copy, bytes);
+    writeFileSync(`${copy}.manifest.json`, manifestJson(manifest)); // the original's manifest, newer than the copy
+    const serve = await spawnServe(copy, ['--min-peers', '3']);
+    const tabs: Tab[] = [];
+    try {
+      for (const name of ['v0', 'v1', 'v2']) tabs.push(await openTab(serve, name));
+      const states = await Promise.all(tabs.map((t) => waitForState(t.page, (s) => s.status === 'ready' || s.status === 'failed', 'loaded or refused')));
+      const bad = states.find((s) => s.shard!.start <= 2 && 2 < s.shard!.end)!;
+      expect(bad.status).toBe('failed');
+      expect(bad.error!.code).toBe('TENSOR_HASH_MISMATCH');
+      expect(bad.error!.message).toContain('blk.2.attn_q.weight');
+      expect(bad.error!.message).toContain(victim.sha256);
+      for (const s of states.filter((x) => x !== bad)) expect(s.status).toBe('ready');
+      const room = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}`, serve.secret)).body;
+      expect(['forming', 'degraded']).toContain(room.route.status);
+      expect(room.route.reason).toContain('TENSOR_HASH_MISMATCH');
+      const link = new HttpLink(serve.base, { authorization: `Bearer ${serve.secret}` });
+      await expect(RouteSessionClient.open(link, room.route.id, { contextLength: 16 })).rejects.toMatchObject({ code: 'ROUTE_UNKNOWN' });
+    } finally {
+      for (const t of tabs) await t.context.close();
+      await serve.proc.kill();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('a tab without WebGPU joins as a client only and says why', async () => {
+    const serve = await spawnServe(modelPath);
+    const plain = await chromium.launch({ executablePath: process.env.CHROME_PATH ?? '/usr/bin/chromium', args: chromiumArgs.filter((a) => a !== '--enable-unsafe-webgpu') });
+    try {
+      const page = await (await plain.newContext()).newPage();
+      await page.goto(pageUrl(serve, 'nogpu'));
+      const s = await waitForState(page, (x) => x.status === 'client-only', 'client-only');
+      expect(s.capabilities!.backend).toBe('none');
+      expect(s.reason).toMatch(/WebGPU/);
+      const peers = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.peers;
+      expect(peers).toEqual([]);
+    } finally {
+      await plain.close();
+      await serve.proc.kill();
+    }
   });
 });

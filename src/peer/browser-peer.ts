@@ -46,6 +46,8 @@ export interface BrowserPeerOptions {
   rtcTimeoutMs?: number;
   /** the stage backend (default: WebGPU in a dedicated worker) */
   backend?: () => Promise<StageBackend>;
+  /** how often a serving peer reports its frame counters to the server (ms, default 2000) */
+  telemetryMs?: number;
   log?: (line: string) => void;
   /** every state change */
   onState?: (s: BrowserPeerState) => void;
@@ -339,8 +341,6 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       else answer(s.from, s.signal);
     } else if (m.t === 'relay-reply') {
       for (const r of relays.values()) if (r.deliver(m as unknown as RelayReply)) break;
-    } else if (m.t === 'telemetry-request') {
-      fullTelemetry();
     }
   });
 
@@ -370,7 +370,10 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     });
     void control.closed.then(reject);
   });
+  // while serving, the server's route summary gets the frame counters every few seconds
+  const telemetryTimer = setInterval(() => state.status === 'ready' && fullTelemetry(), opts.telemetryMs ?? 2000);
   void control.closed.then((e) => {
+    clearInterval(telemetryTimer);
     Object.assign(state, { status: 'closed', reason: e.message });
     changed();
     void release();
@@ -379,6 +382,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   return {
     state,
     async close() {
+      clearInterval(telemetryTimer);
       control.close();
       await release();
     },
