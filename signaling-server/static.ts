@@ -1,0 +1,280 @@
+// The web app on the signaling server's own origin: the page (landing, room view, chat) and the
+// web-component bundle, beside the API. The API owns /v1/** and /models/**; every other GET is
+// the app's. Two ways to serve it:
+//
+//   dist  the vite build (dist/app, dist/components) as static files — what `npm run build` makes
+//   dev   vite in middleware mode, straight from the sources (no build step; slower first load)
+//
+// `auto` takes dist when it is at least as new as the sources, else dev.
+//
+// It also answers two small app endpoints the landing page needs:
+//   GET  /app/rooms   the hosted models and their rooms; join URLs (with secrets) only for
+//                     requests from this machine (loopback) — other devices need the link
+//   POST /app/rooms   {model: url}: open a room for a pasted GGUF URL (loopback only)
+
+import { createReadStream, existsSync, readdirSync, statSync } from 'node:fs';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import dc from 'node:diagnostics_channel';
+import { dirname, extname, join, normalize, sep } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { MeshError } from '../src/errors.ts';
+import { isUrl } from '../src/gguf/parse.ts';
+import { sendError, sendJson } from '../src/transport/http.ts';
+import { startSignalingServer } from './server.ts';
+import type { SignalingServer, SignalingServerOptions } from './server.ts';
+
+export const REPO_ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
+
+export type WebAppMode = 'auto' | 'dist' | 'dev';
+
+export interface WebAppOptions {
+  server: SignalingServer;
+  mode?: WebAppMode;
+  /** where dist/ and the sources live (default: this repository) */
+  root?: string;
+  /** a line per model location shown on the page (e.g. "synthetic llama q8_0 … (random weights)") */
+  describe?: Map<string, string>;
+  /** opens another server for a pasted model URL (default: none — POST /app/rooms answers 501) */
+  openRoom?: (modelUrl: string) => Promise<SignalingServer>;
+  log?: (line: string) => void;
+}
+
+export interface WebApp {
+  /** 'dist' or 'dev', after resolving 'auto' */
+  mode: 'dist' | 'dev';
+  /** serves the request when it is the app's; false leaves it to the API */
+  handle(req: IncomingMessage, res: ServerResponse): Promise<boolean>;
+  close(): Promise<void>;
+}
+
+const MIME: Record<string, string> = {
+  '.html': 'text/html; charset=utf-8',
+  '.js': 'text/javascript; charset=utf-8',
+  '.mjs': 'text/javascript; charset=utf-8',
+  '.css': 'text/css; charset=utf-8',
+  '.json': 'application/json',
+  '.svg': 'image/svg+xml',
+  '.png': 'image/png',
+  '.ico': 'image/x-icon',
+  '.wasm': 'application/wasm',
+  '.map': 'application/json',
+  '.wgsl': 'text/plain; charset=utf-8',
+};
+
+/** Paths the API answers; everything else belongs to the app. */
+export function isApiPath(path: string): boolean {
+  return path.startsWith('/v1/') || path === '/v1' || path.startsWith('/models/');
+}
+
+function isLoopback(req: IncomingMessage): boolean {
+  const a = req.socket.remoteAddress ?? '';
+  return a === '127.0.0.1' || a === '::1' || a === '::ffff:127.0.0.1';
+}
+
+function newestMtime(paths: string[]): number {
+  let newest = 0;
+  const visit = (p: string): void => {
+    if (!existsSync(p)) return;
+    const s = statSync(p);
+    if (s.isDirectory()) for (const e of readdirSync(p)) visit(join(p, e));
+    else newest = Math.max(newest, s.mtimeMs);
+  };
+  for (const p of paths) visit(p);
+  return newest;
+}
+
+/** dist when it exists and no app source is newer than it, else dev. */
+export function resolveMode(mode: WebAppMode, root: string): 'dist' | 'dev' {
+  if (mode !== 'auto') return mode;
+  const built = join(root, 'dist', 'app', 'index.html');
+  if (!existsSync(built)) return 'dev';
+  const sources = newestMtime(['index.html', 'src/ui', 'src/components', 'src/peer', 'src/backends/webgpu', 'workers', 'shaders'].map((p) => join(root, p)));
+  return statSync(built).mtimeMs >= sources ? 'dist' : 'dev';
+}
+
+async function readBody(req: IncomingMessage, limit = 64 * 1024): Promise<string> {
+  let size = 0;
+  const parts: Buffer[] = [];
+  for await (const c of req) {
+    size += (c as Buffer).length;
+    if (size > limit) throw new MeshError('BAD_REQUEST', `request body over ${limit} bytes`);
+    parts.push(c as Buffer);
+  }
+  return Buffer.concat(parts).toString('utf8');
+}
+
+export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
+  const root = opts.root ?? REPO_ROOT;
+  const mode = resolveMode(opts.mode ?? 'auto', root);
+  const log = opts.log ?? (() => undefined);
+  const extra: SignalingServer[] = [];
+  // dev: vite starts on the first page request, so a server nobody opens in a browser pays nothing
+  let vite: Promise<import('vite').ViteDevServer> | null = null;
+  const devServer = (): Promise<import('vite').ViteDevServer> =>
+    (vite ??= import('vite').then(({ createServer }) =>
+      createServer({ root, configFile: join(root, 'vite.config.ts'), appType: 'spa', logLevel: 'warn', server: { middlewareMode: true, hmr: false } }),
+    ));
+
+  const roomsJson = (req: IncomingMessage): unknown => {
+    const local = isLoopback(req);
+    const servers = [opts.server, ...extra];
+    return {
+      local,
+      rooms: servers.flatMap((s) =>
+        s.rooms.map((r) => ({
+          roomId: r.id,
+          model: { id: r.model.id, nLayer: r.model.nLayer, fileBytes: r.model.header.fileBytes, remote: isUrl(r.model.location), description: opts.describe?.get(r.model.location) ?? null },
+          peers: r.peers.size,
+          route: r.route ? { id: r.route.id, status: r.route.status } : null,
+          ...(local ? { joinUrl: s.joinUrl(r) } : {}),
+        })),
+      ),
+    };
+  };
+
+  const openRoom = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
+    if (!isLoopback(req)) throw new MeshError('FORBIDDEN', 'rooms are opened from the machine that runs the server');
+    if (!opts.openRoom) throw new MeshError('NOT_SUPPORTED', 'this server cannot open rooms for other models');
+    let body: { model?: unknown };
+    try {
+      body = JSON.parse(await readBody(req)) as { model?: unknown };
+    } catch {
+      throw new MeshError('BAD_REQUEST', 'the body must be JSON: {"model": "<GGUF URL>"}');
+    }
+    const model = typeof body.model === 'string' ? body.model.trim() : '';
+    if (!isUrl(model)) throw new MeshError('BAD_REQUEST', `model must be an http(s) URL of a GGUF file, got '${model}'`);
+    const s = await opts.openRoom(model);
+    extra.push(s);
+    const room = s.rooms[0]!;
+    log(`room ${room.id} opened for ${model} at ${s.url}`);
+    sendJson(res, 201, { roomId: room.id, joinUrl: s.joinUrl(room) });
+  };
+
+  const sendFile = (res: ServerResponse, file: string, head: boolean, immutable: boolean): void => {
+    const size = statSync(file).size;
+    res.writeHead(200, {
+      'content-type': MIME[extname(file)] ?? 'application/octet-stream',
+      'content-length': size,
+      'cache-control': immutable ? 'public, max-age=31536000, immutable' : 'no-cache',
+    });
+    if (head) return void res.end();
+    createReadStream(file).on('error', () => res.destroy()).pipe(res);
+  };
+
+  /** A file under dist/<dir>, refusing paths that climb out of it. */
+  const distFile = (dir: string, rel: string): string | null => {
+    const base = join(root, 'dist', dir);
+    const file = normalize(join(base, rel));
+    if (!file.startsWith(base + sep)) return null;
+    return existsSync(file) && statSync(file).isFile() ? file : null;
+  };
+
+  return {
+    mode,
+    async handle(req, res) {
+      const url = new URL(req.url ?? '/', 'http://x');
+      const path = url.pathname;
+      if (isApiPath(path)) return false;
+      const method = req.method ?? 'GET';
+      try {
+        if (path === '/app/rooms') {
+          if (method === 'GET') sendJson(res, 200, roomsJson(req));
+          else if (method === 'POST') await openRoom(req, res);
+          else throw new MeshError('NOT_FOUND', `${method} /app/rooms is not served`);
+          return true;
+        }
+        if (method !== 'GET' && method !== 'HEAD') return false;
+        if (mode === 'dev') {
+          const dev = await devServer();
+          // the bundle's public name maps to its source entry
+          if (path === '/components/gguf-mesh.js') req.url = '/src/components/index.ts';
+          if (/^\/room\/[^/]+\/?$/.test(path)) req.url = '/';
+          // vite either answers (the response ends) or calls next (not a file it knows)
+          const passed = await new Promise<boolean>((resolve) => {
+            res.once('close', () => resolve(false));
+            dev.middlewares(req, res, () => resolve(true));
+          });
+          if (passed && !res.headersSent) throw new MeshError('NOT_FOUND', `${path} is not part of the app`);
+          return true;
+        }
+        const head = method === 'HEAD';
+        if (path.startsWith('/components/')) {
+          const f = distFile('components', path.slice('/components/'.length));
+          if (!f) throw new MeshError('NOT_FOUND', `${path}: no such file in the component bundle (run npm run build)`);
+          sendFile(res, f, head, false);
+          return true;
+        }
+        const asset = path === '/' || /^\/room\/[^/]+\/?$/.test(path) ? 'index.html' : path.slice(1);
+        const f = distFile('app', asset);
+        if (!f) throw new MeshError('NOT_FOUND', `${path} is not part of the app`);
+        sendFile(res, f, head, path.startsWith('/assets/'));
+        return true;
+      } catch (e) {
+        if (!res.headersSent) sendError(res, e);
+        else res.destroy();
+        return true;
+      }
+    },
+    async close() {
+      if (vite) await (await vite).close();
+      for (const s of extra.splice(0)) await s.close();
+    },
+  };
+}
+
+/**
+ * Puts `app` in front of the API on the signaling server listening at `serverUrl`.
+ *
+ * The server module has no hook for extra routes yet, so this finds its http.Server the first
+ * time a request reaches it (node:diagnostics_channel publishes `http.server.request.start`
+ * before the 'request' event) and wraps its request listeners: the app answers its paths, the
+ * API all others. Replace with an option on startSignalingServer once it has one.
+ */
+export function attachWebApp(serverUrl: string, app: WebApp): () => void {
+  const port = Number(new URL(serverUrl).port);
+  const wrapped = new WeakSet<Server>();
+  const onStart = (message: unknown): void => {
+    const server = (message as { server: Server }).server;
+    if (wrapped.has(server)) return;
+    const addr = server.address();
+    if (!addr || typeof addr === 'string' || addr.port !== port) return;
+    wrapped.add(server);
+    const api = server.listeners('request') as Array<(req: IncomingMessage, res: ServerResponse) => void>;
+    server.removeAllListeners('request');
+    server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+      void app.handle(req, res).then((mine) => {
+        if (!mine) for (const l of api) l.call(server, req, res);
+      });
+    });
+  };
+  dc.subscribe('http.server.request.start', onStart);
+  return () => dc.unsubscribe('http.server.request.start', onStart);
+}
+
+/** Options for a room opened from the page: the same as the main server's, on any free port. */
+export function siblingOptions(base: SignalingServerOptions, modelUrl: string): SignalingServerOptions {
+  const { secret: _secret, ...rest } = base;
+  return { ...rest, port: 0, models: [modelUrl] };
+}
+
+/** Creates the web app for `server` and puts it in front of the API (and of every room opened from the page). */
+export async function startWebApp(server: SignalingServer, base: SignalingServerOptions, opts: Omit<WebAppOptions, 'server' | 'openRoom'> = {}): Promise<WebApp> {
+  const detachers: Array<() => void> = [];
+  let app: WebApp | null = null;
+  const openRoom = async (url: string): Promise<SignalingServer> => {
+    const s = await startSignalingServer(siblingOptions(base, url));
+    detachers.push(attachWebApp(s.url, app!));
+    return s;
+  };
+  app = await createWebApp({ ...opts, server, openRoom });
+  detachers.push(attachWebApp(server.url, app));
+  const inner = app;
+  return {
+    mode: inner.mode,
+    handle: (req, res) => inner.handle(req, res),
+    async close() {
+      for (const d of detachers.splice(0)) d();
+      await inner.close();
+    },
+  };
+}
