@@ -4,11 +4,15 @@
 import type { Command } from '../command.ts';
 import { intOption, stringOption, UsageError } from '../command.ts';
 import { startSignalingServer } from '../../../signaling-server/server.ts';
+import type { SignalingServerOptions } from '../../../signaling-server/server.ts';
+import { startWebApp } from '../../../signaling-server/static.ts';
+import type { WebAppMode } from '../../../signaling-server/static.ts';
+import { modelsToServe } from '../../model/default-model.ts';
 
 export const command: Command = {
   name: 'serve',
   summary: 'run the signaling server: host models, open a room per model, plan routes over joining peers',
-  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S]',
+  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S] [--ui auto|dist|dev|off]',
   options: {
     host: { type: 'string', description: 'interface to bind', default: '127.0.0.1', valueName: '<host>' },
     port: { type: 'string', description: 'TCP port (0 = any free port)', default: '8080', valueName: '<port>' },
@@ -18,12 +22,16 @@ export const command: Command = {
     'plan-delay': { type: 'string', description: 'wait after the last join before planning (ms)', default: '300', valueName: '<ms>' },
     'session-ttl': { type: 'string', description: 'idle sessions expire after this many seconds', default: '300', valueName: '<s>' },
     quiet: { type: 'boolean', description: 'print only the join URLs, not room events' },
+    ui: { type: 'string', description: 'the web app: dist (built), dev (vite from sources), auto, or off', default: 'auto', valueName: '<mode>' },
   },
   async run(args) {
-    const models = (args.values.model as string[] | undefined) ?? [];
-    if (models.length === 0) throw new UsageError('--model is required (a GGUF path or URL; repeat for more rooms)');
+    // no --model: $GGUF_MESH_MODEL, else the default synthetic model (made once, cached)
+    const { models, describe, made } = await modelsToServe((args.values.model as string[] | undefined) ?? []);
+    const ui = stringOption(args, 'ui') ?? 'auto';
+    if (!['auto', 'dist', 'dev', 'off'].includes(ui)) throw new UsageError(`--ui must be auto, dist, dev or off, got '${ui}'`);
+    if (made) console.log(`made the default model ${models[0]}`);
     const host = stringOption(args, 'host') ?? '127.0.0.1';
-    const server = await startSignalingServer({
+    const serverOptions: SignalingServerOptions = {
       host,
       port: intOption(args, 'port', 8080),
       models,
@@ -32,11 +40,14 @@ export const command: Command = {
       planDelayMs: intOption(args, 'plan-delay', 300),
       sessionTtlMs: intOption(args, 'session-ttl', 300) * 1000,
       log: args.values.quiet ? () => undefined : (line) => console.log(line),
-    });
+    };
+    const server = await startSignalingServer(serverOptions);
+    const app = ui === 'off' ? null : await startWebApp(server, serverOptions, { mode: ui as WebAppMode, describe, log: serverOptions.log! });
     console.log(`gguf-mesh signaling server listening on ${server.url}`);
+    if (app) console.log(`page:     ${server.url}/  (web app: ${app.mode})`);
     if (host !== '127.0.0.1' && host !== 'localhost') console.log(`bound to ${host}: every room still requires its secret`);
     for (const room of server.rooms) {
-      console.log(`room ${room.id} model ${room.model.id} (${room.model.nLayer} layers)`);
+      console.log(`room ${room.id} model ${room.model.id} (${room.model.nLayer} layers)${describe.has(room.model.location) ? `: ${describe.get(room.model.location)}` : ''}`);
       console.log(`  join:   ${server.joinUrl(room)}`);
       console.log(`  secret: ${room.secret}`);
     }
@@ -44,6 +55,7 @@ export const command: Command = {
       process.once('SIGINT', resolve);
       process.once('SIGTERM', resolve);
     });
+    await app?.close();
     await server.close();
     return 0;
   },
