@@ -3,6 +3,7 @@
 // normalised like llama.cpp's test-backend-ops: max |gpu - cpu| / max |cpu| ≤ 1e-4.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import * as cpu from '../../src/backends/cpu/ops.ts';
+import { roundActivations } from '../../src/backends/cpu/act-round.ts';
 import { dequantize } from '../../src/gguf/dequant.ts';
 import { f32ToF16, F16_TABLE } from '../../src/gguf/fp16.ts';
 import { quantize } from '../../src/gguf/quantize.ts';
@@ -233,6 +234,24 @@ describe('elementwise and normalisation kernels', () => {
   });
 });
 
+describe('activation rounding as ggml does it', () => {
+  it.each(['f16', 'q8_0', 'q8_K'] as const)('%s equals the CPU reference', async (format) => {
+    const n = 512;
+    const rows = 3;
+    const x = randomArray(rows * n, 31, 6);
+    x.fill(0, n, n + 256); // an all-zero block
+    const out = storage(rows * n);
+    const rec = new Recorder(lib, resources);
+    gpu.roundActivations(rec, format, storage(x), out, rows * n);
+    const got = await run(rec, out, rows * n);
+    const want = roundActivations(x, rows, n, format);
+    // a value rounded to a different integer would be off by a whole quantisation step (~1%);
+    // what may remain is the last bit of a scale (WGSL division is not correctly rounded)
+    expect(relErr(got, want)).toBeLessThan(1e-6);
+    if (format === 'f16') expect(Array.from(got)).toEqual(Array.from(want));
+  });
+});
+
 describe('attention over a KV cache (GQA: 6 query heads, 2 KV heads)', () => {
   const shape = { nHead: 6, nHeadKv: 2, headDim: 32 };
   const kvDim = shape.nHeadKv * shape.headDim;
@@ -269,6 +288,6 @@ describe('attention over a KV cache (GQA: 6 query heads, 2 KV heads)', () => {
 
 describe('pipeline cache', () => {
   it('keys pipelines by readable labels', () => {
-    expect(lib.labels).toEqual(expect.arrayContaining(['mul_mat_vec_q4_k', 'mul_mat_q6_k', 'get_rows_q8_0', 'attention_decode_split', 'attention_decode_combine', 'rms_norm']));
+    expect(lib.labels).toEqual(expect.arrayContaining(['mul_mat_vec_q4_k', 'mul_mat_q6_k', 'get_rows_q8_0', 'attention_decode_split', 'attention_decode_combine', 'rms_norm', 'round_activations_q8_k']));
   });
 });

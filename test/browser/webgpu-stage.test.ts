@@ -45,8 +45,8 @@ async function synthetic(options: MakeModelOptions): Promise<TensorSource> {
   return served(name);
 }
 
-async function cpuStage(source: TensorSource, start: number, end: number): Promise<CpuBackend> {
-  const b = new CpuBackend();
+async function cpuStage(source: TensorSource, start: number, end: number, options = {}): Promise<CpuBackend> {
+  const b = new CpuBackend(options);
   await b.load(source, { start, end });
   backends.push(b);
   return b;
@@ -160,12 +160,25 @@ describe('stories260K', () => {
 });
 
 describe.each(['q8_0', 'q4_0', 'q4_k_m', 'q6_k'] as const)('synthetic %s model with GQA (4 heads, 2 KV heads)', (type) => {
-  it('greedy 32 tokens through two WebGPU stages equal the CPU reference; last logits within 1e-3', async () => {
-    const source = await synthetic({ type, layers: 2, embd: 256, heads: 4, kvHeads: 2, ffn: 512, vocab: 1024, seed: 3 });
-    const prompt = [1, 10, 300, 77, 900, 5];
-    const cpu = await greedy([await cpuStage(source, 0, 2)], 's', prompt, 32);
-    const gpu = await greedy([await gpuStage(source, 0, 1), await gpuStage(source, 1, 2)], 's', prompt, 32);
+  const options = { type, layers: 2, embd: 256, heads: 4, kvHeads: 2, ffn: 512, vocab: 1024, seed: 3 };
+  const prompt = [1, 10, 300, 77, 900, 5];
+
+  it('exact f32 activations: greedy 32 tokens through two WebGPU stages equal the CPU reference; last logits within 1e-3', async () => {
+    const source = await synthetic(options);
+    const exact = { activationRounding: 'none' } as const;
+    const cpu = await greedy([await cpuStage(source, 0, 2, exact)], 's', prompt, 32);
+    const gpu = await greedy([await gpuStage(source, 0, 1, exact), await gpuStage(source, 1, 2, exact)], 's', prompt, 32);
     expect(gpu.tokens).toEqual(cpu.tokens);
     expect(relErr(gpu.logits, cpu.logits)).toBeLessThan(1e-3);
+  });
+
+  // Rounding activations to Q8 blocks (as llama.cpp does) is discontinuous: an f32 summation-order
+  // difference of 1e-7 can move a value to the next quantisation step, so only tokens are compared.
+  it('ggml activation rounding (the default): greedy 32 tokens equal the CPU reference', async () => {
+    const source = await synthetic(options);
+    const cpu = await greedy([await cpuStage(source, 0, 2)], 's', prompt, 32);
+    const gpu = await greedy([await gpuStage(source, 0, 2)], 's', prompt, 32);
+    expect(gpu.tokens).toEqual(cpu.tokens);
+    expect(relErr(gpu.logits, cpu.logits)).toBeLessThan(5e-2);
   });
 });

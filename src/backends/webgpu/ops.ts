@@ -193,3 +193,20 @@ export function unpackF16(rec: Recorder, x: GPUBuffer, out: GPUBuffer, n: number
   const [gx, gy] = grid2d(Math.ceil(n / 2 / WG));
   rec.dispatch({ kernel: 'unpack_f16', params: [n / 2, gx], buffers: [x, out], groups: [gx, gy] });
 }
+
+/** How ggml rounds activations before a matmul with a weight of some type (see act-round.ts). */
+export type ActivationFormat = 'f32' | 'f16' | 'q8_0' | 'q8_K';
+
+const ROUND_BLOCK: Record<Exclude<ActivationFormat, 'f32'>, number> = { f16: 1, q8_0: 32, q8_K: 256 };
+
+/** Whether `roundActivations` changes rows of `rowLength` elements in this format. */
+export function roundsRows(format: ActivationFormat, rowLength: number): boolean {
+  return format !== 'f32' && rowLength % ROUND_BLOCK[format] === 0;
+}
+
+/** out = x rounded as ggml rounds activations for `format` (nElements whole rows of rowLength). */
+export function roundActivations(rec: Recorder, format: Exclude<ActivationFormat, 'f32'>, x: GPUBuffer, out: GPUBuffer, nElements: number): void {
+  const units = nElements / ROUND_BLOCK[format];
+  const [gx, gy] = grid2d(Math.ceil(units / WG));
+  rec.dispatch({ kernel: 'round_activations', entry: format === 'q8_K' ? 'q8_k' : format, params: [units, gx], buffers: [x, out], groups: [gx, gy] });
+}

@@ -20,6 +20,7 @@ import type { GpuMatrix } from './matrix.ts';
 import * as op from './ops.ts';
 import type { MatVecKernel } from './ops.ts';
 import { ropeTable } from './rope-table.ts';
+import { activationFormatFor } from '../cpu/act-round.ts';
 import type { ShaderSources } from './shader-library.ts';
 
 /** One tensor of the shard as read from the artifact. */
@@ -44,6 +45,11 @@ export interface WebGpuStageOptions {
   maxChunkBytes?: number;
   /** matrix × vector kernel for decode; 'auto' picks mul_mat on software adapters */
   matVec?: MatVecKernel | 'auto';
+  /**
+   * 'ggml' (default, like the CPU reference): round activations as llama.cpp's CPU backend does
+   * before each quantised or f16 matmul, so greedy tokens match it; 'none': exact f32.
+   */
+  activationRounding?: 'ggml' | 'none';
 }
 
 interface LayerGpu {
@@ -96,6 +102,8 @@ interface Scratch {
   ids: GPUBuffer; // [n] u32 token ids
   rope: GPUBuffer; // [n × nRot/2] (cos, sin)
   logits?: GPUBuffer; // [nVocab]
+  /** rounded copies of a matmul input, by format: [n × widest input row] (ggml rounding only) */
+  rounded: Partial<Record<Exclude<op.ActivationFormat, 'f32'>, GPUBuffer>>;
 }
 
 const ACTIVATION = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DST;
@@ -282,7 +290,7 @@ export class WebGpuStage {
       if (m.output && m.outputNorm) {
         // logits of the last position only: output norm, then the head
         op.rmsNorm(rec, sc.x, (n - 1) * c.nEmbd, c.nEmbd, m.outputNorm, sc.xb, 0, c.nEmbd, c.nEmbd, 1, c.rmsEps);
-        op.matmul(rec, m.output, sc.xb, 0, sc.logits!, 0, m.output.rows, 1, this.matVec);
+        op.matmul(rec, m.output, this.input(rec, sc, m.output, sc.xb, 1, new Map()), 0, sc.logits!, 0, m.output.rows, 1, this.matVec);
         bytes = await rec.submit({ buffer: sc.logits!, offset: 0, bytes: m.output.rows * 4 });
         return { kind: 'logits', logits: new Float32Array(bytes!) };
       }
@@ -312,6 +320,8 @@ export class WebGpuStage {
     const kvAt = pos * kvDim; // this batch's rows of the cache
     const mv = this.matVec;
     const neox = c.rope.mode === 'neox';
+    const mm = (w: GpuMatrix, x: GPUBuffer, memo: Map<string, GPUBuffer>, out: GPUBuffer, outOffset: number, outStride: number) =>
+      op.matmul(rec, w, this.input(rec, sc, w, x, n, memo), 0, out, outOffset, outStride, n, mv);
 
     // attention norm
     op.rmsNorm(rec, sc.x, 0, nEmbd, w.attnNorm, sc.xb, 0, nEmbd, nEmbd, n, rmsEps);
@@ -319,9 +329,10 @@ export class WebGpuStage {
     const qRaw = w.qNorm ? sc.att : sc.q;
     const kRaw = w.kNorm ? sc.kTmp! : kCache;
     const kRawAt = w.kNorm ? 0 : kvAt;
-    op.matmul(rec, w.wq, sc.xb, 0, qRaw, 0, qDim, n, mv);
-    op.matmul(rec, w.wk, sc.xb, 0, kRaw, kRawAt, kvDim, n, mv);
-    op.matmul(rec, w.wv, sc.xb, 0, vCache, kvAt, kvDim, n, mv);
+    const normed = new Map<string, GPUBuffer>();
+    mm(w.wq, sc.xb, normed, qRaw, 0, qDim);
+    mm(w.wk, sc.xb, normed, kRaw, kRawAt, kvDim);
+    mm(w.wv, sc.xb, normed, vCache, kvAt, kvDim);
     // biases (qwen2)
     if (w.bq) op.add(rec, qRaw, 0, w.bq, n * qDim, qDim);
     if (w.bk) op.add(rec, kRaw, kRawAt, w.bk, n * kvDim, kvDim);
@@ -337,17 +348,35 @@ export class WebGpuStage {
     if (n === 1) op.attentionDecode(rec, shape, sc.q, 0, kCache, vCache, partial, sc.att, pos + 1);
     else op.attentionPrefill(rec, shape, sc.q, kCache, vCache, sc.att, n, pos);
     // output projection, residual
-    op.matmul(rec, w.wo, sc.att, 0, sc.tmp, 0, nEmbd, n, mv);
+    mm(w.wo, sc.att, new Map(), sc.tmp, 0, nEmbd);
     op.add(rec, sc.x, 0, sc.tmp, n * nEmbd);
 
     // feed-forward norm
     op.rmsNorm(rec, sc.x, 0, nEmbd, w.ffnNorm, sc.xb, 0, nEmbd, nEmbd, n, rmsEps);
     // gate and up, SwiGLU, down, residual
-    op.matmul(rec, w.wGate, sc.xb, 0, sc.gate, 0, nFf, n, mv);
-    op.matmul(rec, w.wUp, sc.xb, 0, sc.up, 0, nFf, n, mv);
+    const ffnIn = new Map<string, GPUBuffer>();
+    mm(w.wGate, sc.xb, ffnIn, sc.gate, 0, nFf);
+    mm(w.wUp, sc.xb, ffnIn, sc.up, 0, nFf);
     op.swiglu(rec, sc.gate, sc.up, n * nFf);
-    op.matmul(rec, w.wDown, sc.gate, 0, sc.tmp, 0, nEmbd, n, mv);
+    mm(w.wDown, sc.gate, new Map(), sc.tmp, 0, nEmbd);
     op.add(rec, sc.x, 0, sc.tmp, n * nEmbd);
+  }
+
+  /**
+   * The buffer a matmul with `w` should read for input x ([n × w.k]): x itself, or a copy
+   * rounded as ggml rounds activations for w's type — made once per format per input (memo).
+   */
+  private input(rec: Recorder, sc: Scratch, w: GpuMatrix, x: GPUBuffer, n: number, memo: Map<string, GPUBuffer>): GPUBuffer {
+    if (this.options.activationRounding === 'none') return x;
+    const format = activationFormatFor(w.type);
+    if (format === 'f32' || !op.roundsRows(format, w.k)) return x;
+    let out = memo.get(format);
+    if (!out) {
+      out = sc.rounded[format]!;
+      op.roundActivations(rec, format, x, out, n * w.k);
+      memo.set(format, out);
+    }
+    return out;
   }
 
   async dispose(): Promise<void> {
@@ -387,14 +416,19 @@ export class WebGpuStage {
       ids: buf('ids', tokens),
       rope: buf('rope', tokens * c.rope.nRot),
       logits: m.output ? buf('logits', m.output.rows) : undefined,
+      rounded: {},
     };
+    if (this.options.activationRounding !== 'none') {
+      const widest = tokens * Math.max(c.nEmbd, qDim, c.nFf);
+      for (const f of ['f16', 'q8_0', 'q8_K'] as const) this.scratch.rounded[f] = buf(`x rounded ${f}`, widest);
+    }
     return this.scratch;
   }
 
   private freeScratch(): void {
     const sc = this.scratch;
     if (!sc) return;
-    for (const b of [sc.x, sc.xb, sc.q, sc.att, sc.kTmp, sc.tmp, sc.gate, sc.up, sc.ids, sc.rope, sc.logits]) this.memory.destroy(b);
+    for (const b of [sc.x, sc.xb, sc.q, sc.att, sc.kTmp, sc.tmp, sc.gate, sc.up, sc.ids, sc.rope, sc.logits, ...Object.values(sc.rounded)]) this.memory.destroy(b);
     this.scratch = null;
   }
 
