@@ -26,6 +26,13 @@ const SPECIAL_ATTRS = Attr.UNKNOWN | Attr.CONTROL;
 const utf8 = new TextEncoder();
 const utf8Decoder = new TextDecoder('utf-8', { ignoreBOM: true });
 
+/**
+ * Encode and decode with a model's own vocabulary:
+ *   const tok = Tokenizer.fromMetadata(header.metadata);
+ *   const ids = tok.encode(prompt);            // BOS added, special-token texts parsed
+ *   const text = tok.decode(ids);              // control tokens hidden unless { special: true }
+ * For generated tokens use StreamingDecoder, which never splits a UTF-8 character.
+ */
 export class Tokenizer {
   readonly vocab: Vocab;
   private readonly bpe: BpeSession | undefined;
@@ -50,6 +57,10 @@ export class Tokenizer {
   }
   get eos(): number | undefined {
     return this.vocab.eos;
+  }
+  /** end-of-turn token (e.g. <|eot_id|>, <|im_end|>), where the vocabulary has one */
+  get eot(): number | undefined {
+    return this.vocab.eot;
   }
   /** whether encode() with addSpecial puts BOS first */
   get addsBos(): boolean {
@@ -102,7 +113,7 @@ export class Tokenizer {
 
   /**
    * The bytes one token stands for (a byte token may be part of a UTF-8 sequence). Control
-   * and unknown tokens give no bytes unless `special`.
+   * and unknown tokens give no bytes unless `special`. The array is shared: do not modify it.
    */
   tokenPiece(id: number, { special = false }: DecodeOptions = {}): Uint8Array {
     this.check(id);
