@@ -71,9 +71,10 @@ function pageUrl(serve: ServeInfo, name: string, extra: Record<string, string> =
   return `${pageBase}#${new URLSearchParams({ join: serve.joinUrl, name, memory: String(1 << 30), ...extra })}`;
 }
 
-async function openTab(serve: ServeInfo, name: string, extra: Record<string, string> = {}): Promise<Tab> {
+async function openTab(serve: ServeInfo, name: string, extra: Record<string, string> = {}, before?: (page: Page) => Promise<void>): Promise<Tab> {
   const context = await browser.newContext();
   const page = await context.newPage();
+  await before?.(page);
   page.on('console', (m) => m.type() === 'error' && console.log(`[${name}] ${m.text()}`));
   await page.goto(pageUrl(serve, name, extra));
   await waitForState(page, (s) => s.status === 'idle' || s.status === 'ready', `${name} joined`);
@@ -238,7 +239,12 @@ describe('a mixed route: two browser tabs and a native cpu node', () => {
 
   beforeAll(async () => {
     serve = await spawnServe(modelPath, ['--min-peers', '3']);
-    for (const name of ['m0', 'm1']) tabs.push(await openTab(serve, name));
+    // m0's origin gets a tiny storage quota (DevTools protocol): its shard cache must fail loudly, not the load
+    tabs.push(await openTab(serve, 'm0', {}, async (page) => {
+      const cdp = await page.context().newCDPSession(page);
+      await cdp.send('Storage.overrideQuotaForOrigin', { origin: new URL(pageBase).origin, quotaSize: 64 * 1024 });
+    }));
+    tabs.push(await openTab(serve, 'm1'));
     const node = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', '1GiB', '--name', 'native']);
     await node.waitFor(/joined room/);
   });
@@ -254,6 +260,9 @@ describe('a mixed route: two browser tabs and a native cpu node', () => {
     expect(await generateOverHttp(serve, route.id)).toEqual(expected);
     const byStage = (await Promise.all(tabs.map((t) => state(t.page)))).sort((a, b) => a!.stage! - b!.stage!);
     expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'relay']); // browser → native goes through the server
+    const quota = (await state(tabs[0]!.page))!;
+    expect(quota.load!.cacheError).toMatch(/^STORAGE_QUOTA/);
+    expect(quota.status).toBe('ready');
   });
 });
 
