@@ -78,6 +78,8 @@ export interface GenerationRequest {
   /** called with each piece of new text as soon as it is certain (never part of a stop string) */
   onDelta?: (delta: string) => void;
   signal?: AbortSignal;
+  /** keep generating past EOS/EOG tokens (benchmarks; llama.cpp's --ignore-eos) */
+  ignoreEog?: boolean;
   /** session id on the chain (default: a fresh random one); the session is released at the end */
   sessionId?: string;
 }
@@ -167,7 +169,7 @@ export async function generate(chain: StageChain, tokenizer: Tokenizer, request:
       }
       const token = sampler.sample(logits, prompt.concat(tokens));
       tokens.push(token);
-      if (tokenizer.isEog(token)) {
+      if (tokenizer.isEog(token) && !request.ignoreEog) {
         stopReason = 'eog';
         break;
       }

@@ -32,8 +32,8 @@ export function rmsnorm(out: Float32Array, x: Float32Array, weight: Float32Array
  * x: [nTokens × nIn]; w: [nOut × nIn] (a ggml weight of shape [nIn, nOut]); y: [nTokens × nOut].
  *
  * Loop order for the cache: four weight rows are held while every token's row streams past,
- * so a weight row is read from memory once per call, not once per token; each pass computes
- * four dot products at once from one load of x[t, i].
+ * so a weight row is read from memory once per call, not once per token; each inner pass
+ * computes eight dot products (four rows × two tokens) from six loads.
  */
 export function matmul(y: Float32Array, x: Float32Array, w: Float32Array, nTokens: number, nIn: number, nOut: number): void {
   matmulRows(y, x, w, nTokens, nIn, nOut, 0, nOut, 0);
@@ -62,7 +62,37 @@ export function matmulRows(
     const w1 = w0 + nIn;
     const w2 = w1 + nIn;
     const w3 = w2 + nIn;
-    for (let t = 0; t < nTokens; t++) {
+    let t = 0;
+    // two tokens × four weight rows per pass: each load feeds four or two multiply-adds
+    for (; t + 2 <= nTokens; t += 2) {
+      const xa = t * nIn;
+      const xb = xa + nIn;
+      let a0 = 0, a1 = 0, a2 = 0, a3 = 0, b0 = 0, b1 = 0, b2 = 0, b3 = 0;
+      for (let i = 0; i < nIn; i++) {
+        const u = x[xa + i]!;
+        const v = x[xb + i]!;
+        const p0 = w[w0 + i]!, p1 = w[w1 + i]!, p2 = w[w2 + i]!, p3 = w[w3 + i]!;
+        a0 += u * p0;
+        a1 += u * p1;
+        a2 += u * p2;
+        a3 += u * p3;
+        b0 += v * p0;
+        b1 += v * p1;
+        b2 += v * p2;
+        b3 += v * p3;
+      }
+      let yo = t * nOut + o;
+      y[yo] = a0;
+      y[yo + 1] = a1;
+      y[yo + 2] = a2;
+      y[yo + 3] = a3;
+      yo += nOut;
+      y[yo] = b0;
+      y[yo + 1] = b1;
+      y[yo + 2] = b2;
+      y[yo + 3] = b3;
+    }
+    for (; t < nTokens; t++) {
       const xo = t * nIn;
       let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
       for (let i = 0; i < nIn; i++) {

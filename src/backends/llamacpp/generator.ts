@@ -101,7 +101,7 @@ export class LlamaCppGenerator implements TextGenerator {
           lastAt = performance.now();
           if (tokens.length === 0) firstAt = lastAt;
           tokens.push(token);
-          if (this.tokenizer.isEog(token)) {
+          if (this.tokenizer.isEog(token) && !request.ignoreEog) {
             stopReason = 'eog';
             break;
           }
