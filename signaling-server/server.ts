@@ -12,6 +12,8 @@
 //   POST /v1/sessions/{id}[/prefill|/decode], DELETE /v1/sessions/{id}     binary frames
 //   WS   /v1/rooms/{room}/peer               peer control (challenge → hello with HMAC proof)
 //   WS   /v1/rooms/{room}/client             client frames (Bearer secret on the upgrade)
+//   GET  /v1/sessions/{id}/events            session telemetry as Server-Sent Events
+//   POST /v1/chat/completions, /v1/completions; GET /v1/models   OpenAI-compatible (./openai.ts)
 
 import { createServer } from 'node:http';
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
@@ -32,6 +34,7 @@ import { bearerOf, secretMatches } from '../src/transport/frame-server.ts';
 import { handleFrameHttp, sendError, sendJson } from '../src/transport/http.ts';
 import { serveFrames } from '../src/transport/ws.ts';
 import { FetchLog, serveFile } from './model-host.ts';
+import { handleOpenAi } from './openai.ts';
 import { loadOrBuildManifest } from '../src/gguf/manifest.ts';
 import type { Manifest } from '../src/gguf/manifest.ts';
 import { headerToWire } from '../src/peer/header-wire.ts';
@@ -193,6 +196,13 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
         if (!r || !allowed.includes(r.room)) throw new MeshError('ROUTE_UNKNOWN', `no route ${m[1]}`);
         return sendJson(res, 200, r.summary());
       }
+      if (await handleOpenAi(req, res, allowed, { sessions })) return;
+      if (method === 'GET' && (m = /^\/v1\/sessions\/([0-9a-f]{32})\/events$/.exec(path))) {
+        const sid = m[1]!;
+        const r = findRoute(sessions.brief(sid).routeId);
+        if (!r || !allowed.includes(r.room)) throw new MeshError('AUTH_FAILED', `the secret does not open session ${sid}'s room`);
+        return streamSessionEvents(req, res, sid);
+      }
       const handled = await handleFrameHttp(req, res, async (f) => {
         roomOfFrame(f, allowed);
         return sessions.handle(f);
@@ -203,6 +213,22 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
       if (!res.headersSent) sendError(res, e);
       else res.destroy();
     }
+  }
+
+  /** GET /v1/sessions/{id}/events: the session's telemetry as Server-Sent Events, replayed from its start. */
+  function streamSessionEvents(req: IncomingMessage, res: ServerResponse, sid: string): void {
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+    let unsubscribe: (() => void) | null = null;
+    const end = (): void => {
+      unsubscribe?.();
+      if (!res.writableEnded) res.end();
+    };
+    unsubscribe = sessions.subscribe(sid, (e) => {
+      if (res.writableEnded) return;
+      res.write(`event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`);
+      if (e.type === 'session_state' && ['closed', 'expired', 'failed'].includes(e.state)) setImmediate(end);
+    });
+    req.on('close', end);
   }
 
   server.on('upgrade', (req, socket, head) => {

@@ -33,7 +33,7 @@ export class RouteSessionClient {
   }
 
   /** Sends the prompt in chunks; the last chunk is sampled. Returns the first generated token. */
-  async prefill(tokens: ArrayLike<number>, chunk = DEFAULT_PREFILL_CHUNK): Promise<number> {
+  async prefill(tokens: ArrayLike<number>, chunk = DEFAULT_PREFILL_CHUNK, onChunk?: (done: number, total: number) => void): Promise<number> {
     if (tokens.length === 0) throw new MeshError('BAD_REQUEST', 'prefill needs at least one token');
     let reply: Frame | null = null;
     for (let i = 0; i < tokens.length; i += chunk) {
@@ -41,6 +41,7 @@ export class RouteSessionClient {
       const last = i + part.length >= tokens.length;
       reply = await this.link.request(tokensFrame(FrameType.Prefill, this.at(), this.position, part, last ? FrameFlag.Sample : 0));
       this.position += part.length;
+      onChunk?.(i + part.length, tokens.length);
     }
     return this.tokenOf(reply!);
   }

@@ -13,6 +13,7 @@ import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
 import type { SessionOpenBody } from './stage-service.ts';
+import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
 
 /** What the session manager needs from a route. */
 export interface RouteHandle {
@@ -45,6 +46,8 @@ interface Session {
   generated: number;
   /** the owner's handle (a client connection), so a disconnect can cancel its sessions */
   owner: unknown;
+  /** prompt tokens the client announced, for progress */
+  promptLength: number | null;
 }
 
 export interface SessionManagerOptions {
@@ -61,8 +64,13 @@ export function newSessionId(): string {
   return randomBytes(16).toString('hex');
 }
 
+/** Events kept per session so a late subscriber still sees progress. */
+const EVENT_BUFFER = 256;
+
 export class SessionManager {
   private sessions = new Map<string, Session>();
+  private listeners = new Map<string, Set<TelemetryListener>>();
+  private buffers = new Map<string, TelemetryEvent[]>();
   private sweeper: NodeJS.Timeout;
   readonly idleTtlMs: number;
 
@@ -73,6 +81,28 @@ export class SessionManager {
     this.idleTtlMs = opts.idleTtlMs ?? 5 * 60_000;
     this.sweeper = setInterval(() => void this.expireIdle(), opts.sweepMs ?? Math.min(1000, this.idleTtlMs / 4));
     this.sweeper.unref();
+  }
+
+  /** Adds a telemetry event to a session's stream. */
+  publish(sessionId: string, e: TelemetryEvent): void {
+    let buf = this.buffers.get(sessionId);
+    if (!buf) this.buffers.set(sessionId, (buf = []));
+    buf.push(e);
+    if (buf.length > EVENT_BUFFER) buf.shift();
+    for (const l of this.listeners.get(sessionId) ?? []) l(e);
+  }
+
+  /** Replays a session's events so far, then delivers new ones until unsubscribed. */
+  subscribe(sessionId: string, listener: TelemetryListener): () => void {
+    this.get(sessionId);
+    for (const e of this.buffers.get(sessionId) ?? []) listener(e);
+    let set = this.listeners.get(sessionId);
+    if (!set) this.listeners.set(sessionId, (set = new Set()));
+    set.add(listener);
+    return () => {
+      set.delete(listener);
+      if (set.size === 0) this.listeners.delete(sessionId);
+    };
   }
 
   /** Answers a client's frame (open, prefill, decode, close, status). */
@@ -101,10 +131,11 @@ export class SessionManager {
     if (!route) throw new MeshError('ROUTE_UNKNOWN', `no ready route ${routeId}`);
     if (this.sessions.has(sessionId)) throw new MeshError('SESSION_EXISTS', `session ${sessionId} already exists`);
     if (/^0+$/.test(sessionId)) throw new MeshError('FRAME_BAD_SESSION', 'frame session id: the all-zero id is reserved', { field: 'session id' });
-    const s: Session = { life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner };
+    const s: Session = { life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, promptLength: body.promptLength ?? null };
     this.sessions.set(sessionId, s);
     this.prune();
     this.opts.onChange?.(sessionId, 'opening');
+    this.publish(sessionId, { type: 'session_state', sessionId, state: 'opening' });
     const links = route.stageLinks();
     const openFrame = makeFrame({ ...jsonFrameFields(body), type: FrameType.SessionOpen, routeId, sessionId });
     const results = await Promise.allSettled(
@@ -146,7 +177,10 @@ export class SessionManager {
       throw new MeshError(s.life.state === 'failed' ? 'SESSION_FAILED' : 'SESSION_CLOSED', `session ${f.sessionId} became ${s.life.state} during the step`);
     }
     s.position += f.nTokens;
-    if (f.type === FrameType.Prefill) s.promptTokens += f.nTokens;
+    if (f.type === FrameType.Prefill) {
+      s.promptTokens += f.nTokens;
+      this.publish(f.sessionId, { type: 'prefill_progress', sessionId: f.sessionId, tokensDone: s.promptTokens, tokensTotal: s.promptLength });
+    }
     if (reply.type === FrameType.Token) {
       s.generated++;
       void decodeI32(reply.payload);
@@ -235,11 +269,15 @@ export class SessionManager {
   private move(s: Session, to: SessionState): void {
     s.life.transition(to);
     this.opts.onChange?.(s.life.sessionId, to);
+    this.publish(s.life.sessionId, { type: 'session_state', sessionId: s.life.sessionId, state: to });
   }
 
   private async fail(s: Session, failure: SessionFailure): Promise<void> {
+    if (isTerminal(s.life.state)) return;
     s.life.fail(failure);
     this.opts.onChange?.(s.life.sessionId, 'failed');
+    this.publish(s.life.sessionId, { type: 'error', sessionId: s.life.sessionId, code: failure.code, message: failure.message, ...(failure.stage !== undefined ? { stage: failure.stage } : {}) });
+    this.publish(s.life.sessionId, { type: 'session_state', sessionId: s.life.sessionId, state: 'failed' });
     await this.releaseEverywhere(s);
   }
 
@@ -264,7 +302,10 @@ export class SessionManager {
   private prune(): void {
     const keep = this.opts.keepFinished ?? 1000;
     const finished = [...this.sessions.entries()].filter(([, s]) => isTerminal(s.life.state));
-    for (const [id] of finished.slice(0, Math.max(0, finished.length - keep))) this.sessions.delete(id);
+    for (const [id] of finished.slice(0, Math.max(0, finished.length - keep))) {
+      this.sessions.delete(id);
+      this.buffers.delete(id);
+    }
   }
 }
 

@@ -12,6 +12,7 @@ import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame } from '../protoco
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, decodeRows, hiddenFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
+import type { StageTiming } from './telemetry.ts';
 
 export interface SamplerSettings {
   temperature?: number;
@@ -26,6 +27,8 @@ export interface SessionOpenBody {
   sampler?: SamplerSettings;
   /** how hidden states travel between stages (default f16) */
   hiddenDtype?: 'f16' | 'f32';
+  /** prompt tokens the client will prefill, for progress reports */
+  promptLength?: number;
 }
 
 export type TokenSampler = (logits: Float32Array) => number;
@@ -58,6 +61,8 @@ export interface StageServiceOptions {
 interface StageSession {
   sample: TokenSampler | null;
   hiddenDtype: DType.F16 | DType.F32;
+  /** totals over the session's steps, for telemetry */
+  timing: { steps: number; computeMs: number; downstreamMs: number; handleMs: number; bytesIn: number; bytesOut: number };
 }
 
 export class StageService {
@@ -127,6 +132,7 @@ export class StageService {
     this.sessions.set(f.sessionId, {
       sample: this.isLast ? (greedy || !this.opts.samplerFactory ? argmax : this.opts.samplerFactory(settings)) : null,
       hiddenDtype: body.hiddenDtype === 'f32' ? DType.F32 : DType.F16,
+      timing: { steps: 0, computeMs: 0, downstreamMs: 0, handleMs: 0, bytesIn: 0, bytesOut: 0 },
     });
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'open', position: 0 });
   }
@@ -145,7 +151,20 @@ export class StageService {
 
   private async compute(f: Frame, input: Parameters<StageBackend['forward']>[1]): Promise<Frame> {
     const s = this.session(f.sessionId);
-    const { output } = await this.opts.backend.forward(f.sessionId, input, f.position);
+    const started = performance.now();
+    const timing = s.timing;
+    timing.steps++;
+    if (f.type === FrameType.Hidden) timing.bytesIn += HEADER_BYTES + f.payload.byteLength;
+    try {
+      return await this.computeStep(f, s, input);
+    } finally {
+      timing.handleMs += performance.now() - started;
+    }
+  }
+
+  private async computeStep(f: Frame, s: StageSession, input: Parameters<StageBackend['forward']>[1]): Promise<Frame> {
+    const { output, computeMs } = await this.opts.backend.forward(f.sessionId, input, f.position);
+    s.timing.computeMs += computeMs;
     const sampleNow = f.type === FrameType.Decode || (f.flags & FrameFlag.Sample) !== 0;
     if (output.kind === 'hidden') {
       const next = this.opts.downstream;
@@ -155,12 +174,16 @@ export class StageService {
       this.bytesOut += out.payload.byteLength;
       this.wireBytesOut += HEADER_BYTES + out.payload.byteLength;
       this.framesOut++;
+      s.timing.bytesOut += HEADER_BYTES + out.payload.byteLength;
+      const sent = performance.now();
       try {
         return await next.request(out);
       } catch (e) {
         if (e instanceof MeshError && e.details?.stage !== undefined) throw e;
         const code = e instanceof MeshError && (e.code === 'LINK_CLOSED' || e.code === 'LINK_FAILED') ? 'STAGE_UNREACHABLE' : (e as MeshError).code ?? 'STAGE_FAILED';
         throw new MeshError(code, `stage ${this.opts.stage + 1} (${next.remote}): ${(e as Error).message}`, { stage: this.opts.stage + 1 });
+      } finally {
+        s.timing.downstreamMs += performance.now() - sent;
       }
     }
     const nextPosition = f.position + f.nTokens;
@@ -174,7 +197,18 @@ export class StageService {
   /** A session's counters on this stage; a session that is not open holds nothing. */
   sessionStatus(sessionId: string): Record<string, unknown> {
     if (!this.sessions.has(sessionId)) return { stage: this.opts.stage, shard: this.opts.shard, open: false, position: 0, kvBytes: 0, processedTokens: [] };
-    return { stage: this.opts.stage, shard: this.opts.shard, open: true, ...this.opts.backend.sessionStats(sessionId) };
+    const t = this.sessions.get(sessionId)!.timing;
+    const round = (x: number): number => Math.round(x * 1000) / 1000;
+    const timing: StageTiming = {
+      stage: this.opts.stage,
+      steps: t.steps,
+      computeMs: round(t.computeMs),
+      downstreamMs: round(t.downstreamMs),
+      overheadMs: round(Math.max(0, t.handleMs - t.computeMs - t.downstreamMs)),
+      bytesIn: t.bytesIn,
+      bytesOut: t.bytesOut,
+    };
+    return { stage: this.opts.stage, shard: this.opts.shard, open: true, backend: this.opts.backend.kind, ...this.opts.backend.sessionStats(sessionId), timing };
   }
 
   status(): StageStatus {

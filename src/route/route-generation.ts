@@ -1,0 +1,116 @@
+// Generation where the route samples: the prompt goes to stage 0 in chunks, the last stage
+// samples each token (temperature, top-p, seed travel in the session's open frame), and this
+// loop only decodes text, watches for end-of-generation and stop strings, and reports
+// telemetry. The signaling server's OpenAI-compatible API runs on it.
+
+import { MeshError } from '../errors.ts';
+import type { Tokenizer } from '../model/tokenizer/tokenizer.ts';
+import { StreamingDecoder } from '../model/tokenizer/stream.ts';
+import type { FrameLink } from '../transport/link.ts';
+import { RouteSessionClient } from './client.ts';
+import { makeTimings, TextCollector } from './generation.ts';
+import type { GenerationResult, StopReason } from './generation.ts';
+import type { SessionInfo } from './sessions.ts';
+import type { SamplerSettings } from './stage-service.ts';
+import type { StageTiming, TelemetryEvent } from './telemetry.ts';
+
+export interface RouteGenerationRequest {
+  promptTokens: readonly number[];
+  maxTokens: number;
+  sampler?: SamplerSettings;
+  stopStrings?: readonly string[];
+  contextLength?: number;
+  prefillChunk?: number;
+  signal?: AbortSignal;
+  onDelta?: (text: string) => void;
+  onEvent?: (e: TelemetryEvent) => void;
+  /** called once the session id is known (e.g. to tie a client connection to it) */
+  onSession?: (sessionId: string) => void;
+}
+
+export interface RouteGenerationResult extends GenerationResult {
+  sessionId: string;
+  summary: Extract<TelemetryEvent, { type: 'session_summary' }> | null;
+}
+
+export async function generateOnRoute(link: FrameLink, routeId: number, tokenizer: Tokenizer, req: RouteGenerationRequest): Promise<RouteGenerationResult> {
+  const prompt = [...req.promptTokens];
+  if (prompt.length === 0) throw new MeshError('EMPTY_PROMPT', 'the prompt has no tokens');
+  const contextLength = req.contextLength ?? prompt.length + req.maxTokens;
+  if (prompt.length > contextLength) throw new MeshError('CONTEXT_FULL', `the prompt has ${prompt.length} tokens, more than the context length ${contextLength}`);
+  const emit = req.onEvent ?? (() => undefined);
+  const client = await RouteSessionClient.open(link, routeId, { contextLength, promptLength: prompt.length, ...(req.sampler ? { sampler: req.sampler } : {}) });
+  const sessionId = client.sessionId;
+  req.onSession?.(sessionId);
+  emit({ type: 'session_opened', sessionId, routeId });
+  const text = new TextCollector(req.stopStrings ?? [], req.onDelta);
+  const decoder = new StreamingDecoder(tokenizer);
+  const tokens: number[] = [];
+  let stopReason: StopReason = 'max_tokens';
+  let promptMs = 0;
+  let decodeMs = 0;
+  let decodeSteps = 0;
+  let summary: RouteGenerationResult['summary'] = null;
+  let closed = false;
+  try {
+    const t0 = performance.now();
+    let token = await client.prefill(prompt, req.prefillChunk ?? 64, (done, total) => emit({ type: 'prefill_progress', sessionId, tokensDone: done, tokensTotal: total }));
+    promptMs = performance.now() - t0;
+    while (req.maxTokens > 0) {
+      tokens.push(token);
+      const piece = decoder.push(token);
+      emit({ type: 'token', sessionId, id: token, text: piece, position: client.position });
+      if (tokenizer.isEog(token)) {
+        stopReason = 'eog';
+        break;
+      }
+      if (text.push(piece)) {
+        stopReason = 'stop_string';
+        break;
+      }
+      if (tokens.length >= req.maxTokens) break;
+      if (client.position >= contextLength) {
+        stopReason = 'context_full';
+        break;
+      }
+      if (req.signal?.aborted) {
+        stopReason = 'aborted';
+        break;
+      }
+      const t1 = performance.now();
+      token = await client.decode(token);
+      decodeMs += performance.now() - t1;
+      decodeSteps++;
+    }
+    if (stopReason !== 'stop_string') text.push(decoder.flush(), true);
+    const info = await client.info().catch(() => null);
+    if (info) summary = summarize(info, promptMs, prompt.length, decodeMs, decodeSteps, tokens.length);
+    if (summary) emit(summary);
+    await client.close();
+    closed = true;
+  } catch (e) {
+    const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
+    emit({ type: 'error', sessionId, code: err.code, message: err.message, ...(typeof err.details?.stage === 'number' ? { stage: err.details.stage } : {}) });
+    throw err;
+  } finally {
+    if (!closed) await client.close().catch(() => undefined);
+  }
+  return { promptTokens: prompt, tokens, text: text.text, stopReason, timings: makeTimings(promptMs, prompt.length, decodeMs, decodeSteps), sessionId, summary };
+}
+
+function summarize(info: SessionInfo, promptMs: number, promptTokens: number, decodeMs: number, decodeSteps: number, generated: number): Extract<TelemetryEvent, { type: 'session_summary' }> {
+  const stages = info.stages.map((s) => s.timing as StageTiming | undefined).filter((t): t is StageTiming => t !== undefined);
+  const steps = Math.max(1, promptTokens + decodeSteps);
+  return {
+    type: 'session_summary',
+    sessionId: info.sessionId,
+    promptTokens,
+    generatedTokens: generated,
+    timeToFirstTokenMs: Math.round(promptMs * 1000) / 1000,
+    promptTokS: promptMs > 0 ? Math.round((promptTokens * 1e6) / promptMs) / 1000 : 0,
+    decodeTokS: decodeMs > 0 ? Math.round((decodeSteps * 1e6) / decodeMs) / 1000 : 0,
+    // bytes sent per processed token on each hop (prefill rows and decode rows alike)
+    bytesPerHop: stages.slice(0, -1).map((t) => Math.round((t.bytesOut / steps) * 10) / 10),
+    stages,
+  };
+}

@@ -1,0 +1,43 @@
+// Typed telemetry events: one schema for the server, peers, the CLI and the UI. Every event
+// names its kind in `type`; times are in milliseconds, sizes in bytes.
+
+export interface StageTiming {
+  stage: number;
+  /** steps this stage ran for the session */
+  steps: number;
+  /** time in the backend's forward pass */
+  computeMs: number;
+  /** time waiting for the next stage's answer (transfer + everything downstream) */
+  downstreamMs: number;
+  /** time from receiving a frame to answering it, minus compute and downstream: decode/encode, queueing */
+  overheadMs: number;
+  /** hidden-state bytes received from the previous stage and sent to the next, whole frames */
+  bytesIn: number;
+  bytesOut: number;
+}
+
+export type TelemetryEvent =
+  | { type: 'route_planned'; routeId: number; stages: Array<{ stage: number; peerId: string; start: number; end: number }> }
+  | { type: 'stage_loading'; routeId: number; stage: number; bytesDone: number; bytesTotal: number }
+  | { type: 'stage_ready'; routeId: number; stage: number; loadMs: number; bytesRead: number }
+  | { type: 'route_status'; routeId: number; status: string; reason: string | null }
+  | { type: 'session_opened'; sessionId: string; routeId: number }
+  | { type: 'prefill_progress'; sessionId: string; tokensDone: number; tokensTotal: number | null }
+  | { type: 'token'; sessionId: string; id: number; text: string; position: number }
+  | { type: 'step_timing'; sessionId: string; position: number; stages: StageTiming[] }
+  | {
+      type: 'session_summary';
+      sessionId: string;
+      promptTokens: number;
+      generatedTokens: number;
+      timeToFirstTokenMs: number;
+      promptTokS: number;
+      decodeTokS: number;
+      /** whole-frame bytes per token on each hop (stage k → k+1) during decode */
+      bytesPerHop: number[];
+      stages: StageTiming[];
+    }
+  | { type: 'session_state'; sessionId: string; state: string }
+  | { type: 'error'; sessionId?: string; code: string; message: string; stage?: number };
+
+export type TelemetryListener = (e: TelemetryEvent) => void;
