@@ -41,6 +41,15 @@ export class GpuMemory {
     buffer.destroy();
   }
 
+  /** the buffers alive now, to free what a failed operation made since (see destroyAllExcept) */
+  snapshot(): Set<GPUBuffer> {
+    return new Set(this.live.keys());
+  }
+
+  destroyAllExcept(keep: Set<GPUBuffer>): void {
+    for (const b of [...this.live.keys()]) if (!keep.has(b)) this.destroy(b);
+  }
+
   destroyAll(): void {
     for (const b of [...this.live.keys()]) this.destroy(b);
   }

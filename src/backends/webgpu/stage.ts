@@ -157,6 +157,7 @@ export class WebGpuStage {
     const byName = new Map(model.tensors.map((t) => [t.name, t]));
     const maxChunk = Math.min(this.options.maxChunkBytes ?? Infinity, this.adapter.maxStorageBufferBindingSize, this.adapter.maxBufferSize);
     const where = this.where(model);
+    const before = this.memory.snapshot();
     await this.guard(where, 'uploading weights', async () => {
       const need = (name: string): StageTensor => {
         const t = byName.get(name);
@@ -174,7 +175,7 @@ export class WebGpuStage {
       };
       const optionalVector = (name: string): GPUBuffer | undefined => (byName.has(name) ? vector(name) : undefined);
       const loaded: Loaded = { config, shard: { ...shard }, artifact: model.artifact, layers: [] };
-      this.model = loaded; // so a failure part-way still frees what was uploaded
+      this.model = loaded;
       if (shard.start === 0) loaded.tokenEmbd = matrix('token_embd.weight');
       for (let l = shard.start; l < shard.end; l++) {
         const p = `blk.${l}.`;
@@ -200,7 +201,9 @@ export class WebGpuStage {
         loaded.output = byName.has('output.weight') ? matrix('output.weight') : (loaded.tokenEmbd ?? matrix('token_embd.weight'));
       }
     }).catch((e) => {
-      this.freeModel();
+      // free everything uploaded so far, including a layer that was only half built
+      this.model = null;
+      this.memory.destroyAllExcept(before);
       throw e;
     });
   }
