@@ -206,14 +206,14 @@ describe('three browser tabs serve stories260K', () => {
   });
 });
 
-describe('blocked direct connections relay through the server', () => {
+describe('blocked direct connections relay through the server (slices cached in OPFS)', () => {
   let serve: ServeInfo;
   const tabs: Tab[] = [];
 
   beforeAll(async () => {
     serve = await spawnServe(modelPath, ['--min-peers', '3']);
     // iceTransportPolicy 'relay' with no TURN server: no candidate pair can form, as on a blocking network
-    for (const name of ['r0', 'r1', 'r2']) tabs.push(await openTab(serve, name, { ice: 'relay', rtcTimeoutMs: '1500' }));
+    for (const name of ['r0', 'r1', 'r2']) tabs.push(await openTab(serve, name, { ice: 'relay', rtcTimeoutMs: '1500', storage: 'opfs' }));
   });
   afterAll(async () => {
     for (const t of tabs) await t.context.close();
@@ -230,6 +230,18 @@ describe('blocked direct connections relay through the server', () => {
     for (const h of hops) expect(relayed[h]?.frames).toBeGreaterThanOrEqual(N + 1);
     const states = await Promise.all(tabs.map((t) => state(t.page)));
     for (const s of states) expect(s!.downstreamChannel).toBeNull();
+  });
+
+  it('reloads from the OPFS cache with zero bytes fetched and relays again', async () => {
+    for (const t of tabs) await t.page.reload();
+    for (const t of tabs) await waitForState(t.page, (s) => s.status === 'ready', 'reloaded tab ready', 120_000);
+    const route = await waitForRoute(serve, 'ready', 120_000);
+    for (const t of tabs) {
+      const s = (await state(t.page))!;
+      expect(s.load!.fetchedBytes).toBe(0);
+      expect(s.load!.cachedUnits.length).toBe(s.load!.units.length);
+    }
+    expect(await generateOverHttp(serve, route.id)).toEqual(expected);
   });
 });
 

@@ -19,6 +19,7 @@ import { PipeLink, servePipe } from '../transport/webrtc-link.ts';
 import type { PipeCounters } from '../transport/webrtc-link.ts';
 import { ShardCache } from '../storage/shard-cache.ts';
 import { indexedDbStore } from '../storage/kv-store.ts';
+import { opfsStore } from '../storage/opfs-store.ts';
 import { detectCapabilities } from './capabilities.ts';
 import type { BrowserCapabilities } from './capabilities.ts';
 import { helloProofAsync, openControlSocket, parseJoinUrl } from './control-socket.ts';
@@ -37,8 +38,11 @@ export interface BrowserPeerOptions {
   name?: string;
   /** bytes offered for weights (default: from the adapter and navigator.deviceMemory) */
   memoryBytes?: number;
-  /** shard cache (default: IndexedDB); null disables caching */
+  /** shard cache (default: one over `storage`); null disables caching */
   cache?: ShardCache | null;
+  /** where the default cache keeps slices: IndexedDB (default) or the Origin Private File
+   *  System, for slices larger than IndexedDB holds comfortably */
+  storage?: 'indexeddb' | 'opfs';
   iceServers?: RTCIceServer[];
   /** 'relay' lets no direct candidate through: with no TURN server every hop falls back to the server relay */
   iceTransportPolicy?: RTCIceTransportPolicy;
@@ -146,7 +150,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   if (opts.cache !== undefined) cache = opts.cache;
   else {
     try {
-      cache = new ShardCache(indexedDbStore());
+      cache = new ShardCache(opts.storage === 'opfs' ? await opfsStore() : indexedDbStore());
     } catch (e) {
       log(`no shard cache: ${(e as Error).message}`);
     }

@@ -8,7 +8,7 @@ import { createStore, delMany, getMany, keys, promisifyRequest } from 'idb-keyva
 import { MeshError } from '../errors.ts';
 
 export interface KeyValueStore {
-  readonly kind: 'indexeddb' | 'memory';
+  readonly kind: 'indexeddb' | 'opfs' | 'memory';
   getMany(keys: readonly string[]): Promise<unknown[]>;
   /** writes every entry, or none of them */
   setMany(entries: ReadonlyArray<readonly [string, unknown]>): Promise<void>;

@@ -6,6 +6,8 @@ import { describe, expect, it } from 'vitest';
 import type { Manifest } from '../../src/gguf/manifest.ts';
 import { sha256HexAsync } from '../../src/gguf/verify.ts';
 import { indexedDbStore, storageError } from '../../src/storage/kv-store.ts';
+import type { KeyValueStore } from '../../src/storage/kv-store.ts';
+import { opfsStore } from '../../src/storage/opfs-store.ts';
 import { ShardCache } from '../../src/storage/shard-cache.ts';
 import type { CacheEvent } from '../../src/storage/shard-cache.ts';
 
@@ -44,15 +46,21 @@ async function tinyManifest(sha: string): Promise<{ manifest: Manifest; data: Ma
 
 const dbName = `gguf-mesh-test-${Math.random().toString(36).slice(2)}`;
 
-describe('ShardCache over IndexedDB', () => {
+const stores: Record<string, () => Promise<KeyValueStore>> = {
+  indexeddb: async () => indexedDbStore(dbName),
+  opfs: () => opfsStore(dbName),
+};
+
+describe.each(Object.keys(stores))('ShardCache over %s', (kind) => {
   it('keeps units across cache instances, re-verifies them, and keys them by artifact', async () => {
+    const open = stores[kind]!;
     const { manifest, data } = await tinyManifest('a'.repeat(64));
-    const writer = new ShardCache(indexedDbStore(dbName));
+    const writer = new ShardCache(await open());
     await writer.storeUnit(manifest, 'layer.0', data);
     await writer.storeUnit(manifest, 'head', data); // uses the tied embedding too
 
     const events: CacheEvent[] = [];
-    const reader = new ShardCache(indexedDbStore(dbName), (e) => events.push(e)); // as after a reload
+    const reader = new ShardCache(await open(), (e) => events.push(e)); // as after a reload
     expect(await reader.heldUnits(manifest.artifact.sha256)).toEqual(['head', 'layer.0']);
     const { result, hit, miss } = await reader.readUnits(manifest, ['embed', 'layer.0', 'layer.1', 'head']);
     expect(hit).toEqual(['layer.0', 'head']);
@@ -65,7 +73,7 @@ describe('ShardCache over IndexedDB', () => {
     expect((await reader.readUnits(other.manifest, ['layer.0'])).hit).toEqual([]);
 
     // bytes edited on disk are caught by the re-hash and the unit is dropped
-    const store = indexedDbStore(dbName);
+    const store = await open();
     const key = `t/${manifest.artifact.sha256}/blk.0.attn_q.weight`;
     const bad = data.get('blk.0.attn_q.weight')!.slice();
     bad[0]! ^= 1;
@@ -77,8 +85,20 @@ describe('ShardCache over IndexedDB', () => {
     await reader.clear(manifest.artifact.sha256);
     expect(await reader.heldUnits(manifest.artifact.sha256)).toEqual([]);
   });
+});
 
-  it('writes a batch in one transaction: a failing entry leaves none of the batch behind', async () => {
+describe('half-written batches', () => {
+  it('OPFS: a batch cut short before its commit record leaves no unit', async () => {
+    const store = await opfsStore(dbName);
+    const err = await store.setMany([
+      ['t/c/blk.0.x', bytes(100, 5)],
+      ['u/c/layer.0', { n: 1n }], // JSON cannot hold a bigint: the commit record never lands
+    ]).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(TypeError);
+    expect(await new ShardCache(store).heldUnits('c')).toEqual([]);
+  });
+
+  it('IndexedDB: writes a batch in one transaction: a failing entry leaves none of the batch behind', async () => {
     const store = indexedDbStore(dbName);
     const err = await store.setMany([
       ['t/x/first', bytes(100, 9)],
