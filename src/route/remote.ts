@@ -11,6 +11,8 @@ import { parseRoomUrl } from './control.ts';
 import type { ModelBrief } from './control.ts';
 import type { StageChain } from './generation.ts';
 import { newSessionId } from './sessions.ts';
+import type { SessionInfo } from './sessions.ts';
+import type { StageTiming } from './telemetry.ts';
 import type { SessionOpenBody } from './stage-service.ts';
 
 export interface RoomSummary {
@@ -77,6 +79,8 @@ export class RemoteChain implements StageChain {
   private sessions = new Map<string, RouteSessionClient>();
   /** wire session ids (32 hex digits) by the caller's ids */
   readonly wireIds = new Map<string, string>();
+  /** the last released session's status, read just before it closed (per-stage timings) */
+  lastInfo: SessionInfo | null = null;
 
   constructor(
     private readonly joined: JoinedRoom,
@@ -99,6 +103,7 @@ export class RemoteChain implements StageChain {
   async releaseSession(sessionId: string): Promise<void> {
     const c = this.client(sessionId);
     this.sessions.delete(sessionId);
+    this.lastInfo = await c.info().catch(() => null);
     await c.close();
   }
 
@@ -112,4 +117,18 @@ export class RemoteChain implements StageChain {
     if (!c) throw new MeshError('SESSION_UNKNOWN', `no session ${id} on this chain`);
     return c;
   }
+}
+
+/** A per-stage timing table (text) from a session's status. */
+export function timingTable(info: SessionInfo): string {
+  const rows = info.stages.map((s) => ({ shard: s.shard as { start: number; end: number } | undefined, peer: String(s.peer ?? ''), t: s.timing as StageTiming | undefined }));
+  const lines = ['stage  layers   peer                 steps  compute ms  downstream ms  overhead ms   bytes in  bytes out'];
+  for (const r of rows) {
+    if (!r.t) continue;
+    const layers = r.shard ? `${r.shard.start}-${r.shard.end}` : '?';
+    lines.push(
+      `${String(r.t.stage).padStart(5)}  ${layers.padEnd(7)}  ${r.peer.slice(0, 20).padEnd(20)} ${String(r.t.steps).padStart(5)}  ${r.t.computeMs.toFixed(1).padStart(10)}  ${r.t.downstreamMs.toFixed(1).padStart(13)}  ${r.t.overheadMs.toFixed(1).padStart(11)}  ${String(r.t.bytesIn).padStart(9)}  ${String(r.t.bytesOut).padStart(9)}`,
+    );
+  }
+  return lines.join('\n');
 }

@@ -22,7 +22,7 @@ import type { SamplerOptions } from '../../model/sampler.ts';
 import { Tokenizer } from '../../model/tokenizer/tokenizer.ts';
 import { ChainGenerator, InProcessChain } from '../../route/generation.ts';
 import type { GenerationResult, TextGenerator } from '../../route/generation.ts';
-import { joinRoom, RemoteChain } from '../../route/remote.ts';
+import { joinRoom, RemoteChain, timingTable } from '../../route/remote.ts';
 
 const BACKENDS = ['cpu', 'llamacpp'] as const;
 type Backend = (typeof BACKENDS)[number];
@@ -53,6 +53,7 @@ export const command: Command = {
     join: { type: 'string', valueName: '<room url>', description: 'generate over the route of a room instead of a local model (see `serve`)' },
     secret: { type: 'string', valueName: '<secret>', description: '--join: the room secret (default: the URL\'s #secret=)' },
     wait: { type: 'string', valueName: '<s>', description: '--join: wait this long for the route to be ready', default: '30' },
+    telemetry: { type: 'boolean', description: '--join: print a per-stage timing table at the end (stderr)' },
   },
   async run(args: ParsedArgs): Promise<number> {
     const opts = readOptions(args);
@@ -64,7 +65,8 @@ export const command: Command = {
       const tokenizer = Tokenizer.fromMetadata((joined ? await joined.header() : source!.header).metadata);
       const promptTokens = tokenizer.encode(opts.prompt);
       const contextLength = opts.ctx ?? promptTokens.length + opts.n;
-      generator = joined ? new ChainGenerator(new RemoteChain(joined), tokenizer) : await openGenerator(opts, source!, tokenizer, contextLength);
+      const remote = joined ? new RemoteChain(joined) : null;
+      generator = remote ? new ChainGenerator(remote, tokenizer) : await openGenerator(opts, source!, tokenizer, contextLength);
       const result = await generator.generate({
         promptTokens,
         maxTokens: opts.n,
@@ -74,6 +76,7 @@ export const command: Command = {
         ...(opts.json ? {} : { onDelta: (d: string) => process.stdout.write(d) }),
       });
       printResult(result, opts.json);
+      if (remote?.lastInfo && args.values.telemetry) process.stderr.write(`${timingTable(remote.lastInfo)}\n`);
       return 0;
     } finally {
       await generator?.dispose();
