@@ -86,8 +86,10 @@ async function kernelFigures(k: number, rows: number, attnCtx: number, attnQueri
       const ms = await timeKernel(device, lib, res, (rec) => op.matmul(rec, w, x, 0, out, 0, rows, 1, kernel), reps);
       figures.push({ kernel: `${kernel}_${name}`, shape: `[${rows}×${k}]·[${k}]`, ms, gb_s: (bytes.byteLength + k * 4) / ms / 1e6, gflop_s: (2 * k * rows) / ms / 1e6 });
     }
-    const ms = await timeKernel(device, lib, res, (rec) => op.matmul(rec, w, x, 0, out, 0, rows, batch), reps);
-    figures.push({ kernel: `mul_mat_${name}`, shape: `[${rows}×${k}]·[${k}×${batch}]`, ms, gb_s: (bytes.byteLength + batch * k * 4) / ms / 1e6, gflop_s: (2 * k * rows * batch) / ms / 1e6 });
+    for (const kernel of ['mul_mat', 'mul_mat_tiled'] as const) {
+      const ms = await timeKernel(device, lib, res, (rec) => op.matmul(rec, w, x, 0, out, 0, rows, batch, 'mul_mat_vec', kernel), reps);
+      figures.push({ kernel: `${kernel}_${name}`, shape: `[${rows}×${k}]·[${k}×${batch}]`, ms, gb_s: (bytes.byteLength + batch * k * 4) / ms / 1e6, gflop_s: (2 * k * rows * batch) / ms / 1e6 });
+    }
     for (const c of w.chunks) memory.destroy(c.buffer);
   }
   // attention over an attnCtx-position cache: 32 heads of 128, 8 KV heads

@@ -114,6 +114,20 @@ describe.each(WEIGHT_TYPES.map((t) => [GgmlType[t], t] as const))('weights %s', 
     expect(relErr(got, want)).toBeLessThan(TOL);
   });
 
+  it('mul_mat_tiled: 70 tokens (two token tiles), split matrix', async () => {
+    const rowBytes = bytes.byteLength / rows;
+    const m = uploadMatrix(memory, 'w', type, [k, rows], bytes, rowBytes * 40);
+    const n = 70;
+    const x = randomArray(n * k, 6);
+    const out = storage(n * rows);
+    const rec = new Recorder(lib, resources);
+    gpu.matmul(rec, m, storage(x), 0, out, 0, rows, n, 'mul_mat_vec', 'mul_mat_tiled');
+    const got = await run(rec, out, n * rows);
+    const want = new Float32Array(n * rows);
+    cpu.matmul(want, x, w, n, k, rows);
+    expect(relErr(got, want)).toBeLessThan(TOL);
+  });
+
   it('mul_mat as a one-row-per-thread matrix × vector, from an offset', async () => {
     const m = uploadMatrix(memory, 'w', type, [k, rows], bytes, 1 << 30);
     const x = randomArray(3 * k, 11);

@@ -132,6 +132,14 @@ describe('stories260K', () => {
     expect(relErr(b, a)).toBeLessThan(1e-4);
   });
 
+  it('the kernels a hardware adapter gets (workgroup-reduced mat-vec, tiled mat-mat) give the same tokens', async () => {
+    const source = await served('stories260K.gguf');
+    const cpu = await greedy([await cpuStage(source, 0, 5)], 'h', STORIES_PROMPT, 8);
+    const gpu = await greedy([await gpuStage(source, 0, 5, { matVec: 'mul_mat_vec', matMul: 'mul_mat_tiled' })], 'h', STORIES_PROMPT, 8);
+    expect(gpu.tokens).toEqual(cpu.tokens);
+    expect(relErr(gpu.logits, cpu.logits)).toBeLessThan(1e-3);
+  });
+
   it('weights split over many small buffers give the same logits', async () => {
     const source = await served('stories260K.gguf');
     const whole = await greedy([await gpuStage(source, 0, 5)], 'c', STORIES_PROMPT, 4);

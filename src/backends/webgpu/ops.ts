@@ -15,6 +15,18 @@ export const ATTENTION_MAX_HEAD_DIM = 256; // TILE × MAX_D_PER_THREAD in attent
  * thread whole rows (no barriers: good where barriers are slow, like SwiftShader). */
 export type MatVecKernel = 'mul_mat_vec' | 'mul_mat';
 
+/** Batched kernel: 'mul_mat_tiled' (shared-memory tiles, for GPUs) or 'mul_mat' (no barriers). */
+export type MatMulKernel = 'mul_mat' | 'mul_mat_tiled';
+
+const TILE_K = 32; // TK in mul_mat_tiled.wgsl
+const TILE_ROWS = 64;
+const TILE_TOKENS = 64;
+
+/** Whether mul_mat_tiled can take a matrix with rows of k elements. */
+export function tiledFits(k: number): boolean {
+  return k % TILE_K === 0;
+}
+
 /**
  * out[t, outOffset + row] = W[row, :] · x[t, :] for t < nTokens.
  * x: [nTokens × w.k] from element xOffset; out rows are `outStride` apart.
@@ -29,9 +41,18 @@ export function matmul(
   outStride: number,
   nTokens: number,
   vecKernel: MatVecKernel = 'mul_mat_vec',
+  batchKernel: MatMulKernel = 'mul_mat',
 ): void {
   for (const c of w.chunks) {
-    if (nTokens === 1 && vecKernel === 'mul_mat_vec') {
+    if (nTokens > 1 && batchKernel === 'mul_mat_tiled' && tiledFits(w.k)) {
+      rec.dispatch({
+        kernel: 'mul_mat_tiled',
+        quant: w.quant,
+        params: [w.k, c.rows, w.rowBytes, nTokens, xOffset, w.k, outOffset + c.row0, outStride],
+        buffers: [c.buffer, x, out],
+        groups: [Math.ceil(c.rows / TILE_ROWS), Math.ceil(nTokens / TILE_TOKENS)],
+      });
+    } else if (nTokens === 1 && vecKernel === 'mul_mat_vec') {
       const [gx, gy] = grid2d(c.rows);
       rec.dispatch({
         kernel: 'mul_mat_vec',

@@ -18,7 +18,7 @@ import { KernelLibrary, Recorder, SubmitResources } from './kernels.ts';
 import { destroyMatrix, uploadMatrix } from './matrix.ts';
 import type { GpuMatrix } from './matrix.ts';
 import * as op from './ops.ts';
-import type { MatVecKernel } from './ops.ts';
+import type { MatMulKernel, MatVecKernel } from './ops.ts';
 import { ropeTable } from './rope-table.ts';
 import { activationFormatFor } from '../cpu/act-round.ts';
 import type { ShaderSources } from './shader-library.ts';
@@ -45,6 +45,8 @@ export interface WebGpuStageOptions {
   maxChunkBytes?: number;
   /** matrix × vector kernel for decode; 'auto' picks mul_mat on software adapters */
   matVec?: MatVecKernel | 'auto';
+  /** matrix × matrix kernel for prefill; 'auto' picks mul_mat_tiled except on software adapters */
+  matMul?: MatMulKernel | 'auto';
   /**
    * 'ggml' (default, like the CPU reference): round activations as llama.cpp's CPU backend does
    * before each quantised or f16 matmul, so greedy tokens match it; 'none': exact f32.
@@ -113,6 +115,7 @@ export class WebGpuStage {
   private readonly kernels: KernelLibrary;
   private readonly resources: SubmitResources;
   private readonly matVec: MatVecKernel;
+  private readonly matMul: MatMulKernel;
   private model: Loaded | null = null;
   private readonly sessions = new Map<string, Session>();
   private scratch: Scratch | null = null;
@@ -132,6 +135,8 @@ export class WebGpuStage {
     this.resources = new SubmitResources(this.memory);
     const choice = options.matVec ?? 'auto';
     this.matVec = choice === 'auto' ? (adapter.isFallbackAdapter ? 'mul_mat' : 'mul_mat_vec') : choice;
+    const batched = options.matMul ?? 'auto';
+    this.matMul = batched === 'auto' ? (adapter.isFallbackAdapter ? 'mul_mat' : 'mul_mat_tiled') : batched;
     void device.lost.then((info) => {
       if (!this.disposed) this.lost = `${info.reason}: ${info.message}`;
     });
@@ -324,7 +329,7 @@ export class WebGpuStage {
     const mv = this.matVec;
     const neox = c.rope.mode === 'neox';
     const mm = (w: GpuMatrix, x: GPUBuffer, memo: Map<string, GPUBuffer>, out: GPUBuffer, outOffset: number, outStride: number) =>
-      op.matmul(rec, w, this.input(rec, sc, w, x, n, memo), 0, out, outOffset, outStride, n, mv);
+      op.matmul(rec, w, this.input(rec, sc, w, x, n, memo), 0, out, outOffset, outStride, n, mv, this.matMul);
 
     // attention norm
     op.rmsNorm(rec, sc.x, 0, nEmbd, w.attnNorm, sc.xb, 0, nEmbd, nEmbd, n, rmsEps);
