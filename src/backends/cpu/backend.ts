@@ -17,6 +17,8 @@ export interface CpuBackendOptions {
   weightStorage?: WeightStorage;
   /** 'ggml' (default) rounds activations like llama.cpp for quantised weights; 'none' is exact f32 */
   activationRounding?: ActivationRounding;
+  /** multiply f32 matrices with the WebAssembly SIMD kernel (default true; false = JS loops) */
+  simd?: boolean;
 }
 
 export class CpuBackend implements StageBackend {
@@ -31,7 +33,7 @@ export class CpuBackend implements StageBackend {
     const config = configFromHeader(source.header);
     validateShard(shard, config.nLayer);
     await loadRopeFreqFactors(config, source);
-    const weights = await loadShardWeights(source, config, shard, this.options.weightStorage ?? 'f32', this.options.activationRounding ?? 'ggml');
+    const weights = await loadShardWeights(source, config, shard, this.options.weightStorage ?? 'f32', this.options.activationRounding ?? 'ggml', this.options.simd ?? true);
     this.loaded = { config, shard: { ...shard }, weights };
   }
 

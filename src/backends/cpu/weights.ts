@@ -12,6 +12,7 @@ import type { ShardRange } from '../types.ts';
 import { activationFormatFor, roundActivations } from './act-round.ts';
 import type { ActivationFormat } from './act-round.ts';
 import { matmulRows } from './ops.ts';
+import { WasmArena, wasmSimdAvailable } from './wasm-matmul.ts';
 
 /** How matrices are kept in memory: dense f32 (fastest) or as stored (4–8× smaller). */
 export type WeightStorage = 'f32' | 'quantized';
@@ -43,17 +44,20 @@ class DenseMatrix implements Matrix {
     readonly name: string,
     readonly rows: number,
     readonly cols: number,
-    /** [rows × cols] f32 */
+    /** [rows × cols] f32, inside `arena` when there is one */
     readonly data: Float32Array,
     /** how activations are rounded before multiplying */
     readonly activation: ActivationFormat,
+    /** the WebAssembly SIMD arena holding `data`, or null for the JS loop */
+    readonly arena: WasmArena | null,
   ) {}
   get bytes(): number {
     return this.data.byteLength;
   }
   matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
     const xr = roundActivations(x, nTokens, this.cols, this.activation);
-    matmulRows(y, xr, this.data, nTokens, this.cols, this.rows, 0, this.rows, 0);
+    if (this.arena) this.arena.matmul(y, xr, this.data, nTokens, this.cols, this.rows);
+    else matmulRows(y, xr, this.data, nTokens, this.cols, this.rows, 0, this.rows, 0);
   }
   row(r: number, out: Float32Array, outOffset: number): void {
     out.set(this.data.subarray(r * this.cols, (r + 1) * this.cols), outOffset);
@@ -133,6 +137,7 @@ export async function loadShardWeights(
   shard: ShardRange,
   storage: WeightStorage,
   rounding: ActivationRounding = 'ggml',
+  simd = true,
 ): Promise<ShardWeights> {
   const infos = shardTensors(source.header, shard, config.nLayer);
   for (const t of infos) {
@@ -162,18 +167,35 @@ export async function loadShardWeights(
   };
   const optionalVector = (name: string, length: number): Float32Array | null => (optional(name) ? vector(name, length) : null);
 
+  // dense f32 matrices go into one WebAssembly arena, sized up front (it never grows)
+  const matrixNames = new Set(infos.filter((t) => t.shape.length === 2).map((t) => t.name));
+  const denseFloats = infos
+    .filter((t) => matrixNames.has(t.name) && (storage === 'f32' || t.type === GgmlType.F32))
+    .reduce((sum, t) => sum + t.nElements + 4, 0);
+  const arena = simd && denseFloats > 0 && wasmSimdAvailable() ? new WasmArena(denseFloats) : null;
+
   let bytes = 0;
+  const made = new Map<string, Matrix>();
   const matrix = (name: string, cols: number, rows: number): Matrix => {
+    const done = made.get(name);
+    if (done) return done;
     const t = info(name);
     if (t.shape.length !== 2 || t.shape[0] !== cols || t.shape[1] !== rows) {
       throw new MeshError('BAD_TENSOR_SHAPE', `${name} has shape [${t.shape.join(', ')}], expected [${cols}, ${rows}]`);
     }
     const raw = data.get(name)!;
     const activation = rounding === 'ggml' ? activationFormatFor(t.type) : 'f32';
-    const m =
-      storage === 'quantized' && t.type !== GgmlType.F32
-        ? new QuantizedMatrix(name, rows, cols, t.type, raw, activation)
-        : new DenseMatrix(name, rows, cols, dequantize(t.type, raw, t.nElements), activation);
+    let m: Matrix;
+    if (storage === 'quantized' && t.type !== GgmlType.F32) {
+      m = new QuantizedMatrix(name, rows, cols, t.type, raw, activation);
+    } else if (arena) {
+      const view = arena.alloc(t.nElements); // [rows × cols] f32
+      dequantizeRow(t.type, raw, 0, t.nElements, view, 0);
+      m = new DenseMatrix(name, rows, cols, view, activation, arena);
+    } else {
+      m = new DenseMatrix(name, rows, cols, dequantize(t.type, raw, t.nElements), activation, null);
+    }
+    made.set(name, m);
     bytes += m.bytes;
     return m;
   };

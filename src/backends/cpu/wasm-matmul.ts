@@ -1,0 +1,211 @@
+// A WebAssembly SIMD matmul for the CPU engine: f32 weights live in one WebAssembly.Memory
+// (the "arena"), activations are copied in, and a hand-assembled kernel multiplies four
+// weight rows by one or two tokens with f32x4 lanes. JS scalar code tops out near 1.5
+// GFLOP/s; this runs several times faster and keeps the same loop order as ops.matmul.
+//
+// The module is assembled here byte by byte (no toolchain in the build); its text form:
+//
+//   (func $k4x2 (param $x0 $x1 $w $nIn $y0 $y1 i32)   ;; pointers in bytes, nIn in floats (multiple of 4)
+//     rowBytes = nIn·4; w1..w3 = the next rows; i = 0
+//     loop: xa = v128.load(x0+i); xb = v128.load(x1+i)
+//           for r in 0..3: wv = v128.load(wr+i); a_r += xa·wv; b_r += xb·wv
+//           i += 16; br_if loop (i < rowBytes)
+//     y0[r] = hsum(a_r); y1[r] = hsum(b_r))
+//   (func $k4x1 (param $x0 $w $nIn $y0 i32) …the same for one token)
+
+import { MeshError } from '../../errors.ts';
+import { matmulRows } from './ops.ts';
+
+// ---- a minimal WebAssembly assembler ----
+const I32 = 0x7f;
+const V128 = 0x7b;
+
+function uleb(n: number): number[] {
+  const out: number[] = [];
+  do {
+    let b = n & 0x7f;
+    n >>>= 7;
+    if (n !== 0) b |= 0x80;
+    out.push(b);
+  } while (n !== 0);
+  return out;
+}
+
+function section(id: number, body: number[]): number[] {
+  return [id, ...uleb(body.length), ...body];
+}
+
+function vec(items: number[][]): number[] {
+  return [...uleb(items.length), ...items.flat()];
+}
+
+function str(s: string): number[] {
+  const b = [...new TextEncoder().encode(s)];
+  return [...uleb(b.length), ...b];
+}
+
+const op = {
+  get: (i: number) => [0x20, ...uleb(i)],
+  set: (i: number) => [0x21, ...uleb(i)],
+  i32Const: (v: number) => [0x41, ...uleb(v)], // small non-negative constants only
+  i32Add: [0x6a],
+  i32Shl: [0x74],
+  i32LtU: [0x49],
+  loop: [0x03, 0x40],
+  brIf: (d: number) => [0x0d, ...uleb(d)],
+  end: [0x0b],
+  v128Load: [0xfd, 0x00, 0x02, 0x00], // align 2^2, offset 0
+  f32x4Add: [0xfd, 0xe4, 0x01],
+  f32x4Mul: [0xfd, 0xe6, 0x01],
+  extract: (lane: number) => [0xfd, 0x1f, lane],
+  f32Add: [0x92],
+  f32Store: (offset: number) => [0x38, 0x02, ...uleb(offset)],
+};
+
+/** body of a kernel over `tokens` (1 or 2) token rows × 4 weight rows */
+function kernelBody(tokens: 1 | 2): number[] {
+  // params: x0, [x1], w, nIn, y0, [y1]
+  const x = tokens === 2 ? [0, 1] : [0];
+  const w = tokens === 2 ? 2 : 1;
+  const nIn = w + 1;
+  const y = tokens === 2 ? [4, 5] : [3];
+  const nParams = tokens === 2 ? 6 : 4;
+  // i32 locals: rowBytes, i, w1, w2, w3; v128 locals: xs (tokens), wv, acc (4 × tokens)
+  const rowBytes = nParams, i = nParams + 1, wRow = [w, nParams + 2, nParams + 3, nParams + 4];
+  const vBase = nParams + 5;
+  const xv = x.map((_, t) => vBase + t);
+  const wv = vBase + tokens;
+  const acc = (t: number, r: number) => vBase + tokens + 1 + t * 4 + r;
+  const locals = vec([
+    [5, I32],
+    [tokens + 1 + 4 * tokens, V128],
+  ]);
+  const code: number[] = [];
+  const emit = (...parts: number[][]) => parts.forEach((p) => code.push(...p));
+  emit(op.get(nIn), op.i32Const(2), op.i32Shl, op.set(rowBytes));
+  for (let r = 1; r < 4; r++) emit(op.get(wRow[r - 1]!), op.get(rowBytes), op.i32Add, op.set(wRow[r]!));
+  emit(op.loop);
+  x.forEach((p, t) => emit(op.get(p), op.get(i), op.i32Add, op.v128Load, op.set(xv[t]!)));
+  for (let r = 0; r < 4; r++) {
+    emit(op.get(wRow[r]!), op.get(i), op.i32Add, op.v128Load, op.set(wv));
+    for (let t = 0; t < tokens; t++) {
+      emit(op.get(acc(t, r)), op.get(xv[t]!), op.get(wv), op.f32x4Mul, op.f32x4Add, op.set(acc(t, r)));
+    }
+  }
+  emit(op.get(i), op.i32Const(16), op.i32Add, op.set(i), op.get(i), op.get(rowBytes), op.i32LtU, op.brIf(0), op.end);
+  for (let t = 0; t < tokens; t++) {
+    for (let r = 0; r < 4; r++) {
+      const a = acc(t, r);
+      emit(op.get(y[t]!), op.get(a), op.extract(0), op.get(a), op.extract(1), op.f32Add, op.get(a), op.extract(2), op.f32Add);
+      emit(op.get(a), op.extract(3), op.f32Add, op.f32Store(4 * r));
+    }
+  }
+  const body = [...locals, ...code, ...op.end];
+  return [...uleb(body.length), ...body];
+}
+
+function moduleBytes(): Uint8Array<ArrayBuffer> {
+  const type4x2 = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [I32]]), 0x00];
+  const type4x1 = [0x60, ...vec([[I32], [I32], [I32], [I32]]), 0x00];
+  const bytes = [
+    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
+    ...section(1, vec([type4x2, type4x1])),
+    ...section(2, vec([[...str('env'), ...str('mem'), 0x02, 0x00, 0x00]])),
+    ...section(3, vec([[0], [1]])),
+    ...section(7, vec([[...str('k4x2'), 0x00, 0], [...str('k4x1'), 0x00, 1]])),
+    ...section(10, vec([kernelBody(2), kernelBody(1)])),
+  ];
+  return new Uint8Array(bytes);
+}
+
+let compiled: WebAssembly.Module | null | undefined;
+
+/** the compiled kernels, or null where WebAssembly SIMD is unavailable */
+function kernelModule(): WebAssembly.Module | null {
+  if (compiled === undefined) {
+    try {
+      compiled = new WebAssembly.Module(moduleBytes());
+    } catch {
+      compiled = null;
+    }
+  }
+  return compiled;
+}
+
+export function wasmSimdAvailable(): boolean {
+  return kernelModule() !== null;
+}
+
+const PAGE = 65536;
+/** activations staged per call: [tokens × (nIn + nOut)] f32 */
+const SCRATCH_BYTES = 16 * 1024 * 1024;
+const MAX_BYTES = 65536 * PAGE;
+
+/**
+ * One WebAssembly.Memory holding a shard's f32 weight matrices (fixed size, never grown, so
+ * views stay valid) plus a scratch area for activations.
+ */
+export class WasmArena {
+  readonly memory: WebAssembly.Memory;
+  /** the whole memory as f32 */
+  readonly heap: Float32Array;
+  private next = 0; // bytes allocated so far
+  private readonly scratch: number; // byte offset of the scratch area
+  private readonly k4x2: (x0: number, x1: number, w: number, nIn: number, y0: number, y1: number) => void;
+  private readonly k4x1: (x0: number, w: number, nIn: number, y0: number) => void;
+
+  constructor(weightFloats: number) {
+    const module = kernelModule();
+    if (!module) throw new MeshError('WASM_UNAVAILABLE', 'WebAssembly SIMD is not available here');
+    const weightBytes = Math.ceil((weightFloats * 4) / 16) * 16;
+    const total = weightBytes + SCRATCH_BYTES;
+    if (total > MAX_BYTES) throw new MeshError('WASM_TOO_LARGE', `${total} bytes of weights do not fit one WebAssembly memory`);
+    const pages = Math.ceil(total / PAGE);
+    this.memory = new WebAssembly.Memory({ initial: pages, maximum: pages });
+    this.heap = new Float32Array(this.memory.buffer);
+    this.scratch = weightBytes;
+    const instance = new WebAssembly.Instance(module, { env: { mem: this.memory } });
+    this.k4x2 = instance.exports.k4x2 as WasmArena['k4x2'];
+    this.k4x1 = instance.exports.k4x1 as WasmArena['k4x1'];
+  }
+
+  /** reserves `floats` f32 (16-byte aligned) and returns a view of them */
+  alloc(floats: number): Float32Array {
+    const offset = this.next;
+    this.next += Math.ceil((floats * 4) / 16) * 16;
+    if (this.next > this.scratch) throw new MeshError('WASM_ARENA_FULL', 'weight arena overflow');
+    return this.heap.subarray(offset / 4, offset / 4 + floats);
+  }
+
+  /**
+   * y = x · wᵀ with w a view returned by alloc. x: [nTokens × nIn]; w: [nOut × nIn];
+   * y: [nTokens × nOut]. nIn must be a multiple of 4; rows beyond a multiple of 4 use JS.
+   */
+  matmul(y: Float32Array, x: Float32Array, w: Float32Array, nTokens: number, nIn: number, nOut: number): void {
+    if (nIn % 4 !== 0 || w.buffer !== this.memory.buffer) {
+      matmulRows(y, x, w, nTokens, nIn, nOut, 0, nOut, 0);
+      return;
+    }
+    const wBase = w.byteOffset;
+    const perToken = (nIn + nOut) * 4;
+    const chunk = Math.max(1, Math.floor(SCRATCH_BYTES / perToken));
+    const rows4 = nOut - (nOut % 4);
+    for (let t0 = 0; t0 < nTokens; t0 += chunk) {
+      const n = Math.min(chunk, nTokens - t0);
+      const xOff = this.scratch; // [n × nIn]
+      const yOff = this.scratch + n * nIn * 4; // [n × nOut]
+      this.heap.set(x.subarray(t0 * nIn, (t0 + n) * nIn), xOff / 4);
+      for (let o = 0; o < rows4; o += 4) {
+        const wo = wBase + o * nIn * 4;
+        let t = 0;
+        for (; t + 2 <= n; t += 2) {
+          this.k4x2(xOff + t * nIn * 4, xOff + (t + 1) * nIn * 4, wo, nIn, yOff + (t * nOut + o) * 4, yOff + ((t + 1) * nOut + o) * 4);
+        }
+        if (t < n) this.k4x1(xOff + t * nIn * 4, wo, nIn, yOff + (t * nOut + o) * 4);
+      }
+      const yChunk = y.subarray(t0 * nOut, (t0 + n) * nOut);
+      yChunk.set(this.heap.subarray(yOff / 4, yOff / 4 + n * nOut));
+      if (rows4 < nOut) matmulRows(yChunk, x.subarray(t0 * nIn, (t0 + n) * nIn), w, n, nIn, nOut, rows4, nOut, rows4);
+    }
+  }
+}
