@@ -105,7 +105,11 @@ async function generateOverHttp(serve: ServeInfo, routeId: number): Promise<numb
   const c = await RouteSessionClient.open(link, routeId, { contextLength: 64 });
   const tokens = [await c.prefill(STORIES_PROMPT_TOKENS, 2)];
   while (tokens.length < N) tokens.push(await c.decode(tokens.at(-1)!));
+  const info = (await getJson(`${serve.base}/v1/sessions/${c.sessionId}`, serve.secret)).body;
+  for (const st of info.stages) expect(st.processedTokens).toEqual(new Array(st.shard.end - st.shard.start).fill(STORIES_PROMPT_TOKENS.length + N - 1));
   await c.close();
+  const closed = (await getJson(`${serve.base}/v1/sessions/${c.sessionId}`, serve.secret)).body;
+  for (const st of closed.stages) expect(st.kvBytes).toBe(0); // every stage freed the session's KV cache
   return tokens;
 }
 
@@ -202,6 +206,20 @@ describe('three browser tabs serve stories260K', () => {
       expect(s.load!.cachedBytes).toBe(s.load!.totalBytes);
       expect(s.load!.cachedUnits.length).toBe(s.load!.units.length);
     }
+    expect(await generateOverHttp(serve, route.id)).toEqual(expected);
+  });
+
+  it('when the last stage\'s tab closes, a new tab takes its place; the first two reconnect on a fresh channel', async () => {
+    const states = await Promise.all(tabs.map((t) => state(t.page)));
+    const last = tabs[states.findIndex((s) => s!.stage === 2)]!;
+    const firstTwo = states.filter((s) => s!.stage !== 2).map((s) => s!.peerId);
+    await last.context.close();
+    tabs = tabs.filter((t) => t !== last);
+    await waitForRoute(serve, 'degraded', 30_000);
+    tabs.push(await openTab(serve, 't3'));
+    const route = await waitForRoute(serve, 'ready', 120_000);
+    expect(route.stages.slice(0, 2).map((s: any) => s.peerId)).toEqual(firstTwo);
+    expect(route.stages.map((s: any) => s.telemetry?.hop)).toEqual(['webrtc', 'webrtc', 'none']);
     expect(await generateOverHttp(serve, route.id)).toEqual(expected);
   });
 });

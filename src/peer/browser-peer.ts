@@ -189,10 +189,13 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     });
   };
 
-  /** The other side of a data channel: a previous stage offers, this peer answers and serves. */
-  const answer = (from: string, first: unknown): void => {
-    if (answering.has(from)) return;
+  /** The other side of a data channel: a previous stage offers, this peer answers and serves.
+   *  Signals are keyed by sender and connection id, so a new offer never reaches an old channel. */
+  const answer = (from: string, cid: string, first: unknown): void => {
+    const key = `${from}#${cid}`;
+    if (answering.has(key)) return;
     const pending: unknown[] = [first];
+    signalSinks.set(key, (s) => pending.push(s));
     const p = connectDataChannel({
       initiator: false,
       label: from,
@@ -200,31 +203,30 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       ...(opts.iceServers ? { iceServers: opts.iceServers } : {}),
       ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
       signal: {
-        send: (s) => control.sendJson({ t: 'signal', to: from, signal: s }),
+        send: (s) => control.sendJson({ t: 'signal', to: from, cid, signal: s }),
         onSignal: (cb) => {
-          signalSinks.set(from, cb);
+          signalSinks.set(key, cb);
           for (const s of pending.splice(0)) cb(s);
         },
       },
     }).then(
       (pipe) => {
-        state.upstreamChannels[from] = servePipe(pipe, handler);
+        state.upstreamChannels[key] = servePipe(pipe, handler);
         log(`data channel from ${from} open (${Math.round(pipe.connectMs)} ms)`);
         pipe.onClose(() => {
-          answering.delete(from);
-          signalSinks.delete(from);
+          answering.delete(key);
+          signalSinks.delete(key);
         });
         return pipe;
       },
       (e: Error) => {
         log(`data channel from ${from} did not open: ${e.message}`);
-        answering.delete(from);
-        signalSinks.delete(from);
+        answering.delete(key);
+        signalSinks.delete(key);
         return null;
       },
     );
-    if (!signalSinks.has(from)) signalSinks.set(from, (s) => pending.push(s));
-    answering.set(from, p);
+    answering.set(key, p);
   };
 
   /** The link to the next stage: a data channel to a browser, else (or after a timeout) the server relay. */
@@ -243,6 +245,8 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       return link;
     };
     if (a.downstream) return relay(); // a native node: browsers reach it through the server
+    const cid = Math.random().toString(36).slice(2, 10);
+    const key = `${next}#${cid}`;
     try {
       const pipe = await connectDataChannel({
         initiator: true,
@@ -251,8 +255,8 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
         ...(opts.iceServers ? { iceServers: opts.iceServers } : {}),
         ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
         signal: {
-          send: (s) => control.sendJson({ t: 'signal', to: next, signal: s }),
-          onSignal: (cb) => void signalSinks.set(next, cb),
+          send: (s) => control.sendJson({ t: 'signal', to: next, cid, signal: s }),
+          onSignal: (cb) => void signalSinks.set(key, cb),
         },
       });
       const link = new PipeLink(pipe);
@@ -261,7 +265,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       log(`data channel to ${next} open (${Math.round(pipe.connectMs)} ms)`);
       return link;
     } catch (e) {
-      signalSinks.delete(next);
+      signalSinks.delete(key);
       log(`no data channel to ${next} (${(e as MeshError).code ?? ''} ${(e as Error).message}); relaying through the server`);
       return relay();
     }
@@ -340,9 +344,9 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       }
     } else if (m.t === 'signal') {
       const s = m as unknown as SignalFromPeer;
-      const sink = signalSinks.get(s.from);
+      const sink = signalSinks.get(`${s.from}#${s.cid}`);
       if (sink) sink(s.signal);
-      else answer(s.from, s.signal);
+      else answer(s.from, String(s.cid), s.signal);
     } else if (m.t === 'relay-reply') {
       for (const r of relays.values()) if (r.deliver(m as unknown as RelayReply)) break;
     }

@@ -2,8 +2,8 @@
 // base: challenge, hello, welcome, assign, ready, release). All are JSON text messages on the
 // peer's control WebSocket; the server routes them between peers of the same room.
 //
-//   peer → server  {t:'signal', to, signal}            a simple-peer offer/answer/candidate for peer `to`
-//   server → peer  {t:'signal', from, signal}
+//   peer → server  {t:'signal', to, cid, signal}       a simple-peer offer/answer/candidate for peer `to`
+//   server → peer  {t:'signal', from, cid, signal}     (cid: one id per data channel attempt)
 //   peer → server  {t:'relay', to, id, frame}          a request frame (base64) for peer `to`'s stage,
 //   server → peer  {t:'relay-reply', id, frame|error}  used when no data channel could open
 //   peer → server  {t:'telemetry', routeId, stage, …}  load progress, hop kind, frame counters
@@ -16,12 +16,15 @@ import type { PipeCounters } from '../transport/webrtc-link.ts';
 export interface SignalToPeer {
   t: 'signal';
   to: string;
+  /** connection id chosen by the offering side: one per data channel attempt */
+  cid: string;
   signal: unknown;
 }
 
 export interface SignalFromPeer {
   t: 'signal';
   from: string;
+  cid: string;
   signal: unknown;
 }
 

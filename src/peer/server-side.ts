@@ -25,7 +25,7 @@ export type RelayLedger = Map<string, RelayCounters>;
 export function handleBrowserPeerMessage(room: BrowserPeerRoom, from: string, msg: { t: string }, reply: (m: unknown) => void, ledger: RelayLedger): boolean {
   if (msg.t === 'signal') {
     const m = msg as SignalToPeer;
-    room.sendTo(String(m.to), { t: 'signal', from, signal: m.signal });
+    room.sendTo(String(m.to), { t: 'signal', from, cid: String(m.cid), signal: m.signal });
     return true;
   }
   if (msg.t === 'relay') {
