@@ -4,6 +4,7 @@
 import { describe, expect, it } from 'vitest';
 import { activationFormatFor, roundActivations } from '../src/backends/cpu/act-round.ts';
 import { attention, matmul, matmulRows, rmsnorm, rope, ropeCache, softmax, swiglu } from '../src/backends/cpu/ops.ts';
+import { WasmArena, wasmSimdAvailable } from '../src/backends/cpu/wasm-matmul.ts';
 import { parseLayerRanges, shardTensors } from '../src/backends/shard.ts';
 import { isMeshError } from '../src/errors.ts';
 import { GgmlType } from '../src/gguf/types.ts';
@@ -58,6 +59,23 @@ describe('ops', () => {
           expect(y[t * nOut + o]).toBeCloseTo(s, 5);
           expect(tiled[t * nOut + o]).toBe(y[t * nOut + o]);
         }
+      }
+    }
+  });
+
+  it('the WebAssembly SIMD matmul agrees with the JS one (f32 lanes: to ~1e-6 relative)', () => {
+    expect(wasmSimdAvailable()).toBe(true);
+    for (const [nIn, nOut] of [[8, 6], [64, 172], [256, 37]] as const) {
+      const arena = new WasmArena(nIn * nOut);
+      const w = arena.alloc(nIn * nOut);
+      w.set(rand(nIn * nOut, 10));
+      for (const n of [1, 2, 5]) {
+        const x = rand(n * nIn, 11);
+        const simd = new Float32Array(n * nOut);
+        const js = new Float32Array(n * nOut);
+        arena.matmul(simd, x, w, n, nIn, nOut);
+        matmul(js, x, w.slice(), n, nIn, nOut);
+        for (let i = 0; i < js.length; i++) expect(Math.abs(simd[i]! - js[i]!)).toBeLessThan(1e-5);
       }
     }
   });
