@@ -37,13 +37,17 @@ export class WebGpuBackend implements StageBackend {
     private readonly onDispose: () => void = () => {},
   ) {}
 
-  /** A backend whose GPU work runs in a new dedicated module worker. */
-  static async inWorker(options: WebGpuStageOptions = {}): Promise<WebGpuBackend> {
+  /**
+   * A backend whose GPU work runs in a new dedicated module worker. Tensor bytes are
+   * transferred to the worker (their ArrayBuffers are detached here afterwards) unless
+   * `copyTensorBytes` is set, for callers that keep using the bytes they loaded from.
+   */
+  static async inWorker(options: WebGpuStageOptions = {}, { copyTensorBytes = false } = {}): Promise<WebGpuBackend> {
     const worker = new Worker(new URL('../../../workers/webgpu-stage.worker.ts', import.meta.url), { type: 'module', name: 'gguf-mesh webgpu stage' });
     const remote = Comlink.wrap<WorkerApi>(worker);
     try {
       const adapter = fromWire(await remote.init(options));
-      return new WebGpuBackend(workerEngine(remote, adapter), () => {
+      return new WebGpuBackend(workerEngine(remote, adapter, copyTensorBytes), () => {
         remote[Comlink.releaseProxy]();
         worker.terminate();
       });
@@ -129,11 +133,12 @@ export class WebGpuBackend implements StageBackend {
 }
 
 /** The worker's comlink proxy as a StageEngine; tensor and activation bytes are transferred, not copied. */
-function workerEngine(remote: Comlink.Remote<WorkerApi>, adapter: AdapterSummary): StageEngine {
+function workerEngine(remote: Comlink.Remote<WorkerApi>, adapter: AdapterSummary, copyTensorBytes: boolean): StageEngine {
   const call = async <T>(p: Promise<WireResult<T>>): Promise<T> => fromWire(await p);
   return {
     adapter,
     load: (model) => {
+      if (copyTensorBytes) model = { ...model, tensors: model.tensors.map((t) => ({ ...t, bytes: t.bytes.slice() })) };
       const buffers = [...new Set(model.tensors.map((t) => t.bytes.buffer as ArrayBuffer))];
       return call(remote.load(Comlink.transfer(model, buffers)));
     },
