@@ -293,7 +293,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
         manifest,
         modelUrl: a.modelUrl,
         shard: a.shard,
-        headers: { authorization: `Bearer ${secret}`, 'x-mesh-peer': state.peerId ?? 'unknown' },
+        headers: modelHeaders(a.modelUrl, base, secret, state.peerId),
         cache,
         onProgress: (p) => {
           state.progress = p;
@@ -395,6 +395,16 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       await release();
     },
   };
+}
+
+/**
+ * Headers for reading the model: the room secret and peer id go only to the signaling server's
+ * own model hosting. A third-party URL (a model hub) gets none — the secret must not leak, and
+ * custom headers would make its CORS preflight fail.
+ */
+export function modelHeaders(modelUrl: string, serverBase: string, secret: string, peerId: string | null): Record<string, string> {
+  if (new URL(modelUrl).origin !== new URL(serverBase).origin) return {};
+  return { authorization: `Bearer ${secret}`, 'x-mesh-peer': peerId ?? 'unknown' };
 }
 
 async function defaultBackend(): Promise<StageBackend> {
