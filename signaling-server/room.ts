@@ -9,6 +9,7 @@ import type { ShardRange } from '../src/backends/types.ts';
 import type { GgufHeader } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
 import { planRoute } from '../src/route/planner.ts';
+import { unitsRange } from '../src/route/verified-source.ts';
 import type { ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/route/control.ts';
 import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
@@ -24,6 +25,8 @@ export interface Peer {
   control: WsLink;
   joinedAt: number;
   gone: boolean;
+  /** refused its shard's bytes (hash mismatch): stays out of routes for this artifact */
+  excluded?: string;
 }
 
 export interface RouteStage {
@@ -109,6 +112,8 @@ export interface RoomOptions {
 
 export class Room {
   readonly peers = new Map<string, Peer>();
+  /** the artifact's sha256 once its manifest is known: advertised units count only for it */
+  artifactSha: string | null = null;
   route: Route | null = null;
   readonly routes: Route[] = [];
   private planTimer: NodeJS.Timeout | null = null;
@@ -170,6 +175,7 @@ export class Room {
     } else if (msg.t === 'load-failed') {
       st.status = 'failed';
       st.error = { code: msg.code, message: msg.message };
+      if (/HASH_MISMATCH/.test(msg.code)) peer.excluded = `${msg.code}: ${msg.message}`;
       r.setStatus('degraded', `stage ${st.stage} (${peer.id}) failed to load: ${msg.code} ${msg.message}`);
     }
   }
@@ -208,14 +214,14 @@ export class Room {
   plan(): void {
     const current = this.route;
     if (current && (current.status === 'ready' || current.status === 'loading')) return;
-    const peers = [...this.peers.values()].filter((p) => !p.gone);
+    const peers = [...this.peers.values()].filter((p) => !p.gone && !p.excluded);
     if (peers.length < this.opts.minPeers) {
       if (current?.status === 'forming') current.reason = `waiting for peers: ${peers.length} of ${this.opts.minPeers}`;
       return;
     }
     const plan = planRoute({
       nLayer: this.model.nLayer,
-      peers: peers.map((p) => ({ id: p.id, memoryBytes: p.hello.memoryBytes, layers: p.hello.layers })),
+      peers: peers.map((p) => ({ id: p.id, memoryBytes: p.hello.memoryBytes, layers: p.hello.layers, held: this.heldRange(p) })),
       shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer),
     });
     if (current && current.status === 'forming' && !plan.ok) {
@@ -245,6 +251,12 @@ export class Room {
     }
   }
 
+  /** The layer range a peer advertises holding verified for this room's artifact. */
+  private heldRange(p: Peer): ShardRange | undefined {
+    if (!this.artifactSha || p.hello.artifact !== this.artifactSha || !p.hello.units) return undefined;
+    return unitsRange(p.hello.units) ?? undefined;
+  }
+
   closeRoute(r: Route): void {
     if (r.status === 'closed') return;
     r.setStatus('closed');
@@ -268,7 +280,7 @@ export class Room {
     if (!p) return null;
     const { proof: _proof, t: _t, ...hello } = p.hello;
     const stage = this.route?.stages.find((s) => s.peerId === id);
-    return { id, ...hello, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+    return { id, ...hello, excluded: p.excluded ?? null, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
   }
 
   summary(): Record<string, unknown> {

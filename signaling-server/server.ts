@@ -130,6 +130,16 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
       },
     );
     rooms.push(room);
+    // the manifest (computed once, cached beside a local file) names the artifact peers advertise
+    const manifest = loadOrBuildManifest(location);
+    manifests.set(id, manifest);
+    manifest.then(
+      (m) => {
+        room.artifactSha = m.artifact.sha256;
+        log(`[room ${room.id}] artifact sha256 ${m.artifact.sha256}`);
+      },
+      (e) => log(`[room ${room.id}] manifest failed: ${(e as Error).message}`),
+    );
   }
 
   /** Rooms whose secret the request presents. */

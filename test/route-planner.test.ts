@@ -50,4 +50,16 @@ describe('route planner', () => {
     const plan = planRoute({ nLayer: 3, peers, shardBytes: perLayer(1) });
     expect(plan.ok && plan.stages.length).toBe(3);
   });
+
+  it('prefers peers that already hold verified ranges tiling the model', () => {
+    const plan = planRoute({
+      nLayer: 5,
+      peers: [{ id: 'new', memoryBytes: 8 * GiB }, { id: 'warmB', memoryBytes: GiB, held: { start: 2, end: 5 } }, { id: 'warmA', memoryBytes: GiB, held: { start: 0, end: 2 } }],
+      shardBytes: perLayer(1),
+    });
+    expect(plan).toEqual({ ok: true, stages: [{ peerId: 'warmA', shard: { start: 0, end: 2 } }, { peerId: 'warmB', shard: { start: 2, end: 5 } }] });
+    // held ranges that leave a gap fall back to the memory split over everyone
+    const gap = planRoute({ nLayer: 5, peers: [{ id: 'a', memoryBytes: GiB, held: { start: 0, end: 2 } }, { id: 'b', memoryBytes: GiB }], shardBytes: perLayer(1) });
+    expect(gap.ok && gap.stages.map((s) => s.peerId)).toEqual(['a', 'b']);
+  });
 });

@@ -59,7 +59,7 @@ beforeAll(async () => {
   const model = await stories260K();
   serve = await spawnServe(model, ['--min-peers', '2']);
   for (const name of ['a', 'b']) {
-    const n = spawnMesh(['node', '--join', serve.joinUrl, '--name', name]);
+    const n = spawnMesh(['node', '--join', serve.joinUrl, '--name', name, '--no-cache']);
     await n.waitFor(/joined room/);
     nodes.push(n);
   }

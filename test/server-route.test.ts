@@ -36,7 +36,7 @@ beforeAll(async () => {
   // memory 1 : 2 : 1 → layers [0,1) [1,4) [4,5)
   // join one after another so the plan (join order) is predictable
   for (const [i, m] of ['1GiB', '2GiB', '1GiB'].entries()) {
-    const n = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', m, '--name', `n${i}`]);
+    const n = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', m, '--name', `n${i}`, '--no-cache']);
     await n.waitFor(/joined room/);
     nodes.push(n);
   }
@@ -64,7 +64,7 @@ describe('serve + three cpu nodes on stories260K', () => {
     expect(peers.every((p: any) => p.backend === 'cpu' && p.stageStatus === 'ready')).toBe(true);
   });
 
-  it('each node read only its shard\'s tensor bytes (beyond the header)', async () => {
+  it('each node read only its shard\'s tensor bytes (the header comes as JSON from the server)', async () => {
     const header = await readHeader(modelPath);
     const { body: route } = await getJson(`${serve.base}/v1/routes/${joined.routeId}`, serve.secret);
     const { body: fetches } = await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret);
@@ -74,8 +74,8 @@ describe('serve + three cpu nodes on stories260K', () => {
       const wanted = shardTensors(header, st.shard, 5);
       const lo = Math.min(...wanted.map((t) => t.offset));
       const hi = Math.max(...wanted.map((t) => t.offset + t.byteLength));
-      // every range after the header read lies inside the shard's tensor span
-      const dataReads = (log.ranges as Array<[number, number]>).filter(([a]) => a >= header.tensorDataOffset);
+      // every range a node fetched lies inside its shard's tensor span
+      const dataReads = log.ranges as Array<[number, number]>;
       expect(dataReads.length).toBeGreaterThan(0);
       for (const [a, b] of dataReads) {
         expect(a).toBeGreaterThanOrEqual(lo);

@@ -5,20 +5,29 @@
 
 import { mkdir, rename, stat } from 'node:fs/promises';
 import { createWriteStream } from 'node:fs';
-import { basename, join } from 'node:path';
-import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { homedir, tmpdir } from 'node:os';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import WebSocket from 'ws';
 import { MeshError } from '../errors.ts';
 import type { ShardRange, StageBackend } from '../backends/types.ts';
-import { openTensorSource } from '../gguf/source.ts';
-import type { ByteTensorSource } from '../gguf/source.ts';
+import { openByteReader, openTensorSource, tensorSourceOver } from '../gguf/source.ts';
+import type { Manifest } from '../gguf/manifest.ts';
+import { parseManifest } from '../gguf/verify.ts';
+import type { TensorSource } from '../gguf/types.ts';
+import { headerFromWire } from '../peer/header-wire.ts';
+import { createHash } from 'node:crypto';
+import { createReadStream } from 'node:fs';
+import { unlink } from 'node:fs/promises';
 import { Sampler } from '../model/sampler.ts';
 import { startFrameServer } from '../transport/frame-server.ts';
 import type { FrameServer } from '../transport/frame-server.ts';
 import { serveFrames, WsLink } from '../transport/ws.ts';
 import { helloProof, parseRoomUrl } from './control.ts';
+import { fetchJson } from './remote.ts';
+import type { RoomSummary } from './remote.ts';
+import { heldUnits, VerifiedSource } from './verified-source.ts';
 import type { PeerToServer, ServerToPeer } from './control.ts';
 import { StageService } from './stage-service.ts';
 import type { SamplerFactory } from './stage-service.ts';
@@ -34,8 +43,8 @@ export interface NodePeerOptions {
   listenHost?: string;
   listenPort?: number;
   name?: string;
-  /** where llama.cpp nodes keep downloaded model files */
-  cacheDir?: string;
+  /** where verified shards (cpu) and whole model copies (llama.cpp) are kept; null = no cache */
+  cacheDir?: string | null;
   log?: (line: string) => void;
 }
 
@@ -53,19 +62,34 @@ async function makeBackend(kind: BackendKind): Promise<StageBackend> {
   return new LlamaCppStage({ kvType: 'f32', flashAttention: false });
 }
 
-/** llama.cpp reads local files only: fetch the whole artifact once into the cache. */
-async function localCopy(url: string, headers: Record<string, string>, cacheDir: string, id: string): Promise<string> {
+async function fileSha256(path: string): Promise<string> {
+  const h = createHash('sha256');
+  for await (const chunk of createReadStream(path)) h.update(chunk as Buffer);
+  return h.digest('hex');
+}
+
+/**
+ * llama.cpp reads local files only: fetch the whole artifact once into the cache, named by
+ * its sha256, and verify it against the manifest (a cached copy is re-verified; a mismatch
+ * is fetched once more, then refused).
+ */
+async function localCopy(url: string, headers: Record<string, string>, cacheDir: string, manifest: Manifest): Promise<{ path: string; bytesFetched: number }> {
   await mkdir(cacheDir, { recursive: true });
-  const path = join(cacheDir, `${id}.gguf`);
-  const head = await fetch(url, { method: 'HEAD', headers });
-  const size = Number(head.headers.get('content-length'));
+  const sha = manifest.artifact.sha256;
+  const path = join(cacheDir, `${sha}.gguf`);
   const have = await stat(path).catch(() => null);
-  if (have && have.size === size) return path;
-  const res = await fetch(url, { headers });
-  if (!res.ok || !res.body) throw new MeshError('MODEL_FETCH_FAILED', `GET ${url}: HTTP ${res.status}`);
-  await pipeline(Readable.fromWeb(res.body as never), createWriteStream(`${path}.part`));
+  if (have && have.size === manifest.artifact.size && (await fileSha256(path)) === sha) return { path, bytesFetched: 0 };
+  for (let attempt = 0; ; attempt++) {
+    const res = await fetch(url, { headers });
+    if (!res.ok || !res.body) throw new MeshError('MODEL_FETCH_FAILED', `GET ${url}: HTTP ${res.status}`);
+    await pipeline(Readable.fromWeb(res.body as never), createWriteStream(`${path}.part`));
+    const got = await fileSha256(`${path}.part`);
+    if (got === sha) break;
+    await unlink(`${path}.part`).catch(() => undefined);
+    if (attempt === 1) throw new MeshError('ARTIFACT_HASH_MISMATCH', `artifact from ${url}: expected sha256 ${sha}, got ${got}`, { expected: sha, actual: got });
+  }
   await rename(`${path}.part`, path);
-  return path;
+  return { path, bytesFetched: manifest.artifact.size };
 }
 
 export interface NodePeer {
@@ -82,7 +106,12 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   const log = opts.log ?? (() => undefined);
   const { base, roomId } = parseRoomUrl(opts.joinUrl);
   const auth = { authorization: `Bearer ${opts.secret}` };
-  let current: { routeId: number; shard: ShardRange; backend: StageBackend; service: StageService; downstream: WsLink | null; source: ByteTensorSource | null } | null = null;
+  const cacheDir = opts.cacheDir === undefined ? join(process.env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'gguf-mesh', 'shards') : opts.cacheDir;
+  // what the room serves, and the manifest every loaded byte is checked against
+  const room = await fetchJson<RoomSummary>(`${base}/v1/rooms/${roomId}`, opts.secret);
+  const manifest = parseManifest(await fetchJson<unknown>(`${base}/v1/models/${room.model.id}/manifest`, opts.secret));
+  const units = cacheDir ? await heldUnits(cacheDir, manifest) : [];
+  let current: { routeId: number; shard: ShardRange; backend: StageBackend; service: StageService; downstream: WsLink | null; source: TensorSource | null } | null = null;
   const handler = async (f: Parameters<StageService['handle']>[0]) => {
     if (!current) throw new MeshError('STAGE_NOT_LOADED', 'this peer serves no stage yet');
     return current.service.handle(f);
@@ -117,20 +146,31 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       await release();
       const backend = await makeBackend(opts.backend);
       const headers = { ...auth, 'x-mesh-peer': peer.peerId ?? 'unknown' };
-      let source: ByteTensorSource;
+      let source: TensorSource;
+      let fetched: () => number;
       if (opts.backend === 'llamacpp') {
-        // keyed by the file name; localCopy re-fetches when the size differs
-        const name = basename(new URL(m.modelUrl).pathname, '.gguf').replace(/[^A-Za-z0-9_.-]/g, '_');
-        const path = await localCopy(m.modelUrl, headers, opts.cacheDir ?? join(tmpdir(), 'gguf-mesh-cache'), name);
-        source = await openTensorSource(path);
+        const copy = await localCopy(m.modelUrl, headers, cacheDir ?? join(tmpdir(), 'gguf-mesh-cache'), manifest);
+        source = await openTensorSource(copy.path);
+        fetched = () => copy.bytesFetched;
       } else {
-        source = await openTensorSource(m.modelUrl, { headers });
+        // the header comes as JSON from the server: no model bytes for it
+        const header = headerFromWire(await fetchJson<unknown>(`${base}/v1/models/${room.model.id}/header`, opts.secret));
+        const verified = new VerifiedSource({
+          header,
+          manifest,
+          cacheDir,
+          location: m.modelUrl,
+          openInner: async () => tensorSourceOver(header, await openByteReader(m.modelUrl, { headers })),
+          log,
+        });
+        source = verified;
+        fetched = () => verified.bytesFetched;
       }
       await backend.load(source, m.shard);
       const downstream = m.downstream ? await WsLink.connect(m.downstream, { headers: auth }) : null;
       const service = new StageService({ backend, stage: m.stage, shard: m.shard, nLayer: m.nLayer, downstream, samplerFactory: stageSampler });
       current = { routeId: m.routeId, shard: m.shard, backend, service, downstream, source };
-      const bytesRead = source.bytes.stats.bytesRead;
+      const bytesRead = fetched();
       log(`stage ${m.stage} of route ${m.routeId}: layers ${m.shard.start}-${m.shard.end} ready (${bytesRead} bytes read)`);
       send({ t: 'ready', routeId: m.routeId, stage: m.stage, loadMs: performance.now() - t0, bytesRead });
     } catch (e) {
@@ -169,6 +209,8 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
           memoryBytes: opts.memoryBytes,
           listen: server.wsUrl,
           httpUrl: server.url,
+          artifact: manifest.artifact.sha256,
+          units,
           ...(opts.name ? { name: opts.name } : {}),
           ...(opts.layers ? { layers: opts.layers } : {}),
         });

@@ -11,6 +11,8 @@ export interface PlannerPeer {
   memoryBytes: number;
   /** the range the peer asked for (`--layers`), if any */
   layers?: ShardRange | undefined;
+  /** the layer range the peer already holds verified (from its advertised units), if any */
+  held?: ShardRange | undefined;
 }
 
 export interface PlannedStage {
@@ -31,8 +33,8 @@ export interface PlanInput {
 }
 
 /** Explicit ranges that tile [0, n): a chain of peers whose ranges meet end to start. */
-function planExplicit(nLayer: number, peers: readonly PlannerPeer[]): PlannedStage[] | string {
-  const explicit = peers.filter((p) => p.layers);
+function planExplicit(nLayer: number, peers: readonly PlannerPeer[], key: 'layers' | 'held' = 'layers'): PlannedStage[] | string {
+  const explicit = peers.filter((p) => p[key]).map((p) => ({ ...p, layers: p[key] }));
   const stages: PlannedStage[] = [];
   let at = 0;
   while (at < nLayer) {
@@ -74,6 +76,11 @@ export function planRoute(input: PlanInput): Plan {
     const free = peers.filter((p) => !p.layers);
     if (free.length === 0) return { ok: false, reason: explicit };
     return planRoute({ ...input, peers: free });
+  }
+  // peers that already hold verified ranges which tile the model keep them (nothing to fetch)
+  if (peers.some((p) => p.held)) {
+    const held = planExplicit(nLayer, peers, 'held');
+    if (typeof held !== 'string' && held.every((s) => input.shardBytes(s.shard) <= peers.find((p) => p.id === s.peerId)!.memoryBytes)) return { ok: true, stages: held };
   }
   // proportional: try all peers, then drop the one with the least memory until shards fit
   let candidates = peers.slice(0, Math.min(peers.length, nLayer, input.maxStages ?? Infinity));

@@ -28,6 +28,8 @@ export const command: Command = {
     memory: { type: 'string', description: 'memory offered for weights', default: '4GiB', valueName: '<size>' },
     listen: { type: 'string', description: 'where other stages reach this node', default: '127.0.0.1:0', valueName: '<host:port>' },
     name: { type: 'string', description: 'a name shown in the room', valueName: '<name>' },
+    'cache-dir': { type: 'string', description: 'keep verified shards here (default: ~/.cache/gguf-mesh/shards)', valueName: '<dir>' },
+    'no-cache': { type: 'boolean', description: 'keep no shard cache (every load fetches)' },
   },
   async run(args) {
     const joinUrl = stringOption(args, 'join', true);
@@ -60,6 +62,7 @@ export const command: Command = {
       listenHost: lm[1]!.replace(/^\[|\]$/g, ''),
       listenPort: Number(lm[2]),
       ...(stringOption(args, 'name') ? { name: stringOption(args, 'name')! } : {}),
+      ...(args.values['no-cache'] ? { cacheDir: null } : stringOption(args, 'cache-dir') ? { cacheDir: stringOption(args, 'cache-dir')! } : {}),
       log: (line) => console.log(line),
     });
     const stop = new Promise<string>((resolve) => {
