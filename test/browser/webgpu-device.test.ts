@@ -86,6 +86,20 @@ describe('WebGPU stage failure paths', () => {
     expect((err as Error).message).toContain('shard [0, 1) of tiny.gguf');
   });
 
+  it('concurrent calls on two sessions run one at a time and give what sequential calls give', async () => {
+    const stage = await newStage();
+    await stage.load(tinyModel());
+    const tokens = (ids: number[]) => ({ kind: 'tokens' as const, tokens: Int32Array.from(ids) });
+    await Promise.all([stage.openSession('a', 8), stage.openSession('b', 8), stage.openSession('c', 8)]);
+    const [a1, b1, a2] = await Promise.all([stage.forward('a', tokens([1, 2, 3]), 0), stage.forward('b', tokens([4]), 0), stage.forward('a', tokens([5]), 3)]);
+    await stage.forward('c', tokens([1, 2, 3]), 0);
+    const c2 = await stage.forward('c', tokens([5]), 3);
+    const logits = (r: typeof a1) => (r.output.kind === 'logits' ? Array.from(r.output.logits) : []);
+    expect(logits(a2)).toEqual(logits(c2));
+    expect(logits(a1)).not.toEqual(logits(b1));
+    expect(stage.sessionStats('a').position).toBe(4);
+  });
+
   it('a KV cache over the binding limit is refused up front (CONTEXT_TOO_LARGE)', async () => {
     const stage = await newStage();
     await stage.load(tinyModel());

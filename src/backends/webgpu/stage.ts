@@ -122,6 +122,8 @@ export class WebGpuStage {
   private partial: GPUBuffer | null = null; // split-K attention partials, grown to the longest context
   private partialElements = 0;
   private lost: string | null = null;
+  /** calls run one at a time: they share scratch buffers, the readback buffer and error scopes */
+  private tail: Promise<unknown> = Promise.resolve();
   private disposed = false;
 
   constructor(
@@ -152,7 +154,11 @@ export class WebGpuStage {
     return this.kernels.labels;
   }
 
-  async load(model: StageModel): Promise<void> {
+  load(model: StageModel): Promise<void> {
+    return this.exclusive(() => this.loadNow(model));
+  }
+
+  private async loadNow(model: StageModel): Promise<void> {
     this.check();
     if (this.model) throw new MeshError('ALREADY_LOADED', 'this stage already holds a shard; dispose it first');
     const { config, shard } = model;
@@ -213,7 +219,11 @@ export class WebGpuStage {
     });
   }
 
-  async openSession(sessionId: string, contextLength: number): Promise<void> {
+  openSession(sessionId: string, contextLength: number): Promise<void> {
+    return this.exclusive(() => this.openSessionNow(sessionId, contextLength));
+  }
+
+  private async openSessionNow(sessionId: string, contextLength: number): Promise<void> {
     this.check();
     const m = this.loadedModel();
     if (this.sessions.has(sessionId)) throw new MeshError('SESSION_EXISTS', `session ${sessionId} is already open`);
@@ -250,7 +260,11 @@ export class WebGpuStage {
     return { position: s.position, kvBytes: s.kvBytes, processedTokens: [...s.processedTokens] };
   }
 
-  async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
+  forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
+    return this.exclusive(() => this.forwardNow(sessionId, input, position));
+  }
+
+  private async forwardNow(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
     this.check();
     const m = this.loadedModel();
     const s = this.session(sessionId);
@@ -387,7 +401,12 @@ export class WebGpuStage {
     return out;
   }
 
-  async dispose(): Promise<void> {
+  /** frees every buffer, after any call in flight has finished */
+  dispose(): Promise<void> {
+    return this.exclusive(() => this.disposeNow());
+  }
+
+  private async disposeNow(): Promise<void> {
     if (this.disposed) return;
     this.disposed = true;
     for (const s of this.sessions.values()) this.freeSession(s);
@@ -401,6 +420,12 @@ export class WebGpuStage {
   }
 
   // ── internals ──
+
+  private exclusive<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.tail.then(fn, fn);
+    this.tail = run.catch(() => undefined);
+    return run;
+  }
 
   private scratchFor(n: number): Scratch {
     if (this.scratch && this.scratch.tokens >= n) return this.scratch;
