@@ -100,11 +100,16 @@ async function waitForState(page: Page, ok: (s: BrowserPeerState) => boolean, wh
 }
 
 /** Greedy generation through the server's binary HTTP session API. */
-async function generateOverHttp(serve: ServeInfo, routeId: number): Promise<number[]> {
+async function generateOverHttp(serve: ServeInfo, routeId: number, label: string): Promise<number[]> {
   const link = new HttpLink(serve.base, { authorization: `Bearer ${serve.secret}` });
   const c = await RouteSessionClient.open(link, routeId, { contextLength: 64 });
+  const t0 = performance.now();
   const tokens = [await c.prefill(STORIES_PROMPT_TOKENS, 2)];
+  const t1 = performance.now();
   while (tokens.length < N) tokens.push(await c.decode(tokens.at(-1)!));
+  const t2 = performance.now();
+  // measured numbers for the record (SwiftShader WebGPU, loopback; not asserted)
+  console.log(`[timing] ${label}: prefill ${STORIES_PROMPT_TOKENS.length} tokens in 3 chunks ${(t1 - t0).toFixed(1)} ms, decode ${((t2 - t1) / (N - 1)).toFixed(1)} ms/token over ${N - 1} steps`);
   const info = (await getJson(`${serve.base}/v1/sessions/${c.sessionId}`, serve.secret)).body;
   for (const st of info.stages) expect(st.processedTokens).toEqual(new Array(st.shard.end - st.shard.start).fill(STORIES_PROMPT_TOKENS.length + N - 1));
   await c.close();
@@ -136,7 +141,7 @@ describe('three browser tabs serve stories260K', () => {
     expect(firstRoute.stages).toHaveLength(3);
     const peers = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body;
     expect(peers.peers.every((p: any) => p.backend === 'webgpu')).toBe(true);
-    expect(await generateOverHttp(serve, firstRoute.id)).toEqual(expected);
+    expect(await generateOverHttp(serve, firstRoute.id, 'webrtc x3 (first load)')).toEqual(expected);
   });
 
   it('each tab fetched only its shard\'s byte ranges (≤ 1.02 × shard bytes)', async () => {
@@ -145,6 +150,7 @@ describe('three browser tabs serve stories260K', () => {
       const log = fetches[st.peerId];
       expect(log, `no fetches by ${st.peerId}`).toBeDefined();
       const shardBytes = shardBytesOf(st.shard);
+      console.log(`[fetch] stage ${st.stage} layers ${st.shard.start}-${st.shard.end}: ${log.bytes} bytes in ${log.requests} requests for ${shardBytes} shard bytes (×${(log.bytes / shardBytes).toFixed(4)}), loaded in ${Math.round(st.loadMs)} ms`);
       expect(log.bytes).toBeGreaterThanOrEqual(shardBytes);
       expect(log.bytes).toBeLessThanOrEqual(1.02 * shardBytes);
       const tensors = shardTensors(manifest, st.shard.start, st.shard.end);
@@ -206,7 +212,7 @@ describe('three browser tabs serve stories260K', () => {
       expect(s.load!.cachedBytes).toBe(s.load!.totalBytes);
       expect(s.load!.cachedUnits.length).toBe(s.load!.units.length);
     }
-    expect(await generateOverHttp(serve, route.id)).toEqual(expected);
+    expect(await generateOverHttp(serve, route.id, 'webrtc x3 (after reload, cached)')).toEqual(expected);
   });
 
   it('when the last stage\'s tab closes, a new tab takes its place; the first two reconnect on a fresh channel', async () => {
@@ -220,7 +226,7 @@ describe('three browser tabs serve stories260K', () => {
     const route = await waitForRoute(serve, 'ready', 120_000);
     expect(route.stages.slice(0, 2).map((s: any) => s.peerId)).toEqual(firstTwo);
     expect(route.stages.map((s: any) => s.telemetry?.hop)).toEqual(['webrtc', 'webrtc', 'none']);
-    expect(await generateOverHttp(serve, route.id)).toEqual(expected);
+    expect(await generateOverHttp(serve, route.id, 'webrtc x3 (replaced last tab)')).toEqual(expected);
   });
 });
 
@@ -240,7 +246,7 @@ describe('blocked direct connections relay through the server (slices cached in 
 
   it('forms the route over relayed hops, says so in telemetry, and gives the same tokens', async () => {
     const route = await waitForRoute(serve, 'ready', 120_000);
-    expect(await generateOverHttp(serve, route.id)).toEqual(expected);
+    expect(await generateOverHttp(serve, route.id, 'relay x2 (blocked direct)')).toEqual(expected);
     const summary = (await getJson(`${serve.base}/v1/routes/${route.id}`, serve.secret)).body;
     expect(summary.stages.slice(0, 2).map((s: any) => s.telemetry?.hop)).toEqual(['relay', 'relay']);
     const relayed = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.relayed;
@@ -259,7 +265,7 @@ describe('blocked direct connections relay through the server (slices cached in 
       expect(s.load!.fetchedBytes).toBe(0);
       expect(s.load!.cachedUnits.length).toBe(s.load!.units.length);
     }
-    expect(await generateOverHttp(serve, route.id)).toEqual(expected);
+    expect(await generateOverHttp(serve, route.id, 'relay x2 (after reload, OPFS)')).toEqual(expected);
   });
 });
 
@@ -287,7 +293,7 @@ describe('a mixed route: two browser tabs and a native cpu node', () => {
     const route = await waitForRoute(serve, 'ready', 120_000);
     expect(route.stages).toHaveLength(3);
     expect(route.stages[2].peerId.startsWith('native-')).toBe(true);
-    expect(await generateOverHttp(serve, route.id)).toEqual(expected);
+    expect(await generateOverHttp(serve, route.id, 'mixed: 2 tabs + cpu node')).toEqual(expected);
     const byStage = (await Promise.all(tabs.map((t) => state(t.page)))).sort((a, b) => a!.stage! - b!.stage!);
     expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'relay']); // browser → native goes through the server
     const quota = (await state(tabs[0]!.page))!;
