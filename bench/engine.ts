@@ -29,6 +29,18 @@ interface ModelCase {
 
 const round = (x: number) => Math.round(x * 100) / 100;
 
+/** runs per measurement; the best is kept (the machine may be shared) */
+const REPEATS = 3;
+
+async function best(measure: () => Speed | Promise<Speed>): Promise<Speed> {
+  let top: Speed = { prompt_tok_s: 0, decode_tok_s: 0 };
+  for (let i = 0; i < REPEATS; i++) {
+    const s = await measure();
+    top = { prompt_tok_s: Math.max(top.prompt_tok_s, s.prompt_tok_s), decode_tok_s: Math.max(top.decode_tok_s, s.decode_tok_s) };
+  }
+  return top;
+}
+
 /** a prompt of exactly n tokens: BOS (when the model has one) then ids cycling through the vocabulary */
 function promptOf(tokenizer: Tokenizer, n: number): number[] {
   const out: number[] = tokenizer.bos !== undefined ? [tokenizer.bos] : [];
@@ -77,12 +89,12 @@ async function benchModel(c: ModelCase, threads: number): Promise<Record<string,
 
   const bareModel = await LlamaModelFfi.load(c.path);
   timeBare(bareModel, prompt.slice(0, 4), 2, threads); // warm-up
-  const bare = timeBare(bareModel, prompt, c.decodeTokens, threads);
+  const bare = await best(() => timeBare(bareModel, prompt, c.decodeTokens, threads));
   bareModel.dispose();
 
   const llama = await LlamaCppGenerator.load(c.path, tokenizer, { threads, contextLength: prompt.length + c.decodeTokens });
   await timeGenerator(llama, prompt.slice(0, 4), 2);
-  const llamacpp = await timeGenerator(llama, prompt, c.decodeTokens);
+  const llamacpp = await best(() => timeGenerator(llama, prompt, c.decodeTokens));
   await llama.dispose();
 
   const loadStart = performance.now();
@@ -91,7 +103,7 @@ async function benchModel(c: ModelCase, threads: number): Promise<Record<string,
   const loadMs = performance.now() - loadStart;
   const cpuGen = new ChainGenerator(new InProcessChain([stage]), tokenizer);
   await timeGenerator(cpuGen, prompt.slice(0, 4), 2);
-  const cpu = await timeGenerator(cpuGen, prompt, c.decodeTokens);
+  const cpu = await best(() => timeGenerator(cpuGen, prompt, c.decodeTokens));
   await cpuGen.dispose();
   await source.close();
 
@@ -125,12 +137,12 @@ export async function run(args: string[]): Promise<unknown> {
   }
   if (values.only !== 'stories') {
     const path = await syntheticModel({ arch: 'llama', type: 'q8_0', layers: 16, embd: 1024, heads: 16, kvHeads: 4, ffn: 2816, vocab: 32000 });
-    cases.push({ name: 'synthetic llama Q8_0 1024×16 (~250M)', path, promptTokens: 32, decodeTokens: 8 });
+    cases.push({ name: 'synthetic llama Q8_0 1024×16 (~250M)', path, promptTokens: 128, decodeTokens: 32 });
   }
   const results = [];
   for (const c of cases) results.push(await benchModel(c, threads));
   return {
-    note: 'tok/s; ratio_to_bare = backend / bare llama.cpp measured in the same run with the same threads; the CPU engine is single-threaded JS',
+    note: 'tok/s, best of 3 runs each; ratio_to_bare = backend / bare llama.cpp (libllama via FFI, flash attention off, F32 KV) measured in the same run with the same threads; the CPU engine is single-threaded (JS + WebAssembly SIMD matmul)',
     threads,
     results,
   };
