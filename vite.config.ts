@@ -17,7 +17,21 @@ export const chromiumArgs = [
   '--disable-sync',
 ];
 
-export default defineConfig({
+// `vite build` makes the web app (index.html → dist/app, served by `gguf-mesh serve`);
+// `vite build --mode components` makes the web-component bundle (dist/components/gguf-mesh.js,
+// served at /components/gguf-mesh.js), one ES module plus its worker and chunks.
+const appBuild = { outDir: 'dist/app', emptyOutDir: true, target: 'es2022', sourcemap: true };
+const componentsBuild = {
+  outDir: 'dist/components',
+  emptyOutDir: true,
+  target: 'es2022',
+  sourcemap: true,
+  lib: { entry: 'src/components/index.ts', formats: ['es' as const], fileName: () => 'gguf-mesh.js' },
+};
+
+export default defineConfig(({ mode }) => ({
+  build: mode === 'components' ? componentsBuild : appBuild,
+  worker: { format: 'es' as const },
   test: {
     reporters: ['default', './test/support/count-reporter.ts'],
     testTimeout: 120_000,
@@ -51,4 +65,4 @@ export default defineConfig({
       },
     ],
   },
-});
+}));
