@@ -326,6 +326,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       telemetry('ready', { cache: { hit: slice.cachedUnits, fetched: slice.fetchedUnits, error: state.load.cacheError }, ...(state.hop ? { hop: state.hop } : {}) });
     } catch (e) {
       await backend?.dispose().catch(() => undefined);
+      if (mySeq !== assignSeq) return; // released or superseded meanwhile
       const err = e instanceof MeshError ? e : new MeshError('LOAD_FAILED', (e as Error).message);
       Object.assign(state, { status: 'failed', error: { code: err.code, message: err.message } });
       changed();
@@ -337,9 +338,10 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   control.onJson((m) => {
     if (m.t === 'assign') void assign(m as unknown as Assignment);
     else if (m.t === 'release') {
-      if (current?.routeId === m.routeId) {
+      if (state.routeId === m.routeId) {
+        assignSeq++; // a load still in flight for this route is discarded when it finishes
         void release();
-        Object.assign(state, { status: 'idle', routeId: null, stage: null, shard: null });
+        Object.assign(state, { status: 'idle', routeId: null, stage: null, shard: null, hop: null });
         changed();
       }
     } else if (m.t === 'signal') {
@@ -391,6 +393,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     state,
     async close() {
       clearInterval(telemetryTimer);
+      assignSeq++; // discard a load in flight
       control.close();
       await release();
     },
