@@ -117,3 +117,36 @@ describe.each(ARCHS)('%s with GQA (4 heads, 2 KV heads)', (arch) => {
     }
   });
 });
+
+describe('engine variants', () => {
+  it('quantised weight storage and the JS matmul give the SIMD engine\'s tokens and logits (to f32 rounding)', async () => {
+    const path = await syntheticModel({ arch: 'llama', type: 'q4_k', layers: 2, embd: 256, heads: 4, kvHeads: 2, ffn: 512 });
+    const source = await openTensorSource(path);
+    open.push(source);
+    const run = async (options: ConstructorParameters<typeof CpuBackend>[0]) => {
+      const stage = new CpuBackend(options);
+      await stage.load(source, { start: 0, end: 2 });
+      const chain = new InProcessChain([stage]);
+      await chain.openSession('v', 40);
+      let logits = await chain.forward('v', Int32Array.from([1, 50, 60, 70, 80, 90]), 0);
+      const first = logits;
+      const tokens: number[] = [];
+      for (let i = 0; i < 8; i++) {
+        tokens.push(argmax(logits));
+        logits = await chain.forward('v', Int32Array.of(tokens[i]!), 6 + i);
+      }
+      const weightBytes = stage.weightBytes;
+      await chain.dispose();
+      return { first, tokens, weightBytes };
+    };
+    const simd = await run({});
+    const js = await run({ simd: false });
+    const packed = await run({ weightStorage: 'quantized' });
+    expect(js.tokens).toEqual(simd.tokens);
+    expect(packed.tokens).toEqual(simd.tokens);
+    expect(maxAbsDiff(js.first, simd.first)).toBeLessThan(1e-4);
+    expect(maxAbsDiff(packed.first, js.first)).toBe(0);
+    // Q4_K keeps 4.5 bits per weight instead of 32
+    expect(packed.weightBytes).toBeLessThan(simd.weightBytes / 6);
+  });
+});
