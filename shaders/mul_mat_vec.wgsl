@@ -1,6 +1,7 @@
 // Matrix × vector for decode: out[row] = dot(W[row, :], x) for every weight row of one chunk.
 // One workgroup per row; its threads stride over the row four elements at a time, dequantising
-// the GGUF blocks in place (`dequant4` from the quant snippet), then reduce in shared memory.
+// the GGUF blocks in place (`dequant4` from the quant snippet), then add up their partial sums
+// (`workgroup_sum` from shaders/reduce/: subgroup operations where the adapter has them).
 // Rows beyond 65,535 go to the y dimension of the dispatch.
 
 struct Params {
@@ -17,8 +18,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;   // [k] f32
 @group(0) @binding(3) var<storage, read_write> out: array<f32>; // [rows] f32
 
-const WG: u32 = 64u;
-var<workgroup> partial: array<f32, WG>;
+const WG: u32 = 64u; // = the width workgroup_sum expects
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -30,15 +30,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       acc += dot(dequant4(base, k), x[(p.x_offset + k) / 4u]);
     }
   }
-  partial[lid] = acc;
-  workgroupBarrier();
-  for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-    if (lid < stride) {
-      partial[lid] += partial[lid + stride];
-    }
-    workgroupBarrier();
-  }
+  let total = workgroup_sum(acc, lid);
   if (lid == 0u && row < p.rows) {
-    out[p.out_offset + row] = partial[0];
+    out[p.out_offset + row] = total;
   }
 }

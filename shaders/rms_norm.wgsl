@@ -1,5 +1,5 @@
 // RMSNorm fused with its weight: out[r, i] = x[r, i] / sqrt(mean(x[r, :]²) + eps) * w[i].
-// One workgroup per row (2-D dispatch past 65,535 rows), shared-memory reduction.
+// One workgroup per row (2-D dispatch past 65,535 rows); `workgroup_sum` from shaders/reduce/.
 
 struct Params {
   n: u32,          // elements per row
@@ -17,8 +17,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> w: array<f32>;           // [n] f32
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
-const WG: u32 = 64u;
-var<workgroup> partial: array<f32, WG>;
+const WG: u32 = 64u; // = the width workgroup_sum expects
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -32,18 +31,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       sum += v * v;
     }
   }
-  partial[lid] = sum;
-  workgroupBarrier();
-  for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-    if (lid < stride) {
-      partial[lid] += partial[lid + stride];
-    }
-    workgroupBarrier();
-  }
+  let total = workgroup_sum(sum, lid);
   if (!live) {
     return;
   }
-  let scale = 1.0 / sqrt(partial[0] / f32(p.n) + p.eps);
+  let scale = 1.0 / sqrt(total / f32(p.n) + p.eps);
   let dst = p.out_offset + r * p.out_stride;
   for (var i = lid; i < p.n; i += WG) {
     out[dst + i] = x[src + i] * scale * w[i];

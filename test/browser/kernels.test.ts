@@ -9,6 +9,7 @@ import { f32ToF16, F16_TABLE } from '../../src/gguf/fp16.ts';
 import { quantize } from '../../src/gguf/quantize.ts';
 import { GgmlType } from '../../src/gguf/types.ts';
 import type { RopeConfig } from '../../src/model/config.ts';
+import { acquireDevice } from '../../src/backends/webgpu/device.ts';
 import { GpuMemory } from '../../src/backends/webgpu/gpu-memory.ts';
 import { KernelLibrary, Recorder, SubmitResources } from '../../src/backends/webgpu/kernels.ts';
 import { uploadMatrix } from '../../src/backends/webgpu/matrix.ts';
@@ -21,13 +22,14 @@ const TOL = 1e-4;
 let device: GPUDevice;
 let memory: GpuMemory;
 let lib: KernelLibrary;
+let sharedLib: KernelLibrary; // reductions without subgroups, as on adapters that lack them
 let resources: SubmitResources;
 
 beforeAll(async () => {
-  const adapter = await navigator.gpu.requestAdapter();
-  device = await adapter!.requestDevice();
+  device = (await acquireDevice(navigator.gpu)).device; // with subgroups where the adapter has them
   memory = new GpuMemory(device);
   lib = new KernelLibrary(device, SHADERS);
+  sharedLib = new KernelLibrary(device, SHADERS, 'shared');
   resources = new SubmitResources(memory);
 });
 
@@ -87,11 +89,11 @@ describe.each(WEIGHT_TYPES.map((t) => [GgmlType[t], t] as const))('weights %s', 
   const bytes = quantize(type, values, k);
   const w = dequantize(type, bytes, k * rows); // what the GPU must reproduce, [rows × k]
 
-  it('mul_mat_vec: one token', async () => {
+  it.each(['subgroup', 'shared'] as const)('mul_mat_vec: one token, %s reduction', async (reduce) => {
     const m = uploadMatrix(memory, 'w', type, [k, rows], bytes, 1 << 30);
     const x = randomArray(k, 99);
     const out = storage(rows + 3);
-    const rec = new Recorder(lib, resources);
+    const rec = new Recorder(reduce === 'shared' ? sharedLib : lib, resources);
     gpu.matmul(rec, m, storage(x), 0, out, 3, rows, 1, 'mul_mat_vec');
     const got = await run(rec, out, rows, 3);
     const want = new Float32Array(rows);
@@ -157,13 +159,13 @@ describe.each(WEIGHT_TYPES.map((t) => [GgmlType[t], t] as const))('weights %s', 
 });
 
 describe('elementwise and normalisation kernels', () => {
-  it('rms_norm with weight, over strided rows', async () => {
+  it.each(['subgroup', 'shared'] as const)('rms_norm with weight, over strided rows, %s reduction', async (reduce) => {
     const n = 96;
     const rows = 5;
     const x = randomArray(rows * n, 1);
     const weight = randomArray(n, 2);
     const out = storage(rows * n);
-    const rec = new Recorder(lib, resources);
+    const rec = new Recorder(reduce === 'shared' ? sharedLib : lib, resources);
     gpu.rmsNorm(rec, storage(x), 0, n, storage(weight), out, 0, n, n, rows, 1e-5);
     const got = await run(rec, out, rows * n);
     const want = new Float32Array(rows * n);
@@ -302,6 +304,8 @@ describe('attention over a KV cache (GQA: 6 query heads, 2 KV heads)', () => {
 
 describe('pipeline cache', () => {
   it('keys pipelines by readable labels', () => {
-    expect(lib.labels).toEqual(expect.arrayContaining(['mul_mat_vec_q4_k', 'mul_mat_q6_k', 'get_rows_q8_0', 'attention_decode_split', 'attention_decode_combine', 'rms_norm', 'round_activations_q8_k']));
+    expect(lib.reduce).toBe('subgroup'); // SwiftShader has the subgroups feature
+    expect(sharedLib.labels).toEqual(expect.arrayContaining(['mul_mat_vec_q4_k', 'rms_norm']));
+    expect(lib.labels).toEqual(expect.arrayContaining(['mul_mat_vec_sg_q4_k', 'rms_norm_sg', 'mul_mat_q6_k', 'get_rows_q8_0', 'attention_decode_split', 'attention_decode_combine', 'round_activations_q8_k']));
   });
 });

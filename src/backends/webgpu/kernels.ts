@@ -7,8 +7,8 @@
 // pass and a single queue submission, optionally followed by a copy out for readback.
 
 import { BufferUsage, MapMode } from './usage.ts';
-import { assembleShader } from './shader-library.ts';
-import type { QuantKind, ShaderSources } from './shader-library.ts';
+import { assembleShader, REDUCING_KERNELS } from './shader-library.ts';
+import type { QuantKind, ReduceKind, ShaderSources } from './shader-library.ts';
 import type { GpuMemory } from './gpu-memory.ts';
 
 /** WebGPU caps a dispatch dimension at 65,535 workgroups. */
@@ -19,20 +19,28 @@ const PARAM_SLOT = 256;
 export class KernelLibrary {
   private readonly pipelines = new Map<string, GPUComputePipeline>();
 
+  /** how reducing kernels sum across a workgroup: subgroup operations when the device has them */
+  readonly reduce: ReduceKind;
+
   constructor(
     readonly device: GPUDevice,
     private readonly sources: ShaderSources,
-  ) {}
+    reduce?: ReduceKind,
+  ) {
+    this.reduce = reduce ?? (device.features.has('subgroups') ? 'subgroup' : 'shared');
+  }
 
-  static label(kernel: string, quant?: QuantKind, entry = 'main'): string {
-    return [kernel, entry === 'main' ? '' : entry, quant ?? ''].filter(Boolean).join('_');
+  /** e.g. mul_mat_vec_q4_k, mul_mat_vec_sg_q4_k (subgroup reduction), attention_decode_split */
+  label(kernel: string, quant?: QuantKind, entry = 'main'): string {
+    const sg = REDUCING_KERNELS.has(kernel) && this.reduce === 'subgroup' ? 'sg' : '';
+    return [kernel, sg, entry === 'main' ? '' : entry, quant ?? ''].filter(Boolean).join('_');
   }
 
   pipeline(kernel: string, quant?: QuantKind, entry = 'main'): GPUComputePipeline {
-    const label = KernelLibrary.label(kernel, quant, entry);
+    const label = this.label(kernel, quant, entry);
     let p = this.pipelines.get(label);
     if (!p) {
-      const module = this.device.createShaderModule({ label, code: assembleShader(this.sources, kernel, quant) });
+      const module = this.device.createShaderModule({ label, code: assembleShader(this.sources, kernel, quant, this.reduce) });
       p = this.device.createComputePipeline({ label, layout: 'auto', compute: { module, entryPoint: entry } });
       this.pipelines.set(label, p);
     }

@@ -30,11 +30,24 @@ export function quantKindOf(type: GgmlType, what: string): QuantKind {
   return q;
 }
 
-/** The full WGSL of `kernel`, specialised for `quant` when it reads GGUF weights. */
-export function assembleShader(sources: ShaderSources, kernel: string, quant?: QuantKind): string {
-  const body = need(sources, kernel);
-  if (!quant) return body;
-  return `${need(sources, 'quant/bytes')}\n${need(sources, `quant/${quant}`)}\n${body}`;
+/** Kernels that call `workgroup_sum` and take a shaders/reduce/ snippet. */
+export const REDUCING_KERNELS: ReadonlySet<string> = new Set(['mul_mat_vec', 'rms_norm']);
+
+export type ReduceKind = 'shared' | 'subgroup';
+
+/**
+ * The full WGSL of `kernel`: specialised for `quant` when it reads GGUF weights, and with the
+ * `reduce` snippet when it sums across a workgroup. `enable` directives move to the top, where
+ * WGSL requires them.
+ */
+export function assembleShader(sources: ShaderSources, kernel: string, quant?: QuantKind, reduce: ReduceKind = 'shared'): string {
+  const parts: string[] = [];
+  if (REDUCING_KERNELS.has(kernel)) parts.push(need(sources, `reduce/${reduce}`));
+  if (quant) parts.push(need(sources, 'quant/bytes'), need(sources, `quant/${quant}`));
+  parts.push(need(sources, kernel));
+  const lines = parts.join('\n').split('\n');
+  const enables = lines.filter((l) => /^\s*enable\s/.test(l));
+  return [...new Set(enables), ...lines.filter((l) => !/^\s*enable\s/.test(l))].join('\n');
 }
 
 function need(sources: ShaderSources, name: string): string {
