@@ -1,0 +1,162 @@
+// Chat generation from the page, straight over the room's route: the prompt is rendered with
+// the model's own chat template and tokenised here (the tokenizer comes from the GGUF header,
+// read by Range through the server), then the route runs it — prefill in chunks, one decode
+// frame per token, sampling on the last stage — and text deltas stream as tokens arrive. The
+// frames go over HTTP (POST /v1/sessions/…), the carrier a browser can authenticate with the
+// room secret; the server forwards them to stage 0.
+
+import { MeshError } from '../errors.ts';
+import { readHeader } from '../gguf/parse.ts';
+import { ChatTemplate } from '../model/chat-template.ts';
+import type { ChatMessage } from '../model/chat-template.ts';
+import { StreamingDecoder } from '../model/tokenizer/stream.ts';
+import { Tokenizer } from '../model/tokenizer/tokenizer.ts';
+import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
+import type { Frame } from '../protocol/frame.ts';
+import { decodeI32, jsonFrame, tokensFrame } from '../protocol/payload.ts';
+import { TextCollector } from '../route/generation.ts';
+import type { SessionOpenBody } from '../route/stage-service.ts';
+import { HttpLink } from '../transport/http.ts';
+import type { RoomLink } from './room-api.ts';
+import { fetchRoom } from './room-api.ts';
+
+export type { ChatMessage };
+
+export interface SamplerChoice {
+  /** 0 = greedy */
+  temperature: number;
+  topK: number;
+  topP: number;
+  seed: number;
+  maxTokens: number;
+}
+
+export const DEFAULT_SAMPLER: SamplerChoice = { temperature: 0, topK: 40, topP: 0.95, seed: 1, maxTokens: 64 };
+
+export interface GenerationStats {
+  promptTokens: number;
+  generatedTokens: number;
+  /** request sent → first token back (ms) */
+  ttftMs: number;
+  /** decode steps per second (after the first token) */
+  tokPerS: number;
+  /** wall time of each decode step (ms) */
+  stepMs: number[];
+  stopReason: 'eog' | 'stop_string' | 'max_tokens' | 'context_full' | 'aborted';
+  /** the prompt exactly as the model saw it (chat template applied) */
+  promptText: string;
+}
+
+export interface ChatEvents {
+  onToken?: (delta: string, tokenId: number) => void;
+  /** prefill chunks done / total, before the first token */
+  onPrefill?: (done: number, total: number) => void;
+}
+
+const PREFILL_CHUNK = 64;
+
+function randomSessionId(): string {
+  const b = crypto.getRandomValues(new Uint8Array(16));
+  return Array.from(b, (x) => x.toString(16).padStart(2, '0')).join('');
+}
+
+/** Model pieces a chat needs, read once per room. */
+export interface ChatModel {
+  modelId: string;
+  tokenizer: Tokenizer;
+  template: ChatTemplate;
+  contextLength: number;
+}
+
+export async function loadChatModel(link: RoomLink): Promise<ChatModel> {
+  const room = await fetchRoom(link);
+  const url = room.model.url;
+  // the room's own hosting wants the secret; a public URL (a model hub) must not receive it
+  const sameServer = new URL(url, link.base).origin === new URL(link.base).origin;
+  const header = await readHeader(url, sameServer ? { headers: { authorization: `Bearer ${link.secret}` } } : {});
+  const tokenizer = Tokenizer.fromMetadata(header.metadata);
+  const template = ChatTemplate.fromMetadata(header.metadata, { tokenizer, fallback: true });
+  const arch = String(header.metadata['general.architecture'] ?? 'llama');
+  const ctx = Number(header.metadata[`${arch}.context_length`] ?? 2048);
+  return { modelId: room.model.id, tokenizer, template, contextLength: Number.isFinite(ctx) && ctx > 0 ? ctx : 2048 };
+}
+
+/** The route id of a room once it is ready (ROUTE_NOT_READY otherwise, with the reason). */
+async function readyRoute(link: RoomLink): Promise<number> {
+  const room = await fetchRoom(link);
+  if (!room.route || room.route.status !== 'ready') {
+    throw new MeshError('ROUTE_NOT_READY', `the route is ${room.route ? room.route.status : 'not planned yet'}${room.route?.reason ? `: ${room.route.reason}` : ''} — wait for peers to join and load`);
+  }
+  return room.route.id;
+}
+
+/**
+ * Generates the assistant's reply to `messages` over the room's route, streaming deltas.
+ * Aborting `signal` stops after the step in flight and closes the session (freeing every
+ * stage's KV cache).
+ */
+export async function chatOverRoute(link: RoomLink, model: ChatModel, messages: readonly ChatMessage[], sampler: SamplerChoice, events: ChatEvents = {}, signal?: AbortSignal): Promise<{ text: string; stats: GenerationStats }> {
+  const promptText = model.template.prompt(model.tokenizer, messages);
+  const prompt = model.tokenizer.encode(promptText);
+  const contextLength = Math.min(model.contextLength, prompt.length + sampler.maxTokens);
+  if (prompt.length >= model.contextLength) throw new MeshError('CONTEXT_FULL', `the conversation has ${prompt.length} tokens, the model's context is ${model.contextLength}`);
+  const routeId = await readyRoute(link);
+  const httpLink = new HttpLink(link.base, { authorization: `Bearer ${link.secret}` });
+  const at = { routeId, sessionId: randomSessionId() };
+  const open: SessionOpenBody = { contextLength, sampler: sampler.temperature > 0 ? { temperature: sampler.temperature, topK: sampler.topK, topP: sampler.topP, seed: sampler.seed } : { temperature: 0 } };
+  const tokenOf = (f: Frame): number => {
+    if (f.type !== FrameType.Token) throw new MeshError('FRAME_BAD_TYPE', `expected a Token frame, got ${FrameType[f.type]}`);
+    return decodeI32(f.payload)[0]!;
+  };
+
+  const t0 = performance.now();
+  await httpLink.request(jsonFrame(FrameType.SessionOpen, at, open));
+  const decoder = new StreamingDecoder(model.tokenizer);
+  const generated: number[] = [];
+  const stepMs: number[] = [];
+  let stopReason: GenerationStats['stopReason'] = 'max_tokens';
+  let ttftMs = 0;
+  let text: TextCollector | null = null;
+  try {
+    let token = -1;
+    for (let i = 0; i < prompt.length; i += PREFILL_CHUNK) {
+      const part = prompt.slice(i, i + PREFILL_CHUNK);
+      const last = i + part.length >= prompt.length;
+      const reply = await httpLink.request(tokensFrame(FrameType.Prefill, at, i, part, last ? FrameFlag.Sample : 0));
+      events.onPrefill?.(i + part.length, prompt.length);
+      if (last) token = tokenOf(reply);
+    }
+    ttftMs = performance.now() - t0;
+    text = new TextCollector([], (delta) => events.onToken?.(delta, generated[generated.length - 1]!));
+    let position = prompt.length;
+    for (;;) {
+      generated.push(token);
+      if (model.tokenizer.isEog(token)) {
+        stopReason = 'eog';
+        break;
+      }
+      text.push(decoder.push(token));
+      if (generated.length >= sampler.maxTokens) break;
+      if (position >= contextLength) {
+        stopReason = 'context_full';
+        break;
+      }
+      if (signal?.aborted) {
+        stopReason = 'aborted';
+        break;
+      }
+      const s0 = performance.now();
+      token = tokenOf(await httpLink.request(tokensFrame(FrameType.Decode, at, position, [token], FrameFlag.Sample)));
+      stepMs.push(performance.now() - s0);
+      position++;
+    }
+    text.push(decoder.flush(), true);
+  } finally {
+    await httpLink.request(makeFrame({ type: FrameType.SessionClose, ...at })).catch(() => undefined);
+  }
+  const decodeMs = stepMs.reduce((a, b) => a + b, 0);
+  return {
+    text: text?.text ?? '',
+    stats: { promptTokens: prompt.length, generatedTokens: generated.length, ttftMs, tokPerS: decodeMs > 0 ? (stepMs.length * 1000) / decodeMs : 0, stepMs, stopReason, promptText },
+  };
+}

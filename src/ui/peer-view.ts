@@ -1,0 +1,167 @@
+// "This device": the browser peer of this tab — its WebGPU adapter and memory budget, the layer
+// range the route gave it, a progress bar for the slice download and GPU upload, what the shard
+// cache held, and join/leave. Without WebGPU the tab stays a chat client and says why.
+
+import { startBrowserPeer } from '../peer/browser-peer.ts';
+import type { BrowserPeer, BrowserPeerState } from '../peer/browser-peer.ts';
+import { field, h, replace } from './dom.ts';
+import { formatBytes, parseBytes } from './format.ts';
+import type { RoomLink } from './room-api.ts';
+
+export interface PeerViewOptions {
+  link: RoomLink;
+  /** join as soon as the view opens (default true) */
+  autoJoin?: boolean;
+  name?: string;
+  /** preset memory budget, e.g. "2GiB" (default: from the adapter) */
+  memory?: string;
+  onState?: (s: BrowserPeerState) => void;
+  onError?: (e: { code: string; message: string }) => void;
+  log?: (line: string) => void;
+}
+
+export interface PeerView {
+  root: HTMLElement;
+  readonly peer: BrowserPeer | null;
+  join(): Promise<void>;
+  leave(): Promise<void>;
+  dispose(): Promise<void>;
+}
+
+const STATUS_TEXT: Record<string, string> = {
+  joining: 'Joining the room…',
+  idle: 'Joined — waiting for the route to give this device layers',
+  loading: 'Loading its layers',
+  ready: 'Serving its layers',
+  failed: 'Failed to load',
+  'client-only': 'Chat client only',
+  closed: 'Left the room',
+};
+
+export function createPeerView(opts: PeerViewOptions): PeerView {
+  let peer: BrowserPeer | null = null;
+  let busy = false;
+  const status = h('p', { class: 'peer-status', role: 'status', 'aria-live': 'polite' }, 'Not joined');
+  const adapter = h('dd', {}, '–');
+  const budget = h('dd', {}, '–');
+  const layers = h('dd', {}, '–');
+  const cache = h('dd', {}, '–');
+  const hop = h('dd', {}, '–');
+  const bar = h('div', { class: 'bar-fill' });
+  const barLabel = h('span', { class: 'bar-label' }, 'idle');
+  const progress = h('div', { class: 'bar', role: 'progressbar', 'aria-label': 'slice download and GPU upload', 'aria-valuemin': 0, 'aria-valuemax': 100, 'aria-valuenow': 0 }, bar, barLabel);
+  const memoryInput = h('input', { type: 'text', inputmode: 'text', placeholder: 'auto', autocomplete: 'off', spellcheck: 'false', size: 10 });
+  const joinButton = h('button', { type: 'button', class: 'primary' }, 'Join as a peer');
+  const error = h('p', { class: 'error', role: 'alert', hidden: true });
+
+  const root = h(
+    'section',
+    { class: 'card peer-view', 'aria-labelledby': 'peer-title' },
+    h('h2', { id: 'peer-title' }, 'This device'),
+    status,
+    h('dl', { class: 'facts' }, h('dt', {}, 'Adapter'), adapter, h('dt', {}, 'Memory budget'), budget, h('dt', {}, 'Layers'), layers, h('dt', {}, 'Shard cache'), cache, h('dt', {}, 'Next hop'), hop),
+    progress,
+    error,
+    h('div', { class: 'row' }, field('Budget to offer on joining', memoryInput, 'e.g. 2GiB; empty = from the adapter'), joinButton),
+  );
+
+  const render = (s: BrowserPeerState | null): void => {
+    if (!s) {
+      status.textContent = 'Not joined';
+      joinButton.textContent = 'Join as a peer';
+      return;
+    }
+    status.textContent = s.status === 'client-only' ? `${STATUS_TEXT[s.status]}: ${s.reason ?? ''}` : (STATUS_TEXT[s.status] ?? s.status);
+    status.dataset.status = s.status;
+    root.dataset.status = s.status;
+    const a = s.capabilities?.adapter;
+    adapter.textContent = a ? `${[a.vendor, a.architecture].filter(Boolean).join(' · ') || 'WebGPU'}${a.description ? ` — ${a.description}` : ''}${a.isFallbackAdapter ? ' (software fallback)' : ''}` : s.capabilities?.reason ?? '–';
+    budget.textContent = s.capabilities ? formatBytes(s.capabilities.memoryBytes) : '–';
+    layers.textContent = s.shard ? `[${s.shard.start}, ${s.shard.end}) — stage ${s.stage} of route ${s.routeId}` : 'none yet';
+    const held = s.heldUnits.length;
+    cache.textContent = s.load
+      ? `${formatBytes(s.load.cachedBytes)} from cache, ${formatBytes(s.load.fetchedBytes)} fetched${s.load.cacheError ? ` — cache: ${s.load.cacheError}` : ''}`
+      : `${held} shard unit${held === 1 ? '' : 's'} held`;
+    hop.textContent = s.hop === 'webrtc' ? 'WebRTC data channel' : s.hop === 'relay' ? 'relayed through the server' : s.hop === 'none' ? 'last stage' : '–';
+    // the bar: the slice download (verified bytes), then the GPU upload until ready
+    let pct = 0;
+    let label = 'idle';
+    if (s.status === 'loading') {
+      const p = s.progress;
+      pct = p && p.totalBytes > 0 ? (90 * p.doneBytes) / p.totalBytes : 0;
+      label = p && p.doneBytes >= p.totalBytes && p.totalBytes > 0 ? 'uploading to the GPU…' : p ? `downloading ${formatBytes(p.doneBytes)} of ${formatBytes(p.totalBytes)}` : 'starting…';
+    } else if (s.status === 'ready') {
+      pct = 100;
+      label = 'ready';
+    } else if (s.status === 'failed') label = 'failed';
+    bar.style.width = `${pct.toFixed(1)}%`;
+    barLabel.textContent = label;
+    progress.setAttribute('aria-valuenow', String(Math.round(pct)));
+    progress.setAttribute('aria-valuetext', label);
+    progress.dataset.phase = s.status;
+    if (s.error) {
+      error.hidden = false;
+      replace(error, h('strong', {}, s.error.code), ` ${s.error.message}`);
+    } else error.hidden = true;
+    const live = s.status !== 'closed' && s.status !== 'client-only';
+    joinButton.textContent = live ? 'Leave' : 'Join as a peer';
+    joinButton.classList.toggle('primary', !live);
+  };
+
+  const join = async (): Promise<void> => {
+    if (peer || busy) return;
+    busy = true;
+    error.hidden = true;
+    status.textContent = STATUS_TEXT.joining!;
+    const memory = memoryInput.value.trim() ? parseBytes(memoryInput.value) : null;
+    if (memoryInput.value.trim() && memory === null) {
+      busy = false;
+      error.hidden = false;
+      replace(error, h('strong', {}, 'BAD_BUDGET'), ` '${memoryInput.value}' is not a size (try 2GiB or 512MiB)`);
+      return;
+    }
+    try {
+      peer = await startBrowserPeer({
+        joinUrl: opts.link.joinUrl,
+        ...(opts.name ? { name: opts.name } : {}),
+        ...(memory ? { memoryBytes: memory } : {}),
+        onState: (s) => {
+          render(s);
+          opts.onState?.(s);
+        },
+        ...(opts.log ? { log: opts.log } : {}),
+      });
+      render(peer.state);
+      opts.onState?.(peer.state);
+      if (peer.state.status === 'client-only') peer = null;
+    } catch (e) {
+      const err = { code: (e as { code?: string }).code ?? 'JOIN_FAILED', message: (e as Error).message };
+      error.hidden = false;
+      replace(error, h('strong', {}, err.code), ` ${err.message}`);
+      status.textContent = 'Could not join';
+      opts.onError?.(err);
+    } finally {
+      busy = false;
+    }
+  };
+
+  const leave = async (): Promise<void> => {
+    const p = peer;
+    peer = null;
+    if (p) await p.close();
+    render(p ? { ...p.state, status: 'closed' } : null);
+  };
+
+  if (opts.memory) memoryInput.value = opts.memory;
+  joinButton.addEventListener('click', () => void (peer ? leave() : join()));
+  if (opts.autoJoin !== false) void join();
+  return {
+    root,
+    get peer() {
+      return peer;
+    },
+    join,
+    leave,
+    dispose: leave,
+  };
+}
