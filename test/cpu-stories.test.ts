@@ -9,6 +9,7 @@ import { shardTensors } from '../src/backends/shard.ts';
 import type { ShardRange, StageBackend } from '../src/backends/types.ts';
 import { isMeshError } from '../src/errors.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
+import { GgmlType } from '../src/gguf/types.ts';
 import type { TensorInfo, TensorSource } from '../src/gguf/types.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { InProcessChain, generate } from '../src/route/generation.ts';
@@ -177,6 +178,27 @@ describe('stories260K: CPU engine and llama.cpp backends agree with llama.cpp', 
     await b.dispose();
     expect(requested.sort()).toEqual(shardTensors(source.header, { start: 2, end: 4 }, N_LAYER).map((t) => t.name).sort());
     expect(requested.every((n) => n.startsWith('blk.2.') || n.startsWith('blk.3.'))).toBe(true);
+  });
+
+  it('an unsupported architecture or tensor type fails at load, naming it', async () => {
+    const withHeader = (patch: (h: TensorSource['header']) => TensorSource['header']): TensorSource => ({
+      header: patch(source.header),
+      location: source.location,
+      read: () => Promise.reject(new Error('nothing should be read')),
+      close: async () => {},
+    });
+    const gemma = withHeader((h) => ({ ...h, metadata: { ...h.metadata, 'general.architecture': 'gemma3' } }));
+    await expect(new CpuBackend().load(gemma, { start: 0, end: 5 })).rejects.toMatchObject({ code: 'UNSUPPORTED_ARCHITECTURE', message: expect.stringContaining('gemma3') });
+    const iq2 = withHeader((h) => ({
+      ...h,
+      tensors: h.tensors.map((t) => (t.name === 'blk.1.attn_q.weight' ? { ...t, type: GgmlType.IQ2_XXS } : t)),
+    }));
+    await expect(new CpuBackend().load(iq2, { start: 0, end: 5 })).rejects.toMatchObject({
+      code: 'UNSUPPORTED_TENSOR_TYPE',
+      message: expect.stringMatching(/blk\.1\.attn_q\.weight.*IQ2_XXS/),
+    });
+    // a shard without that layer gets past the type check (and fails only at our read stub)
+    await expect(new CpuBackend().load(iq2, { start: 2, end: 3 })).rejects.toThrow('nothing should be read');
   });
 
   it('sessions: position mismatch, unknown session, full context and release are errors with codes', async () => {
