@@ -7,6 +7,7 @@
 // two tabs and a native cpu node serve one route.
 import { join } from 'node:path';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer as createHttpServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chromium } from 'playwright-core';
@@ -348,6 +349,58 @@ describe('verification and degraded cases', () => {
     } finally {
       await plain.close();
       await serve.proc.kill();
+    }
+  });
+});
+
+describe('a model on a third-party host (a hub-like CORS server with Range)', () => {
+  it('tabs read their slices from that host without ever sending the room secret, and match llama.cpp', async () => {
+    const file = readFileSync(modelPath);
+    const seen: Array<{ method: string; range?: string; auth?: string; peer?: string }> = [];
+    const hub = createHttpServer((req, res) => {
+      seen.push({ method: req.method ?? '', range: req.headers.range, auth: req.headers.authorization, peer: req.headers['x-mesh-peer'] as string | undefined });
+      const cors = { 'access-control-allow-origin': '*', 'access-control-expose-headers': 'content-range, content-length, accept-ranges' };
+      if (req.method === 'OPTIONS') {
+        res.writeHead(204, { ...cors, 'access-control-allow-headers': 'range', 'access-control-allow-methods': 'GET, HEAD' });
+        return void res.end();
+      }
+      const m = /^bytes=(\d+)-(\d*)$/.exec(req.headers.range ?? '');
+      if (!m) {
+        res.writeHead(200, { ...cors, 'content-length': file.length, 'accept-ranges': 'bytes' });
+        return void res.end(req.method === 'HEAD' ? undefined : file);
+      }
+      const a = Number(m[1]);
+      const b = Math.min(m[2] ? Number(m[2]) : file.length - 1, file.length - 1);
+      res.writeHead(206, { ...cors, 'content-range': `bytes ${a}-${b}/${file.length}`, 'content-length': b - a + 1, 'accept-ranges': 'bytes' });
+      res.end(req.method === 'HEAD' ? undefined : file.subarray(a, b + 1));
+    });
+    await new Promise<void>((r) => hub.listen(0, '127.0.0.1', r));
+    const hubUrl = `http://127.0.0.1:${(hub.address() as { port: number }).port}/tinyllamas/stories260K.gguf`;
+    const serve = await spawnServe(hubUrl, ['--min-peers', '2']);
+    const tabs: Tab[] = [];
+    try {
+      // the server's own reads (header, one streaming pass for the manifest) finish first
+      expect((await getJson(`${serve.base}/v1/models/stories260K/manifest`, serve.secret)).body.artifact.sha256).toBe(manifest.artifact.sha256);
+      const serverReads = seen.length;
+      for (const name of ['h0', 'h1']) tabs.push(await openTab(serve, name));
+      const route = await waitForRoute(serve, 'ready', 120_000);
+      expect(await generateOverHttp(serve, route.id, 'webrtc x2, model on a third-party host')).toEqual(expected);
+      const tabReads = seen.slice(serverReads).filter((r) => r.method === 'GET');
+      expect(tabReads.length).toBeGreaterThan(0);
+      for (const r of seen.slice(serverReads)) {
+        expect(r.auth).toBeUndefined(); // the room secret never leaves for another host
+        expect(r.peer).toBeUndefined();
+      }
+      const fetched = tabReads.reduce((sum, r) => {
+        const [, a, b] = /bytes=(\d+)-(\d+)/.exec(r.range!)!;
+        return sum + Number(b) - Number(a) + 1;
+      }, 0);
+      const shards = route.stages.reduce((sum: number, st: any) => sum + shardBytesOf(st.shard), 0);
+      expect(fetched).toBeLessThanOrEqual(1.02 * shards);
+    } finally {
+      for (const t of tabs) await t.context.close();
+      await serve.proc.kill();
+      await new Promise<void>((r) => hub.close(() => r()));
     }
   });
 });
