@@ -86,6 +86,26 @@ describe('WebGPU stage failure paths', () => {
     expect((err as Error).message).toContain('shard [0, 1) of tiny.gguf');
   });
 
+  it('one forward is one queue submission and reads back only what leaves the stage', async () => {
+    const { device, adapter } = await acquireDevice(navigator.gpu);
+    const middle = new WebGpuStage(device, adapter, SHADERS);
+    stages.push(middle);
+    // a middle stage: layers only, hidden states in and out
+    const model = tinyModel();
+    model.config = { ...config, nLayer: 3 };
+    model.shard = { start: 1, end: 2 };
+    model.tensors = model.tensors.filter((t) => t.name.startsWith('blk.')).map((t) => ({ ...t, name: t.name.replace('blk.0.', 'blk.1.') }));
+    await middle.load(model);
+    await middle.openSession('m', 8);
+    const before = middle.transferStats();
+    const hidden = Float32Array.from({ length: 3 * config.nEmbd }, (_, i) => Math.cos(i));
+    const r = await middle.forward('m', { kind: 'hidden', hidden, nTokens: 3 }, 0);
+    const after = middle.transferStats();
+    expect(r.output.kind).toBe('hidden');
+    expect(after.submissions - before.submissions).toBe(1);
+    expect(after.readbackBytes - before.readbackBytes).toBe(3 * config.nEmbd * 4);
+  });
+
   it('concurrent calls on two sessions run one at a time and give what sequential calls give', async () => {
     const stage = await newStage();
     await stage.load(tinyModel());

@@ -82,6 +82,10 @@ export function grid2d(n: number): [number, number] {
 export class SubmitResources {
   private uniforms: GPUBuffer | null = null;
   private staging: GPUBuffer | null = null;
+  /** queue submissions made through recorders sharing these resources */
+  submissions = 0;
+  /** bytes copied back to the host */
+  readbackBytes = 0;
 
   constructor(private readonly memory: GpuMemory) {}
 
@@ -167,10 +171,12 @@ export class Recorder {
       encoder.copyBufferToBuffer(readback.buffer, readback.offset, staging, 0, readback.bytes);
     }
     device.queue.submit([encoder.finish()]);
+    this.resources.submissions++;
     this.dispatches.length = 0;
     if (!staging || !readback) return undefined;
     await staging.mapAsync(MapMode.READ, 0, readback.bytes);
     const out = staging.getMappedRange(0, readback.bytes).slice(0);
+    this.resources.readbackBytes += readback.bytes;
     staging.unmap();
     return out;
   }

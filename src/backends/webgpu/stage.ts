@@ -149,6 +149,11 @@ export class WebGpuStage {
     return { count: this.memory.count, bytes: this.memory.bytes };
   }
 
+  /** queue submissions and bytes read back since the stage was made */
+  transferStats(): { submissions: number; readbackBytes: number } {
+    return { submissions: this.resources.submissions, readbackBytes: this.resources.readbackBytes };
+  }
+
   /** labels of the compiled pipelines */
   pipelineLabels(): string[] {
     return this.kernels.labels;
