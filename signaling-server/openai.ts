@@ -169,6 +169,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     const link = new LocalLink((f) => ctx.sessions.handle(f, req));
     let unsubscribe: (() => void) | null = null;
     let firstToken = false;
+    let lastStep: TelemetryEvent | null = null;
     const result = await generateOnRoute(link, route.id, tokenizer, {
       promptTokens,
       maxTokens,
@@ -183,12 +184,12 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
         });
       },
       onEvent: (e) => {
-        if (e.type === 'token') {
-          firstToken = true;
-          if (sessionId) ctx.sessions.publish(sessionId, e);
-        } else if (e.type === 'session_summary' && sessionId) ctx.sessions.publish(sessionId, e);
+        if (e.type === 'token') firstToken = true;
+        if (e.type === 'step_timing') lastStep = e;
+        if (sessionId && (e.type === 'token' || e.type === 'step_timing' || e.type === 'session_summary')) ctx.sessions.publish(sessionId, e);
       },
-      ...(streaming ? { onDelta: (d: string) => d && sse(chunk(d, null)) } : {}),
+      // each content chunk carries the per-stage breakdown of the step that produced it
+      ...(streaming ? { onDelta: (d: string) => d && sse(chunk(d, null, lastStep ? { gguf_mesh: lastStep } : {})) } : {}),
     }).finally(() => (unsubscribe as (() => void) | null)?.());
     if (streaming) {
       sse(chunk(chat ? {} : '', finish(result), { gguf_mesh: result.summary }));

@@ -3,7 +3,7 @@ import { decodeFrame, DType, encodeFrame, FrameFlag, FrameType, HEADER_BYTES, ma
 import type { Frame } from '../src/protocol/frame.ts';
 import { FrameDecoder } from '../src/protocol/decoder.ts';
 import { fragment, Fragmenter, FRAGMENT_HEADER_BYTES, Reassembler } from '../src/protocol/fragment.ts';
-import { decodeI32, decodeJson, decodeRows, hiddenFrame, tokensFrame } from '../src/protocol/payload.ts';
+import { decodeI32, decodeJson, decodeRows, hiddenFrame, payloadBody, timingsOf, tokensFrame, withTimings } from '../src/protocol/payload.ts';
 import { isMeshError } from '../src/errors.ts';
 
 const hex = (s: string): Uint8Array => Uint8Array.from(s.replace(/\s+/g, '').match(/../g)!.map((b) => parseInt(b, 16)));
@@ -69,6 +69,40 @@ describe('frame codec: hex fixtures', () => {
     const f = decodeFrame(hex(ERROR_HEX));
     expect(f.type).toBe(FrameType.Error);
     expect(decodeJson(f.payload)).toEqual({ code: 'X', message: 'm' });
+  });
+});
+
+// A Token reply with a timing trailer of one record: stage 2, position 5, compute 1000 µs,
+// downstream 0, handle 1500 µs, queue 20 µs, 1076 bytes in, 0 out; then the count (1).
+const TOKEN_TIMED_HEX = `
+  474d5348 01 06 1200 07000000 ${SESSION}
+  03000000 06000000 01000000 03 000000 01000000 28000000
+  7a010000
+  02000000 05000000 e8030000 00000000 dc050000 14000000 34040000 00000000
+  01000000`;
+
+describe('timing trailer', () => {
+  it('decodes a Token reply whose payload ends with per-stage step timings', () => {
+    const f = decodeFrame(hex(TOKEN_TIMED_HEX));
+    expect(f.flags).toBe(FrameFlag.Reply | FrameFlag.Timings);
+    expect([...decodeI32(payloadBody(f))]).toEqual([378]);
+    expect(timingsOf(f)).toEqual([{ stage: 2, position: 5, computeUs: 1000, downstreamUs: 0, handleUs: 1500, queueUs: 20, bytesIn: 1076, bytesOut: 0 }]);
+    const rebuilt = withTimings({ ...tokensFrame(FrameType.Token, { routeId: 7, sessionId: SESSION, seq: 3 }, 6, [378]), flags: FrameFlag.Reply }, timingsOf(f));
+    expect(toHex(encodeFrame(rebuilt))).toBe(toHex(hex(TOKEN_TIMED_HEX)));
+    // appending a stage's record on the way up keeps earlier ones
+    const two = withTimings(f, [{ stage: 1, position: 5, computeUs: 1, downstreamUs: 2, handleUs: 3, queueUs: 0, bytesIn: 0, bytesOut: 9 }]);
+    expect(timingsOf(decodeFrame(encodeFrame(two))).map((t) => t.stage)).toEqual([2, 1]);
+  });
+
+  it('refuses a trailer whose count disagrees with its length, whole or streamed', () => {
+    const bad = hex(TOKEN_TIMED_HEX);
+    bad[bad.length - 4] = 2;
+    expectCode(() => decodeFrame(bad), 'FRAME_BAD_LENGTH', 'timings');
+    const d = new FrameDecoder();
+    expectCode(() => { for (let i = 0; i < bad.length; i++) d.push(bad.subarray(i, i + 1)); }, 'FRAME_BAD_LENGTH', 'timings');
+    expectCode(() => decodeFrame(patched(TOKEN_TIMED_HEX, 48, [0x27])), 'FRAME_BAD_LENGTH', 'payload length');
+    // a JSON frame cannot carry a trailer
+    expectCode(() => decodeFrame(patched(ERROR_HEX, 6, [0x12])), 'FRAME_BAD_FLAGS', 'flags');
   });
 });
 

@@ -125,6 +125,12 @@ describe('OpenAI-compatible API over a two-node route', () => {
     const kinds = parsed.slice(0, firstText).map((c) => c.gguf_mesh?.type).filter(Boolean);
     expect(kinds).toContain('route_planned');
     expect(kinds).toContain('prefill_progress');
+    // each content chunk carries the per-stage breakdown of its step (the 2nd: a decode step)
+    const step = parsed.filter((c) => c.choices[0]?.delta?.content)[1].gguf_mesh;
+    expect(step.type).toBe('step_timing');
+    expect(step.stages.map((x: any) => x.stage)).toEqual([0, 1]);
+    expect(step.stages[0].computeMs).toBeGreaterThan(0);
+    expect(step.stages[0].bytesOut).toBe(52 + 64 * 2);
     const summary = parsed.at(-1).gguf_mesh;
     expect(summary.type).toBe('session_summary');
     expect(summary.stages).toHaveLength(2);

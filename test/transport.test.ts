@@ -75,6 +75,24 @@ describe('stub route over loopback sockets', () => {
     await ref.client.close();
   });
 
+  it('every stage reports its part of each step; the reply carries the breakdown back to the client', async () => {
+    const chain = await stubRoute([[0, 2], [2, 4], [4, 6]]);
+    const c = await RouteSessionClient.open(chain.clientLink, chain.route.id, { contextLength: 64 });
+    c.wantTimings = true;
+    const t = await c.prefill(PROMPT, 64);
+    expect(c.lastTimings.map((x) => x.stage)).toEqual([0, 1, 2]);
+    expect(c.lastTimings.every((x) => x.position === 0 && x.handleUs >= x.computeUs)).toBe(true);
+    await c.decode(t);
+    const [s0, s1, s2] = c.lastTimings;
+    expect(s0!.position).toBe(PROMPT.length);
+    expect(s0!.bytesIn).toBe(0);
+    expect(s0!.bytesOut).toBe(52 + MODEL.nEmbd * 2); // one f16 row plus the header
+    expect(s1!.bytesIn).toBe(s0!.bytesOut);
+    expect(s2!.bytesOut).toBe(0);
+    expect(s0!.downstreamUs).toBeGreaterThanOrEqual(s1!.handleUs);
+    await c.close();
+  });
+
   it('f16 hidden states travel at 2 bytes per value and stay close to f32', async () => {
     const chain = await stubRoute([[0, 3], [3, 6]]);
     const c = await RouteSessionClient.open(chain.clientLink, chain.route.id, { contextLength: 64, hiddenDtype: 'f16' });

@@ -5,7 +5,7 @@
 // out of sync and the carrier must close.
 
 import { MeshError } from '../errors.ts';
-import { checkMagicPrefix, decodeHeader, HEADER_BYTES } from './frame.ts';
+import { checkMagicPrefix, checkTrailer, decodeHeader, HEADER_BYTES } from './frame.ts';
 import type { Frame, FrameHeader } from './frame.ts';
 
 type State = { kind: 'header' } | { kind: 'payload'; header: FrameHeader } | { kind: 'failed'; error: MeshError };
@@ -36,7 +36,9 @@ export class FrameDecoder {
           const h = this.state.header;
           if (this.buffered < h.payloadLength) break;
           const { payloadLength, ...rest } = h;
-          frames.push({ ...rest, payload: this.take(payloadLength) });
+          const frame = { ...rest, payload: this.take(payloadLength) };
+          checkTrailer(frame);
+          frames.push(frame);
           this.state = { kind: 'header' };
         } else {
           break;

@@ -53,8 +53,17 @@ export enum FrameFlag {
   Reply = 1 << 1,
   /** the last stage answers with a Logits frame instead of sampling */
   WantLogits = 1 << 2,
+  /** request: every stage appends its step timing to the reply */
+  WantTimings = 1 << 3,
+  /** the payload ends with a timing trailer (see TIMING_RECORD_BYTES) */
+  Timings = 1 << 4,
 }
-const KNOWN_FLAGS = FrameFlag.Sample | FrameFlag.Reply | FrameFlag.WantLogits;
+const KNOWN_FLAGS = FrameFlag.Sample | FrameFlag.Reply | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.Timings;
+
+/** One stage's step timing in a trailer: 8 u32 (see docs/protocol.md). */
+export const TIMING_RECORD_BYTES = 32;
+/** Most records in a trailer: one per stage of a route. */
+export const MAX_TIMING_RECORDS = 255;
 
 export enum DType {
   None = 0,
@@ -91,6 +100,8 @@ export interface Frame {
   dtype: DType;
   width: number;
   payload: Uint8Array;
+  /** local only, never encoded: when the carrier received the frame (performance.now()) */
+  receivedAt?: number;
 }
 
 export type FrameHeader = Omit<Frame, 'payload'> & { payloadLength: number };
@@ -142,7 +153,13 @@ export function validateHeader(h: FrameHeader): void {
     fail('FRAME_BAD_DIMENSION', 'width', `width must be 1..${MAX_WIDTH}, got ${h.width}`);
   }
   const elemBytes = DTYPE_BYTES[h.dtype];
-  if (elemBytes !== undefined) {
+  if (h.flags & FrameFlag.Timings) {
+    if (elemBytes === undefined) fail('FRAME_BAD_FLAGS', 'flags', `a timing trailer needs a fixed-size dtype, not ${DType[h.dtype]}`);
+    const trailer = h.payloadLength - h.nTokens * h.width * elemBytes - 4;
+    if (trailer < 0 || trailer % TIMING_RECORD_BYTES !== 0 || trailer / TIMING_RECORD_BYTES > MAX_TIMING_RECORDS) {
+      fail('FRAME_BAD_LENGTH', 'payload length', `${h.payloadLength} bytes is not ${h.nTokens} × ${h.width} × ${elemBytes} plus a timing trailer of 4 + 32·n bytes`);
+    }
+  } else if (elemBytes !== undefined) {
     const expected = h.nTokens * h.width * elemBytes;
     if (h.payloadLength !== expected) {
       fail('FRAME_BAD_LENGTH', 'payload length', `${h.nTokens} tokens × ${h.width} × ${elemBytes} bytes = ${expected}, got ${h.payloadLength}`);
@@ -216,7 +233,24 @@ export function decodeFrame(bytes: Uint8Array): Frame {
   if (bytes.byteLength < total) fail('FRAME_TRUNCATED', 'payload', `needs ${h.payloadLength} bytes, got ${bytes.byteLength - HEADER_BYTES}`);
   if (bytes.byteLength > total) fail('FRAME_BAD_LENGTH', 'payload length', `${bytes.byteLength - total} bytes after the frame's end`);
   const { payloadLength: _, ...rest } = h;
-  return { ...rest, payload: bytes.subarray(HEADER_BYTES, total) };
+  const frame = { ...rest, payload: bytes.subarray(HEADER_BYTES, total) };
+  checkTrailer(frame);
+  return frame;
+}
+
+/** Bytes of the frame's data, without a timing trailer. */
+export function bodyBytes(f: Pick<Frame, 'nTokens' | 'width' | 'dtype' | 'flags' | 'payload'>): number {
+  return f.flags & FrameFlag.Timings ? f.nTokens * f.width * DTYPE_BYTES[f.dtype]! : f.payload.byteLength;
+}
+
+/** A trailer's record count must match its length (checked once the payload is whole). */
+export function checkTrailer(f: Pick<Frame, 'nTokens' | 'width' | 'dtype' | 'flags' | 'payload'>): void {
+  if (!(f.flags & FrameFlag.Timings)) return;
+  const p = f.payload;
+  const n = new DataView(p.buffer, p.byteOffset + p.byteLength - 4, 4).getUint32(0, true);
+  if (bodyBytes(f) + n * TIMING_RECORD_BYTES + 4 !== p.byteLength) {
+    fail('FRAME_BAD_LENGTH', 'timings', `the trailer says ${n} records, its length holds ${(p.byteLength - bodyBytes(f) - 4) / TIMING_RECORD_BYTES}`);
+  }
 }
 
 /** A frame with defaults for the fields most frames leave empty. */

@@ -4,7 +4,7 @@
 
 import { f32ToF16, F16_TABLE } from '../gguf/fp16.ts';
 import { MeshError } from '../errors.ts';
-import { DType, FrameFlag, FrameType, makeFrame } from './frame.ts';
+import { bodyBytes, DType, FrameFlag, FrameType, makeFrame, TIMING_RECORD_BYTES } from './frame.ts';
 import type { Frame } from './frame.ts';
 
 const utf8 = new TextEncoder();
@@ -114,3 +114,63 @@ export function errorFromFrame(f: Frame): MeshError {
 export function replyAddress(req: Frame): Addressing {
   return { routeId: req.routeId, sessionId: req.sessionId, seq: req.seq };
 }
+
+// ---- step timings (trailer) ----
+
+/** One stage's part of a step, in microseconds and bytes (8 × u32 on the wire). */
+export interface StepTiming {
+  stage: number;
+  /** first position of the step */
+  position: number;
+  /** backend forward pass */
+  computeUs: number;
+  /** waiting for the next stage's reply (transfer + everything downstream) */
+  downstreamUs: number;
+  /** from the frame's arrival to this stage's reply */
+  handleUs: number;
+  /** of handleUs, time the frame waited behind others on its connection */
+  queueUs: number;
+  /** whole frames received from the previous stage / sent to the next */
+  bytesIn: number;
+  bytesOut: number;
+}
+
+const u32 = (x: number): number => Math.max(0, Math.min(0xffffffff, Math.round(x)));
+
+/** The frame's data payload, without a timing trailer. */
+export function payloadBody(f: Frame): Uint8Array {
+  return f.payload.subarray(0, bodyBytes(f));
+}
+
+/** Timing records a frame carries (none without the Timings flag). */
+export function timingsOf(f: Frame): StepTiming[] {
+  if (!(f.flags & FrameFlag.Timings)) return [];
+  const body = bodyBytes(f);
+  const v = new DataView(f.payload.buffer, f.payload.byteOffset, f.payload.byteLength);
+  const n = v.getUint32(f.payload.byteLength - 4, true);
+  const out: StepTiming[] = [];
+  for (let i = 0; i < n; i++) {
+    const o = body + i * TIMING_RECORD_BYTES;
+    const r = (k: number): number => v.getUint32(o + 4 * k, true);
+    out.push({ stage: r(0), position: r(1), computeUs: r(2), downstreamUs: r(3), handleUs: r(4), queueUs: r(5), bytesIn: r(6), bytesOut: r(7) });
+  }
+  return out;
+}
+
+/** The same frame with `records` appended to its trailer (the reply passing up the chain). */
+export function withTimings(f: Frame, records: StepTiming[]): Frame {
+  if (DTYPE_FIXED[f.dtype] === undefined) return f; // JSON/None replies carry no trailer
+  const all = [...timingsOf(f), ...records];
+  const body = payloadBody(f);
+  const payload = new Uint8Array(body.byteLength + all.length * TIMING_RECORD_BYTES + 4);
+  payload.set(body, 0);
+  const v = new DataView(payload.buffer);
+  all.forEach((t, i) => {
+    const o = body.byteLength + i * TIMING_RECORD_BYTES;
+    [t.stage, t.position, t.computeUs, t.downstreamUs, t.handleUs, t.queueUs, t.bytesIn, t.bytesOut].forEach((x, k) => v.setUint32(o + 4 * k, u32(x), true));
+  });
+  v.setUint32(payload.byteLength - 4, all.length, true);
+  return { ...f, flags: f.flags | FrameFlag.Timings, payload };
+}
+
+const DTYPE_FIXED: Partial<Record<DType, true>> = { [DType.F32]: true, [DType.F16]: true, [DType.I32]: true };

@@ -5,7 +5,8 @@
 import { MeshError } from '../errors.ts';
 import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, decodeRows, jsonFrame, tokensFrame } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, decodeRows, jsonFrame, payloadBody, timingsOf, tokensFrame } from '../protocol/payload.ts';
+import type { StepTiming } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { newSessionId } from './sessions.ts';
 import type { SessionInfo } from './sessions.ts';
@@ -15,6 +16,10 @@ export const DEFAULT_PREFILL_CHUNK = 64;
 
 export class RouteSessionClient {
   position = 0;
+  /** ask every stage for its step timing (a trailer on Token/Logits replies) */
+  wantTimings = false;
+  /** per-stage timings of the last step, in stage order (when wantTimings) */
+  lastTimings: StepTiming[] = [];
   private closed = false;
 
   private constructor(
@@ -39,7 +44,7 @@ export class RouteSessionClient {
     for (let i = 0; i < tokens.length; i += chunk) {
       const part = Array.from({ length: Math.min(chunk, tokens.length - i) }, (_, k) => tokens[i + k]!);
       const last = i + part.length >= tokens.length;
-      reply = await this.link.request(tokensFrame(FrameType.Prefill, this.at(), this.position, part, last ? FrameFlag.Sample : 0));
+      reply = await this.link.request(tokensFrame(FrameType.Prefill, this.at(), this.position, part, (last ? FrameFlag.Sample : 0) | this.timingFlag()));
       this.position += part.length;
       onChunk?.(i + part.length, tokens.length);
     }
@@ -48,7 +53,7 @@ export class RouteSessionClient {
 
   /** Feeds the last sampled token and returns the next one. */
   async decode(token: number): Promise<number> {
-    const reply = await this.link.request(tokensFrame(FrameType.Decode, this.at(), this.position, [token], FrameFlag.Sample));
+    const reply = await this.link.request(tokensFrame(FrameType.Decode, this.at(), this.position, [token], FrameFlag.Sample | this.timingFlag()));
     this.position += 1;
     return this.tokenOf(reply);
   }
@@ -56,10 +61,11 @@ export class RouteSessionClient {
   /** Runs tokens through the route and returns the last position's logits [n_vocab]. */
   async logits(tokens: ArrayLike<number>): Promise<Float32Array> {
     const type = tokens.length === 1 && this.position > 0 ? FrameType.Decode : FrameType.Prefill;
-    const reply = await this.link.request(tokensFrame(type, this.at(), this.position, tokens, FrameFlag.WantLogits));
+    const reply = await this.link.request(tokensFrame(type, this.at(), this.position, tokens, FrameFlag.WantLogits | this.timingFlag()));
     this.position += tokens.length;
     if (reply.type !== FrameType.Logits) throw new MeshError('FRAME_BAD_TYPE', `expected Logits, got ${FrameType[reply.type]}`);
-    return decodeRows(reply.payload, reply.dtype);
+    this.lastTimings = timingsOf(reply).sort((a, b) => a.stage - b.stage);
+    return decodeRows(payloadBody(reply), reply.dtype);
   }
 
   async info(): Promise<SessionInfo> {
@@ -73,8 +79,13 @@ export class RouteSessionClient {
     await this.link.request(makeFrame({ type: FrameType.SessionClose, ...this.at() }));
   }
 
+  private timingFlag(): number {
+    return this.wantTimings ? FrameFlag.WantTimings : 0;
+  }
+
   private tokenOf(reply: Frame): number {
     if (reply.type !== FrameType.Token) throw new MeshError('FRAME_BAD_TYPE', `expected a Token frame, got ${FrameType[reply.type]}`);
-    return decodeI32(reply.payload)[0]!;
+    this.lastTimings = timingsOf(reply).sort((a, b) => a.stage - b.stage);
+    return decodeI32(payloadBody(reply))[0]!;
   }
 }

@@ -12,6 +12,7 @@ import { makeTimings, TextCollector } from './generation.ts';
 import type { GenerationResult, StopReason } from './generation.ts';
 import type { SessionInfo } from './sessions.ts';
 import type { SamplerSettings } from './stage-service.ts';
+import { stepBreakdown } from './telemetry.ts';
 import type { StageTiming, TelemetryEvent } from './telemetry.ts';
 
 export interface RouteGenerationRequest {
@@ -41,6 +42,7 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
   const emit = req.onEvent ?? (() => undefined);
   const client = await RouteSessionClient.open(link, routeId, { contextLength, promptLength: prompt.length, ...(req.sampler ? { sampler: req.sampler } : {}) });
   const sessionId = client.sessionId;
+  client.wantTimings = true;
   req.onSession?.(sessionId);
   emit({ type: 'session_opened', sessionId, routeId });
   const text = new TextCollector(req.stopStrings ?? [], req.onDelta);
@@ -59,6 +61,8 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
     while (req.maxTokens > 0) {
       tokens.push(token);
       const piece = decoder.push(token);
+      // the step that produced this token, stage by stage (the last stage's reply carried it)
+      if (client.lastTimings.length) emit({ type: 'step_timing', sessionId, position: client.lastTimings[0]!.position, stages: stepBreakdown(client.lastTimings) });
       emit({ type: 'token', sessionId, id: token, text: piece, position: client.position });
       if (tokenizer.isEog(token)) {
         stopReason = 'eog';

@@ -213,6 +213,8 @@ export class SessionManager {
 
   async info(sessionId: string): Promise<SessionInfo> {
     const s = this.get(sessionId);
+    // the state before the stage queries: a close racing them shows as not yet closed
+    const brief = this.brief(sessionId);
     const links = s.route.stageLinks();
     const peers = s.route.stagePeers();
     const stages = await Promise.all(
@@ -226,7 +228,7 @@ export class SessionManager {
         }
       }),
     );
-    return { ...this.brief(sessionId), stages };
+    return { ...brief, stages };
   }
 
   brief(sessionId: string): Omit<SessionInfo, 'stages'> {

@@ -10,7 +10,7 @@ import { MeshError } from '../errors.ts';
 import type { StageBackend, ShardRange } from '../backends/types.ts';
 import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, decodeRows, hiddenFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, decodeRows, hiddenFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame, withTimings } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import type { StageTiming } from './telemetry.ts';
 
@@ -154,27 +154,47 @@ export class StageService {
     const started = performance.now();
     const timing = s.timing;
     timing.steps++;
-    if (f.type === FrameType.Hidden) timing.bytesIn += HEADER_BYTES + f.payload.byteLength;
+    const bytesIn = f.type === FrameType.Hidden ? HEADER_BYTES + f.payload.byteLength : 0;
+    timing.bytesIn += bytesIn;
+    const step = { computeMs: 0, downstreamMs: 0, bytesOut: 0 };
+    let reply: Frame;
     try {
-      return await this.computeStep(f, s, input);
+      reply = await this.computeStep(f, s, input, step);
     } finally {
       timing.handleMs += performance.now() - started;
     }
+    if (!(f.flags & FrameFlag.WantTimings)) return reply;
+    // this stage's part of the step joins the trailer on its way back up the chain
+    const arrived = f.receivedAt ?? started;
+    return withTimings(reply, [
+      {
+        stage: this.opts.stage,
+        position: f.position,
+        computeUs: step.computeMs * 1000,
+        downstreamUs: step.downstreamMs * 1000,
+        handleUs: (performance.now() - arrived) * 1000,
+        queueUs: (started - arrived) * 1000,
+        bytesIn,
+        bytesOut: step.bytesOut,
+      },
+    ]);
   }
 
-  private async computeStep(f: Frame, s: StageSession, input: Parameters<StageBackend['forward']>[1]): Promise<Frame> {
+  private async computeStep(f: Frame, s: StageSession, input: Parameters<StageBackend['forward']>[1], step: { computeMs: number; downstreamMs: number; bytesOut: number }): Promise<Frame> {
     const { output, computeMs } = await this.opts.backend.forward(f.sessionId, input, f.position);
     s.timing.computeMs += computeMs;
+    step.computeMs = computeMs;
     const sampleNow = f.type === FrameType.Decode || (f.flags & FrameFlag.Sample) !== 0;
     if (output.kind === 'hidden') {
       const next = this.opts.downstream;
       if (!next) throw new MeshError('STAGE_UNREACHABLE', `stage ${this.opts.stage} has no next stage to send hidden states to`, { stage: this.opts.stage + 1 });
-      const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits)) | (sampleNow ? FrameFlag.Sample : 0);
+      const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.WantTimings)) | (sampleNow ? FrameFlag.Sample : 0);
       const out = hiddenFrame({ routeId: f.routeId, sessionId: f.sessionId }, f.position, output.hidden, output.nTokens, s.hiddenDtype, flags);
       this.bytesOut += out.payload.byteLength;
       this.wireBytesOut += HEADER_BYTES + out.payload.byteLength;
       this.framesOut++;
       s.timing.bytesOut += HEADER_BYTES + out.payload.byteLength;
+      step.bytesOut = HEADER_BYTES + out.payload.byteLength;
       const sent = performance.now();
       try {
         return await next.request(out);
@@ -183,7 +203,8 @@ export class StageService {
         const code = e instanceof MeshError && (e.code === 'LINK_CLOSED' || e.code === 'LINK_FAILED') ? 'STAGE_UNREACHABLE' : (e as MeshError).code ?? 'STAGE_FAILED';
         throw new MeshError(code, `stage ${this.opts.stage + 1} (${next.remote}): ${(e as Error).message}`, { stage: this.opts.stage + 1 });
       } finally {
-        s.timing.downstreamMs += performance.now() - sent;
+        step.downstreamMs = performance.now() - sent;
+        s.timing.downstreamMs += step.downstreamMs;
       }
     }
     const nextPosition = f.position + f.nTokens;

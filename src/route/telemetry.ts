@@ -1,6 +1,8 @@
 // Typed telemetry events: one schema for the server, peers, the CLI and the UI. Every event
 // names its kind in `type`; times are in milliseconds, sizes in bytes.
 
+import type { StepTiming } from '../protocol/payload.ts';
+
 export interface StageTiming {
   stage: number;
   /** steps this stage ran for the session */
@@ -16,6 +18,38 @@ export interface StageTiming {
   bytesOut: number;
 }
 
+/** One stage's part of one step (prefill chunk or decode step). */
+export interface StepStageTiming {
+  stage: number;
+  computeMs: number;
+  /** on the wire to the next stage and back, (de)serialisation included; 0 on the last stage */
+  transferMs: number;
+  /** waiting behind other frames on the connection */
+  queueMs: number;
+  /** everything else on this stage: decoding, encoding, bookkeeping */
+  overheadMs: number;
+  bytesIn: number;
+  bytesOut: number;
+}
+
+/** Turns the trailer records of one reply into a per-stage breakdown. */
+export function stepBreakdown(records: readonly StepTiming[]): StepStageTiming[] {
+  const byStage = [...records].sort((a, b) => a.stage - b.stage);
+  const ms = (us: number): number => Math.round(us) / 1000;
+  return byStage.map((r, i) => {
+    const next = byStage[i + 1];
+    return {
+      stage: r.stage,
+      computeMs: ms(r.computeUs),
+      transferMs: next ? ms(Math.max(0, r.downstreamUs - next.handleUs)) : 0,
+      queueMs: ms(r.queueUs),
+      overheadMs: ms(Math.max(0, r.handleUs - r.computeUs - r.downstreamUs - r.queueUs)),
+      bytesIn: r.bytesIn,
+      bytesOut: r.bytesOut,
+    };
+  });
+}
+
 export type TelemetryEvent =
   | { type: 'route_planned'; routeId: number; stages: Array<{ stage: number; peerId: string; start: number; end: number }> }
   | { type: 'stage_loading'; routeId: number; stage: number; bytesDone: number; bytesTotal: number }
@@ -24,7 +58,7 @@ export type TelemetryEvent =
   | { type: 'session_opened'; sessionId: string; routeId: number }
   | { type: 'prefill_progress'; sessionId: string; tokensDone: number; tokensTotal: number | null }
   | { type: 'token'; sessionId: string; id: number; text: string; position: number }
-  | { type: 'step_timing'; sessionId: string; position: number; stages: StageTiming[] }
+  | { type: 'step_timing'; sessionId: string; position: number; stages: StepStageTiming[] }
   | {
       type: 'session_summary';
       sessionId: string;

@@ -137,7 +137,7 @@ export function serveFrames(ws: WebSocket, handler: FrameHandler, opts: WsServeO
       return;
     }
     if (!frame) return;
-    const req = frame;
+    const req = { ...frame, receivedAt: performance.now() };
     queue = queue.then(async () => {
       const reply = await answer(handler, req);
       if (ws.readyState === WebSocket.OPEN) sendFrame(ws, reply, fragmenter);
