@@ -20,7 +20,7 @@ import type { TensorSource } from '../src/gguf/types.ts';
 import { configFromHeader } from '../src/model/config.ts';
 import { ARCHS, MODEL_TYPES } from '../src/model/synthetic-model.ts';
 import { InProcessChain } from '../src/route/generation.ts';
-import { LlamaModelFfi, argmax, maxAbsDiff, oracleGreedy } from './support/llamacpp-oracle.ts';
+import { LlamaModelFfi, argmax, maxAbsDiff, oracleGreedy, oracleHidden } from './support/llamacpp-oracle.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
 const N = 32;
@@ -95,6 +95,16 @@ describe.each(ARCHS)('%s with GQA (4 heads, 2 KV heads)', (arch) => {
       if (type === 'f32' || type === 'f16') {
         expect(promptDiff).toBeLessThan(tolerance);
         expect(tokens).toEqual(ref.tokens);
+        if (type === 'f32') {
+          // hidden state after layer 1 (a first stage [0, 1)) equals llama.cpp's l_out-0
+          const first = new CpuBackend();
+          await first.load(source, { start: 0, end: 1 });
+          await first.openSession('h', { contextLength: prompt.length });
+          const out = (await first.forward('h', { kind: 'tokens', tokens: Int32Array.from(prompt) }, 0)).output;
+          await first.dispose();
+          expect(out.kind).toBe('hidden');
+          if (out.kind === 'hidden') expect(maxAbsDiff(out.hidden, oracleHidden(oracle, prompt, 1))).toBeLessThan(1e-4);
+        }
         return;
       }
 
