@@ -303,6 +303,28 @@ describe('a mixed route: two browser tabs and a native cpu node', () => {
   });
 });
 
+describe('a mixed route led by a native node', () => {
+  it('the node relays its hidden states to the first tab through the server; tokens identical', async () => {
+    const serve = await spawnServe(modelPath, ['--min-peers', '3']);
+    const tabs: Tab[] = [];
+    try {
+      const node = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', '1GiB', '--name', 'lead']);
+      await node.waitFor(/joined room/);
+      for (const name of ['k1', 'k2']) tabs.push(await openTab(serve, name));
+      const route = await waitForRoute(serve, 'ready', 120_000);
+      expect(route.stages[0].peerId.startsWith('lead-')).toBe(true);
+      expect(await generateOverHttp(serve, route.id, 'mixed: cpu node + 2 tabs')).toEqual(expected);
+      const relayed = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.relayed;
+      expect(relayed[`${route.stages[0].peerId}->${route.stages[1].peerId}`].frames).toBeGreaterThanOrEqual(N + 1);
+      const byStage = (await Promise.all(tabs.map((t) => state(t.page)))).sort((a, b) => a!.stage! - b!.stage!);
+      expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'none']);
+    } finally {
+      for (const t of tabs) await t.context.close();
+      await serve.proc.kill();
+    }
+  });
+});
+
 describe('verification and degraded cases', () => {
   it('a copy with one flipped byte in layer 2, served with the original manifest: that tab refuses naming the tensor, the others serve, no tokens', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'gguf-mesh-flip-'));

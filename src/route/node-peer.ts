@@ -29,6 +29,9 @@ import { fetchJson } from './remote.ts';
 import type { RoomSummary } from './remote.ts';
 import { heldUnits, VerifiedSource } from './verified-source.ts';
 import type { PeerToServer, ServerToPeer } from './control.ts';
+import { RelayLink } from '../peer/relay.ts';
+import type { RelayReply } from '../peer/messages.ts';
+import type { FrameLink } from '../transport/link.ts';
 import { StageService } from './stage-service.ts';
 import type { SamplerFactory } from './stage-service.ts';
 
@@ -111,7 +114,8 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   const room = await fetchJson<RoomSummary>(`${base}/v1/rooms/${roomId}`, opts.secret);
   const manifest = parseManifest(await fetchJson<unknown>(`${base}/v1/models/${room.model.id}/manifest`, opts.secret));
   const units = cacheDir ? await heldUnits(cacheDir, manifest) : [];
-  let current: { routeId: number; shard: ShardRange; backend: StageBackend; service: StageService; downstream: WsLink | null; source: TensorSource | null } | null = null;
+  let current: { routeId: number; shard: ShardRange; backend: StageBackend; service: StageService; downstream: FrameLink | null; source: TensorSource | null } | null = null;
+  let relay: RelayLink | null = null;
   const handler = async (f: Parameters<StageService['handle']>[0]) => {
     if (!current) throw new MeshError('STAGE_NOT_LOADED', 'this peer serves no stage yet');
     return current.service.handle(f);
@@ -167,7 +171,8 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
         fetched = () => verified.bytesFetched;
       }
       await backend.load(source, m.shard);
-      const downstream = m.downstream ? await WsLink.connect(m.downstream, { headers: auth }) : null;
+      // a browser next stage has no listen address: frames go through the server (src/peer/relay.ts)
+      const downstream = m.downstream ? await WsLink.connect(m.downstream, { headers: auth }) : m.downstreamPeer ? (relay = new RelayLink(m.downstreamPeer, (r) => ws.send(JSON.stringify(r)))) : null;
       const service = new StageService({ backend, stage: m.stage, shard: m.shard, nLayer: m.nLayer, downstream, samplerFactory: stageSampler });
       current = { routeId: m.routeId, shard: m.shard, backend, service, downstream, source };
       const bytesRead = fetched();
@@ -224,6 +229,8 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
         if (current?.routeId === m.routeId) void release();
       } else if (m.t === 'error') {
         reject(new MeshError(m.code, m.message));
+      } else if ((m as { t: string }).t === 'relay-reply') {
+        relay?.deliver(m as unknown as RelayReply);
       }
     });
     ws.on('close', (code, reason) => {
