@@ -162,6 +162,22 @@ describe('stories260K: CPU engine and llama.cpp backends agree with llama.cpp', 
     expect(seen).toEqual([[expected, expected], [expected, expected, expected]]);
   });
 
+  it('prefill in chunks (KV cache growing past its first allocation) gives the one-shot logits bit for bit', async () => {
+    const [stage] = await cpuStages([{ start: 0, end: N_LAYER }]);
+    const tokens = Int32Array.from({ length: 300 }, (_, i) => 3 + ((i * 97) % 500));
+    await stage!.openSession('one', { contextLength: 1000 });
+    await stage!.openSession('chunks', { contextLength: 1000 });
+    const one = (await stage!.forward('one', { kind: 'tokens', tokens }, 0)).output;
+    let last = one;
+    for (let at = 0; at < 300; at += 70) last = (await stage!.forward('chunks', { kind: 'tokens', tokens: tokens.subarray(at, at + 70) }, at)).output;
+    if (one.kind !== 'logits' || last.kind !== 'logits') throw new Error('expected logits');
+    expect(Buffer.from(last.logits.buffer).equals(Buffer.from(one.logits.buffer))).toBe(true);
+    expect(stage!.sessionStats('chunks').position).toBe(300);
+    expect(stage!.sessionStats('chunks').kvBytes).toBe(2 * 5 * 512 * 32 * 4); // grown 256 → 512 positions
+    await stage!.releaseSession('one');
+    await stage!.releaseSession('chunks');
+  });
+
   it('reads only its shard\'s tensors', async () => {
     const requested: string[] = [];
     const recording: TensorSource = {
