@@ -15,6 +15,8 @@ import { RouteSessionClient } from '../src/route/client.ts';
 import { startLoopbackRoute } from '../src/route/loopback.ts';
 import { argmax } from '../src/route/stage-service.ts';
 import { HEADER_BYTES } from '../src/protocol/frame.ts';
+import { stepBreakdown } from '../src/route/telemetry.ts';
+import type { StepStageTiming } from '../src/route/telemetry.ts';
 
 function arg(args: string[], name: string, fallback: number): number {
   const i = args.indexOf(`--${name}`);
@@ -22,6 +24,7 @@ function arg(args: string[], name: string, fallback: number): number {
 }
 
 const round = (x: number, d = 2): number => Math.round(x * 10 ** d) / 10 ** d;
+const avg = (xs: number[]): number => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
 
 export async function run(args: string[]): Promise<unknown> {
   const shape = { layers: arg(args, 'layers', 6), embd: arg(args, 'embd', 512), ffn: arg(args, 'ffn', 1536), vocab: arg(args, 'vocab', 2048), heads: 8 };
@@ -68,17 +71,20 @@ export async function run(args: string[]): Promise<unknown> {
   }
   const route = await startLoopbackRoute(stages, { nLayer: shape.layers });
   const c = await RouteSessionClient.open(route.clientLink, route.route.id, { contextLength: ctxLen, hiddenDtype: 'f16' });
+  c.wantTimings = true; // each stage reports compute/transfer per step (a 32-byte record per stage on the reply)
   t0 = performance.now();
   let routeTok = await c.prefill(prompt, nPrefill);
   const routePrefillMs = performance.now() - t0;
   const routeTokens = [routeTok];
   const before = route.services.map((s) => s.wireBytesOut);
   const framesBefore = route.services.map((s) => s.framesOut);
+  const steps: StepStageTiming[][] = [];
   const routeDecode = async (): Promise<number> => {
     const start = performance.now();
     for (let i = 0; i < nDecode; i++) {
       routeTok = await c.decode(routeTok);
       routeTokens.push(routeTok);
+      steps.push(stepBreakdown(c.lastTimings));
     }
     return performance.now() - start;
   };
@@ -125,6 +131,13 @@ export async function run(args: string[]): Promise<unknown> {
     decode_ratio_route_vs_single: round(routeDecodeTokS / singleDecodeTokS, 3),
     goal_ratio: 0.9,
     decode_step_ms: { context_16: round(step16), [`context_${long}`]: round(stepLong) },
+    decode_step_breakdown_ms: [0, 1, 2].map((k) => ({
+      stage: k,
+      compute: round(avg(steps.map((x) => x[k]!.computeMs)), 3),
+      transfer_to_next: round(avg(steps.map((x) => x[k]!.transferMs)), 3),
+      queue: round(avg(steps.map((x) => x[k]!.queueMs)), 3),
+      overhead: round(avg(steps.map((x) => x[k]!.overheadMs)), 3),
+    })),
     bytes_per_token_per_hop: {
       hidden_frame_f16: round(hopBytes[0]!, 1),
       expected: HEADER_BYTES + shape.embd * 2,
