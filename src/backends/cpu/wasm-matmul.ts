@@ -142,6 +142,20 @@ const SCRATCH_BYTES = 16 * 1024 * 1024;
 const MAX_BYTES = 65536 * PAGE;
 
 /**
+ * An arena for `weightFloats` f32 of weights, or null when WebAssembly SIMD is unavailable or
+ * the weights do not fit one WebAssembly memory (4 GiB) or cannot be allocated: callers then
+ * multiply in JS.
+ */
+export function tryWasmArena(weightFloats: number): WasmArena | null {
+  if (!wasmSimdAvailable() || weightFloats * 4 + SCRATCH_BYTES > MAX_BYTES) return null;
+  try {
+    return new WasmArena(weightFloats);
+  } catch {
+    return null;
+  }
+}
+
+/**
  * One WebAssembly.Memory holding a shard's f32 weight matrices (fixed size, never grown, so
  * views stay valid) plus a scratch area for activations.
  */
@@ -182,12 +196,12 @@ export class WasmArena {
    * y: [nTokens × nOut]. nIn must be a multiple of 4; rows beyond a multiple of 4 use JS.
    */
   matmul(y: Float32Array, x: Float32Array, w: Float32Array, nTokens: number, nIn: number, nOut: number): void {
-    if (nIn % 4 !== 0 || w.buffer !== this.memory.buffer) {
+    const perToken = (nIn + nOut) * 4;
+    if (nIn % 4 !== 0 || w.buffer !== this.memory.buffer || perToken > SCRATCH_BYTES) {
       matmulRows(y, x, w, nTokens, nIn, nOut, 0, nOut, 0);
       return;
     }
     const wBase = w.byteOffset;
-    const perToken = (nIn + nOut) * 4;
     const chunk = Math.max(1, Math.floor(SCRATCH_BYTES / perToken));
     const rows4 = nOut - (nOut % 4);
     for (let t0 = 0; t0 < nTokens; t0 += chunk) {

@@ -12,7 +12,8 @@ import type { ShardRange } from '../types.ts';
 import { activationFormatFor, roundActivations } from './act-round.ts';
 import type { ActivationFormat } from './act-round.ts';
 import { matmulRows } from './ops.ts';
-import { WasmArena, wasmSimdAvailable } from './wasm-matmul.ts';
+import { tryWasmArena } from './wasm-matmul.ts';
+import type { WasmArena } from './wasm-matmul.ts';
 
 /** How matrices are kept in memory: dense f32 (fastest) or as stored (4–8× smaller). */
 export type WeightStorage = 'f32' | 'quantized';
@@ -172,7 +173,7 @@ export async function loadShardWeights(
   const denseFloats = infos
     .filter((t) => matrixNames.has(t.name) && (storage === 'f32' || t.type === GgmlType.F32))
     .reduce((sum, t) => sum + t.nElements + 4, 0);
-  const arena = simd && denseFloats > 0 && wasmSimdAvailable() ? new WasmArena(denseFloats) : null;
+  const arena = simd && denseFloats > 0 ? tryWasmArena(denseFloats) : null;
 
   let bytes = 0;
   const made = new Map<string, Matrix>();
