@@ -45,6 +45,8 @@ export interface NodePeerOptions {
   layers?: ShardRange;
   listenHost?: string;
   listenPort?: number;
+  /** the ws:// address other peers should use, when not the listen address (a proxy, NAT) */
+  advertise?: string;
   name?: string;
   /** where verified shards (cpu) and whole model copies (llama.cpp) are kept; null = no cache */
   cacheDir?: string | null;
@@ -172,7 +174,18 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       }
       await backend.load(source, m.shard);
       // a browser next stage has no listen address: frames go through the server (src/peer/relay.ts)
-      const downstream = m.downstream ? await WsLink.connect(m.downstream, { headers: auth }) : m.downstreamPeer ? (relay = new RelayLink(m.downstreamPeer, (r) => ws.send(JSON.stringify(r)))) : null;
+      const viaRelay = (to: string): RelayLink => (relay = new RelayLink(to, (r) => ws.send(JSON.stringify(r))));
+      let downstream: FrameLink | null = null;
+      if (m.downstream) {
+        try {
+          downstream = await WsLink.connect(m.downstream, { headers: auth, connectTimeoutMs: 5000 });
+        } catch (e) {
+          // reachable by the server but not by us (NAT, firewall): relay rather than fail
+          if (!m.downstreamPeer) throw e;
+          log(`next stage ${m.downstream} not reachable (${(e as Error).message}); relaying through the server`);
+          downstream = viaRelay(m.downstreamPeer);
+        }
+      } else if (m.downstreamPeer) downstream = viaRelay(m.downstreamPeer);
       const service = new StageService({ backend, stage: m.stage, shard: m.shard, nLayer: m.nLayer, downstream, samplerFactory: stageSampler });
       current = { routeId: m.routeId, shard: m.shard, backend, service, downstream, source };
       const bytesRead = fetched();
@@ -212,8 +225,8 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
           proof: helloProof(opts.secret, m.nonce),
           backend: opts.backend,
           memoryBytes: opts.memoryBytes,
-          listen: server.wsUrl,
-          httpUrl: server.url,
+          listen: opts.advertise ?? server.wsUrl,
+          httpUrl: opts.advertise ? opts.advertise.replace(/^ws/, 'http').replace(/\/v1\/frames$/, '') : server.url,
           artifact: manifest.artifact.sha256,
           units,
           ...(opts.name ? { name: opts.name } : {}),
