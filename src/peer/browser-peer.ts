@@ -13,9 +13,7 @@ import { Sampler } from '../model/sampler.ts';
 import { StageService } from '../route/stage-service.ts';
 import type { SamplerFactory } from '../route/stage-service.ts';
 import type { FrameHandler, FrameLink } from '../transport/link.ts';
-import { connectDataChannel } from '../transport/webrtc.ts';
-import type { DataChannelPipe } from '../transport/webrtc.ts';
-import { PipeLink, servePipe } from '../transport/webrtc-link.ts';
+import { servePipe } from '../transport/webrtc-link.ts';
 import type { PipeCounters } from '../transport/webrtc-link.ts';
 import { ShardCache } from '../storage/shard-cache.ts';
 import { indexedDbStore } from '../storage/kv-store.ts';
@@ -26,7 +24,7 @@ import { helloProofAsync, openControlSocket, parseJoinUrl } from './control-sock
 import type { ControlSocket } from './control-socket.ts';
 import { headerFromWire } from './header-wire.ts';
 import type { HopKind, PeerTelemetry, RelayReply, SignalFromPeer } from './messages.ts';
-import { RelayLink } from './relay.ts';
+import { Hops } from './hops.ts';
 import { loadSlice, sliceSource } from './slice-loader.ts';
 import type { LoadedSlice, SliceProgress } from './slice-loader.ts';
 
@@ -166,15 +164,21 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   const control: ControlSocket = await openControlSocket(base, roomId);
   let current: Current | null = null;
   let assignSeq = 0;
-  const relays = new Map<string, RelayLink>();
-  const signalSinks = new Map<string, (s: unknown) => void>();
-  const answering = new Map<string, Promise<DataChannelPipe | null>>();
 
   const handler: FrameHandler = async (f) => {
     if (!current) throw new MeshError('STAGE_NOT_LOADED', 'this peer serves no stage yet');
     return current.service.handle(f);
   };
   servePipe(control.frames, handler, { smallMessageBytes: control.frames.maxMessageSize });
+  const hops = new Hops({
+    sendJson: (m) => control.sendJson(m),
+    handler,
+    ...(opts.iceServers ? { iceServers: opts.iceServers } : {}),
+    ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
+    ...(opts.rtcTimeoutMs ? { timeoutMs: opts.rtcTimeoutMs } : {}),
+    log,
+  });
+  state.upstreamChannels = hops.upstreamChannels;
 
   const telemetry = (phase: PeerTelemetry['phase'], extra: Partial<PeerTelemetry> = {}): void => {
     if (state.routeId === null || state.stage === null) return;
@@ -187,88 +191,6 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       upstreamChannels: state.upstreamChannels,
       ...(state.relayed ? { relayed: state.relayed } : {}),
     });
-  };
-
-  /** The other side of a data channel: a previous stage offers, this peer answers and serves.
-   *  Signals are keyed by sender and connection id, so a new offer never reaches an old channel. */
-  const answer = (from: string, cid: string, first: unknown): void => {
-    const key = `${from}#${cid}`;
-    if (answering.has(key)) return;
-    const pending: unknown[] = [first];
-    signalSinks.set(key, (s) => pending.push(s));
-    const p = connectDataChannel({
-      initiator: false,
-      label: from,
-      timeoutMs: opts.rtcTimeoutMs ?? 10_000,
-      ...(opts.iceServers ? { iceServers: opts.iceServers } : {}),
-      ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
-      signal: {
-        send: (s) => control.sendJson({ t: 'signal', to: from, cid, signal: s }),
-        onSignal: (cb) => {
-          signalSinks.set(key, cb);
-          for (const s of pending.splice(0)) cb(s);
-        },
-      },
-    }).then(
-      (pipe) => {
-        state.upstreamChannels[key] = servePipe(pipe, handler);
-        log(`data channel from ${from} open (${Math.round(pipe.connectMs)} ms)`);
-        pipe.onClose(() => {
-          answering.delete(key);
-          signalSinks.delete(key);
-        });
-        return pipe;
-      },
-      (e: Error) => {
-        log(`data channel from ${from} did not open: ${e.message}`);
-        answering.delete(key);
-        signalSinks.delete(key);
-        return null;
-      },
-    );
-    answering.set(key, p);
-  };
-
-  /** The link to the next stage: a data channel to a browser, else (or after a timeout) the server relay. */
-  const linkDownstream = async (a: Assignment): Promise<FrameLink | null> => {
-    if (a.shard.end === a.nLayer) {
-      state.hop = 'none';
-      return null;
-    }
-    const next = a.downstreamPeer;
-    if (!next) throw new MeshError('STAGE_UNREACHABLE', `stage ${a.stage}: the server named no next stage`);
-    const relay = (): FrameLink => {
-      const link = new RelayLink(next, (m) => control.sendJson(m));
-      relays.set(next, link);
-      state.hop = 'relay';
-      state.relayed = link.counters;
-      return link;
-    };
-    if (a.downstream) return relay(); // a native node: browsers reach it through the server
-    const cid = Math.random().toString(36).slice(2, 10);
-    const key = `${next}#${cid}`;
-    try {
-      const pipe = await connectDataChannel({
-        initiator: true,
-        label: next,
-        timeoutMs: opts.rtcTimeoutMs ?? 10_000,
-        ...(opts.iceServers ? { iceServers: opts.iceServers } : {}),
-        ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
-        signal: {
-          send: (s) => control.sendJson({ t: 'signal', to: next, cid, signal: s }),
-          onSignal: (cb) => void signalSinks.set(key, cb),
-        },
-      });
-      const link = new PipeLink(pipe);
-      state.hop = 'webrtc';
-      state.downstreamChannel = link.counters;
-      log(`data channel to ${next} open (${Math.round(pipe.connectMs)} ms)`);
-      return link;
-    } catch (e) {
-      signalSinks.delete(key);
-      log(`no data channel to ${next} (${(e as MeshError).code ?? ''} ${(e as Error).message}); relaying through the server`);
-      return relay();
-    }
   };
 
   const release = async (): Promise<void> => {
@@ -311,7 +233,10 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       if (cache) state.heldUnits = await cache.heldUnits(manifest.artifact.sha256).catch(() => state.heldUnits);
       backend = await (opts.backend ?? defaultBackend)();
       await backend.load(sliceSource(await headerOnce(), manifest, tensors, a.modelUrl), a.shard);
-      const downstream = await linkDownstream(a);
+      if (a.shard.end < a.nLayer && !a.downstreamPeer) throw new MeshError('STAGE_UNREACHABLE', `stage ${a.stage}: the server named no next stage`);
+      const hop = await hops.connectDownstream(a.shard.end < a.nLayer ? a.downstreamPeer! : null, Boolean(a.downstream));
+      Object.assign(state, { hop: hop.kind, downstreamChannel: hop.channel, relayed: hop.relayed });
+      const downstream = hop.link;
       if (mySeq !== assignSeq) {
         await downstream?.close();
         await backend.dispose();
@@ -344,14 +269,8 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
         Object.assign(state, { status: 'idle', routeId: null, stage: null, shard: null, hop: null });
         changed();
       }
-    } else if (m.t === 'signal') {
-      const s = m as unknown as SignalFromPeer;
-      const sink = signalSinks.get(`${s.from}#${s.cid}`);
-      if (sink) sink(s.signal);
-      else answer(s.from, String(s.cid), s.signal);
-    } else if (m.t === 'relay-reply') {
-      for (const r of relays.values()) if (r.deliver(m as unknown as RelayReply)) break;
-    }
+    } else if (m.t === 'signal') hops.onSignal(m as unknown as SignalFromPeer);
+    else if (m.t === 'relay-reply') hops.onRelayReply(m as unknown as RelayReply);
   });
 
   // challenge → hello → welcome
@@ -386,7 +305,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     clearInterval(telemetryTimer);
     Object.assign(state, { status: 'closed', reason: e.message });
     changed();
-    void release();
+    void release().then(() => hops.close());
   });
 
   return {
@@ -396,6 +315,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       assignSeq++; // discard a load in flight
       control.close();
       await release();
+      await hops.close();
     },
   };
 }

@@ -1,0 +1,149 @@
+// The links between a browser stage and its neighbours. Downstream: a WebRTC data channel to
+// the next browser stage (this side offers), or — when none opens within the timeout, or the
+// next stage is a native node — a relay through the signaling server. Upstream: previous stages
+// offer channels; this side answers and serves their frames. Signals are keyed by sender and
+// connection id (one per attempt), so a fresh offer never reaches an old channel.
+
+import { MeshError } from '../errors.ts';
+import type { FrameHandler, FrameLink } from '../transport/link.ts';
+import { connectDataChannel } from '../transport/webrtc.ts';
+import type { DataChannelOptions, DataChannelPipe } from '../transport/webrtc.ts';
+import { PipeLink, servePipe } from '../transport/webrtc-link.ts';
+import type { PipeCounters } from '../transport/webrtc-link.ts';
+import type { HopKind, RelayReply, SignalFromPeer } from './messages.ts';
+import { RelayLink } from './relay.ts';
+
+export interface HopOptions {
+  /** send a JSON control message to the server */
+  sendJson: (m: unknown) => void;
+  /** answers frames from upstream stages (this peer's stage) */
+  handler: FrameHandler;
+  iceServers?: RTCIceServer[];
+  iceTransportPolicy?: RTCIceTransportPolicy;
+  /** ms to wait for a data channel before relaying (default 10 s) */
+  timeoutMs?: number;
+  log: (line: string) => void;
+}
+
+export interface DownstreamHop {
+  link: FrameLink | null;
+  kind: HopKind;
+  /** frames over the data channel (kind 'webrtc') */
+  channel: PipeCounters | null;
+  /** frames through the server (kind 'relay') */
+  relayed: { frames: number; bytes: number } | null;
+}
+
+export class Hops {
+  /** frames over each upstream data channel, by `<peer>#<connection id>` */
+  readonly upstreamChannels: Record<string, PipeCounters> = {};
+  private readonly sinks = new Map<string, (s: unknown) => void>();
+  private readonly answering = new Map<string, Promise<DataChannelPipe | null>>();
+  private readonly relays = new Set<RelayLink>();
+
+  constructor(private readonly opts: HopOptions) {}
+
+  private channelOptions(): Pick<DataChannelOptions, 'timeoutMs' | 'iceServers' | 'iceTransportPolicy'> {
+    return {
+      timeoutMs: this.opts.timeoutMs ?? 10_000,
+      ...(this.opts.iceServers ? { iceServers: this.opts.iceServers } : {}),
+      ...(this.opts.iceTransportPolicy ? { iceTransportPolicy: this.opts.iceTransportPolicy } : {}),
+    };
+  }
+
+  /** A signal from another peer: to a channel being opened, or the first offer of a new one. */
+  onSignal(m: SignalFromPeer): void {
+    const key = `${m.from}#${m.cid}`;
+    const sink = this.sinks.get(key);
+    if (sink) sink(m.signal);
+    else this.answer(m.from, String(m.cid), m.signal);
+  }
+
+  /** A relay reply from the server, to whichever relay link asked. */
+  onRelayReply(m: RelayReply): void {
+    for (const r of this.relays) if (r.deliver(m)) return;
+  }
+
+  /**
+   * The link to the next stage: `null` on the last stage; a data channel to browser `next`;
+   * the server relay to a native node (`nextIsNative`) or after the channel timed out.
+   */
+  async connectDownstream(next: string | null, nextIsNative: boolean): Promise<DownstreamHop> {
+    if (!next) return { link: null, kind: 'none', channel: null, relayed: null };
+    if (nextIsNative) return this.relay(next); // browsers reach native nodes through the server
+    const cid = Math.random().toString(36).slice(2, 10);
+    const key = `${next}#${cid}`;
+    try {
+      const pipe = await connectDataChannel({
+        initiator: true,
+        label: next,
+        ...this.channelOptions(),
+        signal: {
+          send: (s) => this.opts.sendJson({ t: 'signal', to: next, cid, signal: s }),
+          onSignal: (cb) => void this.sinks.set(key, cb),
+        },
+      });
+      pipe.onClose(() => this.sinks.delete(key));
+      const link = new PipeLink(pipe);
+      this.opts.log(`data channel to ${next} open (${Math.round(pipe.connectMs)} ms)`);
+      return { link, kind: 'webrtc', channel: link.counters, relayed: null };
+    } catch (e) {
+      this.sinks.delete(key);
+      this.opts.log(`no data channel to ${next} (${(e as MeshError).code ?? ''} ${(e as Error).message}); relaying through the server`);
+      return this.relay(next);
+    }
+  }
+
+  private relay(next: string): DownstreamHop {
+    const link = new RelayLink(next, (m) => this.opts.sendJson(m));
+    this.relays.add(link);
+    const close = link.close.bind(link);
+    link.close = async () => {
+      this.relays.delete(link);
+      await close();
+    };
+    return { link, kind: 'relay', channel: null, relayed: link.counters };
+  }
+
+  private answer(from: string, cid: string, first: unknown): void {
+    const key = `${from}#${cid}`;
+    if (this.answering.has(key)) return;
+    const pending: unknown[] = [first];
+    this.sinks.set(key, (s) => pending.push(s));
+    const forget = (): void => {
+      this.answering.delete(key);
+      this.sinks.delete(key);
+    };
+    const p = connectDataChannel({
+      initiator: false,
+      label: from,
+      ...this.channelOptions(),
+      signal: {
+        send: (s) => this.opts.sendJson({ t: 'signal', to: from, cid, signal: s }),
+        onSignal: (cb) => {
+          this.sinks.set(key, cb);
+          for (const s of pending.splice(0)) cb(s);
+        },
+      },
+    }).then(
+      (pipe) => {
+        this.upstreamChannels[key] = servePipe(pipe, this.opts.handler);
+        this.opts.log(`data channel from ${from} open (${Math.round(pipe.connectMs)} ms)`);
+        pipe.onClose(forget);
+        return pipe;
+      },
+      (e: Error) => {
+        this.opts.log(`data channel from ${from} did not open: ${e.message}`);
+        forget();
+        return null;
+      },
+    );
+    this.answering.set(key, p);
+  }
+
+  /** Closes every upstream channel (the peer is leaving). */
+  async close(): Promise<void> {
+    for (const p of this.answering.values()) (await p)?.close();
+    for (const r of [...this.relays]) await r.close();
+  }
+}
