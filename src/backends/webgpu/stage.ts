@@ -254,10 +254,13 @@ export class WebGpuStage {
     this.sessions.set(sessionId, session);
   }
 
-  async releaseSession(sessionId: string): Promise<void> {
-    const s = this.session(sessionId);
-    this.freeSession(s);
-    this.sessions.delete(sessionId);
+  /** frees the session's KV cache once any call in flight has finished with it */
+  releaseSession(sessionId: string): Promise<void> {
+    return this.exclusive(async () => {
+      const s = this.session(sessionId);
+      this.freeSession(s);
+      this.sessions.delete(sessionId);
+    });
   }
 
   sessionStats(sessionId: string): SessionStats {
