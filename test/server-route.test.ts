@@ -135,6 +135,21 @@ describe('serve + three cpu nodes on stories260K', () => {
     for (const st of info.stages) expect(st.kvBytes).toBe(0);
   });
 
+  it('a client whose WebSocket drops has its sessions cancelled and every stage freed', async () => {
+    const other = await joinRoom(serve.joinUrl, serve.secret);
+    const c = await RouteSessionClient.open(other.link, other.routeId, { contextLength: 32 });
+    await c.prefill(STORIES_PROMPT_TOKENS);
+    await other.close();
+    let info: any;
+    for (let i = 0; i < 50; i++) {
+      info = (await getJson(`${serve.base}/v1/sessions/${c.sessionId}`, serve.secret)).body;
+      if (info.state === 'closed' && info.stages.every((st: any) => st.kvBytes === 0)) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(info.state).toBe('closed');
+    for (const st of info.stages) expect(st.kvBytes).toBe(0);
+  });
+
   it('refuses a wrong secret everywhere: HTTP, client WebSocket, node join', async () => {
     expect((await getJson(`${serve.base}/v1/routes`, 'wrong')).status).toBe(401);
     expect((await fetch(`${serve.base}/models/stories260K.gguf`, { headers: { range: 'bytes=0-3' } })).status).toBe(401);
