@@ -71,7 +71,7 @@ function isLoopback(req: IncomingMessage): boolean {
   return a === '127.0.0.1' || a === '::1' || a === '::ffff:127.0.0.1';
 }
 
-function newestMtime(paths: string[]): number {
+export function newestMtime(paths: string[]): number {
   let newest = 0;
   const visit = (p: string): void => {
     if (!existsSync(p)) return;
@@ -83,12 +83,15 @@ function newestMtime(paths: string[]): number {
   return newest;
 }
 
+/** What the bundles are built from (a change in any of them makes dist stale). */
+export const APP_SOURCES = ['index.html', 'src', 'workers', 'shaders', 'vite.config.ts'];
+
 /** dist when it exists and no app source is newer than it, else dev. */
 export function resolveMode(mode: WebAppMode, root: string): 'dist' | 'dev' {
   if (mode !== 'auto') return mode;
   const built = join(root, 'dist', 'app', 'index.html');
   if (!existsSync(built)) return 'dev';
-  const sources = newestMtime(['index.html', 'src/ui', 'src/components', 'src/peer', 'src/backends/webgpu', 'workers', 'shaders'].map((p) => join(root, p)));
+  const sources = newestMtime(APP_SOURCES.map((p) => join(root, p)));
   return statSync(built).mtimeMs >= sources ? 'dist' : 'dev';
 }
 

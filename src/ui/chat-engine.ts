@@ -13,7 +13,9 @@ import { StreamingDecoder } from '../model/tokenizer/stream.ts';
 import { Tokenizer } from '../model/tokenizer/tokenizer.ts';
 import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, jsonFrame, tokensFrame } from '../protocol/payload.ts';
+import { decodeI32, jsonFrame, payloadBody, timingsOf, tokensFrame } from '../protocol/payload.ts';
+import { stepBreakdown } from '../route/telemetry.ts';
+import type { StepStageTiming } from '../route/telemetry.ts';
 import { TextCollector } from '../route/generation.ts';
 import type { SessionOpenBody } from '../route/stage-service.ts';
 import { HttpLink } from '../transport/http.ts';
@@ -42,6 +44,8 @@ export interface GenerationStats {
   tokPerS: number;
   /** wall time of each decode step (ms) */
   stepMs: number[];
+  /** per stage, averaged over the decode steps: compute, transfer, queue (ms) and bytes out per token */
+  stages: StepStageTiming[];
   stopReason: 'eog' | 'stop_string' | 'max_tokens' | 'context_full' | 'aborted';
   /** the prompt exactly as the model saw it (chat template applied) */
   promptText: string;
@@ -51,6 +55,19 @@ export interface ChatEvents {
   onToken?: (delta: string, tokenId: number) => void;
   /** prefill chunks done / total, before the first token */
   onPrefill?: (done: number, total: number) => void;
+  /** each step's per-stage breakdown, from the timing trailer the stages append to the reply */
+  onStep?: (stages: StepStageTiming[], step: { position: number; prefill: boolean }) => void;
+}
+
+/** Per-stage means of decode-step breakdowns. */
+function meanBreakdown(steps: StepStageTiming[][]): StepStageTiming[] {
+  if (steps.length === 0) return [];
+  const n = steps.length;
+  return steps[0]!.map((first, i) => {
+    const col = steps.map((s) => s[i] ?? first);
+    const mean = (k: keyof StepStageTiming): number => col.reduce((a, s) => a + s[k], 0) / n;
+    return { stage: first.stage, computeMs: mean('computeMs'), transferMs: mean('transferMs'), queueMs: mean('queueMs'), overheadMs: mean('overheadMs'), bytesIn: mean('bytesIn'), bytesOut: mean('bytesOut') };
+  });
 }
 
 const PREFILL_CHUNK = 64;
@@ -104,9 +121,16 @@ export async function chatOverRoute(link: RoomLink, model: ChatModel, messages: 
   const httpLink = new HttpLink(link.base, { authorization: `Bearer ${link.secret}` });
   const at = { routeId, sessionId: randomSessionId() };
   const open: SessionOpenBody = { contextLength, sampler: sampler.temperature > 0 ? { temperature: sampler.temperature, topK: sampler.topK, topP: sampler.topP, seed: sampler.seed } : { temperature: 0 } };
-  const tokenOf = (f: Frame): number => {
+  const decodeSteps: StepStageTiming[][] = [];
+  const tokenOf = (f: Frame, position: number, prefill: boolean): number => {
     if (f.type !== FrameType.Token) throw new MeshError('FRAME_BAD_TYPE', `expected a Token frame, got ${FrameType[f.type]}`);
-    return decodeI32(f.payload)[0]!;
+    const timings = timingsOf(f);
+    if (timings.length > 0) {
+      const stages = stepBreakdown(timings);
+      if (!prefill) decodeSteps.push(stages);
+      events.onStep?.(stages, { position, prefill });
+    }
+    return decodeI32(payloadBody(f))[0]!;
   };
 
   const t0 = performance.now();
@@ -122,9 +146,9 @@ export async function chatOverRoute(link: RoomLink, model: ChatModel, messages: 
     for (let i = 0; i < prompt.length; i += PREFILL_CHUNK) {
       const part = prompt.slice(i, i + PREFILL_CHUNK);
       const last = i + part.length >= prompt.length;
-      const reply = await httpLink.request(tokensFrame(FrameType.Prefill, at, i, part, last ? FrameFlag.Sample : 0));
+      const reply = await httpLink.request(tokensFrame(FrameType.Prefill, at, i, part, (last ? FrameFlag.Sample : 0) | FrameFlag.WantTimings));
       events.onPrefill?.(i + part.length, prompt.length);
-      if (last) token = tokenOf(reply);
+      if (last) token = tokenOf(reply, i, true);
     }
     ttftMs = performance.now() - t0;
     text = new TextCollector([], (delta) => events.onToken?.(delta, generated[generated.length - 1]!));
@@ -146,7 +170,7 @@ export async function chatOverRoute(link: RoomLink, model: ChatModel, messages: 
         break;
       }
       const s0 = performance.now();
-      token = tokenOf(await httpLink.request(tokensFrame(FrameType.Decode, at, position, [token], FrameFlag.Sample)));
+      token = tokenOf(await httpLink.request(tokensFrame(FrameType.Decode, at, position, [token], FrameFlag.Sample | FrameFlag.WantTimings)), position, false);
       stepMs.push(performance.now() - s0);
       position++;
     }
@@ -157,6 +181,6 @@ export async function chatOverRoute(link: RoomLink, model: ChatModel, messages: 
   const decodeMs = stepMs.reduce((a, b) => a + b, 0);
   return {
     text: text?.text ?? '',
-    stats: { promptTokens: prompt.length, generatedTokens: generated.length, ttftMs, tokPerS: decodeMs > 0 ? (stepMs.length * 1000) / decodeMs : 0, stepMs, stopReason, promptText },
+    stats: { promptTokens: prompt.length, generatedTokens: generated.length, ttftMs, tokPerS: decodeMs > 0 ? (stepMs.length * 1000) / decodeMs : 0, stepMs, stages: meanBreakdown(decodeSteps), stopReason, promptText },
   };
 }

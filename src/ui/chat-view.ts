@@ -8,12 +8,15 @@ import type { ChatMessage, ChatModel, GenerationStats, SamplerChoice } from './c
 import { field, h, replace } from './dom.ts';
 import { formatMs, formatRate } from './format.ts';
 import type { RoomLink } from './room-api.ts';
+import type { StepStageTiming } from '../route/telemetry.ts';
 
 export interface ChatViewOptions {
   link: RoomLink;
   sampler?: Partial<SamplerChoice>;
   system?: string;
   onToken?: (delta: string, tokenId: number) => void;
+  /** each step's per-stage timing breakdown */
+  onStep?: (stages: StepStageTiming[]) => void;
   onDone?: (text: string, stats: GenerationStats) => void;
   onError?: (e: { code: string; message: string; stage: number | null }) => void;
   onBusy?: (busy: boolean) => void;
@@ -124,6 +127,7 @@ export function createChatView(opts: ChatViewOptions): ChatView {
         sampler,
         {
           onPrefill: (done, total) => (meta.textContent = `Prefill ${done} / ${total} tokens…`),
+          onStep: (stages) => opts.onStep?.(stages),
           onToken: (delta, id) => {
             reply += delta;
             out.textContent = reply;

@@ -20,16 +20,32 @@ async function jsonOf<T>(res: Response): Promise<T> {
   return body;
 }
 
-export function webGpuNotice(): HTMLElement | null {
-  if ((navigator as Navigator & { gpu?: unknown }).gpu) return null;
-  return h(
-    'p',
-    { class: 'notice', role: 'note' },
-    h('strong', {}, 'No WebGPU in this browser. '),
-    'This tab can chat with a room but cannot serve layers. Use a current Chrome, Edge or Chromium (on Linux, enable WebGPU), or run a native peer: ',
-    h('code', {}, 'gguf-mesh node --join <room link>'),
-    '.',
-  );
+/**
+ * A notice that appears when this browser cannot serve layers: no navigator.gpu, or no adapter
+ * (WebGPU disabled, blocklisted GPU). The tab still works as a chat client.
+ */
+export function webGpuNotice(): HTMLElement {
+  const box = h('div', { class: 'notice-slot' });
+  const show = (why: string): void =>
+    replace(
+      box,
+      h(
+        'p',
+        { class: 'notice', role: 'note' },
+        h('strong', {}, 'No WebGPU here: '),
+        `${why}. This tab can chat with a room but cannot serve layers. Use a current Chrome, Edge or Chromium (on Linux, enable WebGPU), or run a native peer: `,
+        h('code', {}, 'gguf-mesh node --join <room link>'),
+        '.',
+      ),
+    );
+  const gpu = (navigator as Navigator & { gpu?: GPU }).gpu;
+  if (!gpu) show('this browser has no navigator.gpu');
+  else
+    void gpu.requestAdapter().then(
+      (a) => (a ? undefined : show('the browser offers no WebGPU adapter (disabled or no usable GPU)')),
+      (e: Error) => show(`the adapter request failed (${e.message})`),
+    );
+  return box;
 }
 
 export function createLanding(go: (joinUrl: string) => void): HTMLElement {

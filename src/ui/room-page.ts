@@ -21,12 +21,17 @@ export function createRoomPage(href: string): HTMLElement {
   const route = createRouteView(link);
   const chat = createChatView({
     link,
+    onStep: (stages) => route.setStepTimings(stages),
     onDone: (_text, stats) => {
+      route.setStepTimings(null);
       route.setFailedStage(null);
       route.setClientStats(stats);
       void route.refresh();
     },
-    onError: (e) => route.setFailedStage(e.stage),
+    onError: (e) => {
+      route.setStepTimings(null);
+      route.setFailedStage(e.stage);
+    },
   });
   const peer = createPeerView({ link, name: 'tab', onState: () => void route.refresh() });
   void fetchRoom(link)

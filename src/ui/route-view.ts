@@ -7,12 +7,15 @@ import { h, replace, svg } from './dom.ts';
 import { formatBytes, formatMs, formatRate } from './format.ts';
 import type { GenerationStats } from './chat-engine.ts';
 import type { RoomLink, RouteSummary, StageSummary } from './room-api.ts';
+import type { StepStageTiming } from '../route/telemetry.ts';
 import { fetchRoom, fetchRoute } from './room-api.ts';
 
 export interface RouteView {
   root: HTMLElement;
   /** the numbers the chat measured for its last reply */
   setClientStats(stats: GenerationStats | null): void;
+  /** the latest step's per-stage breakdown (live while a reply streams) */
+  setStepTimings(stages: readonly StepStageTiming[] | null): void;
   /** marks a stage as the one that failed (from a chat error) */
   setFailedStage(stage: number | null): void;
   refresh(): Promise<void>;
@@ -44,7 +47,9 @@ const BOX_H = 118;
 const GAP = 76;
 const CLIENT_W = 84;
 
-function stageBox(s: StageSummary, x: number, y: number, failed: boolean, maxStepMs: number): SVGGElement {
+type Timing = { computeMs: number | null; transferMs: number | null; queueMs: number | null };
+
+function stageBox(s: StageSummary, x: number, y: number, failed: boolean, maxStepMs: number, t: Timing): SVGGElement {
   const status = failed ? 'failed' : s.status;
   const g = svg('g', { class: `stage stage-${status}`, transform: `translate(${x} ${y})`, 'data-stage': s.stage });
   const device = s.peer?.adapter?.description || s.peer?.adapter?.architecture || s.peer?.name || s.peer?.id || s.peerId;
@@ -62,7 +67,6 @@ function stageBox(s: StageSummary, x: number, y: number, failed: boolean, maxSte
   const frac = s.status === 'ready' ? 1 : load && load.totalBytes ? (load.doneBytes ?? 0) / load.totalBytes : 0;
   g.append(svg('rect', { class: 'load-track', x: 12, y: 70, width: BOX_W - 24, height: 6, rx: 3 }), svg('rect', { class: 'load-fill', x: 12, y: 70, width: Math.max(0, (BOX_W - 24) * Math.min(1, frac)), height: 6, rx: 3 }));
   // per-step timing: compute / transfer / queue as a stacked bar scaled to the slowest stage
-  const t = stageTimings(s.telemetry);
   const parts: Array<[string, number | null]> = [['compute', t.computeMs], ['transfer', t.transferMs], ['queue', t.queueMs]];
   let at = 12;
   const width = BOX_W - 24;
@@ -91,6 +95,12 @@ function arrow(x1: number, x2: number, y: number, label: string, sub: string, ki
 export function createRouteView(link: RoomLink, pollMs = 1000): RouteView {
   let route: RouteSummary | null = null;
   let client: GenerationStats | null = null;
+  let live: readonly StepStageTiming[] | null = null;
+  /** a stage's step timing: the live step when one streams, else the last reply's means, else telemetry */
+  const timingOf = (s: StageSummary): Timing => {
+    const step = live?.find((x) => x.stage === s.stage) ?? client?.stages.find((x) => x.stage === s.stage);
+    return step ? { computeMs: step.computeMs, transferMs: step.transferMs, queueMs: step.queueMs } : stageTimings(s.telemetry);
+  };
   let failedStage: number | null = null;
   let timer: ReturnType<typeof setTimeout> | null = null;
   let disposed = false;
@@ -105,21 +115,22 @@ export function createRouteView(link: RoomLink, pollMs = 1000): RouteView {
     h('span', { class: 'swatch time-transfer' }),
     ' transfer ',
     h('span', { class: 'swatch time-queue' }),
-    ' queue (per step, from stage telemetry)',
+    ' queue — per decode step, as each stage reports it',
   );
   const root = h('section', { class: 'card route-view', 'aria-labelledby': 'route-title' }, h('h2', { id: 'route-title' }, 'Route'), heading, stats, picture, legend);
 
   const renderStats = (): void => {
     const hops = route?.stages.slice(0, -1).map(hopBytes) ?? [];
     const perHop = hops.filter((x) => x.bytes !== null);
-    const tokens = client ? client.promptTokens + client.generatedTokens : 0;
+    const perToken = client?.stages.slice(0, -1).map((x) => x.bytesOut) ?? [];
+    const single = route && route.stages.length === 1;
     const items: Array<[string, string]> = [
       ['Time to first token', client ? formatMs(client.ttftMs) : '–'],
       ['Decode', client ? formatRate(client.tokPerS, 'tok/s') : '–'],
       ['Tokens', client ? `${client.promptTokens} prompt + ${client.generatedTokens} generated` : '–'],
-      ['Bytes per hop', perHop.length ? perHop.map((x) => formatBytes(x.bytes)).join(' · ') : route && route.stages.length === 1 ? 'one stage: no hops' : '–'],
+      ['Bytes per token per hop', perToken.length ? perToken.map((b) => formatBytes(Math.round(b))).join(' · ') : single ? 'one stage: no hops' : '–'],
+      ['Carried per hop so far', perHop.length ? perHop.map((x) => formatBytes(x.bytes)).join(' · ') : single ? 'one stage: no hops' : '–'],
     ];
-    if (client && tokens > 0 && perHop.length) items.push(['Per token per hop', perHop.map((x) => formatBytes(Math.round(x.bytes! / Math.max(1, x.frames ?? tokens)))).join(' · ')]);
     replace(stats, ...items.map(([k, v]) => h('div', { class: 'stat' }, h('dt', {}, k), h('dd', {}, v))));
   };
 
@@ -134,7 +145,7 @@ export function createRouteView(link: RoomLink, pollMs = 1000): RouteView {
     const y = 16;
     const mid = y + BOX_H / 2;
     const maxStep = Math.max(0, ...route.stages.map((s) => {
-      const t = stageTimings(s.telemetry);
+      const t = timingOf(s);
       return (t.computeMs ?? 0) + (t.transferMs ?? 0) + (t.queueMs ?? 0);
     }));
     const root = svg('svg', { viewBox: `0 0 ${width} ${height}`, width, height, role: 'img', 'aria-label': `route ${route.id}: ${route.stages.map((s) => `stage ${s.stage} layers ${s.shard.start}-${s.shard.end - 1} ${s.status}`).join(', ')}` });
@@ -145,7 +156,7 @@ export function createRouteView(link: RoomLink, pollMs = 1000): RouteView {
     root.append(arrow(CLIENT_W, CLIENT_W + GAP, mid, 'tokens', client ? `${client.promptTokens + client.generatedTokens} sent` : '', 'client'));
     route.stages.forEach((s, i) => {
       const x = CLIENT_W + GAP + i * (BOX_W + GAP);
-      root.append(stageBox(s, x, y, failedStage === s.stage, maxStep));
+      root.append(stageBox(s, x, y, failedStage === s.stage, maxStep, timingOf(s)));
       if (i < n - 1) {
         const hop = hopBytes(s);
         root.append(arrow(x + BOX_W, x + BOX_W + GAP, mid, hop.kind || 'hidden', hop.bytes !== null ? formatBytes(hop.bytes) : '', hop.kind));
@@ -186,6 +197,10 @@ export function createRouteView(link: RoomLink, pollMs = 1000): RouteView {
     setClientStats(s) {
       client = s;
       renderStats();
+      renderPicture();
+    },
+    setStepTimings(stages) {
+      live = stages;
       renderPicture();
     },
     setFailedStage(stage) {
