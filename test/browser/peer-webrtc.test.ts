@@ -90,6 +90,27 @@ describe('WebRTC data channel carrier (simple-peer)', () => {
     expect(link.counters.receivedByType).toEqual({ Hidden: 52 });
   });
 
+  it('waits on the channel buffer: a 20 MiB frame (past Chromium\'s 16 MiB send buffer) arrives intact', async () => {
+    const [a, b] = await connectedPair();
+    pipes.push(a, b);
+    let got: Float32Array | null = null;
+    servePipe(b, async (f: Frame) => {
+      got = decodeRows(f.payload, f.dtype);
+      return tokensFrame(FrameType.Token, replyAddress(f), f.position + f.nTokens, [1]);
+    });
+    const link = new PipeLink(a);
+    const width = 2048;
+    const nTokens = 2560; // 2560 × 2048 × 4 B = 20 MiB
+    const big = new Float32Array(nTokens * width);
+    for (let i = 0; i < big.length; i += 4099) big[i] = i;
+    const t0 = performance.now();
+    const reply = await link.request(hiddenFrame({ routeId: 3, sessionId: SESSION }, 0, big, nTokens, DType.F32));
+    console.log(`[timing] 20 MiB frame over a data channel: ${(performance.now() - t0).toFixed(0)} ms (${(20 / ((performance.now() - t0) / 1000)).toFixed(1)} MiB/s)`);
+    expect(reply.type).toBe(FrameType.Token);
+    expect(got!.length).toBe(big.length);
+    for (let i = 0; i < big.length; i += 4099) expect(got![i]).toBe(i);
+  });
+
   it('turns a thrown handler error into an Error reply with its code', async () => {
     const [a, b] = await connectedPair();
     pipes.push(a, b);
