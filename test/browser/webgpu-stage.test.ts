@@ -37,7 +37,7 @@ async function served(name: string): Promise<TensorSource> {
 }
 
 async function synthetic(options: MakeModelOptions): Promise<TensorSource> {
-  const name = `webgpu-${options.type}-${options.layers}x${options.embd}-kv${options.kvHeads}.gguf`;
+  const name = `webgpu-${options.arch ?? 'llama'}-${options.type}-${options.layers}x${options.embd}-kv${options.kvHeads}.gguf`;
   const bytes = makeModel(options);
   let bin = '';
   for (let i = 0; i < bytes.length; i += 0x8000) bin += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
@@ -188,5 +188,20 @@ describe.each(['q8_0', 'q4_0', 'q4_k_m', 'q6_k'] as const)('synthetic %s model w
     const gpu = await greedy([await gpuStage(source, 0, 2)], 's', prompt, 32);
     expect(gpu.tokens).toEqual(cpu.tokens);
     expect(relErr(gpu.logits, cpu.logits)).toBeLessThan(5e-2);
+  });
+});
+
+describe.each([
+  ['qwen2', 'q8_0'],
+  ['qwen3', 'q4_k_m'],
+] as const)('synthetic %s (%s) model: neox RoPE, q/k/v biases (qwen2) or q/k norms (qwen3)', (arch, type) => {
+  it('exact f32 activations: greedy 24 tokens through two WebGPU stages equal the CPU reference; last logits within 1e-3', async () => {
+    const source = await synthetic({ arch, type, layers: 2, embd: 256, heads: 4, kvHeads: 2, ffn: 512, vocab: 1024, seed: 5 });
+    const prompt = [1, 10, 300, 77, 900, 5];
+    const exact = { activationRounding: 'none' } as const;
+    const cpu = await greedy([await cpuStage(source, 0, 2, exact)], 'q', prompt, 24);
+    const gpu = await greedy([await gpuStage(source, 0, 1, exact), await gpuStage(source, 1, 2, exact)], 'q', prompt, 24);
+    expect(gpu.tokens).toEqual(cpu.tokens);
+    expect(relErr(gpu.logits, cpu.logits)).toBeLessThan(1e-3);
   });
 });
