@@ -15,7 +15,10 @@ import type { Browser, BrowserContext, Page } from 'playwright-core';
 import { createServer } from 'vite';
 import type { ViteDevServer } from 'vite';
 import type { LlamaModel } from 'node-llama-cpp';
+import OpenAI from 'openai';
 import { chromiumArgs } from '../vite.config.ts';
+import { readHeader } from '../src/gguf/parse.ts';
+import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { HttpLink } from '../src/transport/http.ts';
 import { buildManifest, manifestJson } from '../src/gguf/manifest.ts';
@@ -143,6 +146,18 @@ describe('three browser tabs serve stories260K', () => {
     const peers = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body;
     expect(peers.peers.every((p: any) => p.backend === 'webgpu')).toBe(true);
     expect(await generateOverHttp(serve, firstRoute.id, 'webrtc x3 (first load)')).toEqual(expected);
+  });
+
+  it('the OpenAI-compatible completions API on the browser route gives llama.cpp\'s greedy text, streamed and not', async () => {
+    const tokenizer = Tokenizer.fromMetadata((await readHeader(modelPath)).metadata);
+    const want = tokenizer.decode(expected);
+    const openai = new OpenAI({ apiKey: serve.secret, baseURL: `${serve.base}/v1`, maxRetries: 0 });
+    const full = await openai.completions.create({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: N, temperature: 0 });
+    expect(full.choices[0]!.text).toBe(want);
+    const stream = await openai.completions.create({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: N, temperature: 0, stream: true });
+    let text = '';
+    for await (const c of stream) text += c.choices[0]?.text ?? '';
+    expect(text).toBe(want);
   });
 
   it('each tab fetched only its shard\'s byte ranges (≤ 1.02 × shard bytes)', async () => {
