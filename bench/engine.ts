@@ -29,16 +29,13 @@ interface ModelCase {
 
 const round = (x: number) => Math.round(x * 100) / 100;
 
-/** runs per measurement; the best is kept (the machine may be shared) */
+/** rounds per measurement; the best of each is kept (the machine may be shared) */
 const REPEATS = 3;
 
-async function best(measure: () => Speed | Promise<Speed>): Promise<Speed> {
-  let top: Speed = { prompt_tok_s: 0, decode_tok_s: 0 };
-  for (let i = 0; i < REPEATS; i++) {
-    const s = await measure();
-    top = { prompt_tok_s: Math.max(top.prompt_tok_s, s.prompt_tok_s), decode_tok_s: Math.max(top.decode_tok_s, s.decode_tok_s) };
-  }
-  return top;
+const ZERO: Speed = { prompt_tok_s: 0, decode_tok_s: 0 };
+
+function faster(a: Speed, b: Speed): Speed {
+  return { prompt_tok_s: Math.max(a.prompt_tok_s, b.prompt_tok_s), decode_tok_s: Math.max(a.decode_tok_s, b.decode_tok_s) };
 }
 
 /** a prompt of exactly n tokens: BOS (when the model has one) then ids cycling through the vocabulary */
@@ -88,22 +85,27 @@ async function benchModel(c: ModelCase, threads: number): Promise<Record<string,
   const prompt = promptOf(tokenizer, c.promptTokens);
 
   const bareModel = await LlamaModelFfi.load(c.path);
-  timeBare(bareModel, prompt.slice(0, 4), 2, threads); // warm-up
-  const bare = await best(() => timeBare(bareModel, prompt, c.decodeTokens, threads));
-  bareModel.dispose();
-
   const llama = await LlamaCppGenerator.load(c.path, tokenizer, { threads, contextLength: prompt.length + c.decodeTokens });
-  await timeGenerator(llama, prompt.slice(0, 4), 2);
-  const llamacpp = await best(() => timeGenerator(llama, prompt, c.decodeTokens));
-  await llama.dispose();
-
   const loadStart = performance.now();
   const stage = new CpuBackend();
   await stage.load(source, { start: 0, end: cfg.nLayer });
   const loadMs = performance.now() - loadStart;
   const cpuGen = new ChainGenerator(new InProcessChain([stage]), tokenizer);
+
+  // warm-up, then rounds that take turns, so a busy machine slows all three alike
+  timeBare(bareModel, prompt.slice(0, 4), 2, threads);
+  await timeGenerator(llama, prompt.slice(0, 4), 2);
   await timeGenerator(cpuGen, prompt.slice(0, 4), 2);
-  const cpu = await best(() => timeGenerator(cpuGen, prompt, c.decodeTokens));
+  let bare = ZERO;
+  let llamacpp = ZERO;
+  let cpu = ZERO;
+  for (let i = 0; i < REPEATS; i++) {
+    bare = faster(bare, timeBare(bareModel, prompt, c.decodeTokens, threads));
+    llamacpp = faster(llamacpp, await timeGenerator(llama, prompt, c.decodeTokens));
+    cpu = faster(cpu, await timeGenerator(cpuGen, prompt, c.decodeTokens));
+  }
+  bareModel.dispose();
+  await llama.dispose();
   await cpuGen.dispose();
   await source.close();
 
@@ -142,7 +144,7 @@ export async function run(args: string[]): Promise<unknown> {
   const results = [];
   for (const c of cases) results.push(await benchModel(c, threads));
   return {
-    note: 'tok/s, best of 3 runs each; ratio_to_bare = backend / bare llama.cpp (libllama via FFI, flash attention off, F32 KV) measured in the same run with the same threads; the CPU engine is single-threaded (JS + WebAssembly SIMD matmul)',
+    note: 'tok/s, best of 3 interleaved rounds; ratio_to_bare = backend / bare llama.cpp (libllama via FFI, flash attention off, F32 KV) measured in the same run with the same threads; the CPU engine is single-threaded (JS + WebAssembly SIMD matmul)',
     threads,
     results,
   };

@@ -383,6 +383,7 @@ export class LlamaContextFfi {
 
   private readFloats(ptr: unknown, n: number): Float32Array {
     if (!ptr) throw new MeshError('LLAMACPP_NO_OUTPUT', `llama.cpp returned no output: ${this.b.recentErrors.join(' | ')}`);
-    return Float32Array.from(this.b.koffi.decode(ptr, 'float', n) as number[]);
+    // a copy: the buffer behind ptr is reused by the next decode
+    return new Float32Array(this.b.koffi.view(ptr, n * 4).slice(0));
   }
 }
