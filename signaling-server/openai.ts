@@ -105,6 +105,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
   const chat = path === '/v1/chat/completions';
   if (req.method !== 'POST' || (!chat && path !== '/v1/completions')) return false;
   let streaming = false;
+  let stopLoading: (() => void) | null = null;
   try {
     const body = await readJson(req);
     const room = pickRoom(body, allowed);
@@ -152,8 +153,9 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     const progress = (e: TelemetryEvent): void => {
       if (streaming) sse(chunk(chat ? {} : '', null, { gguf_mesh: e }));
     };
-    // a route still forming or loading: report it, then wait (streamed requests only)
+    // a route still forming or loading: report it (and its stages' loading progress), then wait (streamed requests only)
     const deadline = Date.now() + (streaming ? ROUTE_WAIT_MS : 0);
+    if (room.route?.status !== 'ready') stopLoading = room.subscribe((e) => e.type === 'stage_loading' && progress(e));
     for (let last = ''; room.route?.status !== 'ready'; ) {
       const r = room.route;
       const state = r ? `${r.status}:${r.reason ?? ''}:${r.stages.map((s) => s.status).join(',')}` : 'none';
@@ -164,6 +166,8 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
       if (Date.now() >= deadline || abort.signal.aborted) throw new MeshError('ROUTE_NOT_READY', `model ${model}: route is ${r?.status ?? 'not planned'}${r?.reason ? ` (${r.reason})` : ''}`);
       await new Promise((resolve) => setTimeout(resolve, 200));
     }
+    stopLoading?.();
+    stopLoading = null;
     const route = room.route!;
     progress({ type: 'route_planned', routeId: route.id, stages: route.stages.map((s) => ({ stage: s.stage, peerId: s.peerId, start: s.shard.start, end: s.shard.end })) });
     const link = new LocalLink((f) => ctx.sessions.handle(f, req));
@@ -208,6 +212,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
       });
     }
   } catch (e) {
+    (stopLoading as (() => void) | null)?.();
     const err = e instanceof MeshError ? e : new MeshError('INTERNAL', String(e));
     if (streaming) {
       if (!res.writableEnded) {

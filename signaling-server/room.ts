@@ -13,6 +13,7 @@ import { unitsRange } from '../src/route/verified-source.ts';
 import type { ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/route/control.ts';
 import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
+import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
 
 export type RouteStatus = 'forming' | 'loading' | 'ready' | 'degraded' | 'closed';
@@ -38,6 +39,8 @@ export interface RouteStage {
   loadMs?: number;
   bytesRead?: number;
   error?: { code: string; message: string };
+  /** bytes of the shard loaded so far (native peers report while loading) */
+  loading?: { bytesDone: number; bytesTotal: number };
   /** the stage's own report (browser peers): load progress, hop to the next stage, frame counters */
   telemetry?: Record<string, unknown>;
 }
@@ -69,6 +72,7 @@ export class Route implements RouteHandle {
     this.reason = reason;
     this.history.push(s);
     this.room.log(`route ${this.id}: ${s}${reason ? ` (${reason})` : ''}`);
+    this.room.emit({ type: 'route_status', routeId: this.id, status: s, reason });
   }
 
   entry(): FrameLink {
@@ -118,6 +122,9 @@ export class Room {
   readonly routes: Route[] = [];
   private planTimer: NodeJS.Timeout | null = null;
   private peerCounter = 0;
+  private listeners = new Set<(e: TelemetryEvent) => void>();
+  /** recent route events, replayed to a new subscriber */
+  private recent: TelemetryEvent[] = [];
 
   constructor(
     readonly id: string,
@@ -128,6 +135,19 @@ export class Room {
 
   log(line: string): void {
     this.opts.log(`[room ${this.id}] ${line}`);
+  }
+
+  /** Route telemetry (planned, loading progress, stage ready, status) for GET /v1/rooms/{id}/events. */
+  emit(e: TelemetryEvent): void {
+    this.recent.push(e);
+    if (this.recent.length > 200) this.recent.shift();
+    for (const l of this.listeners) l(e);
+  }
+
+  subscribe(listener: (e: TelemetryEvent) => void): () => void {
+    for (const e of this.recent) listener(e);
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
   }
 
   brief(): ModelBrief {
@@ -169,9 +189,13 @@ export class Room {
       st.loadMs = msg.loadMs;
       st.bytesRead = msg.bytesRead;
       this.log(`route ${r.id}: stage ${st.stage} ready on ${peer.id} (${msg.bytesRead} bytes read in ${Math.round(msg.loadMs)} ms)`);
+      this.emit({ type: 'stage_ready', routeId: r.id, stage: st.stage, loadMs: msg.loadMs, bytesRead: msg.bytesRead });
       if (r.stages.every((s) => s.status === 'ready')) void this.announceReady(r);
     } else if (msg.t === 'telemetry') {
       st.telemetry = msg; // browser peers: load progress, hop kind (webrtc | relay), frames per channel
+    } else if (msg.t === 'loading') {
+      st.loading = { bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal };
+      this.emit({ type: 'stage_loading', routeId: r.id, stage: st.stage, bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal });
     } else if (msg.t === 'load-failed') {
       st.status = 'failed';
       st.error = { code: msg.code, message: msg.message };
@@ -241,6 +265,7 @@ export class Room {
       this.log(`route ${route.id}: forming (${plan.reason})`);
       return;
     }
+    this.emit({ type: 'route_planned', routeId: route.id, stages: route.stages.map((st) => ({ stage: st.stage, peerId: st.peerId, start: st.shard.start, end: st.shard.end })) });
     route.setStatus('loading');
     // downstream first: the last stage starts loading before the ones that will send to it
     for (const st of [...route.stages].reverse()) {

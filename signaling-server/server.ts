@@ -13,6 +13,7 @@
 //   WS   /v1/rooms/{room}/peer               peer control (challenge → hello with HMAC proof)
 //   WS   /v1/rooms/{room}/client             client frames (Bearer secret on the upgrade)
 //   GET  /v1/sessions/{id}/events            session telemetry as Server-Sent Events
+//   GET  /v1/rooms/{room}/events             route telemetry (planned, loading, ready, status) as SSE
 //   POST /v1/chat/completions, /v1/completions; GET /v1/models   OpenAI-compatible (./openai.ts)
 
 import { createServer } from 'node:http';
@@ -192,6 +193,14 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
         let manifest = manifests.get(room.model.id);
         if (!manifest) manifests.set(room.model.id, (manifest = loadOrBuildManifest(room.model.location)));
         return sendJson(res, 200, await manifest.catch((e) => (manifests.delete(room.model.id), Promise.reject(e))));
+      }
+      if (method === 'GET' && (m = /^\/v1\/rooms\/([^/]+)\/events$/.exec(path))) {
+        const room = allowed.find((r) => r.id === m![1]);
+        if (!room) throw new MeshError('NOT_FOUND', `no room ${m[1]} for this secret`);
+        res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+        const unsubscribe = room.subscribe((e) => res.write(`event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`));
+        req.on('close', unsubscribe);
+        return;
       }
       if (method === 'GET' && (m = /^\/v1\/rooms\/([^/]+)(\/peers)?$/.exec(path))) {
         const room = allowed.find((r) => r.id === m![1]);

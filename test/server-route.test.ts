@@ -64,6 +64,24 @@ describe('serve + three cpu nodes on stories260K', () => {
     expect(peers.every((p: any) => p.backend === 'cpu' && p.stageStatus === 'ready')).toBe(true);
   });
 
+  it('the room\'s event stream replays the route\'s planning, loading progress and readiness', async () => {
+    const ctl = new AbortController();
+    const res = await fetch(`${serve.base}/v1/rooms/${serve.roomId}/events`, { headers: { authorization: `Bearer ${serve.secret}` }, signal: ctl.signal });
+    const reader = res.body!.getReader();
+    let text = '';
+    while (!text.includes('"status":"ready"')) text += new TextDecoder().decode((await reader.read()).value);
+    ctl.abort();
+    const events = [...text.matchAll(/^data: (.*)$/gm)].map((m) => JSON.parse(m[1]!));
+    const kinds = events.map((e) => e.type);
+    expect(kinds[0]).toBe('route_planned');
+    expect(kinds.filter((k) => k === 'stage_ready')).toHaveLength(3);
+    const loading = events.filter((e) => e.type === 'stage_loading');
+    expect(loading.length).toBeGreaterThanOrEqual(3);
+    for (const e of loading.filter((x) => x.bytesDone === x.bytesTotal)) expect(e.bytesTotal).toBeGreaterThan(0);
+    expect(new Set(loading.filter((x) => x.bytesDone === x.bytesTotal).map((x) => x.stage))).toEqual(new Set([0, 1, 2]));
+    expect(kinds.indexOf('route_status')).toBeGreaterThan(0);
+  });
+
   it('each node read only its shard\'s tensor bytes (the header comes as JSON from the server)', async () => {
     const header = await readHeader(modelPath);
     const { body: route } = await getJson(`${serve.base}/v1/routes/${joined.routeId}`, serve.secret);

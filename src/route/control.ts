@@ -44,6 +44,8 @@ export type PeerToServer =
   | PeerHello
   | { t: 'ready'; routeId: number; stage: number; loadMs: number; bytesRead: number }
   | { t: 'load-failed'; routeId: number; stage: number; code: string; message: string }
+  /** native peers while loading: verified shard bytes so far */
+  | { t: 'loading'; routeId: number; stage: number; bytesDone: number; bytesTotal: number }
   /** browser peers (src/peer/messages.ts): signal/relay are routed before this union is consulted */
   | { t: 'telemetry'; routeId: number; stage: number; [k: string]: unknown };
 

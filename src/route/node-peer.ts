@@ -148,6 +148,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
 
   const assign = async (m: Extract<ServerToPeer, { t: 'assign' }>): Promise<void> => {
     const t0 = performance.now();
+    let lastProgress = 0;
     try {
       await release();
       const backend = await makeBackend(opts.backend);
@@ -168,6 +169,13 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
           location: m.modelUrl,
           openInner: async () => tensorSourceOver(header, await openByteReader(m.modelUrl, { headers })),
           log,
+          // loading progress for the room's telemetry, at most every 100 ms (and at the end)
+          onProgress: (done, total) => {
+            const now = performance.now();
+            if (done < total && now - lastProgress < 100) return;
+            lastProgress = now;
+            send({ t: 'loading', routeId: m.routeId, stage: m.stage, bytesDone: done, bytesTotal: total });
+          },
         });
         source = verified;
         fetched = () => verified.bytesFetched;

@@ -28,6 +28,8 @@ export interface VerifiedSourceOptions {
   openInner: () => Promise<TensorSource>;
   location: string;
   log?: (line: string) => void;
+  /** called as tensors are verified: bytes of this read done so far, and in total */
+  onProgress?: (bytesDone: number, bytesTotal: number) => void;
 }
 
 export class VerifiedSource implements TensorSource {
@@ -49,10 +51,18 @@ export class VerifiedSource implements TensorSource {
   async read(tensors: readonly TensorInfo[]): Promise<Map<string, Uint8Array>> {
     const out = new Map<string, Uint8Array>();
     const missing: TensorInfo[] = [];
+    const total = tensors.reduce((a, t) => a + t.byteLength, 0);
+    let done = 0;
+    const progress = (n: number): void => {
+      done += n;
+      this.opts.onProgress?.(done, total);
+    };
     for (const t of tensors) {
       const cached = await this.fromCache(t.name);
-      if (cached) out.set(t.name, cached);
-      else missing.push(t);
+      if (cached) {
+        out.set(t.name, cached);
+        progress(cached.byteLength);
+      } else missing.push(t);
     }
     if (missing.length === 0) return out;
     const fetched = await this.fetch(missing);
@@ -68,6 +78,7 @@ export class VerifiedSource implements TensorSource {
       }
       out.set(t.name, bytes);
       await this.toCache(t.name, bytes);
+      progress(bytes.byteLength);
     }
     return out;
   }
