@@ -360,6 +360,9 @@ describe('verification and degraded cases', () => {
       expect(bad.error!.message).toContain('blk.2.attn_q.weight');
       expect(bad.error!.message).toContain(victim.sha256);
       for (const s of states.filter((x) => x !== bad)) expect(s.status).toBe('ready');
+      // the refusing tab read the tampered tensor twice (the first read and the one re-fetch)
+      const log = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients[bad.peerId!];
+      expect((log.ranges as Array<[number, number]>).filter(([a, b]) => a <= victim.offset && victim.offset + victim.byte_length - 1 <= b)).toHaveLength(2);
       const room = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}`, serve.secret)).body;
       expect(['forming', 'degraded']).toContain(room.route.status);
       expect(room.route.reason).toContain('TENSOR_HASH_MISMATCH');
