@@ -152,7 +152,9 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     try {
       await release();
       const backend = await makeBackend(opts.backend);
-      const headers = { ...auth, 'x-mesh-peer': peer.peerId ?? 'unknown' };
+      // the secret and peer id go only to the server's own model hosting, never to a third-party URL
+      const ownHost = new URL(m.modelUrl).origin === new URL(base).origin;
+      const headers: Record<string, string> = ownHost ? { ...auth, 'x-mesh-peer': peer.peerId ?? 'unknown' } : {};
       let source: TensorSource;
       let fetched: () => number;
       if (opts.backend === 'llamacpp') {
