@@ -180,6 +180,20 @@ describe.each(['q8_0', 'q4_0', 'q4_k_m', 'q6_k'] as const)('synthetic %s model w
     expect(relErr(gpu.logits, cpu.logits)).toBeLessThan(1e-3);
   });
 
+  if (type === 'q4_k_m') {
+    it('prefill of 64 tokens in one forward (tiled mat-mat) equals 64 decode steps', async () => {
+      const source = await synthetic(options);
+      const gpu = await gpuStage(source, 0, 2, { activationRounding: 'none', matVec: 'mul_mat', matMul: 'mul_mat_tiled' });
+      const long = Array.from({ length: 64 }, (_, i) => (i * 97 + 1) % 1024);
+      await gpu.openSession('batch', { contextLength: CONTEXT });
+      await gpu.openSession('steps', { contextLength: CONTEXT });
+      const batch = await chainForward([gpu], 'batch', long, 0);
+      let steps: Float32Array = new Float32Array();
+      for (let i = 0; i < long.length; i++) steps = await chainForward([gpu], 'steps', [long[i]!], i);
+      expect(relErr(steps, batch)).toBeLessThan(1e-4);
+    });
+  }
+
   // Rounding activations to Q8 blocks (as llama.cpp does) is discontinuous: an f32 summation-order
   // difference of 1e-7 can move a value to the next quantisation step, so only tokens are compared.
   it('ggml activation rounding (the default): greedy 32 tokens equal the CPU reference', async () => {
