@@ -250,6 +250,35 @@ describe('elementwise and normalisation kernels', () => {
   });
 });
 
+describe('dispatches past 65,535 workgroups use a 2-D grid', () => {
+  it('mul_mat_vec over 70,000 rows (one workgroup per row)', async () => {
+    const k = 32;
+    const rows = 70_000;
+    const w = randomArray(k * rows, 51);
+    const m = uploadMatrix(memory, 'tall', GgmlType.F32, [k, rows], quantize(GgmlType.F32, w, k), 1 << 30);
+    const x = randomArray(k, 52);
+    const out = storage(rows);
+    const rec = new Recorder(lib, resources);
+    gpu.matmul(rec, m, storage(x), 0, out, 0, rows, 1, 'mul_mat_vec');
+    const got = await run(rec, out, rows);
+    const want = new Float32Array(rows);
+    cpu.matmul(want, x, w, 1, k, rows);
+    expect(relErr(got, want)).toBeLessThan(TOL);
+  });
+
+  it('add over 64 × 65,536 + 100 elements', async () => {
+    const n = 64 * 65_536 + 100;
+    const a = randomArray(n, 53);
+    const b = randomArray(n, 54);
+    const ab = storage(a);
+    const rec = new Recorder(lib, resources);
+    gpu.add(rec, ab, 0, storage(b), n);
+    const got = await run(rec, ab, n);
+    cpu.addInPlace(a, b);
+    expect(relErr(got, a)).toBeLessThan(TOL);
+  });
+});
+
 describe('activation rounding as ggml does it', () => {
   it.each(['f16', 'q8_0', 'q8_K'] as const)('%s equals the CPU reference', async (format) => {
     const n = 512;
