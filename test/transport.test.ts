@@ -129,6 +129,20 @@ describe('stub route over loopback sockets', () => {
   }
 });
 
+describe('lifetimes', () => {
+  it('closing a route leaves no session, pending request or connection behind', async () => {
+    const r = await stubRoute([[0, 3], [3, 6]]);
+    const c = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64 });
+    await c.prefill(PROMPT);
+    expect(r.servers.map((s) => s.connections.size)).toEqual([2, 2]); // control + entry on stage 0; control + downstream on stage 1
+    await r.close();
+    expect(r.manager.liveCount).toBe(0);
+    expect(r.services.map((s) => s.openSessions)).toEqual([0, 0]);
+    expect(r.servers.map((s) => s.connections.size)).toEqual([0, 0]);
+    expect((r.route.entry() as WsLink).inFlight).toBe(0);
+  });
+});
+
 describe('session rules', () => {
   it('refuses out-of-order positions, decode before prefill, unknown sessions and steps after close', async () => {
     const r = await stubRoute([[0, 3], [3, 6]]);
