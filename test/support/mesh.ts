@@ -82,7 +82,7 @@ export interface ServeInfo {
 }
 
 export async function spawnServe(model: string, extra: string[] = []): Promise<ServeInfo> {
-  const proc = spawnMesh(['serve', '--port', '0', '--model', model, ...extra]);
+  const proc = spawnMesh(['serve', '--port', '0', '--ui', 'off', '--model', model, ...extra]);
   const [, joinUrl] = await proc.waitFor(/join:\s+(\S+)/);
   const [, secret] = await proc.waitFor(/secret:\s+(\S+)/);
   const u = new URL(joinUrl!);

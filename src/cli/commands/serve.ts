@@ -1,6 +1,7 @@
 // `gguf-mesh serve`: the signaling server. Hosts each --model with Range support, opens a
 // room per model, prints each room's join URL (secret in the fragment) and runs until stopped.
 
+import { networkInterfaces } from 'node:os';
 import type { Command } from '../command.ts';
 import { intOption, stringOption, UsageError } from '../command.ts';
 import { startSignalingServer } from '../../../signaling-server/server.ts';
@@ -8,6 +9,14 @@ import type { SignalingServerOptions } from '../../../signaling-server/server.ts
 import { startWebApp } from '../../../signaling-server/static.ts';
 import type { WebAppMode } from '../../../signaling-server/static.ts';
 import { modelsToServe } from '../../model/default-model.ts';
+
+/** Non-loopback IPv4 addresses of this machine. */
+function interfaceAddresses(): string[] {
+  return Object.values(networkInterfaces())
+    .flat()
+    .filter((a): a is NonNullable<typeof a> => !!a && a.family === 'IPv4' && !a.internal)
+    .map((a) => a.address);
+}
 
 export const command: Command = {
   name: 'serve',
@@ -46,9 +55,12 @@ export const command: Command = {
     console.log(`gguf-mesh signaling server listening on ${server.url}`);
     if (app) console.log(`page:     ${server.url}/  (web app: ${app.mode})`);
     if (host !== '127.0.0.1' && host !== 'localhost') console.log(`bound to ${host}: every room still requires its secret`);
+    // bound to every interface: also print the join URL for each address others can use
+    const otherAddresses = host === '0.0.0.0' || host === '::' ? interfaceAddresses() : [];
     for (const room of server.rooms) {
       console.log(`room ${room.id} model ${room.model.id} (${room.model.nLayer} layers)${describe.has(room.model.location) ? `: ${describe.get(room.model.location)}` : ''}`);
       console.log(`  join:   ${server.joinUrl(room)}`);
+      for (const addr of otherAddresses) console.log(`  join:   ${server.joinUrl(room).replace(server.url, `http://${addr}:${new URL(server.url).port}`)}`);
       console.log(`  secret: ${room.secret}`);
     }
     await new Promise<void>((resolve) => {
