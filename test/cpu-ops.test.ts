@@ -66,7 +66,7 @@ describe('ops', () => {
   it('the WebAssembly SIMD matmul agrees with the JS one (f32 lanes: to ~1e-6 relative)', () => {
     expect(wasmSimdAvailable()).toBe(true);
     for (const [nIn, nOut] of [[8, 6], [64, 172], [256, 37]] as const) {
-      const arena = new WasmArena(nIn * nOut);
+      const arena = new WasmArena(nIn * nOut * 4);
       const w = arena.alloc(nIn * nOut);
       w.set(rand(nIn * nOut, 10));
       for (const n of [1, 2, 5]) {
@@ -76,6 +76,27 @@ describe('ops', () => {
         arena.matmul(simd, x, w, n, nIn, nOut);
         matmul(js, x, w.slice(), n, nIn, nOut);
         for (let i = 0; i < js.length; i++) expect(Math.abs(simd[i]! - js[i]!)).toBeLessThan(1e-5);
+      }
+    }
+  });
+
+  it('the int8 kernel equals dequantised weights times Q8_0-rounded activations', () => {
+    for (const [nIn, nOut] of [[32, 4], [256, 12], [512, 36]] as const) {
+      const arena = new WasmArena(nIn * nOut * 2);
+      expect(arena.hasInt8).toBe(true);
+      const q = arena.allocInt8(nIn * nOut);
+      const d = arena.alloc((nIn * nOut) / 32);
+      const p = new Prng(nIn);
+      for (let i = 0; i < q.length; i++) q[i] = Math.floor(p.next() * 255) - 127;
+      for (let i = 0; i < d.length; i++) d[i] = 0.001 + p.next() * 0.01;
+      const w = Float32Array.from(q, (v, i) => v * d[i >> 5]!); // [nOut × nIn]
+      for (const n of [1, 2, 3]) {
+        const x = rand(n * nIn, 12);
+        const y = new Float32Array(n * nOut);
+        arena.matmulQ8(y, x, q, d, n, nIn, nOut);
+        const ref = new Float32Array(n * nOut);
+        matmul(ref, roundActivations(x, n, nIn, 'q8_0'), w, n, nIn, nOut);
+        for (let i = 0; i < ref.length; i++) expect(Math.abs(y[i]! - ref[i]!)).toBeLessThan(1e-5 * Math.max(1, Math.abs(ref[i]!)));
       }
     }
   });

@@ -93,3 +93,20 @@ function roundBlockQ8_K(x: Float32Array, out: Float32Array, o: number): void {
     out[o + i] = f32(d * q);
   }
 }
+
+/**
+ * Quantises rows to Q8_0 as ggml does (same scale and rounding as roundBlockQ8_0), writing the
+ * integers and the f32 value of each block's f16 scale.
+ * x: [nRows × n] (n a multiple of 32); q[qOff …]: [nRows × n] int8; d[dOff …]: [nRows × n/32]
+ */
+export function quantizeRowsQ8_0(x: Float32Array, nRows: number, n: number, q: Int8Array, qOff: number, d: Float32Array, dOff: number): void {
+  const nBlocks = (nRows * n) / 32;
+  for (let b = 0; b < nBlocks; b++) {
+    const o = b * 32;
+    let amax = 0;
+    for (let i = 0; i < 32; i++) amax = Math.max(amax, Math.abs(x[o + i]!));
+    d[dOff + b] = F16_TABLE[f32ToF16(f32(amax / 127))]!;
+    const id = amax !== 0 ? f32(127 / amax) : 0;
+    for (let i = 0; i < 32; i++) q[qOff + o + i] = f32(f32(x[o + i]! * id) + ROUND_MAGIC) - ROUND_MAGIC;
+  }
+}

@@ -13,7 +13,7 @@ import { loadShardWeights } from './weights.ts';
 import type { ActivationRounding, ShardWeights, WeightStorage } from './weights.ts';
 
 export interface CpuBackendOptions {
-  /** 'f32' (default) dequantises every matrix at load; 'quantized' keeps the file's bytes */
+  /** 'auto' (default): Q8_0/Q4_0 as int8, the rest f32; 'f32': all dequantised; 'quantized': the file's bytes */
   weightStorage?: WeightStorage;
   /** 'ggml' (default) rounds activations like llama.cpp for quantised weights; 'none' is exact f32 */
   activationRounding?: ActivationRounding;
@@ -33,7 +33,7 @@ export class CpuBackend implements StageBackend {
     const config = configFromHeader(source.header);
     validateShard(shard, config.nLayer);
     await loadRopeFreqFactors(config, source);
-    const weights = await loadShardWeights(source, config, shard, this.options.weightStorage ?? 'f32', this.options.activationRounding ?? 'ggml', this.options.simd ?? true);
+    const weights = await loadShardWeights(source, config, shard, this.options.weightStorage ?? 'auto', this.options.activationRounding ?? 'ggml', this.options.simd ?? true);
     this.loaded = { config, shard: { ...shard }, weights };
   }
 

@@ -14,53 +14,11 @@
 //   (func $k4x1 (param $x0 $w $nIn $y0 i32) …the same for one token)
 
 import { MeshError } from '../../errors.ts';
+import { quantizeRowsQ8_0 } from './act-round.ts';
 import { matmulRows } from './ops.ts';
+import { q8KernelModule } from './wasm-q8.ts';
 
-// ---- a minimal WebAssembly assembler ----
-const I32 = 0x7f;
-const V128 = 0x7b;
-
-function uleb(n: number): number[] {
-  const out: number[] = [];
-  do {
-    let b = n & 0x7f;
-    n >>>= 7;
-    if (n !== 0) b |= 0x80;
-    out.push(b);
-  } while (n !== 0);
-  return out;
-}
-
-function section(id: number, body: number[]): number[] {
-  return [id, ...uleb(body.length), ...body];
-}
-
-function vec(items: number[][]): number[] {
-  return [...uleb(items.length), ...items.flat()];
-}
-
-function str(s: string): number[] {
-  const b = [...new TextEncoder().encode(s)];
-  return [...uleb(b.length), ...b];
-}
-
-const op = {
-  get: (i: number) => [0x20, ...uleb(i)],
-  set: (i: number) => [0x21, ...uleb(i)],
-  i32Const: (v: number) => [0x41, ...uleb(v)], // small non-negative constants only
-  i32Add: [0x6a],
-  i32Shl: [0x74],
-  i32LtU: [0x49],
-  loop: [0x03, 0x40],
-  brIf: (d: number) => [0x0d, ...uleb(d)],
-  end: [0x0b],
-  v128Load: [0xfd, 0x00, 0x02, 0x00], // align 2^2, offset 0
-  f32x4Add: [0xfd, 0xe4, 0x01],
-  f32x4Mul: [0xfd, 0xe6, 0x01],
-  extract: (lane: number) => [0xfd, 0x1f, lane],
-  f32Add: [0x92],
-  f32Store: (offset: number) => [0x38, 0x02, ...uleb(offset)],
-};
+import { I32, V128, op, section, str, uleb, vec } from './wasm-asm.ts';
 
 /** body of a kernel over `tokens` (1 or 2) token rows × 4 weight rows */
 function kernelBody(tokens: 1 | 2): number[] {
@@ -142,14 +100,14 @@ const SCRATCH_BYTES = 16 * 1024 * 1024;
 const MAX_BYTES = 65536 * PAGE;
 
 /**
- * An arena for `weightFloats` f32 of weights, or null when WebAssembly SIMD is unavailable or
+ * An arena for `weightBytes` of weights (allocations are 16-byte aligned: count that in), or null when WebAssembly SIMD is unavailable or
  * the weights do not fit one WebAssembly memory (4 GiB) or cannot be allocated: callers then
  * multiply in JS.
  */
-export function tryWasmArena(weightFloats: number): WasmArena | null {
-  if (!wasmSimdAvailable() || weightFloats * 4 + SCRATCH_BYTES > MAX_BYTES) return null;
+export function tryWasmArena(weightBytes: number): WasmArena | null {
+  if (!wasmSimdAvailable() || weightBytes + SCRATCH_BYTES > MAX_BYTES) return null;
   try {
-    return new WasmArena(weightFloats);
+    return new WasmArena(weightBytes);
   } catch {
     return null;
   }
@@ -167,11 +125,13 @@ export class WasmArena {
   private readonly scratch: number; // byte offset of the scratch area
   private readonly k4x2: (x0: number, x1: number, w: number, nIn: number, y0: number, y1: number) => void;
   private readonly k4x1: (x0: number, w: number, nIn: number, y0: number) => void;
+  private readonly q4x2: ((xq0: number, xq1: number, xd0: number, xd1: number, wq: number, wd: number, nIn: number, y0: number, y1: number) => void) | null = null;
+  private readonly q4x1: ((xq0: number, xd0: number, wq: number, wd: number, nIn: number, y0: number) => void) | null = null;
 
-  constructor(weightFloats: number) {
+  constructor(weightBytesWanted: number) {
     const module = kernelModule();
     if (!module) throw new MeshError('WASM_UNAVAILABLE', 'WebAssembly SIMD is not available here');
-    const weightBytes = Math.ceil((weightFloats * 4) / 16) * 16;
+    const weightBytes = Math.ceil(weightBytesWanted / 16) * 16;
     const total = weightBytes + SCRATCH_BYTES;
     if (total > MAX_BYTES) throw new MeshError('WASM_TOO_LARGE', `${total} bytes of weights do not fit one WebAssembly memory`);
     const pages = Math.ceil(total / PAGE);
@@ -181,6 +141,57 @@ export class WasmArena {
     const instance = new WebAssembly.Instance(module, { env: { mem: this.memory } });
     this.k4x2 = instance.exports.k4x2 as WasmArena['k4x2'];
     this.k4x1 = instance.exports.k4x1 as WasmArena['k4x1'];
+    const q8 = q8KernelModule();
+    if (q8) {
+      const q = new WebAssembly.Instance(q8, { env: { mem: this.memory } });
+      this.q4x2 = q.exports.q4x2 as WasmArena['q4x2'];
+      this.q4x1 = q.exports.q4x1 as WasmArena['q4x1'];
+    }
+  }
+
+  /** whether int8 matrices (allocInt8 + matmulQ8) are available */
+  get hasInt8(): boolean {
+    return this.q4x1 !== null;
+  }
+
+  /** reserves `n` int8 (16-byte aligned) and returns a view of them */
+  allocInt8(n: number): Int8Array {
+    const offset = this.next;
+    this.next += Math.ceil(n / 16) * 16;
+    if (this.next > this.scratch) throw new MeshError('WASM_ARENA_FULL', 'weight arena overflow');
+    return new Int8Array(this.memory.buffer, offset, n);
+  }
+
+  /**
+   * y = x · wᵀ for int8 weights with a scale per 32-block (w[r, j] = wq[r, j] · wd[r, ⌊j/32⌋]):
+   * x is quantised to Q8_0 blocks as ggml does, then each block is an integer dot product.
+   * x: [nTokens × nIn] f32; wq: [nOut × nIn] int8 and wd: [nOut × nIn/32] f32, both from
+   * this arena; y: [nTokens × nOut]. nIn a multiple of 32, nOut a multiple of 4.
+   */
+  matmulQ8(y: Float32Array, x: Float32Array, wq: Int8Array, wd: Float32Array, nTokens: number, nIn: number, nOut: number): void {
+    if (!this.q4x1 || !this.q4x2) throw new MeshError('WASM_UNAVAILABLE', 'int8 kernels are not available');
+    const nb = nIn / 32;
+    const xqBytes = (n: number) => Math.ceil((n * nIn) / 16) * 16;
+    const perToken = nIn + nb * 4 + nOut * 4 + 48;
+    const chunk = Math.max(1, Math.floor(SCRATCH_BYTES / perToken));
+    const bytes = new Int8Array(this.memory.buffer);
+    for (let t0 = 0; t0 < nTokens; t0 += chunk) {
+      const n = Math.min(chunk, nTokens - t0);
+      const xqOff = this.scratch; // [n × nIn] int8
+      const xdOff = xqOff + xqBytes(n); // [n × nb] f32
+      const yOff = xdOff + Math.ceil((n * nb * 4) / 16) * 16; // [n × nOut] f32
+      quantizeRowsQ8_0(x.subarray(t0 * nIn, (t0 + n) * nIn), n, nIn, bytes, xqOff, this.heap, xdOff / 4);
+      for (let o = 0; o < nOut; o += 4) {
+        const wqo = wq.byteOffset + o * nIn;
+        const wdo = wd.byteOffset + o * nb * 4;
+        let t = 0;
+        for (; t + 2 <= n; t += 2) {
+          this.q4x2(xqOff + t * nIn, xqOff + (t + 1) * nIn, xdOff + t * nb * 4, xdOff + (t + 1) * nb * 4, wqo, wdo, nIn, yOff + (t * nOut + o) * 4, yOff + ((t + 1) * nOut + o) * 4);
+        }
+        if (t < n) this.q4x1(xqOff + t * nIn, xdOff + t * nb * 4, wqo, wdo, nIn, yOff + (t * nOut + o) * 4);
+      }
+      y.set(this.heap.subarray(yOff / 4, yOff / 4 + n * nOut), t0 * nOut);
+    }
   }
 
   /** reserves `floats` f32 (16-byte aligned) and returns a view of them */

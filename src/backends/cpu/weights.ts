@@ -4,6 +4,7 @@
 
 import { MeshError } from '../../errors.ts';
 import { canDequantize, dequantize, dequantizeRow } from '../../gguf/dequant.ts';
+import { F16_TABLE } from '../../gguf/fp16.ts';
 import { GgmlType, TYPE_TRAITS, typeName } from '../../gguf/types.ts';
 import type { TensorInfo, TensorSource } from '../../gguf/types.ts';
 import type { ModelConfig } from '../../model/config.ts';
@@ -15,8 +16,16 @@ import { matmulRows } from './ops.ts';
 import { tryWasmArena } from './wasm-matmul.ts';
 import type { WasmArena } from './wasm-matmul.ts';
 
-/** How matrices are kept in memory: dense f32 (fastest) or as stored (4–8× smaller). */
-export type WeightStorage = 'f32' | 'quantized';
+/**
+ * How matrices are kept in memory. 'auto' (default): Q8_0 and Q4_0 as 8-bit integers with a
+ * scale per 32-block (int8 SIMD kernel, 1.1 bytes per weight), everything else as dense f32
+ * (f32 SIMD kernel). 'f32': every matrix dense f32. 'quantized': as stored in the file, rows
+ * dequantised tile by tile in JS (smallest, slowest).
+ */
+export type WeightStorage = 'auto' | 'f32' | 'quantized';
+
+/** Types whose blocks are exactly int8 × one scale per 32 elements. */
+const INT8_TYPES = new Set<GgmlType>([GgmlType.Q8_0, GgmlType.Q4_0]);
 
 /**
  * 'ggml' (default): round activations as llama.cpp does before multiplying by a quantised or
@@ -98,6 +107,48 @@ class QuantizedMatrix implements Matrix {
   }
 }
 
+/** int8 weights with an f32 scale per 32-block, in a WasmArena; activations quantised to Q8_0. */
+class Int8Matrix implements Matrix {
+  constructor(
+    readonly name: string,
+    readonly rows: number,
+    readonly cols: number,
+    /** [rows × cols] int8 */
+    readonly q: Int8Array,
+    /** [rows × cols/32] f32 (the f16 block scales, widened) */
+    readonly d: Float32Array,
+    readonly arena: WasmArena,
+  ) {}
+  get bytes(): number {
+    return this.q.byteLength + this.d.byteLength;
+  }
+  matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
+    this.arena.matmulQ8(y, x, this.q, this.d, nTokens, this.cols, this.rows);
+  }
+  row(r: number, out: Float32Array, outOffset: number): void {
+    const o = r * this.cols;
+    for (let j = 0; j < this.cols; j++) out[outOffset + j] = this.q[o + j]! * this.d[(o + j) >> 5]!;
+  }
+}
+
+/** Widens Q8_0 / Q4_0 bytes into int8 values and f32 block scales. */
+function unpackInt8(type: GgmlType, raw: Uint8Array, n: number, q: Int8Array, d: Float32Array): void {
+  const blockBytes = type === GgmlType.Q8_0 ? 34 : 18;
+  for (let b = 0; b < n / 32; b++) {
+    const o = b * blockBytes;
+    d[b] = F16_TABLE[raw[o]! | (raw[o + 1]! << 8)]!;
+    if (type === GgmlType.Q8_0) {
+      for (let j = 0; j < 32; j++) q[b * 32 + j] = (raw[o + 2 + j]! << 24) >> 24;
+    } else {
+      for (let j = 0; j < 16; j++) {
+        const v = raw[o + 2 + j]!;
+        q[b * 32 + j] = (v & 0x0f) - 8;
+        q[b * 32 + j + 16] = (v >> 4) - 8;
+      }
+    }
+  }
+}
+
 export interface LayerWeights {
   attnNorm: Float32Array; // [nEmbd]
   wq: Matrix; // [nHead·headDim × nEmbd]
@@ -168,12 +219,13 @@ export async function loadShardWeights(
   };
   const optionalVector = (name: string, length: number): Float32Array | null => (optional(name) ? vector(name, length) : null);
 
-  // dense f32 matrices go into one WebAssembly arena, sized up front (it never grows)
-  const matrixNames = new Set(infos.filter((t) => t.shape.length === 2).map((t) => t.name));
-  const denseFloats = infos
-    .filter((t) => matrixNames.has(t.name) && (storage === 'f32' || t.type === GgmlType.F32))
-    .reduce((sum, t) => sum + t.nElements + 4, 0);
-  const arena = simd && denseFloats > 0 ? tryWasmArena(denseFloats) : null;
+  // matrices go into one WebAssembly arena, sized up front (it never grows)
+  const int8Ok = storage === 'auto' && rounding === 'ggml' && simd;
+  const asInt8 = (t: TensorInfo) => int8Ok && INT8_TYPES.has(t.type) && t.shape[0]! % 32 === 0 && t.shape[1]! % 4 === 0;
+  const arenaBytes = infos
+    .filter((t) => t.shape.length === 2 && (storage !== 'quantized' || t.type === GgmlType.F32))
+    .reduce((sum, t) => sum + (asInt8(t) ? t.nElements + t.nElements / 8 + 32 : t.nElements * 4 + 16), 0);
+  const arena = simd && arenaBytes > 0 ? tryWasmArena(arenaBytes) : null;
 
   let bytes = 0;
   const made = new Map<string, Matrix>();
@@ -189,6 +241,11 @@ export async function loadShardWeights(
     let m: Matrix;
     if (storage === 'quantized' && t.type !== GgmlType.F32) {
       m = new QuantizedMatrix(name, rows, cols, t.type, raw, activation);
+    } else if (arena?.hasInt8 && asInt8(t)) {
+      const q = arena.allocInt8(t.nElements); // [rows × cols] int8
+      const d = arena.alloc(t.nElements / 32); // [rows × cols/32] f32
+      unpackInt8(t.type, raw, t.nElements, q, d);
+      m = new Int8Matrix(name, rows, cols, q, d, arena);
     } else if (arena) {
       const view = arena.alloc(t.nElements); // [rows × cols] f32
       dequantizeRow(t.type, raw, 0, t.nElements, view, 0);

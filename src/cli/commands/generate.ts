@@ -48,7 +48,7 @@ export const command: Command = {
     threads: { type: 'string', valueName: '<n>', description: 'llamacpp: CPU threads' },
     'flash-attn': { type: 'boolean', description: 'llamacpp: flash attention (default off)' },
     'kv-type': { type: 'string', valueName: '<f32|f16|q8_0|q4_0>', description: 'llamacpp: KV cache type', default: 'f32' },
-    'weight-storage': { type: 'string', valueName: '<f32|quantized>', description: 'cpu: keep weights as f32 or as stored', default: 'f32' },
+    'weight-storage': { type: 'string', valueName: '<auto|f32|quantized>', description: 'cpu: auto = Q8_0/Q4_0 as int8 and the rest f32; f32; or as stored (smallest, slowest)', default: 'auto' },
     json: { type: 'boolean', description: 'print one JSON document: prompt_tokens, tokens, text, timings' },
     join: { type: 'string', valueName: '<room url>', description: 'generate over the route of a room instead of a local model (see `serve`)' },
     secret: { type: 'string', valueName: '<secret>', description: '--join: the room secret (default: the URL\'s #secret=)' },
@@ -107,8 +107,10 @@ function readOptions(args: ParsedArgs): GenerateOptions {
   if (!(BACKENDS as readonly string[]).includes(backend)) throw new UsageError(`--backend must be one of ${BACKENDS.join(', ')}, got '${backend}'`);
   const kvType = stringOption(args, 'kv-type') ?? 'f32';
   if (!['f32', 'f16', 'q8_0', 'q4_0'].includes(kvType)) throw new UsageError(`--kv-type must be f32, f16, q8_0 or q4_0, got '${kvType}'`);
-  const weightStorage = stringOption(args, 'weight-storage') ?? 'f32';
-  if (weightStorage !== 'f32' && weightStorage !== 'quantized') throw new UsageError(`--weight-storage must be f32 or quantized, got '${weightStorage}'`);
+  const weightStorage = stringOption(args, 'weight-storage') ?? 'auto';
+  if (weightStorage !== 'auto' && weightStorage !== 'f32' && weightStorage !== 'quantized') {
+    throw new UsageError(`--weight-storage must be auto, f32 or quantized, got '${weightStorage}'`);
+  }
   const n = intOption(args, 'n', 64);
   if (n < 0) throw new UsageError(`--n must be >= 0, got ${n}`);
   const temperature = numberOption(args, 'temperature', 0);
