@@ -47,6 +47,22 @@ export class KernelLibrary {
     return p;
   }
 
+  /**
+   * Compiles these pipelines ahead of use, in parallel (createComputePipelineAsync), so the
+   * first forward pays no compile time and a shader that fails to compile fails the load.
+   */
+  async prepare(wanted: readonly { kernel: string; quant?: QuantKind; entry?: string }[]): Promise<void> {
+    await Promise.all(
+      wanted.map(async ({ kernel, quant, entry = 'main' }) => {
+        const label = this.label(kernel, quant, entry);
+        if (this.pipelines.has(label)) return;
+        const module = this.device.createShaderModule({ label, code: assembleShader(this.sources, kernel, quant, this.reduce) });
+        const p = await this.device.createComputePipelineAsync({ label, layout: 'auto', compute: { module, entryPoint: entry } });
+        this.pipelines.set(label, p);
+      }),
+    );
+  }
+
   /** labels of every compiled pipeline (for tests and benchmarks) */
   get labels(): string[] {
     return [...this.pipelines.keys()];

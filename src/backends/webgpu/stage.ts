@@ -21,7 +21,7 @@ import * as op from './ops.ts';
 import type { MatMulKernel, MatVecKernel } from './ops.ts';
 import { ropeTable } from './rope-table.ts';
 import { activationFormatFor } from '../cpu/act-round.ts';
-import type { ShaderSources } from './shader-library.ts';
+import type { QuantKind, ShaderSources } from './shader-library.ts';
 
 /** One tensor of the shard as read from the artifact. */
 export interface StageTensor {
@@ -216,6 +216,7 @@ export class WebGpuStage {
         loaded.outputNorm = vector('output_norm.weight');
         loaded.output = byName.has('output.weight') ? matrix('output.weight') : (loaded.tokenEmbd ?? matrix('token_embd.weight'));
       }
+      await this.kernels.prepare(this.pipelinesFor(loaded));
     }).catch((e) => {
       // free everything uploaded so far, including a layer that was only half built
       this.model = null;
@@ -390,6 +391,37 @@ export class WebGpuStage {
     op.swiglu(rec, sc.gate, sc.up, n * nFf);
     mm(w.wDown, sc.gate, new Map(), sc.tmp, 0, nEmbd);
     op.add(rec, sc.x, 0, sc.tmp, n * nEmbd);
+  }
+
+  /** Every pipeline a forward over this shard can use. */
+  private pipelinesFor(m: Loaded): { kernel: string; quant?: QuantKind; entry?: string }[] {
+    const out: { kernel: string; quant?: QuantKind; entry?: string }[] = [];
+    const matrices = m.layers.flatMap((l) => [l.wq, l.wk, l.wv, l.wo, l.wGate, l.wUp, l.wDown]);
+    if (m.output) matrices.push(m.output);
+    for (const q of new Set(matrices.map((w) => w.quant))) {
+      const ofType = matrices.filter((w) => w.quant === q);
+      const kernels = new Set<string>([this.matVec]);
+      // batches: the tiled kernel where the rows fit its k-steps, mul_mat otherwise
+      if (this.matMul === 'mul_mat_tiled') kernels.add('mul_mat_tiled');
+      if (this.matMul === 'mul_mat' || ofType.some((w) => !op.tiledFits(w.k))) kernels.add('mul_mat');
+      for (const kernel of kernels) out.push({ kernel, quant: q });
+    }
+    if (m.tokenEmbd) out.push({ kernel: 'get_rows', quant: m.tokenEmbd.quant });
+    if (this.options.activationRounding !== 'none') {
+      for (const f of new Set(matrices.map((w) => activationFormatFor(w.type)))) {
+        if (f !== 'f32') out.push({ kernel: 'round_activations', entry: f === 'q8_K' ? 'q8_k' : f });
+      }
+    }
+    out.push(
+      { kernel: 'rms_norm' },
+      { kernel: 'rope' },
+      { kernel: 'add' },
+      { kernel: 'swiglu' },
+      { kernel: 'attention_decode', entry: 'split' },
+      { kernel: 'attention_decode', entry: 'combine' },
+      { kernel: 'attention_prefill' },
+    );
+    return out;
   }
 
   /**
