@@ -18,6 +18,7 @@ import { shardTensors } from '../src/backends/shard.ts';
 import { encodeFrame, FrameType } from '../src/protocol/frame.ts';
 import { decodeJson, tokensFrame } from '../src/protocol/payload.ts';
 import { runCli } from './support/cli.ts';
+import { HttpLink } from '../src/transport/http.ts';
 import { isMeshError } from '../src/errors.ts';
 
 const PROMPTS = ['Once upon a time', 'The little dog', 'Lily and Tom went to the park.'];
@@ -142,6 +143,16 @@ describe('serve + three cpu nodes on stories260K', () => {
     const after = (await getJson(`${serve.base}/v1/sessions/${c.sessionId}`, serve.secret)).body;
     expect(after.state).toBe('closed');
     for (const st of after.stages) expect(st.kvBytes).toBe(0);
+  });
+
+  it('the binary HTTP session endpoints of the server drive the same route', async () => {
+    const link = new HttpLink(serve.base, { authorization: `Bearer ${serve.secret}` });
+    const c = await RouteSessionClient.open(link, joined.routeId, { contextLength: 64 });
+    const tokens = [await c.prefill(STORIES_PROMPT_TOKENS, 3)];
+    while (tokens.length < 12) tokens.push(await c.decode(tokens.at(-1)!));
+    expect(tokens).toEqual((await greedyGenerate(llamaModel, STORIES_PROMPT_TOKENS, 12)));
+    await c.close();
+    expect((await getJson(`${serve.base}/v1/sessions/${c.sessionId}`, serve.secret)).body.state).toBe('closed');
   });
 
   it('an idle session expires after the TTL and every stage frees it', async () => {
