@@ -93,6 +93,17 @@ describe('stub route over loopback sockets', () => {
     await c.close();
   });
 
+  it('concurrent sessions on one route keep separate KV caches', async () => {
+    const single = await stubRoute([[0, 6]], { carrier: 'local' });
+    const chain = await stubRoute([[0, 2], [2, 4], [4, 6]]);
+    const ref = await generate(single, 10, 'f32');
+    const runs = await Promise.all([0, 1, 2, 3].map(() => generate(chain, 10, 'f32', 3)));
+    for (const r of runs) expect(r.tokens).toEqual(ref.tokens);
+    expect(chain.services[1]!.openSessions).toBe(4);
+    await Promise.all(runs.map((r) => r.client.close()));
+    expect(chain.services.map((s) => s.openSessions)).toEqual([0, 0, 0]);
+  });
+
   it('f16 hidden states travel at 2 bytes per value and stay close to f32', async () => {
     const chain = await stubRoute([[0, 3], [3, 6]]);
     const c = await RouteSessionClient.open(chain.clientLink, chain.route.id, { contextLength: 64, hiddenDtype: 'f16' });
