@@ -148,6 +148,12 @@ describe('stories260K', () => {
     expect(relErr(split.logits, whole.logits)).toBeLessThan(1e-5);
   });
 
+  it('a worker that dies fails the call with WEBGPU_WORKER_FAILED instead of hanging', async () => {
+    const script = URL.createObjectURL(new Blob(['throw new Error("boom at start");'], { type: 'text/javascript' }));
+    const err = await WebGpuBackend.inWorker({}, { worker: new Worker(script, { type: 'module' }) }).catch((e) => e);
+    expect(isMeshError(err, 'WEBGPU_WORKER_FAILED')).toBe(true);
+  });
+
   it('errors keep their codes across the worker boundary, and dispose frees every GPU buffer', async () => {
     const source = await served('stories260K.gguf');
     const gpu = await WebGpuBackend.inWorker();

@@ -38,16 +38,27 @@ export class WebGpuBackend implements StageBackend {
   ) {}
 
   /**
-   * A backend whose GPU work runs in a new dedicated module worker. Tensor bytes are
-   * transferred to the worker (their ArrayBuffers are detached here afterwards) unless
-   * `copyTensorBytes` is set, for callers that keep using the bytes they loaded from.
+   * A backend whose GPU work runs in a new dedicated module worker (or in `worker`, one the
+   * caller started from workers/webgpu-stage.worker.ts). Tensor bytes are transferred to the
+   * worker (their ArrayBuffers are detached here afterwards) unless `copyTensorBytes` is set,
+   * for callers that keep using the bytes they loaded from. If the worker dies (a script error,
+   * a crash), every call in flight and after fails with WEBGPU_WORKER_FAILED instead of hanging.
    */
-  static async inWorker(options: WebGpuStageOptions = {}, { copyTensorBytes = false } = {}): Promise<WebGpuBackend> {
-    const worker = new Worker(new URL('../../../workers/webgpu-stage.worker.ts', import.meta.url), { type: 'module', name: 'gguf-mesh webgpu stage' });
+  static async inWorker(options: WebGpuStageOptions = {}, { copyTensorBytes = false, worker: given }: { copyTensorBytes?: boolean; worker?: Worker } = {}): Promise<WebGpuBackend> {
+    const worker = given ?? new Worker(new URL('../../../workers/webgpu-stage.worker.ts', import.meta.url), { type: 'module', name: 'gguf-mesh webgpu stage' });
     const remote = Comlink.wrap<WorkerApi>(worker);
+    const died = new Promise<never>((_, reject) => {
+      const fail = (what: string) => reject(new MeshError('WEBGPU_WORKER_FAILED', `the WebGPU worker failed: ${what}`));
+      worker.addEventListener('error', (e) => {
+        e.preventDefault();
+        fail(e.message || 'it could not start or threw outside a call');
+      });
+      worker.addEventListener('messageerror', () => fail('a message could not be deserialised'));
+    });
+    died.catch(() => {}); // observed through `call`; never an unhandled rejection
     try {
-      const adapter = fromWire(await remote.init(options));
-      return new WebGpuBackend(workerEngine(remote, adapter, copyTensorBytes), () => {
+      const adapter = fromWire(await Promise.race([remote.init(options), died]));
+      return new WebGpuBackend(workerEngine(remote, adapter, copyTensorBytes, died), () => {
         remote[Comlink.releaseProxy]();
         worker.terminate();
       });
@@ -133,8 +144,8 @@ export class WebGpuBackend implements StageBackend {
 }
 
 /** The worker's comlink proxy as a StageEngine; tensor and activation bytes are transferred, not copied. */
-function workerEngine(remote: Comlink.Remote<WorkerApi>, adapter: AdapterSummary, copyTensorBytes: boolean): StageEngine {
-  const call = async <T>(p: Promise<WireResult<T>>): Promise<T> => fromWire(await p);
+function workerEngine(remote: Comlink.Remote<WorkerApi>, adapter: AdapterSummary, copyTensorBytes: boolean, died: Promise<never>): StageEngine {
+  const call = async <T>(p: Promise<WireResult<T>>): Promise<T> => fromWire(await Promise.race([p, died]));
   return {
     adapter,
     load: (model) => {
