@@ -89,7 +89,7 @@ async function state(page: Page): Promise<BrowserPeerState | null> {
   return page.evaluate(() => (window.__peer ? JSON.parse(JSON.stringify(window.__peer.state)) : null));
 }
 
-async function waitForState(page: Page, ok: (s: BrowserPeerState) => boolean, what: string, timeoutMs = 90_000): Promise<BrowserPeerState> {
+async function waitForState(page: Page, ok: (s: BrowserPeerState) => boolean, what: string, timeoutMs = 45_000): Promise<BrowserPeerState> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const s = await state(page);
@@ -134,7 +134,7 @@ describe('three browser tabs serve stories260K', () => {
   beforeAll(async () => {
     serve = await spawnServe(modelPath, ['--min-peers', '3']);
     for (const name of ['t0', 't1', 't2']) tabs.push(await openTab(serve, name));
-    firstRoute = await waitForRoute(serve, 'ready', 120_000);
+    firstRoute = await waitForRoute(serve, 'ready', 60_000);
   });
   afterAll(async () => {
     for (const t of tabs) await t.context.close();
@@ -208,8 +208,8 @@ describe('three browser tabs serve stories260K', () => {
     const before = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
     const bytesBefore = Object.values(before).reduce((a: number, c: any) => a + c.bytes, 0);
     for (const t of tabs) await t.page.reload();
-    for (const t of tabs) await waitForState(t.page, (s) => s.status === 'ready', 'reloaded tab ready', 120_000);
-    const route = await waitForRoute(serve, 'ready', 120_000);
+    for (const t of tabs) await waitForState(t.page, (s) => s.status === 'ready', 'reloaded tab ready', 60_000);
+    const route = await waitForRoute(serve, 'ready', 60_000);
     expect(route.id).not.toBe(firstRoute.id);
     const after = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
     const bytesAfter = Object.values(after).reduce((a: number, c: any) => a + c.bytes, 0);
@@ -239,7 +239,7 @@ describe('three browser tabs serve stories260K', () => {
     tabs = tabs.filter((t) => t !== last);
     await waitForRoute(serve, 'degraded', 30_000);
     tabs.push(await openTab(serve, 't3'));
-    const route = await waitForRoute(serve, 'ready', 120_000);
+    const route = await waitForRoute(serve, 'ready', 60_000);
     expect(route.stages.slice(0, 2).map((s: any) => s.peerId)).toEqual(firstTwo);
     expect(route.stages.map((s: any) => s.telemetry?.hop)).toEqual(['webrtc', 'webrtc', 'none']);
     expect(await generateOverHttp(serve, route.id, 'webrtc x3 (replaced last tab)')).toEqual(expected);
@@ -261,7 +261,7 @@ describe('blocked direct connections relay through the server (slices cached in 
   });
 
   it('forms the route over relayed hops, says so in telemetry, and gives the same tokens', async () => {
-    const route = await waitForRoute(serve, 'ready', 120_000);
+    const route = await waitForRoute(serve, 'ready', 60_000);
     expect(await generateOverHttp(serve, route.id, 'relay x2 (blocked direct)')).toEqual(expected);
     const summary = (await getJson(`${serve.base}/v1/routes/${route.id}`, serve.secret)).body;
     expect(summary.stages.slice(0, 2).map((s: any) => s.telemetry?.hop)).toEqual(['relay', 'relay']);
@@ -274,8 +274,8 @@ describe('blocked direct connections relay through the server (slices cached in 
 
   it('reloads from the OPFS cache with zero bytes fetched and relays again', async () => {
     for (const t of tabs) await t.page.reload();
-    for (const t of tabs) await waitForState(t.page, (s) => s.status === 'ready', 'reloaded tab ready', 120_000);
-    const route = await waitForRoute(serve, 'ready', 120_000);
+    for (const t of tabs) await waitForState(t.page, (s) => s.status === 'ready', 'reloaded tab ready', 60_000);
+    const route = await waitForRoute(serve, 'ready', 60_000);
     for (const t of tabs) {
       const s = (await state(t.page))!;
       expect(s.load!.fetchedBytes).toBe(0);
@@ -306,7 +306,7 @@ describe('a mixed route: two browser tabs and a native cpu node', () => {
   });
 
   it('serves one model with tokens identical to llama.cpp\'s', async () => {
-    const route = await waitForRoute(serve, 'ready', 120_000);
+    const route = await waitForRoute(serve, 'ready', 60_000);
     expect(route.stages).toHaveLength(3);
     expect(route.stages[2].peerId.startsWith('native-')).toBe(true);
     expect(await generateOverHttp(serve, route.id, 'mixed: 2 tabs + cpu node')).toEqual(expected);
@@ -326,7 +326,7 @@ describe('a mixed route led by a native node', () => {
       const node = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', '1GiB', '--name', 'lead']);
       await node.waitFor(/joined room/);
       for (const name of ['k1', 'k2']) tabs.push(await openTab(serve, name));
-      const route = await waitForRoute(serve, 'ready', 120_000);
+      const route = await waitForRoute(serve, 'ready', 60_000);
       expect(route.stages[0].peerId.startsWith('lead-')).toBe(true);
       expect(await generateOverHttp(serve, route.id, 'mixed: cpu node + 2 tabs')).toEqual(expected);
       const relayed = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.relayed;
@@ -423,7 +423,7 @@ describe('a model on a third-party host (a hub-like CORS server with Range)', ()
       expect((await getJson(`${serve.base}/v1/models/stories260K/manifest`, serve.secret)).body.artifact.sha256).toBe(manifest.artifact.sha256);
       const serverReads = seen.length;
       for (const name of ['h0', 'h1']) tabs.push(await openTab(serve, name));
-      const route = await waitForRoute(serve, 'ready', 120_000);
+      const route = await waitForRoute(serve, 'ready', 60_000);
       expect(await generateOverHttp(serve, route.id, 'webrtc x2, model on a third-party host')).toEqual(expected);
       const tabReads = seen.slice(serverReads).filter((r) => r.method === 'GET');
       expect(tabReads.length).toBeGreaterThan(0);

@@ -234,7 +234,12 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       backend = await (opts.backend ?? defaultBackend)();
       await backend.load(sliceSource(await headerOnce(), manifest, tensors, a.modelUrl), a.shard);
       if (a.shard.end < a.nLayer && !a.downstreamPeer) throw new MeshError('STAGE_UNREACHABLE', `stage ${a.stage}: the server named no next stage`);
-      const hop = await hops.connectDownstream(a.shard.end < a.nLayer ? a.downstreamPeer! : null, Boolean(a.downstream));
+      const hop = await hops.connectDownstream(a.shard.end < a.nLayer ? a.downstreamPeer! : null, Boolean(a.downstream), (h) => {
+        if (mySeq !== assignSeq) return;
+        Object.assign(state, { hop: h.kind, relayed: h.relayed });
+        changed();
+        fullTelemetry();
+      });
       Object.assign(state, { hop: hop.kind, downstreamChannel: hop.channel, relayed: hop.relayed });
       const downstream = hop.link;
       if (mySeq !== assignSeq) {

@@ -66,9 +66,11 @@ export class Hops {
 
   /**
    * The link to the next stage: `null` on the last stage; a data channel to browser `next`;
-   * the server relay to a native node (`nextIsNative`) or after the channel timed out.
+   * the server relay to a native node (`nextIsNative`) or after the channel timed out. A data
+   * channel that closes later (the network dropped it) is replaced by the relay for the
+   * frames that follow; `onChange` hears of the switch.
    */
-  async connectDownstream(next: string | null, nextIsNative: boolean): Promise<DownstreamHop> {
+  async connectDownstream(next: string | null, nextIsNative: boolean, onChange: (hop: DownstreamHop) => void = () => {}): Promise<DownstreamHop> {
     if (!next) return { link: null, kind: 'none', channel: null, relayed: null };
     if (nextIsNative) return this.relay(next); // browsers reach native nodes through the server
     const cid = Math.random().toString(36).slice(2, 10);
@@ -84,9 +86,15 @@ export class Hops {
         },
       });
       pipe.onClose(() => this.sinks.delete(key));
-      const link = new PipeLink(pipe);
+      const channel = new PipeLink(pipe);
       this.opts.log(`data channel to ${next} open (${Math.round(pipe.connectMs)} ms)`);
-      return { link, kind: 'webrtc', channel: link.counters, relayed: null };
+      const link = new FailoverLink(channel, () => {
+        const relayed = this.relay(next);
+        this.opts.log(`data channel to ${next} closed; relaying through the server from now on`);
+        onChange(relayed);
+        return relayed.link!;
+      });
+      return { link, kind: 'webrtc', channel: channel.counters, relayed: null };
     } catch (e) {
       this.sinks.delete(key);
       this.opts.log(`no data channel to ${next} (${(e as MeshError).code ?? ''} ${(e as Error).message}); relaying through the server`);
@@ -145,5 +153,37 @@ export class Hops {
   async close(): Promise<void> {
     for (const p of this.answering.values()) (await p)?.close();
     for (const r of [...this.relays]) await r.close();
+  }
+}
+
+/** A data-channel link that, once the channel has closed, sends through a fallback (the relay).
+ *  Requests in flight when it closes fail (LINK_CLOSED): their session decides what follows. */
+class FailoverLink implements FrameLink {
+  onClose?: (reason: MeshError) => void;
+  private current: FrameLink;
+  private closed = false;
+
+  constructor(
+    private readonly primary: PipeLink,
+    fallback: () => FrameLink,
+  ) {
+    this.current = primary;
+    primary.onClose = () => {
+      if (!this.closed) this.current = fallback();
+    };
+  }
+
+  get remote(): string {
+    return this.current.remote;
+  }
+
+  request(frame: Parameters<FrameLink['request']>[0]): ReturnType<FrameLink['request']> {
+    return this.current.request(frame);
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.current.close();
+    if (this.current !== this.primary) await this.primary.close();
   }
 }

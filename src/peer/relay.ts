@@ -31,7 +31,12 @@ export class RelayLink implements FrameLink {
   request(frame: Frame): Promise<Frame> {
     if (this.closed) return Promise.reject(new MeshError('LINK_CLOSED', `${this.remote} is closed`));
     const id = this.nextId++;
-    const bytes = encodeFrame({ ...frame, flags: frame.flags & ~FrameFlag.Reply });
+    let bytes: Uint8Array;
+    try {
+      bytes = encodeFrame({ ...frame, flags: frame.flags & ~FrameFlag.Reply });
+    } catch (e) {
+      return Promise.reject(e); // a frame we would not send: the caller's promise says so
+    }
     this.counters.frames++;
     this.counters.bytes += bytes.byteLength;
     return new Promise<Frame>((resolve, reject) => {

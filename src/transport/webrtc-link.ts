@@ -135,7 +135,11 @@ export class PipeLink implements FrameLink {
   request(frame: Frame): Promise<Frame> {
     if (this.closed) return Promise.reject(new MeshError('LINK_CLOSED', `link ${this.remote} is closed`));
     const { seq, reply } = this.pending.take();
-    this.sender.send({ ...frame, seq, flags: frame.flags & ~FrameFlag.Reply }).catch((e: Error) => this.pending.fail(seq, e));
+    try {
+      this.sender.send({ ...frame, seq, flags: frame.flags & ~FrameFlag.Reply }).catch((e: Error) => this.pending.fail(seq, e));
+    } catch (e) {
+      this.pending.fail(seq, e as Error); // refused by the encoder: never sent
+    }
     return reply;
   }
 

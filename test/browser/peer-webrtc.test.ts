@@ -120,6 +120,11 @@ describe('WebRTC data channel carrier (simple-peer)', () => {
     const link = new PipeLink(a);
     const err = await link.request(tokensFrame(FrameType.Decode, { routeId: 1, sessionId: SESSION }, 3, [7])).catch((e: unknown) => e);
     expect((err as MeshError).code).toBe('POSITION_MISMATCH');
+    // a frame the encoder refuses rejects the request; nothing is sent
+    const sent = link.counters.messagesSent;
+    const bad = await link.request({ ...tokensFrame(FrameType.Decode, { routeId: 1, sessionId: SESSION }, 3, [7]), nTokens: 2 }).catch((e: unknown) => e);
+    expect((bad as MeshError).code).toBe('FRAME_BAD_DIMENSION');
+    expect(link.counters.messagesSent).toBe(sent);
   });
 
   it('fails pending requests with LINK_CLOSED when the other side goes away', async () => {
