@@ -8,7 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { MeshError } from '../errors.ts';
 import { FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, jsonFrame, replyAddress } from '../protocol/payload.ts';
+import { decodeJson, jsonFrame, replyAddress } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
@@ -137,7 +137,7 @@ export class SessionManager {
     this.opts.onChange?.(sessionId, 'opening');
     this.publish(sessionId, { type: 'session_state', sessionId, state: 'opening' });
     const links = route.stageLinks();
-    const openFrame = makeFrame({ ...jsonFrameFields(body), type: FrameType.SessionOpen, routeId, sessionId });
+    const openFrame = jsonFrame(FrameType.SessionOpen, { routeId, sessionId }, body);
     const results = await Promise.allSettled(
       links.map((l, i) => (l ? l.request(openFrame) : Promise.reject(new MeshError('STAGE_UNREACHABLE', `stage ${i} has no peer`, { stage: i })))),
     );
@@ -181,10 +181,7 @@ export class SessionManager {
       s.promptTokens += f.nTokens;
       this.publish(f.sessionId, { type: 'prefill_progress', sessionId: f.sessionId, tokensDone: s.promptTokens, tokensTotal: s.promptLength });
     }
-    if (reply.type === FrameType.Token) {
-      s.generated++;
-      void decodeI32(reply.payload);
-    }
+    if (reply.type === FrameType.Token) s.generated++;
     this.move(s, 'idle');
     return reply;
   }
@@ -309,9 +306,4 @@ export class SessionManager {
       this.buffers.delete(id);
     }
   }
-}
-
-function jsonFrameFields(body: SessionOpenBody): Pick<Frame, 'dtype' | 'payload'> {
-  const f = jsonFrame(FrameType.SessionOpen, { routeId: 0, sessionId: '0'.repeat(32) }, body);
-  return { dtype: f.dtype, payload: f.payload };
 }

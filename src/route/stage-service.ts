@@ -8,7 +8,7 @@
 
 import { MeshError } from '../errors.ts';
 import type { StageBackend, ShardRange } from '../backends/types.ts';
-import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame } from '../protocol/frame.ts';
+import { DType, FrameFlag, FrameType, HEADER_BYTES } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, decodeRows, hiddenFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame, withTimings } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
@@ -252,9 +252,4 @@ export class StageService {
   get openSessions(): number {
     return this.sessions.size;
   }
-}
-
-/** Placeholder frame used when a test needs an empty Status request. */
-export function statusRequest(routeId: number, sessionId: string): Frame {
-  return makeFrame({ type: FrameType.Status, routeId, sessionId });
 }
