@@ -30,6 +30,8 @@ const componentsBuild = {
 };
 
 export default defineConfig(({ mode }) => ({
+  // the bundle finds its worker and chunks beside itself (import.meta.url), wherever it is hosted
+  base: mode === 'components' ? './' : '/',
   build: mode === 'components' ? componentsBuild : appBuild,
   worker: { format: 'es' as const },
   test: {
