@@ -25,6 +25,8 @@ interface ModelCase {
   path: string;
   promptTokens: number;
   decodeTokens: number;
+  /** has Q8_0/Q4_0 weights, which the CPU engine keeps as int8 by default */
+  quantized?: boolean;
 }
 
 const round = (x: number) => Math.round(x * 100) / 100;
@@ -90,23 +92,33 @@ async function benchModel(c: ModelCase, threads: number): Promise<Record<string,
   const stage = new CpuBackend();
   await stage.load(source, { start: 0, end: cfg.nLayer });
   const loadMs = performance.now() - loadStart;
+  const cpuBytes = stage.weightBytes;
   const cpuGen = new ChainGenerator(new InProcessChain([stage]), tokenizer);
+  // the same engine with every matrix dequantised to f32 (differs from 'auto' for Q8_0/Q4_0)
+  const f32Stage = c.quantized ? new CpuBackend({ weightStorage: 'f32' }) : null;
+  await f32Stage?.load(source, { start: 0, end: cfg.nLayer });
+  const f32Bytes = f32Stage?.weightBytes ?? 0;
+  const f32Gen = f32Stage ? new ChainGenerator(new InProcessChain([f32Stage]), tokenizer) : null;
 
   // warm-up, then rounds that take turns, so a busy machine slows all three alike
   timeBare(bareModel, prompt.slice(0, 4), 2, threads);
   await timeGenerator(llama, prompt.slice(0, 4), 2);
   await timeGenerator(cpuGen, prompt.slice(0, 4), 2);
+  if (f32Gen) await timeGenerator(f32Gen, prompt.slice(0, 4), 2);
   let bare = ZERO;
   let llamacpp = ZERO;
   let cpu = ZERO;
+  let cpuF32 = ZERO;
   for (let i = 0; i < REPEATS; i++) {
     bare = faster(bare, timeBare(bareModel, prompt, c.decodeTokens, threads));
     llamacpp = faster(llamacpp, await timeGenerator(llama, prompt, c.decodeTokens));
     cpu = faster(cpu, await timeGenerator(cpuGen, prompt, c.decodeTokens));
+    if (f32Gen) cpuF32 = faster(cpuF32, await timeGenerator(f32Gen, prompt, c.decodeTokens));
   }
   bareModel.dispose();
   await llama.dispose();
   await cpuGen.dispose();
+  await f32Gen?.dispose();
   await source.close();
 
   const ratio = (s: Speed) => ({
@@ -120,7 +132,8 @@ async function benchModel(c: ModelCase, threads: number): Promise<Record<string,
     decode_tokens: c.decodeTokens,
     llamacpp_bare: bare,
     llamacpp_backend: { ...llamacpp, ratio_to_bare: ratio(llamacpp) },
-    cpu_backend: { ...cpu, ratio_to_bare: ratio(cpu), load_ms: Math.round(loadMs) },
+    cpu_backend: { ...cpu, ratio_to_bare: ratio(cpu), load_ms: Math.round(loadMs), weight_bytes: cpuBytes },
+    ...(f32Stage ? { cpu_backend_f32_weights: { ...cpuF32, ratio_to_bare: ratio(cpuF32), weight_bytes: f32Bytes } } : {}),
   };
 }
 
@@ -139,7 +152,7 @@ export async function run(args: string[]): Promise<unknown> {
   }
   if (values.only !== 'stories') {
     const path = await syntheticModel({ arch: 'llama', type: 'q8_0', layers: 16, embd: 1024, heads: 16, kvHeads: 4, ffn: 2816, vocab: 32000 });
-    cases.push({ name: 'synthetic llama Q8_0 1024×16 (~250M)', path, promptTokens: 128, decodeTokens: 32 });
+    cases.push({ name: 'synthetic llama Q8_0 1024×16 (~250M)', path, promptTokens: 128, decodeTokens: 32, quantized: true });
   }
   const results = [];
   for (const c of cases) results.push(await benchModel(c, threads));
