@@ -1,9 +1,12 @@
-// `npm run bench -- route [--layers 6 --embd 512 --ffn 1536 --vocab 2048 --decode 16 --rounds 4 --prefill 128 --long 1024]`
-// A 3-stage route over loopback WebSockets (stage sampling, hidden states in f16) against the
-// same model in one process (one CPU backend, no sockets), on a synthetic llama model:
+// `npm run bench -- route [--layers 6 --embd 512 --ffn 1536 --vocab 2048 --decode 16 --rounds 4 --prefill 128 --long 1024] [--no-processes]`
+// A 3-stage route over loopback WebSockets (stage sampling, hidden states in f16) — in this
+// process, and as real `serve` + 3 `node` processes — against the same model in one process
+// (one CPU backend, no sockets), on a synthetic llama model:
 // decode tok/s and their ratio (goal ≥ 0.90), prefill vs decode tok/s, decode step time at
 // context 16 vs 1024, and bytes on the wire per token per hop.
 
+import { spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
@@ -13,6 +16,7 @@ import { makeModelFile } from '../src/model/synthetic-model.ts';
 import { InProcessChain } from '../src/route/generation.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { startLoopbackRoute } from '../src/route/loopback.ts';
+import { joinRoom } from '../src/route/remote.ts';
 import { argmax } from '../src/route/stage-service.ts';
 import { HEADER_BYTES } from '../src/protocol/frame.ts';
 import { stepBreakdown } from '../src/route/telemetry.ts';
@@ -120,6 +124,9 @@ export async function run(args: string[]): Promise<unknown> {
   await single.dispose();
   await source.close();
 
+  // ---- the same route as real processes: serve + 3 nodes on loopback, client over the server ----
+  const processes = args.includes('--no-processes') ? null : await processRoute(path, cut, prompt, nDecode, rounds, ctxLen);
+
   const singleDecodeTokS = (nDecode * 1000) / singleDecodeMs;
   const routeDecodeTokS = (nDecode * 1000) / routeDecodeMs;
   return {
@@ -129,6 +136,12 @@ export async function run(args: string[]): Promise<unknown> {
     single_process: { prefill_tok_s: round((nPrefill * 1000) / singlePrefillMs), decode_tok_s: round(singleDecodeTokS) },
     route_3_stage_loopback_ws: { prefill_tok_s: round((nPrefill * 1000) / routePrefillMs), decode_tok_s: round(routeDecodeTokS) },
     decode_ratio_route_vs_single: round(routeDecodeTokS / singleDecodeTokS, 3),
+    ...(processes
+      ? {
+          route_3_node_processes: { decode_ms_per_round: processes.map((x) => round(x)), decode_tok_s: round((nDecode * 1000) / Math.min(...processes)) },
+          decode_ratio_processes_vs_single: round((nDecode * 1000) / Math.min(...processes) / singleDecodeTokS, 3),
+        }
+      : {}),
     goal_ratio: 0.9,
     decode_step_ms: { context_16: round(step16), [`context_${long}`]: round(stepLong) },
     decode_step_breakdown_ms: [0, 1, 2].map((k) => ({
@@ -144,4 +157,41 @@ export async function run(args: string[]): Promise<unknown> {
       token_reply: HEADER_BYTES + 4,
     },
   };
+}
+
+/** Decode round times (ms) of a 3-node route of real processes, driven through the server. */
+async function processRoute(model: string, cut: number[], prompt: number[], nDecode: number, rounds: number, ctxLen: number): Promise<number[]> {
+  const cli = join(process.cwd(), 'bin', 'gguf-mesh.js');
+  const children: ChildProcess[] = [];
+  const start = (args: string[]): Promise<string> =>
+    new Promise((resolve, reject) => {
+      const child = spawn(process.execPath, [cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+      children.push(child);
+      let out = '';
+      child.stdout!.on('data', (d) => {
+        out += d;
+        const m = /join:\s+(\S+)/.exec(out) ?? (/joined room/.test(out) ? ['', 'joined'] : null);
+        if (m) resolve(m[1]!);
+      });
+      child.stderr!.on('data', (d) => (out += d));
+      child.on('exit', (code) => reject(new Error(`gguf-mesh ${args[0]} exited with ${code}: ${out}`)));
+    });
+  try {
+    const joinUrl = await start(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', model, '--min-peers', '3']);
+    for (let i = 0; i < 3; i++) await start(['node', '--join', joinUrl, '--no-cache', '--layers', `${cut[i]}-${cut[i + 1]}`]);
+    const joined = await joinRoom(joinUrl, undefined, 60_000);
+    const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: ctxLen, hiddenDtype: 'f16' });
+    let tok = await c.prefill(prompt, prompt.length);
+    const times: number[] = [];
+    for (let r = 0; r < rounds; r++) {
+      const t0 = performance.now();
+      for (let i = 0; i < nDecode; i++) tok = await c.decode(tok);
+      times.push(performance.now() - t0);
+    }
+    await c.close();
+    await joined.close();
+    return times;
+  } finally {
+    for (const ch of children) ch.kill('SIGKILL');
+  }
 }
