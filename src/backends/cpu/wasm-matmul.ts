@@ -2,6 +2,8 @@
 // (the "arena"), activations are copied in, and a hand-assembled kernel multiplies four
 // weight rows by one or two tokens with f32x4 lanes. JS scalar code tops out near 1.5
 // GFLOP/s; this runs several times faster and keeps the same loop order as ops.matmul.
+// The arena also runs the int8 kernels of ./wasm-q8.ts. Both modules are under 4 KB, so
+// browsers allow compiling them synchronously on the main thread.
 //
 // The module is assembled here byte by byte (no toolchain in the build); its text form:
 //
