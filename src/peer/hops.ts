@@ -103,13 +103,8 @@ export class Hops {
   }
 
   private relay(next: string): DownstreamHop {
-    const link = new RelayLink(next, (m) => this.opts.sendJson(m));
+    const link: RelayLink = new RelayLink(next, (m) => this.opts.sendJson(m), () => this.relays.delete(link));
     this.relays.add(link);
-    const close = link.close.bind(link);
-    link.close = async () => {
-      this.relays.delete(link);
-      await close();
-    };
     return { link, kind: 'relay', channel: null, relayed: link.counters };
   }
 

@@ -22,6 +22,8 @@ export class RelayLink implements FrameLink {
   constructor(
     readonly to: string,
     private readonly send: (m: RelayRequest) => void,
+    /** told once when close() is called (the owner stops routing replies here) */
+    private readonly onClosed: () => void = () => {},
   ) {}
 
   get remote(): string {
@@ -62,6 +64,7 @@ export class RelayLink implements FrameLink {
   }
 
   async close(): Promise<void> {
+    if (!this.closed) this.onClosed();
     this.closed = true;
     for (const w of this.waiting.values()) w.reject(new MeshError('LINK_CLOSED', `${this.remote} closed`));
     this.waiting.clear();
