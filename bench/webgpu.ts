@@ -10,7 +10,7 @@
 // emulating a GPU (barriers are very slow there), so they check that things run, not speed.
 
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
-import { argmax } from '../src/backends/cpu/ops.ts';
+import { argmax, matmul as cpuMatmul } from '../src/backends/cpu/ops.ts';
 import { LlamaCppStage } from '../src/backends/llamacpp/stage.ts';
 import type { StageBackend } from '../src/backends/types.ts';
 import { acquireDevice } from '../src/backends/webgpu/device.ts';
@@ -91,6 +91,16 @@ async function kernelFigures(k: number, rows: number, attnCtx: number, attnQueri
       figures.push({ kernel: `${kernel}_${name}`, shape: `[${rows}×${k}]·[${k}×${batch}]`, ms, gb_s: (bytes.byteLength + batch * k * 4) / ms / 1e6, gflop_s: (2 * k * rows * batch) / ms / 1e6 });
     }
     for (const c of w.chunks) memory.destroy(c.buffer);
+  }
+  // the CPU reference's matmul on the same shapes (f32 weights: it dequantises at load)
+  for (const n of [1, batch]) {
+    const xs = random(n * k, 7);
+    const y = new Float32Array(n * rows);
+    cpuMatmul(y, xs, values, n, k, rows); // warm
+    const t0 = performance.now();
+    for (let i = 0; i < reps; i++) cpuMatmul(y, xs, values, n, k, rows);
+    const ms = (performance.now() - t0) / reps;
+    figures.push({ kernel: 'cpu_reference_matmul_f32', shape: `[${rows}×${k}]·[${k}${n > 1 ? `×${n}` : ''}]`, ms, gb_s: (k * rows * 4 + n * k * 4) / ms / 1e6, gflop_s: (2 * k * rows * n) / ms / 1e6 });
   }
   // attention over an attnCtx-position cache: 32 heads of 128, 8 KV heads
   const shape = { nHead: 32, nHeadKv: 8, headDim: 128 };
