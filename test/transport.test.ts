@@ -171,6 +171,22 @@ describe('session rules', () => {
     await expectRejects(c.decode(4), 'SESSION_CLOSED');
   });
 
+  it('prefill chunks are pipelined; a stage lost under a pipelined chunk fails the session naming it', async () => {
+    const r = await stubRoute([[0, 2], [2, 4], [4, 6]]);
+    const ok = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64 });
+    await ok.prefill(PROMPT, 2);
+    // every stage saw every chunk, in order, once
+    const info = await ok.info();
+    for (const st of info.stages) expect((st.processedTokens as number[])[0]).toBe(PROMPT.length);
+    await ok.close();
+    const c = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64 });
+    await r.killStage(2);
+    const e = await expectRejects(c.prefill(PROMPT, 3), 'STAGE_UNREACHABLE');
+    expect(e.details?.stage).toBe(2);
+    expect(r.manager.state(c.sessionId)).toBe('failed');
+    expect(r.services[0]!.openSessions + r.services[1]!.openSessions).toBe(0);
+  });
+
   it('expires an idle session after its TTL and frees every stage', async () => {
     const r = await stubRoute([[0, 2], [2, 6]], { sessions: { idleTtlMs: 150, sweepMs: 25 } });
     const c = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64 });

@@ -63,6 +63,8 @@ interface StageSession {
   hiddenDtype: DType.F16 | DType.F32;
   /** totals over the session's steps, for telemetry */
   timing: { steps: number; computeMs: number; downstreamMs: number; handleMs: number; bytesIn: number; bytesOut: number };
+  /** the first failure of a pipelined prefill chunk downstream, reported on the next frame */
+  pipelineError: MeshError | null;
 }
 
 export class StageService {
@@ -133,6 +135,7 @@ export class StageService {
       sample: this.isLast ? (greedy || !this.opts.samplerFactory ? argmax : this.opts.samplerFactory(settings)) : null,
       hiddenDtype: body.hiddenDtype === 'f32' ? DType.F32 : DType.F16,
       timing: { steps: 0, computeMs: 0, downstreamMs: 0, handleMs: 0, bytesIn: 0, bytesOut: 0 },
+      pipelineError: null,
     });
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'open', position: 0 });
   }
@@ -180,7 +183,15 @@ export class StageService {
     ]);
   }
 
+  /** A downstream failure as this stage reports it: the failing stage named. */
+  private downstreamError(e: unknown, next: FrameLink): MeshError {
+    if (e instanceof MeshError && e.details?.stage !== undefined) return e;
+    const code = e instanceof MeshError && (e.code === 'LINK_CLOSED' || e.code === 'LINK_FAILED') ? 'STAGE_UNREACHABLE' : e instanceof MeshError ? e.code : 'STAGE_FAILED';
+    return new MeshError(code, `stage ${this.opts.stage + 1} (${next.remote}): ${(e as Error).message}`, { stage: this.opts.stage + 1 });
+  }
+
   private async computeStep(f: Frame, s: StageSession, input: Parameters<StageBackend['forward']>[1], step: { computeMs: number; downstreamMs: number; bytesOut: number }): Promise<Frame> {
+    if (s.pipelineError) throw s.pipelineError;
     const { output, computeMs } = await this.opts.backend.forward(f.sessionId, input, f.position);
     s.timing.computeMs += computeMs;
     step.computeMs = computeMs;
@@ -196,12 +207,21 @@ export class StageService {
       s.timing.bytesOut += HEADER_BYTES + out.payload.byteLength;
       step.bytesOut = HEADER_BYTES + out.payload.byteLength;
       const sent = performance.now();
+      if (!sampleNow && !(f.flags & FrameFlag.WantLogits)) {
+        // a prefill chunk nobody waits on: pass it on and answer at once, so this stage
+        // computes the next chunk while the next stage computes this one (frames on a link
+        // stay in order; a failure surfaces on this session's next frame)
+        void next.request(out).then(
+          () => undefined,
+          (e) => (s.pipelineError ??= this.downstreamError(e, next)),
+        );
+        return jsonFrame(FrameType.Status, { routeId: f.routeId, sessionId: f.sessionId }, { stage: this.opts.stage, position: f.position + f.nTokens, pipelined: true });
+      }
       try {
         return await next.request(out);
       } catch (e) {
-        if (e instanceof MeshError && e.details?.stage !== undefined) throw e;
-        const code = e instanceof MeshError && (e.code === 'LINK_CLOSED' || e.code === 'LINK_FAILED') ? 'STAGE_UNREACHABLE' : (e as MeshError).code ?? 'STAGE_FAILED';
-        throw new MeshError(code, `stage ${this.opts.stage + 1} (${next.remote}): ${(e as Error).message}`, { stage: this.opts.stage + 1 });
+        // an earlier pipelined chunk's failure explains this one best
+        throw s.pipelineError ?? this.downstreamError(e, next);
       } finally {
         step.downstreamMs = performance.now() - sent;
         s.timing.downstreamMs += step.downstreamMs;
