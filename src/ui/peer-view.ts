@@ -76,7 +76,7 @@ export function createPeerView(opts: PeerViewOptions): PeerView {
     root.dataset.status = s.status;
     const a = s.capabilities?.adapter;
     adapter.textContent = a ? `${[a.vendor, a.architecture].filter(Boolean).join(' · ') || 'WebGPU'}${a.description ? ` — ${a.description}` : ''}${a.isFallbackAdapter ? ' (software fallback)' : ''}` : s.capabilities?.reason ?? '–';
-    budget.textContent = s.capabilities ? formatBytes(s.capabilities.memoryBytes) : '–';
+    budget.textContent = s.capabilities?.backend === 'webgpu' ? formatBytes(s.capabilities.memoryBytes) : '–';
     layers.textContent = s.shard ? `[${s.shard.start}, ${s.shard.end}) — stage ${s.stage} of route ${s.routeId}` : 'none yet';
     const held = s.heldUnits.length;
     cache.textContent = s.load
@@ -104,8 +104,9 @@ export function createPeerView(opts: PeerViewOptions): PeerView {
       replace(error, h('strong', {}, s.error.code), ` ${s.error.message}`);
     } else error.hidden = true;
     const live = s.status !== 'closed' && s.status !== 'client-only';
-    joinButton.textContent = live ? 'Leave' : 'Join as a peer';
-    joinButton.classList.toggle('primary', !live);
+    joinButton.textContent = s.status === 'client-only' ? 'Cannot serve layers' : live ? 'Leave' : 'Join as a peer';
+    joinButton.disabled = s.status === 'client-only';
+    joinButton.classList.toggle('primary', !live && s.status !== 'client-only');
   };
 
   const join = async (): Promise<void> => {

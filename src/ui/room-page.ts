@@ -34,8 +34,15 @@ export function createRoomPage(href: string): HTMLElement {
     },
   });
   const peer = createPeerView({ link, name: 'tab', onState: () => void route.refresh() });
-  void fetchRoom(link)
-    .then((room) => replace(modelLine, 'Room ', h('code', {}, link.roomId), ' · model ', h('strong', {}, room.model.id), ` · ${room.model.nLayer} layers`))
+  // which model runs (the server describes its default synthetic model: random weights, gibberish text)
+  const described = fetch('/app/rooms')
+    .then((r) => (r.ok ? (r.json() as Promise<{ rooms: Array<{ roomId: string; model: { description: string | null } }> }>) : { rooms: [] }))
+    .then((b) => b.rooms.find((r) => r.roomId === link.roomId)?.model.description ?? null)
+    .catch(() => null);
+  void Promise.all([fetchRoom(link), described])
+    .then(([room, description]) =>
+      replace(modelLine, 'Room ', h('code', {}, link.roomId), ' · model ', h('strong', {}, room.model.id), ` · ${room.model.nLayer} layers`, description ? h('span', { class: 'model-desc' }, ` — ${description}`) : null),
+    )
     .catch((e: Error) => replace(modelLine, h('span', { class: 'error' }, `Cannot open room ${link.roomId}: ${e.message}`)));
   addEventListener('pagehide', () => void peer.dispose());
   return h(
