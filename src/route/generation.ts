@@ -73,7 +73,7 @@ export interface GenerationRequest {
   stopStrings?: readonly string[];
   /** KV positions to reserve (default: prompt + maxTokens) */
   contextLength?: number;
-  /** prompt tokens per forward call during prefill (default: the whole prompt at once) */
+  /** prompt tokens per forward call during prefill (default 512, as llama.cpp's ubatch: bounds activation memory) */
   prefillChunk?: number;
   /** called with each piece of new text as soon as it is certain (never part of a stop string) */
   onDelta?: (delta: string) => void;
@@ -83,6 +83,8 @@ export interface GenerationRequest {
   /** session id on the chain (default: a fresh random one); the session is released at the end */
   sessionId?: string;
 }
+
+const DEFAULT_PREFILL_CHUNK = 512;
 
 export type StopReason = 'eog' | 'stop_string' | 'max_tokens' | 'context_full' | 'aborted';
 
@@ -153,7 +155,7 @@ export async function generate(chain: StageChain, tokenizer: Tokenizer, request:
   await chain.openSession(sessionId, contextLength);
   try {
     // prefill, in chunks when asked
-    const chunk = request.prefillChunk ?? prompt.length;
+    const chunk = request.prefillChunk ?? DEFAULT_PREFILL_CHUNK;
     let t0 = performance.now();
     let logits!: Float32Array;
     for (let at = 0; at < prompt.length; at += chunk) {
