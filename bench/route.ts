@@ -138,8 +138,12 @@ export async function run(args: string[]): Promise<unknown> {
     decode_ratio_route_vs_single: round(routeDecodeTokS / singleDecodeTokS, 3),
     ...(processes
       ? {
-          route_3_node_processes: { decode_ms_per_round: processes.map((x) => round(x)), decode_tok_s: round((nDecode * 1000) / Math.min(...processes)) },
-          decode_ratio_processes_vs_single: round((nDecode * 1000) / Math.min(...processes) / singleDecodeTokS, 3),
+          route_3_node_processes: {
+            decode_ms_per_round: processes.times.map((x) => round(x)),
+            decode_tok_s: round((nDecode * 1000) / Math.min(...processes.times)),
+            prefill_tok_s: Object.fromEntries(Object.entries(processes.prefillMs).map(([k, ms]) => [k, round((nPrefill * 1000) / ms)])),
+          },
+          decode_ratio_processes_vs_single: round((nDecode * 1000) / Math.min(...processes.times) / singleDecodeTokS, 3),
         }
       : {}),
     goal_ratio: 0.9,
@@ -160,7 +164,7 @@ export async function run(args: string[]): Promise<unknown> {
 }
 
 /** Decode round times (ms) of a 3-node route of real processes, driven through the server. */
-async function processRoute(model: string, cut: number[], prompt: number[], nDecode: number, rounds: number, ctxLen: number): Promise<number[]> {
+async function processRoute(model: string, cut: number[], prompt: number[], nDecode: number, rounds: number, ctxLen: number): Promise<{ times: number[]; prefillMs: Record<string, number> }> {
   const cli = join(process.cwd(), 'bin', 'gguf-mesh.js');
   const children: ChildProcess[] = [];
   const start = (args: string[]): Promise<string> =>
@@ -180,6 +184,15 @@ async function processRoute(model: string, cut: number[], prompt: number[], nDec
     const joinUrl = await start(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', model, '--min-peers', '3']);
     for (let i = 0; i < 3; i++) await start(['node', '--join', joinUrl, '--no-cache', '--layers', `${cut[i]}-${cut[i + 1]}`]);
     const joined = await joinRoom(joinUrl, undefined, 60_000);
+    // prefill: the whole prompt in one frame, then in 16-token chunks (pipelined across stages)
+    const prefillMs: Record<string, number> = {};
+    for (const chunk of [prompt.length, 16]) {
+      const p = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: ctxLen, hiddenDtype: 'f16' });
+      const t0 = performance.now();
+      await p.prefill(prompt, chunk);
+      prefillMs[chunk === prompt.length ? 'one_frame' : 'chunks_of_16'] = performance.now() - t0;
+      await p.close();
+    }
     const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: ctxLen, hiddenDtype: 'f16' });
     let tok = await c.prefill(prompt, prompt.length);
     const times: number[] = [];
@@ -190,7 +203,7 @@ async function processRoute(model: string, cut: number[], prompt: number[], nDec
     }
     await c.close();
     await joined.close();
-    return times;
+    return { times, prefillMs };
   } finally {
     for (const ch of children) ch.kill('SIGKILL');
   }
