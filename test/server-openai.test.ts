@@ -112,6 +112,13 @@ describe('OpenAI-compatible API over a two-node route', () => {
     expect(text).toBe(full.choices[0]!.message.content);
   });
 
+  it('sampling at the last stage is reproducible with a seed', async () => {
+    const ask = (seed: number) => openai.completions.create({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: 24, temperature: 1, top_p: 0.9, seed });
+    const [a, b, c] = [await ask(42), await ask(42), await ask(7)];
+    expect(a.choices[0]!.text).toBe(b.choices[0]!.text);
+    expect(a.choices[0]!.text).not.toBe(c.choices[0]!.text);
+  });
+
   it('a stop string ends the text before it', async () => {
     const r = await openai.completions.create({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: 30, temperature: 0, stop: ['Lily'] });
     expect(r.choices[0]!.text).toBe(', there was a little girl named ');

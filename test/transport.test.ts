@@ -164,7 +164,8 @@ describe('session rules', () => {
     const e = await expectRejects(r.clientLink.request(tokensFrame(FrameType.Decode, at, 7, [1])), 'POSITION_MISMATCH');
     expect(e.details).toMatchObject({ expected: 3, got: 7 });
     expect(r.manager.state(c.sessionId)).toBe('idle'); // a refused frame changes nothing
-    await expectRejects(r.clientLink.request(tokensFrame(FrameType.Decode, { ...at, sessionId: newSessionId() }, 0, [1])), 'SESSION_UNKNOWN');
+    const unknown = await expectRejects(r.clientLink.request(tokensFrame(FrameType.Decode, { ...at, sessionId: newSessionId() }, 0, [1])), 'SESSION_UNKNOWN');
+    expect(unknown.details?.field).toBe('session id');
     await expectRejects(r.clientLink.request(tokensFrame(FrameType.Decode, { ...at, routeId: 99 }, 3, [1])), 'FRAME_BAD_ROUTE');
     await expectRejects(RouteSessionClient.open(r.clientLink, 99, { contextLength: 8 }), 'ROUTE_UNKNOWN');
     await c.close();

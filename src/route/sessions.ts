@@ -261,7 +261,7 @@ export class SessionManager {
 
   private get(sessionId: string): Session {
     const s = this.sessions.get(sessionId);
-    if (!s) throw new MeshError('SESSION_UNKNOWN', `no session ${sessionId}`);
+    if (!s) throw new MeshError('SESSION_UNKNOWN', `frame session id: no session ${sessionId}`, { field: 'session id' });
     return s;
   }
 

@@ -141,14 +141,14 @@ export class StageService {
   }
 
   private async close(f: Frame): Promise<Frame> {
-    if (!this.sessions.delete(f.sessionId)) throw new MeshError('SESSION_UNKNOWN', `session ${f.sessionId} is not open on stage ${this.opts.stage}`);
+    if (!this.sessions.delete(f.sessionId)) throw new MeshError('SESSION_UNKNOWN', `frame session id: session ${f.sessionId} is not open on stage ${this.opts.stage}`, { field: 'session id' });
     await this.opts.backend.releaseSession(f.sessionId);
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'closed' });
   }
 
   private session(id: string): StageSession {
     const s = this.sessions.get(id);
-    if (!s) throw new MeshError('SESSION_UNKNOWN', `session ${id} is not open on stage ${this.opts.stage}`);
+    if (!s) throw new MeshError('SESSION_UNKNOWN', `frame session id: session ${id} is not open on stage ${this.opts.stage}`, { field: 'session id' });
     return s;
   }
 
