@@ -90,7 +90,7 @@ describe('ops', () => {
       for (let i = 0; i < q.length; i++) q[i] = Math.floor(p.next() * 255) - 127;
       for (let i = 0; i < d.length; i++) d[i] = 0.001 + p.next() * 0.01;
       const w = Float32Array.from(q, (v, i) => v * d[i >> 5]!); // [nOut × nIn]
-      for (const n of [1, 2, 3]) {
+      for (const n of [1, 2, 3, 4, 7]) {
         const x = rand(n * nIn, 12);
         const y = new Float32Array(n * nOut);
         arena.matmulQ8(y, x, q, d, n, nIn, nOut);

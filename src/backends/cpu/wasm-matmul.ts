@@ -129,6 +129,7 @@ export class WasmArena {
   private readonly k4x1: (x0: number, w: number, nIn: number, y0: number) => void;
   private readonly q4x2: ((xq0: number, xq1: number, xd0: number, xd1: number, wq: number, wd: number, nIn: number, y0: number, y1: number) => void) | null = null;
   private readonly q4x1: ((xq0: number, xd0: number, wq: number, wd: number, nIn: number, y0: number) => void) | null = null;
+  private readonly q4x4: ((...ptrs: number[]) => void) | null = null;
 
   constructor(weightBytesWanted: number) {
     const module = kernelModule();
@@ -148,6 +149,7 @@ export class WasmArena {
       const q = new WebAssembly.Instance(q8, { env: { mem: this.memory } });
       this.q4x2 = q.exports.q4x2 as WasmArena['q4x2'];
       this.q4x1 = q.exports.q4x1 as WasmArena['q4x1'];
+      this.q4x4 = q.exports.q4x4 as WasmArena['q4x4'];
     }
   }
 
@@ -171,7 +173,7 @@ export class WasmArena {
    * this arena; y: [nTokens × nOut]. nIn a multiple of 32, nOut a multiple of 4.
    */
   matmulQ8(y: Float32Array, x: Float32Array, wq: Int8Array, wd: Float32Array, nTokens: number, nIn: number, nOut: number): void {
-    if (!this.q4x1 || !this.q4x2) throw new MeshError('WASM_UNAVAILABLE', 'int8 kernels are not available');
+    if (!this.q4x1 || !this.q4x2 || !this.q4x4) throw new MeshError('WASM_UNAVAILABLE', 'int8 kernels are not available');
     const nb = nIn / 32;
     const xqBytes = (n: number) => Math.ceil((n * nIn) / 16) * 16;
     const perToken = nIn + nb * 4 + nOut * 4 + 48;
@@ -187,6 +189,12 @@ export class WasmArena {
         const wqo = wq.byteOffset + o * nIn;
         const wdo = wd.byteOffset + o * nb * 4;
         let t = 0;
+        for (; t + 4 <= n; t += 4) {
+          const xq = xqOff + t * nIn;
+          const xd = xdOff + t * nb * 4;
+          const yo = yOff + (t * nOut + o) * 4;
+          this.q4x4(xq, xq + nIn, xq + 2 * nIn, xq + 3 * nIn, xd, xd + nb * 4, xd + 2 * nb * 4, xd + 3 * nb * 4, wqo, wdo, nIn, yo, yo + nOut * 4, yo + 2 * nOut * 4, yo + 3 * nOut * 4);
+        }
         for (; t + 2 <= n; t += 2) {
           this.q4x2(xqOff + t * nIn, xqOff + (t + 1) * nIn, xdOff + t * nb * 4, xdOff + (t + 1) * nb * 4, wqo, wdo, nIn, yOff + (t * nOut + o) * 4, yOff + ((t + 1) * nOut + o) * 4);
         }

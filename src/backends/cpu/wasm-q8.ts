@@ -5,7 +5,7 @@
 //
 //   y[t, r] = Σ_b dx[t, b] · dw[r, b] · Σ_{j<32} qx[t, 32b + j] · qw[r, 32b + j]
 //
-// Text form of the kernel over T tokens (1 or 2) × 4 weight rows:
+// Text form of the kernel over T tokens (1, 2 or 4) × 4 weight rows:
 //   (param xq_0..T, xd_0..T, wq, wd, nIn, y_0..T)        ;; byte pointers; nIn a multiple of 32
 //   loop over blocks (i = 32·b bytes, s = 4·b bytes):
 //     per token: dx = f32.load(xd+s); x = the block's 32 int8 widened to four i16x8
@@ -15,14 +15,14 @@
 
 import { F32, I32, V128, hsum, op, section, str, uleb, vec } from './wasm-asm.ts';
 
-function q8KernelBody(T: 1 | 2): number[] {
-  // parameters
-  const xq = T === 2 ? [0, 1] : [0];
-  const xd = T === 2 ? [2, 3] : [1];
+function q8KernelBody(T: 1 | 2 | 4): number[] {
+  // parameters: xq_0..T, xd_0..T, wq, wd, nIn, y_0..T
+  const xq = Array.from({ length: T }, (_, t) => t);
+  const xd = Array.from({ length: T }, (_, t) => T + t);
   const wq = 2 * T;
   const wd = wq + 1;
   const nIn = wd + 1;
-  const y = T === 2 ? [7, 8] : [5];
+  const y = Array.from({ length: T }, (_, t) => nIn + 1 + t);
   const nParams = 3 * T + 3;
   // locals: i32 × 9, then v128 × (4T + 5 + 4T), then f32 × (T + 1)
   let next = nParams;
@@ -86,11 +86,11 @@ function q8ModuleBytes(): Uint8Array<ArrayBuffer> {
   const params = (n: number) => [0x60, ...vec(Array.from({ length: n }, () => [I32])), 0x00];
   const bytes = [
     0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-    ...section(1, vec([params(9), params(6)])),
+    ...section(1, vec([params(9), params(6), params(15)])),
     ...section(2, vec([[...str('env'), ...str('mem'), 0x02, 0x00, 0x00]])),
-    ...section(3, vec([[0], [1]])),
-    ...section(7, vec([[...str('q4x2'), 0x00, 0], [...str('q4x1'), 0x00, 1]])),
-    ...section(10, vec([q8KernelBody(2), q8KernelBody(1)])),
+    ...section(3, vec([[0], [1], [2]])),
+    ...section(7, vec([[...str('q4x2'), 0x00, 0], [...str('q4x1'), 0x00, 1], [...str('q4x4'), 0x00, 2]])),
+    ...section(10, vec([q8KernelBody(2), q8KernelBody(1), q8KernelBody(4)])),
   ];
   return new Uint8Array(bytes);
 }
