@@ -6,6 +6,7 @@ import { stories260K } from './support/models.ts';
 import { killAll, spawnMesh, spawnServe, waitForRoute, getJson } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
 import { parseRange } from '../signaling-server/model-host.ts';
+import { runCli } from './support/cli.ts';
 
 let serve: ServeInfo;
 let bytes: Buffer;
@@ -53,10 +54,13 @@ describe('model hosting', () => {
     expect((await fetch(`${serve.base}/models/stories260K.gguf`)).status).toBe(401);
   });
 
-  it('explicit --layers win over the memory split', async () => {
+  it('explicit --layers win over the memory split; stages linked over binary HTTP generate llama.cpp\'s text', async () => {
+    const procs: Record<string, ReturnType<typeof spawnMesh>> = {};
     for (const [name, layers] of [['hi', '2-5'], ['lo', '0-2']]) {
-      const n = spawnMesh(['node', '--join', serve.joinUrl, '--name', name!, '--layers', layers!, '--memory', name === 'hi' ? '8GiB' : '1GiB', '--no-cache']);
+      // hidden states between these two go over binary HTTP requests
+      const n = spawnMesh(['node', '--join', serve.joinUrl, '--name', name!, '--layers', layers!, '--memory', name === 'hi' ? '8GiB' : '1GiB', '--no-cache', '--carrier', 'http']);
       await n.waitFor(/joined room/);
+      procs[name!] = n;
     }
     // a route may already have formed from the first peer alone; wait for one with both
     let route: any;
@@ -67,5 +71,9 @@ describe('model hosting', () => {
     }
     expect(route.stages.map((s: any) => [s.peer.name, s.shard.start, s.shard.end])).toEqual([['lo', 0, 2], ['hi', 2, 5]]);
     await waitForRoute(serve, 'ready');
+    await procs.lo!.waitFor(/layers 0-2 ready \(.*next stage over http\)/);
+    const r = await runCli(['generate', '--join', serve.joinUrl, '--prompt', 'Once upon a time', '--n', '16', '--json']);
+    expect(r.code, r.stderr).toBe(0);
+    expect((JSON.parse(r.stdout) as { text: string }).text.startsWith(', there was a little girl named Lily.')).toBe(true);
   });
 });

@@ -24,6 +24,7 @@ import { Sampler } from '../model/sampler.ts';
 import { startFrameServer } from '../transport/frame-server.ts';
 import type { FrameServer } from '../transport/frame-server.ts';
 import { serveFrames, WsLink } from '../transport/ws.ts';
+import { HttpLink } from '../transport/http.ts';
 import { helloProof, parseRoomUrl } from './control.ts';
 import { fetchJson } from './remote.ts';
 import type { RoomSummary } from './remote.ts';
@@ -47,6 +48,8 @@ export interface NodePeerOptions {
   listenPort?: number;
   /** the ws:// address other peers should use, when not the listen address (a proxy, NAT) */
   advertise?: string;
+  /** how hidden states go to the next stage: WebSocket (default) or binary HTTP requests */
+  carrier?: 'ws' | 'http';
   name?: string;
   /** where verified shards (cpu) and whole model copies (llama.cpp) are kept; null = no cache */
   cacheDir?: string | null;
@@ -95,6 +98,19 @@ async function localCopy(url: string, headers: Record<string, string>, cacheDir:
   }
   await rename(`${path}.part`, path);
   return { path, bytesFetched: manifest.artifact.size };
+}
+
+/** A binary-HTTP link to the node whose frames WebSocket is `wsUrl`, checked with GET /v1/status. */
+async function httpLinkTo(wsUrl: string, auth: Record<string, string>): Promise<HttpLink> {
+  const base = wsUrl.replace(/^ws/, 'http').replace(/\/v1\/frames$/, '');
+  let res: Response;
+  try {
+    res = await fetch(`${base}/v1/status`, { headers: auth, signal: AbortSignal.timeout(5000) });
+  } catch (e) {
+    throw new MeshError('LINK_FAILED', `cannot reach ${base}: ${(e as Error).message}`);
+  }
+  if (!res.ok) throw new MeshError(res.status === 401 ? 'AUTH_FAILED' : 'LINK_FAILED', `${base}/v1/status answered HTTP ${res.status}`);
+  return new HttpLink(base, auth);
 }
 
 export interface NodePeer {
@@ -188,7 +204,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       let downstream: FrameLink | null = null;
       if (m.downstream) {
         try {
-          downstream = await WsLink.connect(m.downstream, { headers: auth, connectTimeoutMs: 5000 });
+          downstream = opts.carrier === 'http' ? await httpLinkTo(m.downstream, auth) : await WsLink.connect(m.downstream, { headers: auth, connectTimeoutMs: 5000 });
         } catch (e) {
           // reachable by the server but not by us (NAT, firewall): relay rather than fail
           if (!m.downstreamPeer) throw e;
@@ -199,7 +215,8 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       const service = new StageService({ backend, stage: m.stage, shard: m.shard, nLayer: m.nLayer, downstream, samplerFactory: stageSampler });
       current = { routeId: m.routeId, shard: m.shard, backend, service, downstream, source };
       const bytesRead = fetched();
-      log(`stage ${m.stage} of route ${m.routeId}: layers ${m.shard.start}-${m.shard.end} ready (${bytesRead} bytes read)`);
+      const hop = !downstream ? 'last stage' : downstream instanceof RelayLink ? 'next stage via server relay' : downstream instanceof HttpLink ? 'next stage over http' : 'next stage over ws';
+      log(`stage ${m.stage} of route ${m.routeId}: layers ${m.shard.start}-${m.shard.end} ready (${bytesRead} bytes read; ${hop})`);
       send({ t: 'ready', routeId: m.routeId, stage: m.stage, loadMs: performance.now() - t0, bytesRead });
     } catch (e) {
       const err = e instanceof MeshError ? e : new MeshError('LOAD_FAILED', (e as Error).message);

@@ -27,6 +27,7 @@ export const command: Command = {
     layers: { type: 'string', description: 'serve exactly layers [a, b) instead of what the planner picks', valueName: '<a-b>' },
     memory: { type: 'string', description: 'memory offered for weights', default: '4GiB', valueName: '<size>' },
     listen: { type: 'string', description: 'where other stages reach this node', default: '127.0.0.1:0', valueName: '<host:port>' },
+    carrier: { type: 'string', description: 'hidden states to the next stage over ws or http', default: 'ws', valueName: '<ws|http>' },
     advertise: { type: 'string', description: 'the ws://host:port/v1/frames address to tell others, when not the listen address', valueName: '<url>' },
     name: { type: 'string', description: 'a name shown in the room', valueName: '<name>' },
     'cache-dir': { type: 'string', description: 'keep verified shards here (default: ~/.cache/gguf-mesh/shards)', valueName: '<dir>' },
@@ -51,6 +52,8 @@ export const command: Command = {
     } catch (e) {
       throw new UsageError(`--memory: ${(e as Error).message}`);
     }
+    const carrier = stringOption(args, 'carrier') ?? 'ws';
+    if (carrier !== 'ws' && carrier !== 'http') throw new UsageError(`--carrier must be ws or http, got '${carrier}'`);
     const listen = stringOption(args, 'listen') ?? '127.0.0.1:0';
     const lm = /^(.*):(\d+)$/.exec(listen);
     if (!lm) throw new UsageError(`--listen must be host:port, got '${listen}'`);
@@ -63,6 +66,7 @@ export const command: Command = {
       listenHost: lm[1]!.replace(/^\[|\]$/g, ''),
       listenPort: Number(lm[2]),
       ...(stringOption(args, 'advertise') ? { advertise: stringOption(args, 'advertise')! } : {}),
+      carrier,
       ...(stringOption(args, 'name') ? { name: stringOption(args, 'name')! } : {}),
       ...(args.values['no-cache'] ? { cacheDir: null } : stringOption(args, 'cache-dir') ? { cacheDir: stringOption(args, 'cache-dir')! } : {}),
       log: (line) => console.log(line),
