@@ -29,22 +29,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (row >= p.rows) {
     return;
   }
-  // x row of each token in the tile, clamped so a partial tile reads valid memory
-  var xrow: array<u32, TN>;
-  for (var j = 0u; j < TN; j++) {
-    xrow[j] = (p.x_offset + min(t0 + j, p.n_tokens - 1u) * p.x_stride) / 4u;
+  let nt = min(TN, p.n_tokens - t0); // tokens in this tile (fewer in the last one)
+  var xrow: array<u32, TN>; // x row of each token in the tile, in vec4s
+  for (var j = 0u; j < nt; j++) {
+    xrow[j] = (p.x_offset + (t0 + j) * p.x_stride) / 4u;
   }
   var acc: array<f32, TN>;
   let base = row * p.row_bytes;
   for (var k = 0u; k < p.k; k += 4u) {
     let w = dequant4(base, k);
-    for (var j = 0u; j < TN; j++) {
+    for (var j = 0u; j < nt; j++) {
       acc[j] += dot(w, x[xrow[j] + k / 4u]);
     }
   }
-  for (var j = 0u; j < TN; j++) {
-    if (t0 + j < p.n_tokens) {
-      out[p.out_offset + (t0 + j) * p.out_stride + row] = acc[j];
-    }
+  for (var j = 0u; j < nt; j++) {
+    out[p.out_offset + (t0 + j) * p.out_stride + row] = acc[j];
   }
 }
