@@ -45,7 +45,7 @@ export const command: Command = {
     seed: { type: 'string', valueName: '<n>', description: 'sampling seed' },
     stop: { type: 'string', valueName: '<text>', description: 'stop when the text contains this (repeatable)', multiple: true },
     ctx: { type: 'string', valueName: '<n>', description: 'context length (default: prompt + n)' },
-    threads: { type: 'string', valueName: '<n>', description: 'llamacpp: CPU threads' },
+    threads: { type: 'string', valueName: '<n>', description: 'llamacpp: CPU threads (default: all cores but one)' },
     'flash-attn': { type: 'boolean', description: 'llamacpp: flash attention (default off)' },
     'kv-type': { type: 'string', valueName: '<f32|f16|q8_0|q4_0>', description: 'llamacpp: KV cache type', default: 'f32' },
     'weight-storage': { type: 'string', valueName: '<auto|f32|quantized>', description: 'cpu: auto = Q8_0/Q4_0 as int8 and the rest f32; f32; or as stored (smallest, slowest)', default: 'auto' },
