@@ -39,6 +39,9 @@ export interface WebAppOptions {
   log?: (line: string) => void;
 }
 
+/** npm packages the browser code imports (pre-bundled by vite in dev mode). */
+const DEV_DEPS = ['comlink', 'simple-peer', 'buffer', 'process', 'events', 'qrcode', 'idb-keyval', '@huggingface/gguf', '@huggingface/jinja'];
+
 export interface WebApp {
   /** 'dist' or 'dev', after resolving 'auto' */
   mode: 'dist' | 'dev';
@@ -115,7 +118,16 @@ export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
   let vite: Promise<import('vite').ViteDevServer> | null = null;
   const devServer = (): Promise<import('vite').ViteDevServer> =>
     (vite ??= import('vite').then(({ createServer }) =>
-      createServer({ root, configFile: join(root, 'vite.config.ts'), appType: 'spa', logLevel: 'warn', server: { middlewareMode: true, hmr: false } }),
+      createServer({
+        root,
+        configFile: join(root, 'vite.config.ts'),
+        appType: 'spa',
+        logLevel: 'warn',
+        server: { middlewareMode: true }, // HMR over vite's own WebSocket port (24678)
+        // pre-bundle what the page and its worker import, so no dependency is discovered late
+        // (a late one makes vite re-optimise and fail the modules already loaded with 504)
+        optimizeDeps: { entries: ['index.html', 'workers/*.ts', 'src/components/index.ts'], include: DEV_DEPS },
+      }),
     ));
 
   const roomsJson = (req: IncomingMessage): unknown => {
