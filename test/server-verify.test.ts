@@ -56,8 +56,14 @@ describe('verified shards on native peers', () => {
       const n = spawnMesh(['node', '--join', serve.joinUrl, '--memory', mem, '--name', `t${i}`, '--cache-dir', join(work, `cache-t${i}`)]);
       await n.waitFor(/joined room/);
     }
-    const route = await waitForRoute(serve, 'degraded');
+    let route = await waitForRoute(serve, 'degraded');
+    // the other stages finish loading after the refusal made the route degraded
+    for (let i = 0; i < 100 && route.stages.some((s: any) => s.status === 'loading'); i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      route = (await getJson(`${serve.base}/v1/routes/${route.id}`, serve.secret)).body;
+    }
     expect(route.stages.map((s: any) => s.status)).toEqual(['ready', 'failed', 'ready']);
+    expect(route.status).toBe('degraded');
     const failed = route.stages[1];
     expect(failed.shard).toEqual({ start: 1, end: 4 });
     expect(failed.error.code).toBe('TENSOR_HASH_MISMATCH');
