@@ -229,7 +229,11 @@ describe('serve + three cpu nodes on stories260K', () => {
     expect(info.stages[1].reachable).toBe(false);
     expect(info.stages[0].kvBytes).toBe(0);
     expect(info.stages[2].kvBytes).toBe(0);
-    const route = (await getJson(`${serve.base}/v1/routes/${joined.routeId}`, serve.secret)).body;
+    let route = (await getJson(`${serve.base}/v1/routes/${joined.routeId}`, serve.secret)).body;
+    for (let i = 0; i < 50 && route.status !== 'degraded'; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      route = (await getJson(`${serve.base}/v1/routes/${joined.routeId}`, serve.secret)).body;
+    }
     expect(route.status).toBe('degraded');
     expect(route.reason).toContain('stage 1');
   });
