@@ -140,6 +140,27 @@ describe('stories260K', () => {
     expect(relErr(gpu.logits, cpu.logits)).toBeLessThan(1e-3);
   });
 
+  it('the KV cache grows past 256 positions keeping its contents, and reports what the CPU reference reports', async () => {
+    const source = await served('stories260K.gguf');
+    const cpu = await cpuStage(source, 0, 5);
+    const gpu = await gpuStage(source, 0, 5);
+    const prompt = Array.from({ length: 250 }, (_, i) => (i === 0 ? 1 : 3 + ((i * 53) % 500)));
+    for (const b of [cpu, gpu]) await b.openSession('long', { contextLength: 600 });
+    expect(gpu.sessionStats('long').kvBytes).toBe(cpu.sessionStats('long').kvBytes);
+    let want = await chainForward([cpu], 'long', prompt, 0);
+    let got = await chainForward([gpu], 'long', prompt, 0);
+    for (let i = 0; i < 12; i++) {
+      // positions 250..261 cross the first growth (256 → 512)
+      expect(argmax(got)).toBe(argmax(want));
+      const next = argmax(want);
+      want = await chainForward([cpu], 'long', [next], 250 + i);
+      got = await chainForward([gpu], 'long', [next], 250 + i);
+    }
+    expect(relErr(got, want)).toBeLessThan(1e-3);
+    expect(gpu.sessionStats('long')).toEqual(cpu.sessionStats('long'));
+    expect(gpu.sessionStats('long').kvBytes).toBe(2 * 5 * 512 * 4 * 8 * 4); // 5 layers × 512 positions × 4 KV heads × 8 dims × f32
+  });
+
   it('weights split over many small buffers give the same logits', async () => {
     const source = await served('stories260K.gguf');
     const whole = await greedy([await gpuStage(source, 0, 5)], 'c', STORIES_PROMPT, 4);

@@ -15,12 +15,15 @@ import type { AdapterSummary } from './device.ts';
 import { fromWire } from './engine.ts';
 import type { BufferStats, StageEngine, WireResult } from './engine.ts';
 import { quantKindOf } from './shader-library.ts';
+import { kvCapacity } from './kv-capacity.ts';
 import type { StageModel, StageTensor, WebGpuStageOptions } from './stage.ts';
 import type { WorkerApi } from '../../../workers/webgpu-stage.worker.ts';
 
 interface MirroredSession {
   position: number;
-  kvBytes: number;
+  contextLength: number;
+  /** positions the stage's cache holds (it grows as the stage's does: kvCapacity) */
+  capacity: number;
   processedTokens: number[];
 }
 
@@ -99,7 +102,8 @@ export class WebGpuBackend implements StageBackend {
     const nLayers = this.shard!.end - this.shard!.start;
     this.sessions.set(sessionId, {
       position: 0,
-      kvBytes: 2 * nLayers * options.contextLength * c.nHeadKv * c.headDim * 4,
+      contextLength: options.contextLength,
+      capacity: kvCapacity(0, 1, options.contextLength),
       processedTokens: new Array<number>(nLayers).fill(0),
     });
   }
@@ -114,6 +118,7 @@ export class WebGpuBackend implements StageBackend {
     const s = this.sessions.get(sessionId)!;
     const n = input.kind === 'tokens' ? input.tokens.length : input.nTokens;
     s.position = position + n;
+    s.capacity = kvCapacity(s.capacity, s.position, s.contextLength);
     for (let l = 0; l < s.processedTokens.length; l++) s.processedTokens[l]! += n;
     return result;
   }
@@ -121,7 +126,9 @@ export class WebGpuBackend implements StageBackend {
   sessionStats(sessionId: string): SessionStats {
     const s = this.sessions.get(sessionId);
     if (!s) throw new MeshError('SESSION_UNKNOWN', `no session ${sessionId} on this stage`);
-    return { position: s.position, kvBytes: s.kvBytes, processedTokens: [...s.processedTokens] };
+    const c = this.loaded();
+    const kvBytes = 2 * s.processedTokens.length * s.capacity * c.nHeadKv * c.headDim * 4;
+    return { position: s.position, kvBytes, processedTokens: [...s.processedTokens] };
   }
 
   async dispose(): Promise<void> {

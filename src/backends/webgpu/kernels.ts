@@ -130,6 +130,7 @@ export class SubmitResources {
 
 export class Recorder {
   private readonly dispatches: DispatchSpec[] = [];
+  private readonly copies: { src: GPUBuffer; dst: GPUBuffer; bytes: number }[] = [];
 
   constructor(
     private readonly lib: KernelLibrary,
@@ -138,6 +139,11 @@ export class Recorder {
 
   dispatch(spec: DispatchSpec): void {
     this.dispatches.push(spec);
+  }
+
+  /** a buffer-to-buffer copy (from offset 0 to offset 0) that runs before the dispatches */
+  copyBefore(src: GPUBuffer, dst: GPUBuffer, bytes: number): void {
+    this.copies.push({ src, dst, bytes });
   }
 
   get length(): number {
@@ -165,6 +171,8 @@ export class Recorder {
     if (n > 0) device.queue.writeBuffer(uniforms, 0, data, 0, n * PARAM_SLOT);
 
     const encoder = device.createCommandEncoder();
+    for (const c of this.copies) encoder.copyBufferToBuffer(c.src, 0, c.dst, 0, c.bytes);
+    this.copies.length = 0;
     if (n > 0) {
       const pass = encoder.beginComputePass();
       this.dispatches.forEach((d, i) => {

@@ -19,6 +19,7 @@ import { destroyMatrix, uploadMatrix } from './matrix.ts';
 import type { GpuMatrix } from './matrix.ts';
 import * as op from './ops.ts';
 import type { MatMulKernel, MatVecKernel } from './ops.ts';
+import { kvCapacity } from './kv-capacity.ts';
 import { ropeTable } from './rope-table.ts';
 import { activationFormatFor } from '../cpu/act-round.ts';
 import type { QuantKind, ShaderSources } from './shader-library.ts';
@@ -83,10 +84,12 @@ interface Loaded {
 
 interface Session {
   contextLength: number;
+  /** positions the cache buffers hold now (grown by doubling up to contextLength) */
+  capacity: number;
   position: number;
   processedTokens: number[];
-  keys: GPUBuffer[]; // per layer [contextLength × nHeadKv·headDim] f32, RoPE applied
-  values: GPUBuffer[]; // per layer [contextLength × nHeadKv·headDim] f32
+  keys: GPUBuffer[]; // per layer [capacity × nHeadKv·headDim] f32, RoPE applied
+  values: GPUBuffer[]; // per layer [capacity × nHeadKv·headDim] f32
   kvBytes: number;
 }
 
@@ -109,6 +112,7 @@ interface Scratch {
 }
 
 const ACTIVATION = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DST;
+
 
 export class WebGpuStage {
   private readonly memory: GpuMemory;
@@ -242,11 +246,12 @@ export class WebGpuStage {
       throw new MeshError('CONTEXT_TOO_LARGE', `a ${contextLength}-position KV cache needs ${layerBytes} bytes per layer, over this device's ${this.adapter.maxStorageBufferBindingSize}-byte binding limit`);
     }
     const nLayers = m.layers.length;
-    const session: Session = { contextLength, position: 0, processedTokens: new Array<number>(nLayers).fill(0), keys: [], values: [], kvBytes: 2 * nLayers * layerBytes };
+    const capacity = kvCapacity(0, 1, contextLength);
+    const session: Session = { contextLength, capacity, position: 0, processedTokens: new Array<number>(nLayers).fill(0), keys: [], values: [], kvBytes: 2 * nLayers * capacity * kvDim * 4 };
     await this.guard(this.where(m), `allocating the KV cache of session ${sessionId}`, async () => {
       for (let l = 0; l < nLayers; l++) {
-        session.keys.push(this.memory.create(`k[${l}] ${sessionId}`, layerBytes, ACTIVATION));
-        session.values.push(this.memory.create(`v[${l}] ${sessionId}`, layerBytes, ACTIVATION));
+        session.keys.push(this.memory.create(`k[${l}] ${sessionId}`, capacity * kvDim * 4, ACTIVATION));
+        session.values.push(this.memory.create(`v[${l}] ${sessionId}`, capacity * kvDim * 4, ACTIVATION));
       }
     }).catch((e) => {
       this.freeSession(session);
@@ -314,6 +319,7 @@ export class WebGpuStage {
       queue.writeBuffer(sc.rope, 0, ropeTable(c.rope, position, n) as Float32Array<ArrayBuffer>);
 
       const rec = new Recorder(this.kernels, this.resources);
+      const retired = this.growCache(rec, s, c, position + n, sessionId);
       if (m.tokenEmbd) op.getRows(rec, m.tokenEmbd, sc.ids, sc.x, n);
       m.layers.forEach((layer, l) => this.recordLayer(rec, c, layer, s.keys[l]!, s.values[l]!, sc, partial, n, position));
 
@@ -323,9 +329,11 @@ export class WebGpuStage {
         op.rmsNorm(rec, sc.x, (n - 1) * c.nEmbd, c.nEmbd, m.outputNorm, sc.xb, 0, c.nEmbd, c.nEmbd, 1, c.rmsEps);
         op.matmul(rec, m.output, this.input(rec, sc, m.output, sc.xb, 1, new Map()), 0, sc.logits!, 0, m.output.rows, 1, this.matVec);
         bytes = await rec.submit({ buffer: sc.logits!, offset: 0, bytes: m.output.rows * 4 });
+        for (const b of retired) this.memory.destroy(b);
         return { kind: 'logits', logits: new Float32Array(bytes!) };
       }
       bytes = await rec.submit({ buffer: sc.x, offset: 0, bytes: n * c.nEmbd * 4 });
+      for (const b of retired) this.memory.destroy(b);
       return { kind: 'hidden', hidden: new Float32Array(bytes!), nTokens: n };
     });
     s.position += n;
@@ -391,6 +399,30 @@ export class WebGpuStage {
     op.swiglu(rec, sc.gate, sc.up, n * nFf);
     mm(w.wDown, sc.gate, new Map(), sc.tmp, 0, nEmbd);
     op.add(rec, sc.x, 0, sc.tmp, n * nEmbd);
+  }
+
+  /**
+   * Makes the session's cache hold `needed` positions: bigger buffers, with the filled positions
+   * copied over at the start of this forward's submission. Returns the old buffers, to free
+   * once that submission is made.
+   */
+  private growCache(rec: Recorder, s: Session, c: ModelConfig, needed: number, sessionId: string): GPUBuffer[] {
+    if (needed <= s.capacity) return [];
+    const kvDim = c.nHeadKv * c.headDim;
+    const capacity = kvCapacity(s.capacity, needed, s.contextLength);
+    const filled = s.position * kvDim * 4;
+    const grow = (old: GPUBuffer[], name: string) =>
+      old.map((b, l) => {
+        const bigger = this.memory.create(`${name}[${l}] ${sessionId}`, capacity * kvDim * 4, ACTIVATION);
+        if (filled > 0) rec.copyBefore(b, bigger, filled);
+        return bigger;
+      });
+    const retired = [...s.keys, ...s.values];
+    s.keys = grow(s.keys, 'k');
+    s.values = grow(s.values, 'v');
+    s.capacity = capacity;
+    s.kvBytes = 2 * s.keys.length * capacity * kvDim * 4;
+    return retired;
   }
 
   /** Every pipeline a forward over this shard can use. */
