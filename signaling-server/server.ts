@@ -321,6 +321,11 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
           return true;
         },
         controlOf: (id: string) => room.peers.get(id)?.control ?? null,
+        // relayed frames may only go from a stage to the next stage of the current route
+        nextStageOf: (id: string) => {
+          const st = room.route?.stages.find((x) => x.peerId === id);
+          return st ? (room.route!.stages[st.stage + 1]?.peerId ?? null) : null;
+        },
       };
       if (handleBrowserPeerMessage(browserView, p.id, msg, (m) => room.send(p, m as never), ledger)) return;
       room.onPeerMessage(peer, msg);

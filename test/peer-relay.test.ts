@@ -4,7 +4,7 @@
 // get the room secret.
 import { describe, expect, it } from 'vitest';
 import { MeshError } from '../src/errors.ts';
-import { DType, FrameType } from '../src/protocol/frame.ts';
+import { DType, FrameType, makeFrame } from '../src/protocol/frame.ts';
 import type { Frame } from '../src/protocol/frame.ts';
 import { decodeRows, hiddenFrame, replyAddress, tokensFrame } from '../src/protocol/payload.ts';
 import { helloProof } from '../src/route/control.ts';
@@ -31,6 +31,7 @@ function room(downHandler: (f: Frame) => Promise<Frame>) {
       return true;
     },
     controlOf: (id: string) => links.get(id) ?? null,
+    nextStageOf: (id: string) => (id === 'up' ? 'down' : null), // the route: up → down
   };
   // the browser side: its RelayLink sends on "its control socket", the server answers
   const link = new RelayLink('down', (m: RelayRequest) => {
@@ -59,12 +60,25 @@ describe('relay through the server', () => {
     const { link, view, ledger } = room(async () => {
       throw new MeshError('POSITION_MISMATCH', 'expected 3');
     });
-    const err = (await link.request(tokensFrame(FrameType.Decode, { routeId: 1, sessionId: SESSION }, 9, [5])).catch((e: unknown) => e)) as MeshError;
+    const hidden = hiddenFrame({ routeId: 1, sessionId: SESSION }, 9, new Float32Array(64), 1, DType.F16);
+    const err = (await link.request(hidden).catch((e: unknown) => e)) as MeshError;
     expect(err.code).toBe('POSITION_MISMATCH');
     const lost = new RelayLink('gone', (m) => handleBrowserPeerMessage(view, 'up', m, (r) => lost.deliver(r as RelayReply), ledger));
     expect(((await lost.request(tokensFrame(FrameType.Decode, { routeId: 1, sessionId: SESSION }, 0, [5])).catch((e: unknown) => e)) as MeshError).code).toBe('STAGE_UNREACHABLE');
     await lost.close();
     expect(((await lost.request(tokensFrame(FrameType.Decode, { routeId: 1, sessionId: SESSION }, 0, [5])).catch((e: unknown) => e)) as MeshError).code).toBe('LINK_CLOSED');
+  });
+
+  it('relays only Hidden frames, and only from a stage to the next one', async () => {
+    const { link, view, ledger } = room(async (f) => f);
+    // a session frame through the relay would let one peer act on another's sessions
+    const close = makeFrame({ type: FrameType.SessionClose, routeId: 1, sessionId: SESSION });
+    expect(((await link.request(close).catch((e: unknown) => e)) as MeshError).code).toBe('RELAY_REFUSED');
+    // the last stage sending "upstream"
+    const back = new RelayLink('up', (m) => handleBrowserPeerMessage({ ...view, controlOf: () => new LocalLink(async (f) => f) }, 'down', m, (r) => back.deliver(r as RelayReply), ledger));
+    const hidden = hiddenFrame({ routeId: 1, sessionId: SESSION }, 0, new Float32Array(64), 1, DType.F16);
+    expect(((await back.request(hidden).catch((e: unknown) => e)) as MeshError).code).toBe('RELAY_REFUSED');
+    expect(ledger.size).toBe(0); // nothing was relayed
   });
 
   it('forwards WebRTC signals to the named peer with the sender and connection id', () => {

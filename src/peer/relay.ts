@@ -5,7 +5,7 @@
 // `RelayLink` is the browser side, `relayThroughRoom` the server side.
 
 import { MeshError } from '../errors.ts';
-import { decodeFrame, encodeFrame, FrameFlag } from '../protocol/frame.ts';
+import { decodeFrame, encodeFrame, FrameFlag, FrameType } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { fromBase64, toBase64 } from './messages.ts';
@@ -75,6 +75,8 @@ export class RelayLink implements FrameLink {
 export interface RelayRoom {
   /** the control link of peer `id` (frames to its stage), or null when it is not in the room */
   controlOf(id: string): FrameLink | null;
+  /** the peer serving the stage after `id`'s in the current route */
+  nextStageOf(id: string): string | null;
 }
 
 export interface RelayCounters {
@@ -90,13 +92,17 @@ export async function relayThroughRoom(room: RelayRoom, from: string, m: RelayRe
   try {
     const link = room.controlOf(String(m.to));
     if (!link) throw new MeshError('STAGE_UNREACHABLE', `peer ${String(m.to)} is not in this room`);
+    // a stage passes hidden states to its next stage, nothing else: the relay carries no more
+    if (room.nextStageOf(from) !== m.to) throw new MeshError('RELAY_REFUSED', `peer ${from} does not serve the stage before ${String(m.to)}'s`);
     const bytes = fromBase64(String(m.frame));
+    const frame = decodeFrame(bytes);
+    if (frame.type !== FrameType.Hidden) throw new MeshError('RELAY_REFUSED', `only Hidden frames are relayed between stages, not ${FrameType[frame.type]}`);
     const key = `${from}->${m.to}`;
     const c = counters.get(key) ?? { frames: 0, bytes: 0 };
     c.frames++;
     c.bytes += bytes.byteLength;
     counters.set(key, c);
-    const reply = await link.request(decodeFrame(bytes));
+    const reply = await link.request(frame);
     return { t: 'relay-reply', id: m.id, frame: toBase64(encodeFrame(reply)) };
   } catch (e) {
     const err = e instanceof MeshError ? e : new MeshError('RELAY_FAILED', (e as Error).message);

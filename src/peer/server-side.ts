@@ -13,6 +13,8 @@ export interface BrowserPeerRoom {
   sendTo(id: string, msg: unknown): boolean;
   /** peer `id`'s control link (frames to its stage) */
   controlOf(id: string): FrameLink | null;
+  /** the peer serving the stage after `id`'s in the current route (relays go only there) */
+  nextStageOf(id: string): string | null;
 }
 
 /** Relayed frames per `from->to` pair, kept per room. */

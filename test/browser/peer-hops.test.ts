@@ -34,6 +34,7 @@ function pair(opts: { iceTransportPolicy?: RTCIceTransportPolicy } = {}) {
       return id in hops;
     },
     controlOf: (id: string) => (id === 'down' ? new LocalLink(handler) : null), // the stage's control socket
+    nextStageOf: (id: string) => (id === 'up' ? 'down' : null),
   };
   const make = (me: string): Hops =>
     new Hops({
