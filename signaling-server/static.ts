@@ -117,7 +117,10 @@ export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
   // dev: vite starts on the first page request, so a server nobody opens in a browser pays nothing
   let vite: Promise<import('vite').ViteDevServer> | null = null;
   const devServer = (): Promise<import('vite').ViteDevServer> =>
-    (vite ??= import('vite').then(({ createServer }) =>
+    (vite ??= import('vite').catch(() => {
+      vite = null;
+      throw new MeshError('UI_NOT_BUILT', 'the web app is not built and vite is not installed: run `npm run build`, or serve with --ui off');
+    }).then(({ createServer }) =>
       createServer({
         root,
         configFile: join(root, 'vite.config.ts'),
