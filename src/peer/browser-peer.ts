@@ -170,9 +170,11 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     return current.service.handle(f);
   };
   servePipe(control.frames, handler, { smallMessageBytes: control.frames.maxMessageSize });
+  let upstreamPeer: string | null = null;
   const hops = new Hops({
     sendJson: (m) => control.sendJson(m),
     handler,
+    acceptFrom: (id) => id === upstreamPeer,
     ...(opts.iceServers ? { iceServers: opts.iceServers } : {}),
     ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
     ...(opts.rtcTimeoutMs ? { timeoutMs: opts.rtcTimeoutMs } : {}),
@@ -205,6 +207,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   const assign = async (a: Assignment): Promise<void> => {
     const mySeq = ++assignSeq;
     const t0 = performance.now();
+    upstreamPeer = a.upstreamPeer ?? null; // the only peer whose data channel this stage answers
     await release();
     Object.assign(state, { status: 'loading', routeId: a.routeId, stage: a.stage, shard: { ...a.shard }, progress: null, load: null, error: null, hop: null, downstreamChannel: null, relayed: null });
     changed();

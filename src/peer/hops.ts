@@ -5,6 +5,7 @@
 // connection id (one per attempt), so a fresh offer never reaches an old channel.
 
 import { MeshError } from '../errors.ts';
+import { FrameType } from '../protocol/frame.ts';
 import type { FrameHandler, FrameLink } from '../transport/link.ts';
 import { connectDataChannel } from '../transport/webrtc.ts';
 import type { DataChannelOptions, DataChannelPipe } from '../transport/webrtc.ts';
@@ -16,8 +17,10 @@ import { RelayLink } from './relay.ts';
 export interface HopOptions {
   /** send a JSON control message to the server */
   sendJson: (m: unknown) => void;
-  /** answers frames from upstream stages (this peer's stage) */
+  /** answers frames from upstream stages (this peer's stage); only Hidden frames reach it */
   handler: FrameHandler;
+  /** whether to answer a data-channel offer from this peer (the assigned previous stage) */
+  acceptFrom: (peerId: string) => boolean;
   iceServers?: RTCIceServer[];
   iceTransportPolicy?: RTCIceTransportPolicy;
   /** ms to wait for a data channel before relaying (default 10 s) */
@@ -111,6 +114,10 @@ export class Hops {
   private answer(from: string, cid: string, first: unknown): void {
     const key = `${from}#${cid}`;
     if (this.answering.has(key)) return;
+    if (!this.opts.acceptFrom(from)) {
+      this.opts.log(`ignored a data channel offer from ${from}: not the previous stage`);
+      return;
+    }
     const pending: unknown[] = [first];
     this.sinks.set(key, (s) => pending.push(s));
     const forget = (): void => {
@@ -130,7 +137,11 @@ export class Hops {
       },
     }).then(
       (pipe) => {
-        this.upstreamChannels[key] = servePipe(pipe, this.opts.handler);
+        // a previous stage sends hidden states; session control comes from the server only
+        this.upstreamChannels[key] = servePipe(pipe, async (f) => {
+          if (f.type !== FrameType.Hidden) throw new MeshError('FRAME_BAD_TYPE', `frame type: a data channel from the previous stage carries Hidden frames, not ${FrameType[f.type]}`, { field: 'type' });
+          return this.opts.handler(f);
+        });
         this.opts.log(`data channel from ${from} open (${Math.round(pipe.connectMs)} ms)`);
         pipe.onClose(forget);
         return pipe;

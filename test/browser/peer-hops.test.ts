@@ -17,7 +17,8 @@ import type { RelayLedger } from '../../src/peer/server-side.ts';
 const SESSION = '00112233445566778899aabbccddeeff';
 
 /** Peers 'up' and 'down' and a server between them (signal forwarding, frame relay). */
-function pair(opts: { iceTransportPolicy?: RTCIceTransportPolicy } = {}) {
+function pair(opts: { iceTransportPolicy?: RTCIceTransportPolicy; accept?: (id: string) => boolean } = {}) {
+  const { accept, ...channelOpts } = opts;
   const served: Frame[] = [];
   const handler = async (f: Frame): Promise<Frame> => {
     served.push(f);
@@ -40,8 +41,9 @@ function pair(opts: { iceTransportPolicy?: RTCIceTransportPolicy } = {}) {
     new Hops({
       sendJson: (m) => handleBrowserPeerMessage(room, me, m as { t: string }, (r) => room.sendTo(me, r), ledger),
       handler,
+      acceptFrom: accept ?? ((id) => id === 'up'),
       timeoutMs: 1500,
-      ...opts,
+      ...channelOpts,
       log: () => undefined,
     });
   hops.up = make('up');
@@ -72,6 +74,23 @@ describe('Hops between two browser stages', () => {
     expect(served.map((f) => f.position)).toEqual([0, 1]);
     await hop.link!.close();
     await expect(hop.link!.request(one(2))).rejects.toMatchObject({ code: 'LINK_CLOSED' });
+  });
+
+  it('answers only the previous stage, and serves it Hidden frames only', async () => {
+    const { up, served } = pair();
+    const hop = await up.connectDownstream('down', false);
+    const close = { ...one(0), type: FrameType.SessionClose, dtype: DType.None, width: 0, nTokens: 0, payload: new Uint8Array(0) };
+    await expect(hop.link!.request(close)).rejects.toMatchObject({ code: 'FRAME_BAD_TYPE' });
+    expect(served).toHaveLength(0);
+    await hop.link!.close();
+  });
+
+  it('a peer that is not the previous stage gets no channel (its offer is ignored)', async () => {
+    const { up, ledger } = pair({ accept: () => false });
+    const hop = await up.connectDownstream('down', false); // times out, then relays: the server checks the route
+    expect(hop.kind).toBe('relay');
+    expect((await hop.link!.request(one(0))).type).toBe(FrameType.Hidden);
+    expect(ledger.get('up->down')?.frames).toBe(1);
   });
 
   it('relays from the start when no channel opens in time; the last stage has no hop', async () => {
