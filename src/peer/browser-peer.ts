@@ -296,6 +296,8 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
           adapter: caps.adapter,
         });
       } else if (m.t === 'welcome') {
+        // a server on the internet may announce STUN/TURN servers; on a LAN none are needed
+        if (Array.isArray(m.iceServers)) hops.useIceServers(m.iceServers as RTCIceServer[]);
         state.peerId = String(m.peerId);
         state.status = 'idle';
         changed();

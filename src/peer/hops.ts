@@ -46,6 +46,11 @@ export class Hops {
 
   constructor(private readonly opts: HopOptions) {}
 
+  /** ICE servers the signaling server announced (used unless the page configured its own). */
+  useIceServers(servers: RTCIceServer[]): void {
+    if (!this.opts.iceServers) this.opts.iceServers = servers;
+  }
+
   private channelOptions(): Pick<DataChannelOptions, 'timeoutMs' | 'iceServers' | 'iceTransportPolicy'> {
     return {
       timeoutMs: this.opts.timeoutMs ?? 10_000,

@@ -9,7 +9,8 @@
 //   peer → server  {t:'telemetry', routeId, stage, …}  load progress, hop kind, frame counters
 //
 // hello gains `artifact` (sha256) and `units` (shard units held verified); assign gains
-// `downstreamPeer` / `upstreamPeer` (peer ids of the neighbouring stages).
+// `downstreamPeer` / `upstreamPeer` (peer ids of the neighbouring stages); welcome may carry
+// `iceServers` (RTCIceServer[]) for peers that meet across the internet.
 
 import type { PipeCounters } from '../transport/webrtc-link.ts';
 
