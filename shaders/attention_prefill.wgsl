@@ -15,8 +15,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;         // [n_tokens × n_head × head_dim]
-@group(0) @binding(2) var<storage, read> k_cache: array<f32>;   // [ctx × n_head_kv × head_dim]
-@group(0) @binding(3) var<storage, read> v_cache: array<f32>;   // [ctx × n_head_kv × head_dim]
+// bindings 2 and 3: the KV cache and its k_at / v_at readers, from shaders/kv/ (f32 or packed f16)
 @group(0) @binding(4) var<storage, read_write> out: array<f32>; // [n_tokens × n_head × head_dim]
 
 const TILE: u32 = 64u; // = workgroup size: one key position per thread
@@ -76,7 +75,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       let kb = pos * kv_stride + kvh * hd;
       var dot_qk = 0.0;
       for (var d = 0u; d < hd; d++) {
-        dot_qk += q[qb + d] * k_cache[kb + d];
+        dot_qk += q[qb + d] * k_at(kb + d);
       }
       s = dot_qk * p.scale;
     }
@@ -92,7 +91,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       if (d < hd) {
         var a = acc[i] * alpha;
         for (var j = 0u; j < n_here; j++) {
-          a += weight[j] * v_cache[(tile0 + j) * kv_stride + kvh * hd + d];
+          a += weight[j] * v_at((tile0 + j) * kv_stride + kvh * hd + d);
         }
         acc[i] = a;
       }

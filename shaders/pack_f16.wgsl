@@ -1,8 +1,11 @@
-// f32 → f16 for the wire: out[i] holds elements 2i (low half) and 2i+1 (high half).
+// f32 → f16 (for the wire, and for an f16 KV cache): out[i] holds elements 2i (low half) and
+// 2i+1 (high half).
 
 struct Params {
-  n_pairs: u32, // elements / 2
-  wg_x: u32,    // workgroups along x
+  n_pairs: u32,    // elements / 2
+  wg_x: u32,       // workgroups along x
+  x_offset: u32,   // pairs: where the input starts in x
+  out_offset: u32, // u32 words: where the output starts in out
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -17,5 +20,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (i >= p.n_pairs) {
     return;
   }
-  out[i] = pack2x16float(x[i]);
+  out[p.out_offset + i] = pack2x16float(x[p.x_offset + i]);
 }

@@ -297,19 +297,30 @@ describe('activation rounding as ggml does it', () => {
   });
 });
 
-describe('attention over a KV cache (GQA: 6 query heads, 2 KV heads)', () => {
+/** f32 values packed two f16 to a u32 (element 2i low), as an f16 KV cache holds them. */
+function packHalves(x: Float32Array): Uint32Array {
+  const out = new Uint32Array(x.length / 2);
+  for (let i = 0; i < out.length; i++) out[i] = f32ToF16(x[2 * i]!) | (f32ToF16(x[2 * i + 1]!) << 16);
+  return out;
+}
+
+describe.each(['f32', 'f16'] as const)('attention over a %s KV cache (GQA: 6 query heads, 2 KV heads)', (kvType) => {
   const shape = { nHead: 6, nHeadKv: 2, headDim: 32 };
   const kvDim = shape.nHeadKv * shape.headDim;
   const ctx = 200;
-  const kCache = randomArray(ctx * kvDim, 21);
-  const vCache = randomArray(ctx * kvDim, 22);
+  const kRaw = randomArray(ctx * kvDim, 21);
+  const vRaw = randomArray(ctx * kvDim, 22);
+  // what the kernel sees: the f16 cache holds the values rounded to f16
+  const kCache = kvType === 'f32' ? kRaw : kRaw.map((v) => F16_TABLE[f32ToF16(v)]!);
+  const vCache = kvType === 'f32' ? vRaw : vRaw.map((v) => F16_TABLE[f32ToF16(v)]!);
+  const upload = (x: Float32Array) => storage(kvType === 'f32' ? x : packHalves(x));
 
   it.each([1, 64, 65, 150])('decode, split-K over %i cached positions', async (nKv) => {
     const q = randomArray(shape.nHead * shape.headDim, 23 + nKv, 4);
     const out = storage(q.length);
     const partial = storage(gpu.attentionPartialElements(shape, nKv));
     const rec = new Recorder(lib, resources);
-    gpu.attentionDecode(rec, shape, storage(new Float32Array([...new Float32Array(8), ...q])), 8, storage(kCache), storage(vCache), partial, out, nKv);
+    gpu.attentionDecode(rec, shape, storage(new Float32Array([...new Float32Array(8), ...q])), 8, upload(kRaw), upload(vRaw), partial, out, nKv, kvType);
     const got = await run(rec, out, q.length);
     const want = new Float32Array(q.length);
     cpu.attention(want, q, kCache, vCache, 1, nKv - 1, shape.nHead, shape.nHeadKv, shape.headDim);
@@ -323,7 +334,7 @@ describe('attention over a KV cache (GQA: 6 query heads, 2 KV heads)', () => {
     const q = randomArray(n * shape.nHead * shape.headDim, 40 + n, 4);
     const out = storage(q.length);
     const rec = new Recorder(lib, resources);
-    gpu.attentionPrefill(rec, shape, storage(q), storage(kCache), storage(vCache), out, n, pos0);
+    gpu.attentionPrefill(rec, shape, storage(q), upload(kRaw), upload(vRaw), out, n, pos0, kvType);
     const got = await run(rec, out, q.length);
     const want = new Float32Array(q.length);
     cpu.attention(want, q, kCache, vCache, n, pos0, shape.nHead, shape.nHeadKv, shape.headDim);
@@ -331,10 +342,30 @@ describe('attention over a KV cache (GQA: 6 query heads, 2 KV heads)', () => {
   });
 });
 
+describe('pack_f16 into an f16 KV cache at an offset', () => {
+  it('writes whole f16 pairs where the cache rows of a position start', async () => {
+    const n = 64;
+    const x = randomArray(n, 61, 8);
+    const cache = storage(new Uint32Array(100).fill(0xdeadbeef));
+    const rec = new Recorder(lib, resources);
+    gpu.packF16(rec, storage(x), cache, n, 0, 40); // elements 40.. → words 20..
+    device.pushErrorScope('validation');
+    const bytes = await rec.submit({ buffer: cache, offset: 0, bytes: 400 });
+    expect(await device.popErrorScope()).toBeNull();
+    const words = new Uint32Array(bytes!);
+    expect(words[19]).toBe(0xdeadbeef);
+    for (let i = 0; i < n; i++) {
+      const half = F16_TABLE[(words[20 + (i >> 1)]! >>> ((i & 1) * 16)) & 0xffff]!;
+      expect(Math.abs(half - x[i]!)).toBeLessThanOrEqual(Math.abs(x[i]!) * 2 ** -10); // within f16 rounding
+    }
+    expect(words[52]).toBe(0xdeadbeef);
+  });
+});
+
 describe('pipeline cache', () => {
   it('keys pipelines by readable labels', () => {
     expect(lib.reduce).toBe('subgroup'); // SwiftShader has the subgroups feature
     expect(sharedLib.labels).toEqual(expect.arrayContaining(['mul_mat_vec_q4_k', 'rms_norm']));
-    expect(lib.labels).toEqual(expect.arrayContaining(['mul_mat_vec_sg_q4_k', 'rms_norm_sg', 'mul_mat_q6_k', 'get_rows_q8_0', 'attention_decode_split', 'attention_decode_combine', 'round_activations_q8_k']));
+    expect(lib.labels).toEqual(expect.arrayContaining(['mul_mat_vec_sg_q4_k', 'rms_norm_sg', 'mul_mat_q6_k', 'get_rows_q8_0', 'attention_decode_split_f32', 'attention_decode_combine_f16', 'attention_prefill_f16', 'round_activations_q8_k']));
   });
 });

@@ -161,6 +161,17 @@ describe('stories260K', () => {
     expect(gpu.sessionStats('long').kvBytes).toBe(2 * 5 * 512 * 4 * 8 * 4); // 5 layers × 512 positions × 4 KV heads × 8 dims × f32
   });
 
+  it('an f16 KV cache (half the memory) gives the same greedy tokens; logits within 1e-2', async () => {
+    const source = await served('stories260K.gguf');
+    const cpu = await greedy([await cpuStage(source, 0, 5)], 'f16', STORIES_PROMPT, 32);
+    const half = await gpuStage(source, 0, 2, { kvType: 'f16' });
+    const gpu = await greedy([half, await gpuStage(source, 2, 5, { kvType: 'f16' })], 'f16', STORIES_PROMPT, 32);
+    expect(gpu.tokens).toEqual(cpu.tokens);
+    expect(relErr(gpu.logits, cpu.logits)).toBeLessThan(1e-2);
+    await half.openSession('kv', { contextLength: 64 });
+    expect(half.sessionStats('kv').kvBytes).toBe(2 * 2 * 64 * 4 * 8 * 2); // 2 layers × 64 positions × 32 dims × f16
+  });
+
   it('weights split over many small buffers give the same logits', async () => {
     const source = await served('stories260K.gguf');
     const whole = await greedy([await gpuStage(source, 0, 5)], 'c', STORIES_PROMPT, 4);
@@ -244,5 +255,21 @@ describe.each([
     const gpu = await greedy([await gpuStage(source, 0, 1, exact), await gpuStage(source, 1, 2, exact)], 'q', prompt, 24);
     expect(gpu.tokens).toEqual(cpu.tokens);
     expect(relErr(gpu.logits, cpu.logits)).toBeLessThan(1e-3);
+  });
+
+  it('with an f16 KV cache: logits of a prefill and 4 decode steps within 1e-2 of the CPU reference', async () => {
+    const source = await synthetic({ arch, type, layers: 2, embd: 256, heads: 4, kvHeads: 2, ffn: 512, vocab: 1024, seed: 5 });
+    const exact = { activationRounding: 'none' } as const;
+    const cpu = await cpuStage(source, 0, 2, exact);
+    const gpu = await gpuStage(source, 0, 2, { ...exact, kvType: 'f16' });
+    for (const b of [cpu, gpu]) await b.openSession('h', { contextLength: 32 });
+    const steps = [[1, 10, 300, 77, 900, 5], [42], [7], [500], [99]];
+    let pos = 0;
+    for (const tokens of steps) {
+      const want = await chainForward([cpu], 'h', tokens, pos);
+      const got = await chainForward([gpu], 'h', tokens, pos);
+      expect(relErr(got, want)).toBeLessThan(1e-2);
+      pos += tokens.length;
+    }
   });
 });

@@ -15,6 +15,7 @@ import type { AdapterSummary } from './device.ts';
 import { fromWire } from './engine.ts';
 import type { BufferStats, StageEngine, WireResult } from './engine.ts';
 import { quantKindOf } from './shader-library.ts';
+import type { KvType } from './shader-library.ts';
 import { kvCapacity } from './kv-capacity.ts';
 import type { StageModel, StageTensor, WebGpuStageOptions } from './stage.ts';
 import type { WorkerApi } from '../../../workers/webgpu-stage.worker.ts';
@@ -38,6 +39,8 @@ export class WebGpuBackend implements StageBackend {
   constructor(
     private readonly engine: StageEngine,
     private readonly onDispose: () => void = () => {},
+    /** the stage's KV element type, for kvBytes */
+    private readonly kvType: KvType = 'f32',
   ) {}
 
   /**
@@ -61,10 +64,14 @@ export class WebGpuBackend implements StageBackend {
     died.catch(() => {}); // observed through `call`; never an unhandled rejection
     try {
       const adapter = fromWire(await Promise.race([remote.init(options), died]));
-      return new WebGpuBackend(workerEngine(remote, adapter, copyTensorBytes, died), () => {
-        remote[Comlink.releaseProxy]();
-        worker.terminate();
-      });
+      return new WebGpuBackend(
+        workerEngine(remote, adapter, copyTensorBytes, died),
+        () => {
+          remote[Comlink.releaseProxy]();
+          worker.terminate();
+        },
+        options.kvType,
+      );
     } catch (e) {
       worker.terminate();
       throw e;
@@ -127,7 +134,7 @@ export class WebGpuBackend implements StageBackend {
     const s = this.sessions.get(sessionId);
     if (!s) throw new MeshError('SESSION_UNKNOWN', `no session ${sessionId} on this stage`);
     const c = this.loaded();
-    const kvBytes = 2 * s.processedTokens.length * s.capacity * c.nHeadKv * c.headDim * 4;
+    const kvBytes = 2 * s.processedTokens.length * s.capacity * c.nHeadKv * c.headDim * (this.kvType === 'f16' ? 2 : 4);
     return { position: s.position, kvBytes, processedTokens: [...s.processedTokens] };
   }
 

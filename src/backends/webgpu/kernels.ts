@@ -8,7 +8,7 @@
 
 import { BufferUsage, MapMode } from './usage.ts';
 import { assembleShader, REDUCING_KERNELS } from './shader-library.ts';
-import type { QuantKind, ReduceKind, ShaderSources } from './shader-library.ts';
+import type { KvType, QuantKind, ReduceKind, ShaderSources } from './shader-library.ts';
 import type { GpuMemory } from './gpu-memory.ts';
 
 /** WebGPU caps a dispatch dimension at 65,535 workgroups. */
@@ -31,12 +31,13 @@ export class KernelLibrary {
   }
 
   /** e.g. mul_mat_vec_q4_k, mul_mat_vec_sg_q4_k (subgroup reduction), attention_decode_split */
-  label(kernel: string, quant?: QuantKind, entry = 'main'): string {
+  label(kernel: string, quant?: QuantKind | KvType, entry = 'main'): string {
     const sg = REDUCING_KERNELS.has(kernel) && this.reduce === 'subgroup' ? 'sg' : '';
     return [kernel, sg, entry === 'main' ? '' : entry, quant ?? ''].filter(Boolean).join('_');
   }
 
-  pipeline(kernel: string, quant?: QuantKind, entry = 'main'): GPUComputePipeline {
+  /** `quant`: the kernel's type variant (weight type, or KV element type for attention) */
+  pipeline(kernel: string, quant?: QuantKind | KvType, entry = 'main'): GPUComputePipeline {
     const label = this.label(kernel, quant, entry);
     let p = this.pipelines.get(label);
     if (!p) {
@@ -51,7 +52,7 @@ export class KernelLibrary {
    * Compiles these pipelines ahead of use, in parallel (createComputePipelineAsync), so the
    * first forward pays no compile time and a shader that fails to compile fails the load.
    */
-  async prepare(wanted: readonly { kernel: string; quant?: QuantKind; entry?: string }[]): Promise<void> {
+  async prepare(wanted: readonly { kernel: string; quant?: QuantKind | KvType; entry?: string }[]): Promise<void> {
     await Promise.all(
       wanted.map(async ({ kernel, quant, entry = 'main' }) => {
         const label = this.label(kernel, quant, entry);
@@ -75,7 +76,8 @@ export const f32 = (x: number): Param => ({ f32: x });
 
 export interface DispatchSpec {
   kernel: string;
-  quant?: QuantKind;
+  /** type variant: weight type, or KV element type for attention kernels */
+  quant?: QuantKind | KvType;
   entry?: string;
   params: Param[];
   /** buffers for bindings 1, 2, …; `undefined` skips a binding the entry point does not use */

@@ -78,5 +78,5 @@ export async function createNodeWebGpuStage(options: WebGpuStageOptions = {}): P
  */
 export async function createNodeWebGpuBackend(options: WebGpuStageOptions = {}): Promise<WebGpuBackend> {
   const stage = await createNodeWebGpuStage(options);
-  return new WebGpuBackend(inThreadEngine(stage), () => stage.device.destroy());
+  return new WebGpuBackend(inThreadEngine(stage), () => stage.device.destroy(), options.kvType);
 }

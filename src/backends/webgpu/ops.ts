@@ -5,6 +5,7 @@
 import { f32, grid2d } from './kernels.ts';
 import type { Recorder } from './kernels.ts';
 import type { GpuMatrix } from './matrix.ts';
+import type { KvType } from './shader-library.ts';
 
 const WG = 64; // workgroup size of every kernel
 const MUL_MAT_TOKENS = 4; // TN in mul_mat.wgsl
@@ -153,12 +154,14 @@ export function attentionDecode(
   partial: GPUBuffer,
   out: GPUBuffer,
   nKv: number,
+  kvType: KvType = 'f32',
 ): void {
   const nChunks = Math.ceil(nKv / ATTENTION_CHUNK);
   const params = [s.nHead, s.nHeadKv, s.headDim, nKv, nChunks, f32(1 / Math.sqrt(s.headDim)), qOffset];
-  rec.dispatch({ kernel: 'attention_decode', entry: 'split', params, buffers: [q, kCache, vCache, partial], groups: [nChunks, s.nHead] });
+  rec.dispatch({ kernel: 'attention_decode', quant: kvType, entry: 'split', params, buffers: [q, kCache, vCache, partial], groups: [nChunks, s.nHead] });
   rec.dispatch({
     kernel: 'attention_decode',
+    quant: kvType,
     entry: 'combine',
     params,
     buffers: [undefined, undefined, undefined, partial, out],
@@ -176,9 +179,11 @@ export function attentionPrefill(
   out: GPUBuffer,
   nTokens: number,
   pos0: number,
+  kvType: KvType = 'f32',
 ): void {
   rec.dispatch({
     kernel: 'attention_prefill',
+    quant: kvType,
     params: [s.nHead, s.nHeadKv, s.headDim, nTokens, pos0, f32(1 / Math.sqrt(s.headDim))],
     buffers: [q, kCache, vCache, out],
     groups: [nTokens, s.nHead],
@@ -203,10 +208,10 @@ export function add(rec: Recorder, a: GPUBuffer, aOffset: number, b: GPUBuffer, 
   rec.dispatch({ kernel: 'add', params: [n, nb, gx, aOffset], buffers: [a, b], groups: [gx, gy] });
 }
 
-/** n f32 (even n) → n/2 u32 each holding two f16. */
-export function packF16(rec: Recorder, x: GPUBuffer, out: GPUBuffer, n: number): void {
+/** n f32 (even n) from element xOffset → n/2 u32 each holding two f16, from element outOffset (both even). */
+export function packF16(rec: Recorder, x: GPUBuffer, out: GPUBuffer, n: number, xOffset = 0, outOffset = 0): void {
   const [gx, gy] = grid2d(Math.ceil(n / 2 / WG));
-  rec.dispatch({ kernel: 'pack_f16', params: [n / 2, gx], buffers: [x, out], groups: [gx, gy] });
+  rec.dispatch({ kernel: 'pack_f16', params: [n / 2, gx, xOffset / 2, outOffset / 2], buffers: [x, out], groups: [gx, gy] });
 }
 
 /** n/2 u32 of f16 pairs → n f32. */

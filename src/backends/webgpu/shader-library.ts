@@ -30,20 +30,27 @@ export function quantKindOf(type: GgmlType, what: string): QuantKind {
   return q;
 }
 
+/** Element type of a KV cache (a shaders/kv/ snippet). */
+export type KvType = 'f32' | 'f16';
+
+/** Kernels that read the KV cache through a shaders/kv/ snippet chosen by their type variant. */
+export const KV_KERNELS: ReadonlySet<string> = new Set(['attention_decode', 'attention_prefill']);
+
 /** Kernels that call `workgroup_sum` and take a shaders/reduce/ snippet. */
 export const REDUCING_KERNELS: ReadonlySet<string> = new Set(['mul_mat_vec', 'rms_norm']);
 
 export type ReduceKind = 'shared' | 'subgroup';
 
 /**
- * The full WGSL of `kernel`: specialised for `quant` when it reads GGUF weights, and with the
- * `reduce` snippet when it sums across a workgroup. `enable` directives move to the top, where
- * WGSL requires them.
+ * The full WGSL of `kernel`, specialised by its type variant — the GGUF weight type of kernels
+ * that read weights, the KV element type of attention kernels — and with the `reduce` snippet
+ * when it sums across a workgroup. `enable` directives move to the top, where WGSL wants them.
  */
-export function assembleShader(sources: ShaderSources, kernel: string, quant?: QuantKind, reduce: ReduceKind = 'shared'): string {
+export function assembleShader(sources: ShaderSources, kernel: string, variant?: QuantKind | KvType, reduce: ReduceKind = 'shared'): string {
   const parts: string[] = [];
   if (REDUCING_KERNELS.has(kernel)) parts.push(need(sources, `reduce/${reduce}`));
-  if (quant) parts.push(need(sources, 'quant/bytes'), need(sources, `quant/${quant}`));
+  if (KV_KERNELS.has(kernel)) parts.push(need(sources, `kv/${variant ?? 'f32'}`));
+  else if (variant) parts.push(need(sources, 'quant/bytes'), need(sources, `quant/${variant}`));
   parts.push(need(sources, kernel));
   const lines = parts.join('\n').split('\n');
   const enables = lines.filter((l) => /^\s*enable\s/.test(l));

@@ -22,7 +22,7 @@ import type { MatMulKernel, MatVecKernel } from './ops.ts';
 import { kvCapacity } from './kv-capacity.ts';
 import { ropeTable } from './rope-table.ts';
 import { activationFormatFor } from '../cpu/act-round.ts';
-import type { QuantKind, ShaderSources } from './shader-library.ts';
+import type { KvType, QuantKind, ShaderSources } from './shader-library.ts';
 
 /** One tensor of the shard as read from the artifact. */
 export interface StageTensor {
@@ -53,6 +53,8 @@ export interface WebGpuStageOptions {
    * before each quantised or f16 matmul, so greedy tokens match it; 'none': exact f32.
    */
   activationRounding?: 'ggml' | 'none';
+  /** KV cache elements: 'f32' (default, like the CPU reference) or 'f16' (half the memory, like llama.cpp's default) */
+  kvType?: KvType;
 }
 
 interface LayerGpu {
@@ -88,8 +90,8 @@ interface Session {
   capacity: number;
   position: number;
   processedTokens: number[];
-  keys: GPUBuffer[]; // per layer [capacity × nHeadKv·headDim] f32, RoPE applied
-  values: GPUBuffer[]; // per layer [capacity × nHeadKv·headDim] f32
+  keys: GPUBuffer[]; // per layer [capacity × nHeadKv·headDim] f32 or packed f16 (kvType), RoPE applied
+  values: GPUBuffer[]; // per layer [capacity × nHeadKv·headDim] f32 or packed f16
   kvBytes: number;
 }
 
@@ -100,7 +102,9 @@ interface Scratch {
   xb: GPUBuffer; // [n × nEmbd] normed block input
   q: GPUBuffer; // [n × nHead·headDim]
   att: GPUBuffer; // [n × nHead·headDim] attention output (and raw q when q is normed)
-  kTmp?: GPUBuffer; // [n × nHeadKv·headDim] raw k before its norm (qwen3)
+  kTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 k on its way to the cache (normed or f16 caches)
+  kTmp2?: GPUBuffer; // [n × nHeadKv·headDim] f32 normed k for an f16 cache (qwen3)
+  vTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 v for an f16 cache
   tmp: GPUBuffer; // [n × nEmbd] block output before the residual add
   gate: GPUBuffer; // [n × nFf]
   up: GPUBuffer; // [n × nFf]
@@ -120,6 +124,9 @@ export class WebGpuStage {
   private readonly resources: SubmitResources;
   private readonly matVec: MatVecKernel;
   private readonly matMul: MatMulKernel;
+  private readonly kvType: KvType;
+  /** bytes per KV cache element */
+  private readonly kvElementBytes: number;
   private model: Loaded | null = null;
   private readonly sessions = new Map<string, Session>();
   private scratch: Scratch | null = null;
@@ -143,6 +150,8 @@ export class WebGpuStage {
     this.matVec = choice === 'auto' ? (adapter.isFallbackAdapter ? 'mul_mat' : 'mul_mat_vec') : choice;
     const batched = options.matMul ?? 'auto';
     this.matMul = batched === 'auto' ? (adapter.isFallbackAdapter ? 'mul_mat' : 'mul_mat_tiled') : batched;
+    this.kvType = options.kvType ?? 'f32';
+    this.kvElementBytes = this.kvType === 'f16' ? 2 : 4;
     void device.lost.then((info) => {
       if (!this.disposed) this.lost = `${info.reason}: ${info.message}`;
     });
@@ -241,17 +250,18 @@ export class WebGpuStage {
       throw new MeshError('BAD_CONTEXT_LENGTH', `context length must be a positive integer, got ${contextLength}`);
     }
     const kvDim = m.config.nHeadKv * m.config.headDim;
-    const layerBytes = contextLength * kvDim * 4;
+    const eb = this.kvElementBytes;
+    const layerBytes = contextLength * kvDim * eb;
     if (layerBytes > this.adapter.maxStorageBufferBindingSize) {
       throw new MeshError('CONTEXT_TOO_LARGE', `a ${contextLength}-position KV cache needs ${layerBytes} bytes per layer, over this device's ${this.adapter.maxStorageBufferBindingSize}-byte binding limit`);
     }
     const nLayers = m.layers.length;
     const capacity = kvCapacity(0, 1, contextLength);
-    const session: Session = { contextLength, capacity, position: 0, processedTokens: new Array<number>(nLayers).fill(0), keys: [], values: [], kvBytes: 2 * nLayers * capacity * kvDim * 4 };
+    const session: Session = { contextLength, capacity, position: 0, processedTokens: new Array<number>(nLayers).fill(0), keys: [], values: [], kvBytes: 2 * nLayers * capacity * kvDim * eb };
     await this.guard(this.where(m), `allocating the KV cache of session ${sessionId}`, async () => {
       for (let l = 0; l < nLayers; l++) {
-        session.keys.push(this.memory.create(`k[${l}] ${sessionId}`, capacity * kvDim * 4, ACTIVATION));
-        session.values.push(this.memory.create(`v[${l}] ${sessionId}`, capacity * kvDim * 4, ACTIVATION));
+        session.keys.push(this.memory.create(`k[${l}] ${sessionId}`, capacity * kvDim * eb, ACTIVATION));
+        session.values.push(this.memory.create(`v[${l}] ${sessionId}`, capacity * kvDim * eb, ACTIVATION));
       }
     }).catch((e) => {
       this.freeSession(session);
@@ -364,28 +374,40 @@ export class WebGpuStage {
 
     // attention norm
     op.rmsNorm(rec, sc.x, 0, nEmbd, w.attnNorm, sc.xb, 0, nEmbd, nEmbd, n, rmsEps);
-    // q, k, v projections; k and v land straight in the cache (k via kTmp when it is normed)
-    const qRaw = w.qNorm ? sc.att : sc.q;
-    const kRaw = w.kNorm ? sc.kTmp! : kCache;
-    const kRawAt = w.kNorm ? 0 : kvAt;
+    // q, k, v projections (+ biases for qwen2, per-head norms for qwen3), RoPE; k and v are
+    // computed in f32 and land straight in an f32 cache, or are packed into an f16 one
+    const f16kv = this.kvType === 'f16';
     const normed = new Map<string, GPUBuffer>();
+    const qRaw = w.qNorm ? sc.att : sc.q;
     mm(w.wq, sc.xb, normed, qRaw, 0, qDim);
-    mm(w.wk, sc.xb, normed, kRaw, kRawAt, kvDim);
-    mm(w.wv, sc.xb, normed, vCache, kvAt, kvDim);
-    // biases (qwen2)
     if (w.bq) op.add(rec, qRaw, 0, w.bq, n * qDim, qDim);
-    if (w.bk) op.add(rec, kRaw, kRawAt, w.bk, n * kvDim, kvDim);
-    if (w.bv) op.add(rec, vCache, kvAt, w.bv, n * kvDim, kvDim);
-    // per-head RMSNorm of queries and keys (qwen3)
     if (w.qNorm) op.rmsNorm(rec, sc.att, 0, headDim, w.qNorm, sc.q, 0, headDim, headDim, n * nHead, rmsEps);
-    if (w.kNorm) op.rmsNorm(rec, sc.kTmp!, 0, headDim, w.kNorm, kCache, kvAt, headDim, headDim, n * nHeadKv, rmsEps);
-    // rotary position embedding
     op.rope(rec, sc.q, 0, sc.rope, n, nHead, headDim, c.rope.nRot, neox);
-    op.rope(rec, kCache, kvAt, sc.rope, n, nHeadKv, headDim, c.rope.nRot, neox);
+
+    const direct = !w.kNorm && !f16kv; // k computed in place in the cache
+    let kBuf = direct ? kCache : sc.kTmp!;
+    let kAt = direct ? kvAt : 0;
+    mm(w.wk, sc.xb, normed, kBuf, kAt, kvDim);
+    if (w.bk) op.add(rec, kBuf, kAt, w.bk, n * kvDim, kvDim);
+    if (w.kNorm) {
+      const dst = f16kv ? sc.kTmp2! : kCache;
+      const dstAt = f16kv ? 0 : kvAt;
+      op.rmsNorm(rec, kBuf, kAt, headDim, w.kNorm, dst, dstAt, headDim, headDim, n * nHeadKv, rmsEps);
+      kBuf = dst;
+      kAt = dstAt;
+    }
+    op.rope(rec, kBuf, kAt, sc.rope, n, nHeadKv, headDim, c.rope.nRot, neox);
+    if (f16kv) op.packF16(rec, kBuf, kCache, n * kvDim, 0, kvAt);
+
+    const vBuf = f16kv ? sc.vTmp! : vCache;
+    const vAt = f16kv ? 0 : kvAt;
+    mm(w.wv, sc.xb, normed, vBuf, vAt, kvDim);
+    if (w.bv) op.add(rec, vBuf, vAt, w.bv, n * kvDim, kvDim);
+    if (f16kv) op.packF16(rec, vBuf, vCache, n * kvDim, 0, kvAt);
     // attention over the cache: split-K for one token, tiled causal for a batch
     const shape = { nHead, nHeadKv, headDim };
-    if (n === 1) op.attentionDecode(rec, shape, sc.q, 0, kCache, vCache, partial, sc.att, pos + 1);
-    else op.attentionPrefill(rec, shape, sc.q, kCache, vCache, sc.att, n, pos);
+    if (n === 1) op.attentionDecode(rec, shape, sc.q, 0, kCache, vCache, partial, sc.att, pos + 1, this.kvType);
+    else op.attentionPrefill(rec, shape, sc.q, kCache, vCache, sc.att, n, pos, this.kvType);
     // output projection, residual
     mm(w.wo, sc.att, new Map(), sc.tmp, 0, nEmbd);
     op.add(rec, sc.x, 0, sc.tmp, n * nEmbd);
@@ -410,10 +432,11 @@ export class WebGpuStage {
     if (needed <= s.capacity) return [];
     const kvDim = c.nHeadKv * c.headDim;
     const capacity = kvCapacity(s.capacity, needed, s.contextLength);
-    const filled = s.position * kvDim * 4;
+    const eb = this.kvElementBytes;
+    const filled = s.position * kvDim * eb;
     const grow = (old: GPUBuffer[], name: string) =>
       old.map((b, l) => {
-        const bigger = this.memory.create(`${name}[${l}] ${sessionId}`, capacity * kvDim * 4, ACTIVATION);
+        const bigger = this.memory.create(`${name}[${l}] ${sessionId}`, capacity * kvDim * eb, ACTIVATION);
         if (filled > 0) rec.copyBefore(b, bigger, filled);
         return bigger;
       });
@@ -421,7 +444,7 @@ export class WebGpuStage {
     s.keys = grow(s.keys, 'k');
     s.values = grow(s.values, 'v');
     s.capacity = capacity;
-    s.kvBytes = 2 * s.keys.length * capacity * kvDim * 4;
+    s.kvBytes = 2 * s.keys.length * capacity * kvDim * eb;
     return retired;
   }
 
@@ -449,10 +472,11 @@ export class WebGpuStage {
       { kernel: 'rope' },
       { kernel: 'add' },
       { kernel: 'swiglu' },
-      { kernel: 'attention_decode', entry: 'split' },
-      { kernel: 'attention_decode', entry: 'combine' },
-      { kernel: 'attention_prefill' },
+      { kernel: 'attention_decode', quant: this.kvType, entry: 'split' },
+      { kernel: 'attention_decode', quant: this.kvType, entry: 'combine' },
+      { kernel: 'attention_prefill', quant: this.kvType },
     );
+    if (this.kvType === 'f16') out.push({ kernel: 'pack_f16' });
     return out;
   }
 
@@ -514,7 +538,9 @@ export class WebGpuStage {
       xb: buf('xb', tokens * c.nEmbd),
       q: buf('q', tokens * qDim),
       att: buf('att', tokens * qDim),
-      kTmp: m.layers.some((l) => l.kNorm) ? buf('kTmp', tokens * kvDim) : undefined,
+      kTmp: m.layers.some((l) => l.kNorm) || this.kvType === 'f16' ? buf('kTmp', tokens * kvDim) : undefined,
+      kTmp2: m.layers.some((l) => l.kNorm) && this.kvType === 'f16' ? buf('kTmp2', tokens * kvDim) : undefined,
+      vTmp: this.kvType === 'f16' ? buf('vTmp', tokens * kvDim) : undefined,
       tmp: buf('tmp', tokens * c.nEmbd),
       gate: buf('gate', tokens * c.nFf),
       up: buf('up', tokens * c.nFf),
@@ -533,7 +559,7 @@ export class WebGpuStage {
   private freeScratch(): void {
     const sc = this.scratch;
     if (!sc) return;
-    for (const b of [sc.x, sc.xb, sc.q, sc.att, sc.kTmp, sc.tmp, sc.gate, sc.up, sc.ids, sc.rope, sc.logits, ...Object.values(sc.rounded)]) this.memory.destroy(b);
+    for (const b of [sc.x, sc.xb, sc.q, sc.att, sc.kTmp, sc.kTmp2, sc.vTmp, sc.tmp, sc.gate, sc.up, sc.ids, sc.rope, sc.logits, ...Object.values(sc.rounded)]) this.memory.destroy(b);
     this.scratch = null;
   }
 
