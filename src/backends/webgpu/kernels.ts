@@ -1,10 +1,11 @@
 // Compiled kernels and the recording of one submission.
 //
-// KernelLibrary compiles each (kernel, quant type, entry point) once and caches the pipeline
-// under a readable label such as `mul_mat_vec_q4_k` or `attention_decode_combine`.
+// KernelLibrary compiles each (kernel, type variant, entry point) once and caches the pipeline
+// in a Map under a readable label such as `mul_mat_vec_sg_q4_k` or `attention_decode_split_f16`.
 // Recorder collects a forward pass's dispatches — each with its own small uniform block of
 // parameters, packed into one shared uniform buffer — and encodes them into a single compute
-// pass and a single queue submission, optionally followed by a copy out for readback.
+// pass and a single queue submission: buffer copies that must come first (a growing KV cache),
+// the pass, then a copy out for readback.
 
 import { BufferUsage, MapMode } from './usage.ts';
 import { assembleShader, REDUCING_KERNELS } from './shader-library.ts';

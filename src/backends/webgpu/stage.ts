@@ -5,6 +5,8 @@
 //
 // One forward call = one command submission; only the stage's output is read back (hidden
 // states [n × n_embd], or the last position's logits on the shard that holds the head).
+// Formulas shared with the CPU reference (RoPE angles, ggml's activation rounding rule) are
+// imported from it, so the two backends cannot drift apart.
 
 import { BufferUsage } from './usage.ts';
 import { MeshError } from '../../errors.ts';
