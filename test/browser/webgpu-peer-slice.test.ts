@@ -6,6 +6,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { CpuBackend } from '../../src/backends/cpu/backend.ts';
 import type { StageBackend } from '../../src/backends/types.ts';
 import { WebGpuBackend } from '../../src/backends/webgpu/backend.ts';
+import { isMeshError } from '../../src/errors.ts';
 import { readHeader } from '../../src/gguf/parse.ts';
 import { openTensorSource } from '../../src/gguf/source.ts';
 import type { GgufHeader } from '../../src/gguf/types.ts';
@@ -88,6 +89,22 @@ describe('browser peers serving stories260K in three WebGPU stages', () => {
     expect(first.fetched).toBeGreaterThan(0);
     expect(first.fetched).toBeLessThanOrEqual(1.02 * first.total);
     expect(relErr(await prefillLogits(first.stages, 'a'), want)).toBeLessThan(1e-3);
+
+    // the slice's bytes went to the workers (transferred): loading them again says so
+    const { manifest, header } = await manifestAndHeader();
+    const slice = await loadSlice({ manifest, modelUrl: MODEL_URL, shard: SHARDS[0]!, cache: null });
+    const once = await WebGpuBackend.inWorker();
+    backends.push(once);
+    await once.load(sliceSource(header, manifest, slice.tensors, MODEL_URL), SHARDS[0]!);
+    const twice = await WebGpuBackend.inWorker();
+    backends.push(twice);
+    const err = await twice.load(sliceSource(header, manifest, slice.tensors, MODEL_URL), SHARDS[0]!).catch((e) => e);
+    expect(isMeshError(err, 'TENSOR_BYTES_DETACHED')).toBe(true);
+    const copying = await WebGpuBackend.inWorker({}, { copyTensorBytes: true });
+    backends.push(copying);
+    const fresh = await loadSlice({ manifest, modelUrl: MODEL_URL, shard: SHARDS[0]!, cache: null });
+    await copying.load(sliceSource(header, manifest, fresh.tensors, MODEL_URL), SHARDS[0]!);
+    expect([...fresh.tensors.values()].every((b) => b.byteLength > 0)).toBe(true);
 
     const again = await peers(new ShardCache(indexedDbStore(db)));
     expect(again.fetched).toBe(0);

@@ -96,7 +96,14 @@ export class WebGpuBackend implements StageBackend {
     // refuse unsupported types before reading a byte
     for (const t of infos) if (t.shape.length > 1) quantKindOf(t.type, `tensor ${t.name}`);
     const bytes = await source.read(infos);
-    const tensors: StageTensor[] = infos.map((t) => ({ name: t.name, type: t.type, shape: [...t.shape], bytes: bytes.get(t.name)! }));
+    const tensors: StageTensor[] = infos.map((t) => {
+      const b = bytes.get(t.name)!;
+      if (b.byteLength === 0 && t.byteLength > 0 && b.buffer.byteLength === 0) {
+        // a buffer transferred to another worker reads as empty here
+        throw new MeshError('TENSOR_BYTES_DETACHED', `the bytes of ${t.name} were already handed to a WebGPU worker (they are transferred, not copied): read them again, or load with copyTensorBytes`);
+      }
+      return { name: t.name, type: t.type, shape: [...t.shape], bytes: b };
+    });
     const model: StageModel = { config, shard: { ...shard }, artifact: source.location, tensors };
     await this.engine.load(model);
     this.config = config;
