@@ -168,9 +168,11 @@ export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
     sendJson(res, 201, { roomId: room.id, joinUrl: s.joinUrl(room) });
   };
 
-  const sendFile = (res: ServerResponse, file: string, head: boolean, immutable: boolean): void => {
+  const sendFile = (res: ServerResponse, file: string, head: boolean, immutable: boolean, cors = false): void => {
     const size = statSync(file).size;
     res.writeHead(200, {
+      // the component bundle may be loaded by pages of other origins (module scripts need CORS)
+      ...(cors ? { 'access-control-allow-origin': '*' } : {}),
       'content-type': MIME[extname(file)] ?? 'application/octet-stream',
       'content-length': size,
       'cache-control': immutable ? 'public, max-age=31536000, immutable' : 'no-cache',
@@ -219,7 +221,7 @@ export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
         if (path.startsWith('/components/')) {
           const f = distFile('components', path.slice('/components/'.length));
           if (!f) throw new MeshError('NOT_FOUND', `${path}: no such file in the component bundle (run npm run build)`);
-          sendFile(res, f, head, false);
+          sendFile(res, f, head, false, true);
           return true;
         }
         const asset = path === '/' || /^\/room\/[^/]+\/?$/.test(path) ? 'index.html' : path.slice(1);

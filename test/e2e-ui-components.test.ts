@@ -37,10 +37,12 @@ beforeAll(async () => {
   served = await serveDefault(['--min-peers', '1', '--plan-delay', '300']);
   browser = await launchChromium();
   const html = readFileSync(join(REPO_ROOT, 'test', 'fixtures', 'ui', 'embed.html'), 'utf8');
+  const chatOnly = readFileSync(join(REPO_ROOT, 'test', 'fixtures', 'ui', 'chat-only.html'), 'utf8');
   const bundle = join(REPO_ROOT, 'dist', 'components');
   site = createServer((req, res) => {
     const path = new URL(req.url ?? '/', 'http://x').pathname;
     if (path === '/embed.html') return void res.writeHead(200, { 'content-type': 'text/html' }).end(html);
+    if (path === '/chat-only.html') return void res.writeHead(200, { 'content-type': 'text/html' }).end(chatOnly);
     const file = normalize(join(bundle, path.replace(/^\/components\//, '')));
     if (path.startsWith('/components/') && file.startsWith(bundle) && existsSync(file)) {
       res.writeHead(200, { 'content-type': file.endsWith('.js') ? 'text/javascript' : 'application/json' });
@@ -89,6 +91,17 @@ describe('web components from the built bundle', () => {
     await page.screenshot({ path: artifactPath('ui-components.png'), fullPage: true });
     expect(errors).toEqual([]);
   }, 180_000);
+
+  it('the chat element runs from the bundle the gguf-mesh server hosts, loaded by a page of another origin', async () => {
+    const { page } = await watchedPage(browser, errors, 'chat-only');
+    await page.goto(`${siteUrl}/chat-only.html#bundle=${encodeURIComponent(`${served.base}/components/gguf-mesh.js`)}&room=${encodeURIComponent(served.joinUrl)}`);
+    await expect.poll(async () => (await eventsOf(page)).some((e) => e.type === 'ready'), { timeout: 30_000 }).toBe(true);
+    const reply = await page.evaluate(() => document.querySelector('gguf-mesh-chat')!.send('Hello'));
+    const tokens = (await eventsOf(page)).filter((e) => e.type === 'token');
+    expect(tokens.length).toBeGreaterThan(1);
+    expect(tokens.map((e) => e.detail.text).join('')).toBe(reply);
+    expect(errors).toEqual([]);
+  }, 60_000);
 
   it('a browser without WebGPU says so, joins as a chat client only, and still chats', async () => {
     const noGpu = await chromium.launch({ executablePath: process.env.CHROME_PATH ?? '/usr/bin/chromium', args: chromiumArgs.filter((a) => a !== '--enable-unsafe-webgpu'), headless: true });
