@@ -141,6 +141,7 @@ describe('web app: room, peers, route, chat', () => {
     await expect.poll(() => a.page.locator('.route-picture .stage-time').allTextContents()).toEqual([expect.stringMatching(/\/ step$/), expect.stringMatching(/\/ step$/), expect.stringMatching(/\/ step$/)]);
     await expect.poll(() => a.page.locator('.route-picture rect.time-compute').count()).toBe(3);
     const stats = await a.page.locator('.stats').innerText();
+    console.info(`route view (3 SwiftShader tabs): ${stats.replace(/\s*\n\s*/g, ' | ')} | per stage: ${(await a.page.locator('.route-picture .stage-time').allTextContents()).join(', ')}`);
     // hidden states as f16: n_embd 128 × 2 bytes + the frame's header and trailer, per token per hop
     const perToken = /Bytes per token per hop\s*(\d+) B · (\d+) B/i.exec(stats);
     expect(perToken, stats).not.toBeNull();
