@@ -148,7 +148,11 @@ export function createRouteView(link: RoomLink, pollMs = 1000): RouteView {
       const t = timingOf(s);
       return (t.computeMs ?? 0) + (t.transferMs ?? 0) + (t.queueMs ?? 0);
     }));
-    const root = svg('svg', { viewBox: `0 0 ${width} ${height}`, width, height, role: 'img', 'aria-label': `route ${route.id}: ${route.stages.map((s) => `stage ${s.stage} layers ${s.shard.start}-${s.shard.end - 1} ${s.status}`).join(', ')}` });
+    const root = svg('svg', { viewBox: `0 0 ${width} ${height}`, width, height, role: 'img', 'aria-label': `route ${route.id}: ${route.stages.map((s) => {
+        const t = timingOf(s);
+        const step = (t.computeMs ?? 0) + (t.transferMs ?? 0) + (t.queueMs ?? 0);
+        return `stage ${s.stage} layers ${s.shard.start}-${s.shard.end - 1} on ${s.peer?.backend ?? 'unknown backend'}, ${failedStage === s.stage ? 'failed' : s.status}${step > 0 ? `, ${formatMs(step)} per step` : ''}`;
+      }).join('; ')}` });
     root.append(
       svg('rect', { class: 'client-box', x: 0, y: mid - 28, width: CLIENT_W, height: 56, rx: 28 }),
       svg('text', { x: CLIENT_W / 2, y: mid + 5, 'text-anchor': 'middle', class: 'client-label' }, 'client'),
