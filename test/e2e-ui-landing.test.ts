@@ -30,6 +30,8 @@ describe('landing page', () => {
   it('a pasted GGUF URL opens a room for it; the tab serves it and chats', async () => {
     const { page } = await watchedPage(browser, errors, 'landing');
     await page.goto(served.pageUrl);
+    await page.getByRole('button', { name: 'stories260K on Hugging Face' }).click();
+    expect(await page.getByLabel('GGUF URL').inputValue()).toMatch(/^https:\/\/huggingface\.co\/.*stories260K\.gguf$/);
     await page.getByLabel('GGUF URL').fill(host.url);
     await page.getByLabel('GGUF URL').press('Enter');
     await page.waitForURL(/\/room\/[^/]+#secret=/, { timeout: 60_000 });

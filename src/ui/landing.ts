@@ -6,6 +6,9 @@ import { MeshError } from '../errors.ts';
 import { field, h, replace } from './dom.ts';
 import { formatBytes } from './format.ts';
 
+/** ggml-org's copy of Karpathy's 260K-parameter TinyStories model (llama, 5 layers, MIT). */
+export const SUGGESTED_MODEL_URL = 'https://huggingface.co/ggml-org/models/resolve/main/tinyllamas/stories260K.gguf';
+
 interface HostedRoom {
   roomId: string;
   model: { id: string; nLayer: number; fileBytes: number; remote: boolean; description: string | null };
@@ -52,6 +55,12 @@ export function createLanding(go: (joinUrl: string) => void): HTMLElement {
   const list = h('div', { class: 'model-list', role: 'radiogroup', 'aria-labelledby': 'hosted-title' }, h('p', { class: 'muted' }, 'Loading the hosted models…'));
   const urlInput = h('input', { type: 'url', placeholder: 'https://…/model.gguf', autocomplete: 'off', spellcheck: 'false' });
   const start = h('button', { type: 'submit', class: 'primary' }, 'Start a room');
+  // a real tiny model for machines that are online (the hosted default is random weights)
+  const suggestion = h('button', { type: 'button', class: 'link' }, 'stories260K on Hugging Face');
+  suggestion.addEventListener('click', () => {
+    urlInput.value = SUGGESTED_MODEL_URL;
+    urlInput.focus();
+  });
   const error = h('p', { class: 'error', role: 'alert', hidden: true });
   const joinInput = h('input', { type: 'url', placeholder: 'http://…/room/…#secret=…', autocomplete: 'off', spellcheck: 'false' });
   let rooms: HostedRoom[] = [];
@@ -99,6 +108,7 @@ export function createLanding(go: (joinUrl: string) => void): HTMLElement {
     list,
     h('h3', {}, 'Or a GGUF file by URL'),
     field('GGUF URL', urlInput, 'Any URL with HTTP Range support and CORS, e.g. a model hub file. Peers fetch only their layers.'),
+    h('p', { class: 'muted suggestion' }, 'Online? Try ', suggestion, ' — a 1 MB TinyStories model that writes real sentences.'),
     error,
     start,
   );
