@@ -51,7 +51,8 @@ export default defineConfig(({ mode }) => ({
       },
       {
         extends: true,
-        optimizeDeps: { include: ['comlink'] },
+        // pre-bundled up front: a dependency discovered mid-run makes vite reload the page and fail the test
+        optimizeDeps: { include: ['comlink', 'simple-peer', 'buffer', 'process', 'events', 'idb-keyval'] },
         test: {
           name: 'browser',
           include: ['test/browser/**/*.test.ts'],
