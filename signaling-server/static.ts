@@ -69,9 +69,15 @@ export function isApiPath(path: string): boolean {
   return path.startsWith('/v1/') || path === '/v1' || path.startsWith('/models/');
 }
 
+/**
+ * A request from this machine, addressed to this machine by name: the peer address is loopback
+ * and so is the Host header (a page on a rebinding DNS name reaches 127.0.0.1 with its own Host).
+ */
 function isLoopback(req: IncomingMessage): boolean {
   const a = req.socket.remoteAddress ?? '';
-  return a === '127.0.0.1' || a === '::1' || a === '::ffff:127.0.0.1';
+  const fromHere = a === '127.0.0.1' || a === '::1' || a === '::ffff:127.0.0.1';
+  const host = (req.headers.host ?? '').replace(/:\d+$/, '');
+  return fromHere && (host === '127.0.0.1' || host === 'localhost' || host === '[::1]');
 }
 
 export function newestMtime(paths: string[]): number {
@@ -153,6 +159,8 @@ export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
   const openRoom = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
     if (!isLoopback(req)) throw new MeshError('FORBIDDEN', 'rooms are opened from the machine that runs the server');
     if (!opts.openRoom) throw new MeshError('NOT_SUPPORTED', 'this server cannot open rooms for other models');
+    // JSON only: another site's page cannot send it without a CORS preflight, which this path never grants
+    if (!(req.headers['content-type'] ?? '').startsWith('application/json')) throw new MeshError('BAD_REQUEST', 'POST /app/rooms takes application/json');
     let body: { model?: unknown };
     try {
       body = JSON.parse(await readBody(req)) as { model?: unknown };

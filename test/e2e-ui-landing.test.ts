@@ -1,6 +1,7 @@
 // The landing page's other path: paste the URL of a GGUF on a third-party host (Range + CORS),
 // start a room for it, land on the room page, and serve it from this tab. Plus what the landing
 // page shows to a device that is not the server's machine: no secrets.
+import { request as httpRequest } from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { Browser } from 'playwright-core';
 import { stories260K } from './support/models.ts';
@@ -51,9 +52,24 @@ describe('landing page', () => {
     expect(rooms.local).toBe(true);
     expect(rooms.rooms.map((r) => r.model.id)).toContain('gguf-mesh-default');
     expect(rooms.rooms.every((r) => r.joinUrl?.includes('#secret='))).toBe(true);
-    const bad = await fetch(`${served.base}/app/rooms`, { method: 'POST', body: JSON.stringify({ model: '/etc/passwd' }) });
+    const bad = await fetch(`${served.base}/app/rooms`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: '/etc/passwd' }) });
     expect(bad.status).toBe(400);
     expect(((await bad.json()) as { error: { code: string } }).error.code).toBe('BAD_REQUEST');
+    // a cross-site form post (no JSON content type) opens nothing
+    const form = await fetch(`${served.base}/app/rooms`, { method: 'POST', headers: { 'content-type': 'text/plain' }, body: JSON.stringify({ model: host.url }) });
+    expect(form.status).toBe(400);
+    // a rebinding DNS name reaching this machine sees rooms but no secrets
+    const rebound = await new Promise<string>((resolve, reject) => {
+      const req = httpRequest(`${served.base}/app/rooms`, { headers: { host: 'evil.example:80' } }, (res) => {
+        let body = '';
+        res.on('data', (d) => (body += d));
+        res.on('end', () => resolve(body));
+      });
+      req.on('error', reject);
+      req.end();
+    });
+    expect(JSON.parse(rebound).local).toBe(false);
+    expect(rebound).not.toContain('secret=');
     // the API stays behind the secret: the app's paths never open it
     expect((await fetch(`${served.base}/v1/rooms`)).status).toBe(401);
     expect((await fetch(`${served.base}/models/gguf-mesh-default.gguf`)).status).toBe(401);
