@@ -113,6 +113,7 @@ export function createChatView(opts: ChatViewOptions): ChatView {
     bubble('user', content);
     const out = bubble('assistant', '');
     out.parentElement!.dataset.streaming = 'true';
+    out.parentElement!.setAttribute('aria-busy', 'true'); // screen readers read the reply once, when it is complete
     abort = new AbortController();
     setBusy(true);
     meta.textContent = 'Reading the model’s tokenizer and chat template…';
@@ -156,6 +157,7 @@ export function createChatView(opts: ChatViewOptions): ChatView {
       throw e;
     } finally {
       delete out.parentElement!.dataset.streaming;
+      out.parentElement!.removeAttribute('aria-busy');
       abort = null;
       setBusy(false);
     }
