@@ -129,7 +129,8 @@ export function createRouteView(link: RoomLink, pollMs = 1000): RouteView {
       ['Decode', client ? formatRate(client.tokPerS, 'tok/s') : '–'],
       ['Tokens', client ? `${client.promptTokens} prompt + ${client.generatedTokens} generated` : '–'],
       ['Bytes per token per hop', perToken.length ? perToken.map((b) => formatBytes(Math.round(b))).join(' · ') : single ? 'one stage: no hops' : '–'],
-      ['Carried per hop so far', perHop.length ? perHop.map((x) => formatBytes(x.bytes)).join(' · ') : single ? 'one stage: no hops' : '–'],
+      // from the stages' periodic telemetry: a hop not reported since it carried anything shows as pending
+      ['Carried per hop so far', perHop.length ? hops.map((x) => (x.bytes ? formatBytes(x.bytes) : '…')).join(' · ') : single ? 'one stage: no hops' : '–'],
     ];
     replace(stats, ...items.map(([k, v]) => h('div', { class: 'stat' }, h('dt', {}, k), h('dd', {}, v))));
   };
