@@ -17,7 +17,7 @@ import { planShards } from '../src/audit/plan.ts';
 import type { PeerSpec } from '../src/audit/plan.ts';
 import { modelGeometry } from '../src/audit/geometry.ts';
 import { missingOps } from '../src/audit/ops.ts';
-import { parseByteSize } from '../src/audit/units.ts';
+import { parseByteSize } from '../src/units.ts';
 import { DS4, GLM, QWEN35, deepseek4Spec, glm52Full, glmDsaSpec, qwen35moeSpec } from './audit-fixtures.ts';
 import { stories260K } from './support/models.ts';
 

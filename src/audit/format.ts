@@ -1,7 +1,7 @@
 // Text rendering of an AuditReport for the terminal.
 
 import type { AuditReport, BackendSupport } from './report.ts';
-import { formatBytes } from './units.ts';
+import { formatBytes } from '../units.ts';
 
 const yes = (b: boolean) => (b ? 'yes' : 'no');
 

@@ -8,7 +8,7 @@
 // (the stage is then marked with what it must receive).
 
 import type { ModelGeometry } from './geometry.ts';
-import { formatBytes } from './units.ts';
+import { formatBytes } from '../units.ts';
 
 export type PeerKind = 'browser' | 'native';
 

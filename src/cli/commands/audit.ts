@@ -10,7 +10,7 @@ import { auditHeader } from '../../audit/report.ts';
 import { formatAudit } from '../../audit/format.ts';
 import { DEFAULT_PLAN_OPTIONS } from '../../audit/plan.ts';
 import type { PeerKind, PeerSpec } from '../../audit/plan.ts';
-import { parseByteSize } from '../../audit/units.ts';
+import { parseByteSize } from '../../units.ts';
 
 /** "16GiB", "native:64GiB", "browser:8GB" → a peer. */
 function parsePeer(text: string, option: string): PeerSpec {

@@ -6,6 +6,7 @@ import type { Command } from '../command.ts';
 import { readHeader } from '../../gguf/parse.ts';
 import { hyperParameters, tensorGroups, tensorTypeHistogram } from '../../gguf/summary.ts';
 import type { PerLayer } from '../../gguf/summary.ts';
+import { formatBytes } from '../../units.ts';
 
 export interface InspectReport {
   architecture: string;
@@ -21,18 +22,6 @@ export interface InspectReport {
   tensor_types: Record<string, number>;
   /** bytes of all blk.N.* tensors, one entry per layer */
   layer_bytes: number[];
-}
-
-function formatBytes(n: number): string {
-  if (n < 1024) return `${n} B`;
-  const units = ['KiB', 'MiB', 'GiB', 'TiB'];
-  let v = n / 1024;
-  let u = 0;
-  while (v >= 1024 && u < units.length - 1) {
-    v /= 1024;
-    u++;
-  }
-  return `${v.toFixed(v < 10 ? 2 : 1)} ${units[u]}`;
 }
 
 function show(v: PerLayer): string {
@@ -91,12 +80,12 @@ export const command: Command = {
       `  n_ctx_train    ${report.n_ctx_train}`,
       `  rope           ${rope}`,
       `  tensor_count   ${report.tensor_count}`,
-      `  file_bytes     ${report.file_bytes} (${formatBytes(report.file_bytes)})`,
+      `  file_bytes     ${report.file_bytes} (${formatBytes(report.file_bytes, 1)})`,
       `  tensor_types   ${Object.entries(report.tensor_types).map(([t, n]) => `${t} ×${n}`).join(', ')}`,
-      `  embed          ${formatBytes(byName.get('embed')!.bytes)}`,
-      `  head           ${formatBytes(byName.get('head')!.bytes)}${byName.get('head')!.uses.length ? ' (+ tied token_embd.weight)' : ''}`,
+      `  embed          ${formatBytes(byName.get('embed')!.bytes, 1)}`,
+      `  head           ${formatBytes(byName.get('head')!.bytes, 1)}${byName.get('head')!.uses.length ? ' (+ tied token_embd.weight)' : ''}`,
       '  layer_bytes',
-      ...report.layer_bytes.map((b, i) => `    ${String(i).padStart(4)}  ${b} (${formatBytes(b)})`),
+      ...report.layer_bytes.map((b, i) => `    ${String(i).padStart(4)}  ${b} (${formatBytes(b, 1)})`),
     ];
     console.log(lines.join('\n'));
     return 0;

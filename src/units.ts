@@ -1,4 +1,5 @@
-// Byte sizes as people type them ("16GiB", "8GB", "512MiB") and as the report prints them.
+// Byte sizes as people type them ("16GiB", "8GB", "512MiB") and as reports print them
+// (`audit`, `inspect`).
 
 const UNITS: Record<string, number> = {
   b: 1,
@@ -23,8 +24,11 @@ export function parseByteSize(text: string): number | undefined {
   return Number.isSafeInteger(n) && n > 0 ? n : undefined;
 }
 
-/** 1536 → "1.50 KiB"; binary units, three significant figures. */
-export function formatBytes(n: number): string {
+/**
+ * 1536 → "1.50 KiB": binary units, three significant figures (two decimals below 10, one below
+ * 100, none above), but never fewer than `minDecimals` (inspect prints 123.4 MiB, audit 123 MiB).
+ */
+export function formatBytes(n: number, minDecimals = 0): string {
   if (n < 1024) return `${Math.round(n)} B`;
   const units = ['KiB', 'MiB', 'GiB', 'TiB'];
   let v = n / 1024;
@@ -33,5 +37,5 @@ export function formatBytes(n: number): string {
     v /= 1024;
     u++;
   }
-  return `${v.toFixed(v < 10 ? 2 : v < 100 ? 1 : 0)} ${units[u]}`;
+  return `${v.toFixed(Math.max(minDecimals, v < 10 ? 2 : v < 100 ? 1 : 0))} ${units[u]}`;
 }
