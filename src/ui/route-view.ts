@@ -164,7 +164,7 @@ export function createRouteView(link: RoomLink, pollMs = 1000): RouteView {
       root.append(stageBox(s, x, y, failedStage === s.stage, maxStep, timingOf(s)));
       if (i < n - 1) {
         const hop = hopBytes(s);
-        root.append(arrow(x + BOX_W, x + BOX_W + GAP, mid, hop.kind || 'hidden', hop.bytes !== null ? formatBytes(hop.bytes) : '', hop.kind));
+        root.append(arrow(x + BOX_W, x + BOX_W + GAP, mid, hop.kind || 'hidden', hop.bytes ? formatBytes(hop.bytes) : '', hop.kind));
       }
     });
     // the sampled token travels back to the client
