@@ -11,7 +11,8 @@ import { GgmlType } from '../src/gguf/types.ts';
 import type { GgufHeader, TensorInfo } from '../src/gguf/types.ts';
 import { configFromHeader } from '../src/model/config.ts';
 import type { RopeConfig } from '../src/model/config.ts';
-import { Prng, Sampler } from '../src/model/sampler.ts';
+import { Prng } from '../src/model/prng.ts';
+import { Sampler } from '../src/model/sampler.ts';
 import { TextCollector } from '../src/route/generation.ts';
 
 function rand(n: number, seed = 1): Float32Array {

@@ -4,6 +4,7 @@
 // The same seed and the same logits give the same tokens on every machine.
 
 import { MeshError } from '../errors.ts';
+import { Prng } from './prng.ts';
 
 export interface SamplerOptions {
   /** 0 (default) = greedy */
@@ -23,46 +24,6 @@ export interface SamplerOptions {
 }
 
 const DEFAULT_SEED = 0xc0ffee;
-
-/** xoshiro128** seeded through splitmix32: small, fast, and the same everywhere. */
-export class Prng {
-  private s = new Uint32Array(4);
-
-  constructor(seed: number) {
-    let x = seed >>> 0;
-    for (let i = 0; i < 4; i++) {
-      // splitmix32
-      x = (x + 0x9e3779b9) >>> 0;
-      let z = x;
-      z = Math.imul(z ^ (z >>> 16), 0x85ebca6b) >>> 0;
-      z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35) >>> 0;
-      this.s[i] = (z ^ (z >>> 16)) >>> 0;
-    }
-  }
-
-  /** next 32 random bits */
-  nextU32(): number {
-    const s = this.s;
-    const result = Math.imul(rotl(Math.imul(s[1]!, 5), 7), 9) >>> 0;
-    const t = s[1]! << 9;
-    s[2] = s[2]! ^ s[0]!;
-    s[3] = s[3]! ^ s[1]!;
-    s[1] = s[1]! ^ s[2]!;
-    s[0] = s[0]! ^ s[3]!;
-    s[2] = s[2]! ^ t;
-    s[3] = rotl(s[3]!, 11);
-    return result;
-  }
-
-  /** uniform in [0, 1) with 32 bits of resolution */
-  next(): number {
-    return this.nextU32() / 4294967296;
-  }
-}
-
-function rotl(x: number, k: number): number {
-  return ((x << k) | (x >>> (32 - k))) >>> 0;
-}
 
 export class Sampler {
   readonly options: Required<SamplerOptions>;

@@ -11,6 +11,7 @@
 // llama.cpp's silent fall-back to other types we refuse such shapes with a reason.
 
 import { MeshError } from '../errors.ts';
+import { Prng } from './prng.ts';
 import { quantize } from '../gguf/quantize.ts';
 import { GgmlType, TYPE_TRAITS } from '../gguf/types.ts';
 import type { GgufSpec, MetadataEntry, TensorSpec, WrittenLayout } from '../gguf/writer.ts';
@@ -150,50 +151,6 @@ function streamSeed(seed: number, name: string): number {
   return h;
 }
 
-/** xoshiro128** seeded through splitmix32; `next()` is a uniform in [0, 1). */
-class Rng {
-  private a: number;
-  private b: number;
-  private c: number;
-  private d: number;
-
-  constructor(seed: number) {
-    let s = seed >>> 0;
-    const split = (): number => {
-      s = (s + 0x9e3779b9) >>> 0;
-      let z = s;
-      z = Math.imul(z ^ (z >>> 16), 0x85ebca6b) >>> 0;
-      z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35) >>> 0;
-      return (z ^ (z >>> 16)) >>> 0;
-    };
-    this.a = split();
-    this.b = split();
-    this.c = split();
-    this.d = split();
-  }
-
-  next(): number {
-    const r = Math.imul(rotl(Math.imul(this.b, 5), 7), 9) >>> 0;
-    const t = this.b << 9;
-    this.c ^= this.a;
-    this.d ^= this.b;
-    this.b ^= this.c;
-    this.a ^= this.d;
-    this.c ^= t;
-    this.d = rotl(this.d, 11);
-    return r / 4294967296;
-  }
-
-  /** approximately normal(0, 1): a sum of 4 uniforms (Irwin–Hall), cheap and platform-exact */
-  normal(): number {
-    return (this.next() + this.next() + this.next() + this.next() - 2) * 1.7320508075688772;
-  }
-}
-
-function rotl(x: number, k: number): number {
-  return ((x << k) | (x >>> (32 - k))) >>> 0;
-}
-
 /** How a tensor's values are drawn: mean + std·normal. */
 interface Init {
   mean: number;
@@ -205,7 +162,7 @@ const ROW_CHUNK_VALUES = 1 << 20; // ~4 MiB of f32 per piece while streaming
 /** A producer that draws a tensor's values row group by row group and quantises each group. */
 function randomTensor(name: string, type: GgmlType, shape: number[], init: Init, seed: number): () => Iterable<Uint8Array> {
   return function* () {
-    const rng = new Rng(streamSeed(seed, name));
+    const rng = new Prng(streamSeed(seed, name));
     const nPerRow = shape[0]!;
     const nRows = shape.slice(1).reduce((a, b) => a * b, 1);
     const rowsPerChunk = Math.max(1, Math.floor(ROW_CHUNK_VALUES / nPerRow));
