@@ -25,6 +25,7 @@ import { openTensorSource } from '../src/gguf/source.ts';
 import { quantize } from '../src/gguf/quantize.ts';
 import { GgmlType, TYPE_TRAITS } from '../src/gguf/types.ts';
 import type { ModelType } from '../src/model/synthetic-model.ts';
+import { lcgCentered } from '../test/support/prng.ts';
 import { syntheticModel } from '../test/support/synthetic.ts';
 
 function option(args: string[], name: string, fallback: string): string {
@@ -33,13 +34,8 @@ function option(args: string[], name: string, fallback: string): string {
 }
 
 function random(n: number, seed: number): Float32Array {
-  let s = seed >>> 0;
-  const a = new Float32Array(n);
-  for (let i = 0; i < n; i++) {
-    s = (s * 1664525 + 1013904223) >>> 0;
-    a[i] = s / 2 ** 32 - 0.5;
-  }
-  return a;
+  const next = lcgCentered(seed);
+  return Float32Array.from({ length: n }, next);
 }
 
 interface KernelFigure {

@@ -2,6 +2,8 @@
 // punctuation, accents, CJK, emoji and ZWJ sequences, lone UTF-16 surrogates, special-token
 // texts inside text, the empty string) plus seeded random mixes of the same ingredients.
 
+import { mulberry32 } from './support/prng.ts';
+
 const HAND_PICKED: string[] = [
   '',
   ' ', '  ', '   ', '    ', '        ', '\t', '\t\t', '\n', '\n\n', '\n\n\n', '\r\n', '\r\n\r\n', '\r', ' \n', '\n ', ' \n ',
@@ -39,18 +41,6 @@ const HAND_PICKED: string[] = [
   'a\u1c89b Ᲊx', '\ua7cb\ua7cc test', 'x\u{10d40}\u{10d41}y 12', '🫩 face', 'new\u{11380}\u{11381} script', '\u20c1 sign',
 ];
 
-/** A deterministic 32-bit generator (mulberry32) so the corpus is the same on every run. */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 const INGREDIENTS = [
   'the', 'The', ' cat', 'running', 'quickly', "'s", "'LL", '123', '4567', '0', ' ', '  ', '   ', '\t', '\n', '\r\n', '\n\n', '.', ',',
   '!', '?', '...', '-', '(', ')', '"', "'", '<s>', '</s>', '<|endoftext|>', 'é', 'ü', 'ñ', 'ß', '中', '文', 'の', '한', '🦙', '👍🏽',
@@ -58,7 +48,7 @@ const INGREDIENTS = [
 ];
 
 function randomStrings(count: number, seed: number): string[] {
-  const next = rng(seed);
+  const next = mulberry32(seed);
   const out: string[] = [];
   for (let i = 0; i < count; i++) {
     const parts = 1 + Math.floor(next() * 12);

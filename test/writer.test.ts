@@ -13,6 +13,7 @@ import { GgmlType, tensorBytes } from '../src/gguf/types.ts';
 import type { MetadataEntry, TensorSpec } from '../src/gguf/writer.ts';
 import { GgufValueType, planGguf, writeGguf, writeGgufFile } from '../src/gguf/writer.ts';
 import { ggmlQuantize } from './support/ggml-ffi.ts';
+import { lcgCentered } from './support/prng.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'gguf-writer-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -26,11 +27,7 @@ function save(name: string, bytes: Uint8Array): string {
 /** A deterministic mix of values that exercises quantiser corner cases. */
 function testValues(n: number, seed: number): Float32Array {
   const x = new Float32Array(n); // [n] f32
-  let s = seed >>> 0;
-  const next = (): number => {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    return s / 2 ** 32 - 0.5;
-  };
+  const next = lcgCentered(seed);
   for (let i = 0; i < n; i++) {
     const block = Math.floor(i / 256) % 8;
     if (block === 1) x[i] = 0; // an all-zero super-block
