@@ -3,7 +3,8 @@
 // Extracted once into .cache/ (git-ignored); never committed.
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
+import type { MetadataEntry } from '../src/gguf/writer.ts';
 import { REPO_ROOT } from './support/cli.ts';
 
 const BUNDLE = join(REPO_ROOT, 'node_modules', 'node-llama-cpp', 'llama', 'gitRelease.bundle');
@@ -41,41 +42,61 @@ export function vocabCases(name: string): { text: string; ids: number[] }[] {
   });
 }
 
+/** The hyper-parameters llama.cpp reads before a vocabulary, per architecture (values only have to load). */
+const VOCAB_ONLY_HPARAMS = {
+  llama: { blocks: 1, ctx: 256, embd: 64, ffn: 128, heads: 4, epsKey: 'attention.layer_norm_rms_epsilon' },
+  gpt2: { blocks: 12, ctx: 1024, embd: 768, ffn: 3072, heads: 12, epsKey: 'attention.layer_norm_epsilon' },
+} as const;
+
+/**
+ * Writes a vocabulary-only GGUF (no tensors; llama.cpp loads it with vocabOnly) at `out`
+ * unless one is there: a minimal `arch` header, then the `tokenizer.*` entries. Written under
+ * a temporary name and renamed, so test files running in parallel never read half a file.
+ */
+export async function writeVocabOnlyGguf(out: string, arch: keyof typeof VOCAB_ONLY_HPARAMS, name: string, tokenizer: MetadataEntry[]): Promise<string> {
+  if (existsSync(out)) return out;
+  const { writeGgufFile } = await import('../src/gguf/writer.ts');
+  const hp = VOCAB_ONLY_HPARAMS[arch];
+  mkdirSync(dirname(out), { recursive: true });
+  const tmp = `${out}.tmp-${process.pid}`;
+  await writeGgufFile(tmp, {
+    metadata: [
+      { key: 'general.architecture', type: 'string', value: arch },
+      { key: 'general.name', type: 'string', value: name },
+      { key: `${arch}.block_count`, type: 'uint32', value: hp.blocks },
+      { key: `${arch}.context_length`, type: 'uint32', value: hp.ctx },
+      { key: `${arch}.embedding_length`, type: 'uint32', value: hp.embd },
+      { key: `${arch}.feed_forward_length`, type: 'uint32', value: hp.ffn },
+      { key: `${arch}.attention.head_count`, type: 'uint32', value: hp.heads },
+      { key: `${arch}.${hp.epsKey}`, type: 'float32', value: 1e-5 },
+      ...tokenizer,
+    ],
+    tensors: [],
+  });
+  // another test process may have finished first; either copy is the same
+  if (!existsSync(out)) renameSync(tmp, out);
+  else rmSync(tmp, { force: true });
+  return out;
+}
+
 /**
  * A vocabulary-only GGUF made from llama.cpp's gpt-2 vocabulary with another
  * `tokenizer.ggml.pre`, so pre-tokenizers without a fixture of their own (e.g. `default`)
  * can still be compared with llama.cpp on real merges.
  */
 export async function gpt2VocabWithPre(pre: string): Promise<string> {
-  const { gguf } = await import('@huggingface/gguf');
-  const { writeGgufFile } = await import('../src/gguf/writer.ts');
   const out = join(REPO_ROOT, '.cache', 'tokenizer', `gpt-2-pre-${pre}.gguf`);
   if (existsSync(out)) return out;
+  const { gguf } = await import('@huggingface/gguf');
   const { metadata } = await gguf(vocabPath('gpt-2'), { allowLocalFile: true });
   const m = metadata as unknown as Record<string, unknown>;
-  mkdirSync(join(REPO_ROOT, '.cache', 'tokenizer'), { recursive: true });
-  const tmp = `${out}.tmp-${process.pid}`;
-  await writeGgufFile(tmp, {
-    metadata: [
-      { key: 'general.architecture', type: 'string', value: 'gpt2' },
-      { key: 'general.name', type: 'string', value: `gpt-2 with pre ${pre}` },
-      { key: 'gpt2.block_count', type: 'uint32', value: 12 },
-      { key: 'gpt2.context_length', type: 'uint32', value: 1024 },
-      { key: 'gpt2.embedding_length', type: 'uint32', value: 768 },
-      { key: 'gpt2.feed_forward_length', type: 'uint32', value: 3072 },
-      { key: 'gpt2.attention.head_count', type: 'uint32', value: 12 },
-      { key: 'gpt2.attention.layer_norm_epsilon', type: 'float32', value: 1e-5 },
-      { key: 'tokenizer.ggml.model', type: 'string', value: 'gpt2' },
-      { key: 'tokenizer.ggml.pre', type: 'string', value: pre },
-      { key: 'tokenizer.ggml.tokens', type: 'array', itemType: 'string', value: m['tokenizer.ggml.tokens'] as string[] },
-      { key: 'tokenizer.ggml.token_type', type: 'array', itemType: 'int32', value: m['tokenizer.ggml.token_type'] as number[] },
-      { key: 'tokenizer.ggml.merges', type: 'array', itemType: 'string', value: m['tokenizer.ggml.merges'] as string[] },
-      { key: 'tokenizer.ggml.bos_token_id', type: 'uint32', value: 50256 },
-      { key: 'tokenizer.ggml.eos_token_id', type: 'uint32', value: 50256 },
-    ],
-    tensors: [],
-  });
-  if (!existsSync(out)) renameSync(tmp, out);
-  else rmSync(tmp, { force: true });
-  return out;
+  return writeVocabOnlyGguf(out, 'gpt2', `gpt-2 with pre ${pre}`, [
+    { key: 'tokenizer.ggml.model', type: 'string', value: 'gpt2' },
+    { key: 'tokenizer.ggml.pre', type: 'string', value: pre },
+    { key: 'tokenizer.ggml.tokens', type: 'array', itemType: 'string', value: m['tokenizer.ggml.tokens'] as string[] },
+    { key: 'tokenizer.ggml.token_type', type: 'array', itemType: 'int32', value: m['tokenizer.ggml.token_type'] as number[] },
+    { key: 'tokenizer.ggml.merges', type: 'array', itemType: 'string', value: m['tokenizer.ggml.merges'] as string[] },
+    { key: 'tokenizer.ggml.bos_token_id', type: 'uint32', value: 50256 },
+    { key: 'tokenizer.ggml.eos_token_id', type: 'uint32', value: 50256 },
+  ]);
 }

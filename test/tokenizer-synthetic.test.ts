@@ -1,46 +1,26 @@
 // The synthetic vocabularies make-model writes (src/model/synthetic-vocab.ts) through our
 // tokenizer and through llama.cpp: every corpus string must tokenize and detokenize alike.
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, renameSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { getLlama, LlamaLogLevel } from 'node-llama-cpp';
 import type { Llama, LlamaModel, Token } from 'node-llama-cpp';
 import { readHeader } from '../src/gguf/parse.ts';
-import { writeGgufFile } from '../src/gguf/writer.ts';
 import { buildVocab } from '../src/model/synthetic-vocab.ts';
 import type { VocabOptions } from '../src/model/synthetic-vocab.ts';
 import { ChatTemplate } from '../src/model/chat-template.ts';
 import { Tokenizer } from '../src/model/tokenizer/index.ts';
 import { REPO_ROOT } from './support/cli.ts';
 import { CORPUS } from './tokenizer-corpus.ts';
+import { writeVocabOnlyGguf } from './tokenizer-fixtures.ts';
 
-/** A vocabulary-only GGUF (no tensors) holding one synthetic tokenizer; llama.cpp loads it with vocabOnly. */
-async function writeVocabOnly(opts: VocabOptions): Promise<string> {
-  const dir = join(REPO_ROOT, '.cache', 'tokenizer');
-  mkdirSync(dir, { recursive: true });
+/** A vocabulary-only GGUF holding one synthetic tokenizer; llama.cpp loads it with vocabOnly. */
+function writeVocabOnly(opts: VocabOptions): Promise<string> {
   // buildVocab is deterministic: a file named by its content is reused across runs
   const vocab = buildVocab(opts);
   const digest = createHash('sha256').update(JSON.stringify(vocab.metadata, (_, v: unknown) => (ArrayBuffer.isView(v) ? Array.from(v as Float32Array) : v))).digest('hex');
-  const path = join(dir, `synthetic-${opts.kind}-${opts.pre ?? 'spm'}-${opts.vocabSize}-${digest.slice(0, 12)}.gguf`);
-  if (existsSync(path)) return path;
-  const tmp = `${path}.tmp-${process.pid}`;
-  await writeGgufFile(tmp, {
-    metadata: [
-      { key: 'general.architecture', type: 'string', value: 'llama' },
-      { key: 'general.name', type: 'string', value: 'synthetic vocabulary' },
-      { key: 'llama.block_count', type: 'uint32', value: 1 },
-      { key: 'llama.context_length', type: 'uint32', value: 256 },
-      { key: 'llama.embedding_length', type: 'uint32', value: 64 },
-      { key: 'llama.feed_forward_length', type: 'uint32', value: 128 },
-      { key: 'llama.attention.head_count', type: 'uint32', value: 4 },
-      { key: 'llama.attention.layer_norm_rms_epsilon', type: 'float32', value: 1e-5 },
-      ...vocab.metadata,
-    ],
-    tensors: [],
-  });
-  renameSync(tmp, path);
-  return path;
+  const path = join(REPO_ROOT, '.cache', 'tokenizer', `synthetic-${opts.kind}-${opts.pre ?? 'spm'}-${opts.vocabSize}-${digest.slice(0, 12)}.gguf`);
+  return writeVocabOnlyGguf(path, 'llama', 'synthetic vocabulary', vocab.metadata);
 }
 
 const CONFIGS: VocabOptions[] = [
