@@ -2,9 +2,10 @@
 // backend implements. The tables follow llama.cpp's graphs (src/models/<arch>.cpp) and the
 // audits in docs/audits/; they are data, so adding an architecture or an op is one line.
 
-import { GgmlType } from '../gguf/types.ts';
+import type { GgmlType } from '../gguf/types.ts';
 import { DEQUANT_TYPES } from '../gguf/dequant.ts';
 import { SUPPORTED_ARCHITECTURES } from '../model/config.ts';
+import { SUPPORTED_WEIGHT_TYPES } from '../backends/webgpu/shader-library.ts';
 
 export const OPS = {
   embed_lookup: 'token embedding row lookup',
@@ -94,10 +95,13 @@ export const BACKEND_OPS: Readonly<Record<'cpu' | 'webgpu', ReadonlySet<OpId>>> 
   webgpu: DENSE_OPS,
 };
 
-/** Architectures each backend runs. The CPU list is the model config's own. */
+/**
+ * Architectures each backend runs. The CPU and WebGPU backends both read their model through
+ * the model config's configFromHeader, so both lists are its own.
+ */
 export const BACKEND_ARCHS: Readonly<Record<BackendId, ReadonlySet<string>>> = {
   cpu: new Set(SUPPORTED_ARCHITECTURES),
-  webgpu: new Set(['llama', 'qwen2', 'qwen3']),
+  webgpu: new Set(SUPPORTED_ARCHITECTURES),
   // names present in the llama.cpp bundled with node-llama-cpp@3.21.1 (libllama.v0.4.0.so)
   llamacpp: new Set([
     'llama', 'qwen2', 'qwen3', 'qwen3moe', 'qwen35', 'qwen35moe', 'qwen3next', 'deepseek2',
@@ -108,8 +112,8 @@ export const BACKEND_ARCHS: Readonly<Record<BackendId, ReadonlySet<string>>> = {
 /** ggml types whose weights each backend reads. llama.cpp reads every type a GGUF may hold. */
 export const BACKEND_TYPES: Readonly<Record<'cpu' | 'webgpu', ReadonlySet<GgmlType>>> = {
   cpu: new Set(DEQUANT_TYPES),
-  // shaders/quant/*.wgsl: one dequant snippet per type
-  webgpu: new Set([GgmlType.F32, GgmlType.F16, GgmlType.Q8_0, GgmlType.Q4_0, GgmlType.Q4_K, GgmlType.Q6_K]),
+  // the types with a dequant snippet in shaders/quant/, as the shader library maps them
+  webgpu: new Set(SUPPORTED_WEIGHT_TYPES),
 };
 
 /** The ops `arch` needs that `backend` lacks; undefined when no table knows the architecture. */
