@@ -5,6 +5,7 @@
 // f16 activations unless a model keeps state in f32 (recurrent state), as llama.cpp does.
 
 import { MeshError } from '../errors.ts';
+import { architectureOf, metadataNumber, requiredNumber } from '../gguf/metadata.ts';
 import type { GgufHeader, MetadataValue, TensorInfo } from '../gguf/types.ts';
 
 const F16 = 2;
@@ -56,11 +57,10 @@ export interface ModelGeometry {
 
 type Md = Record<string, MetadataValue>;
 
+/** A metadata number; booleans count too (1/0), as flags such as expert_weights_norm are. */
 function num(v: MetadataValue | undefined): number | undefined {
-  if (typeof v === 'number') return v;
-  if (typeof v === 'bigint') return Number(v);
   if (typeof v === 'boolean') return v ? 1 : 0;
-  return undefined;
+  return metadataNumber(v);
 }
 
 function nums(v: MetadataValue | undefined): number[] | undefined {
@@ -92,16 +92,9 @@ function add(g: BlockTensors, t: TensorInfo): void {
 /** Reads the layer-split geometry of any architecture; names the missing key when it cannot. */
 export function modelGeometry(header: GgufHeader, location = 'GGUF'): ModelGeometry {
   const md: Md = header.metadata;
-  const arch = md['general.architecture'];
-  if (typeof arch !== 'string') {
-    throw new MeshError('GGUF_MISSING_METADATA', `${location}: no general.architecture in the metadata`);
-  }
+  const arch = architectureOf(header, location);
   const k = (name: string) => `${arch}.${name}`;
-  const required = (name: string): number => {
-    const v = num(md[k(name)]);
-    if (v === undefined) throw new MeshError('GGUF_MISSING_METADATA', `${location}: no ${k(name)} in the metadata`);
-    return v;
-  };
+  const required = (name: string): number => requiredNumber(header, k(name), location, num);
   const blockCount = required('block_count');
   const nEmbd = required('embedding_length');
   const nextn = Math.min(num(md[k('nextn_predict_layers')]) ?? 0, blockCount);

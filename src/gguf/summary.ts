@@ -3,7 +3,7 @@
 // (src/model/config.ts turns a header into a full ModelConfig for the architectures we run;
 // this module only describes, so it also works for architectures we cannot run.)
 
-import { MeshError } from '../errors.ts';
+import { architectureOf, metadataNumber, requiredNumber } from './metadata.ts';
 import { ggmlTypeName } from './traits.ts';
 import type { GgufHeader, MetadataValue, TensorInfo } from './types.ts';
 
@@ -33,38 +33,26 @@ export interface HyperParameters {
   rope: RopeSummary;
 }
 
-function num(v: MetadataValue | undefined): number | undefined {
-  if (typeof v === 'number') return v;
-  if (typeof v === 'bigint') return Number(v);
-  return undefined;
-}
-
 function perLayer(v: MetadataValue | undefined): PerLayer | undefined {
   if (Array.isArray(v)) {
-    const nums = v.map((x) => num(x));
+    const nums = v.map((x) => metadataNumber(x));
     if (nums.every((x) => x !== undefined)) return nums as number[];
     return undefined;
   }
-  return num(v);
+  return metadataNumber(v);
 }
 
 /** Reads the hyper-parameters of any architecture; throws GGUF_MISSING_METADATA naming the key. */
 export function hyperParameters(header: GgufHeader, location = 'GGUF'): HyperParameters {
   const md = header.metadata;
-  const arch = md['general.architecture'];
-  if (typeof arch !== 'string') {
-    throw new MeshError('GGUF_MISSING_METADATA', `${location}: no general.architecture in the metadata`);
-  }
+  const arch = architectureOf(header, location);
   const key = (k: string) => `${arch}.${k}`;
-  const required = (k: string): number => {
-    const v = num(md[key(k)]);
-    if (v === undefined) throw new MeshError('GGUF_MISSING_METADATA', `${location}: no ${key(k)} in the metadata`);
-    return v;
-  };
+  const required = (k: string): number => requiredNumber(header, key(k), location);
+  const optional = (k: string): number | undefined => metadataNumber(md[key(k)]);
   const nHead = perLayer(md[key('attention.head_count')]) ?? 0;
   const tokens = md['tokenizer.ggml.tokens'];
   const embd = header.tensors.find((t) => t.name === 'token_embd.weight');
-  const nVocab = num(md[key('vocab_size')]) ?? (Array.isArray(tokens) ? tokens.length : undefined) ?? embd?.shape[1] ?? 0;
+  const nVocab = optional('vocab_size') ?? (Array.isArray(tokens) ? tokens.length : undefined) ?? embd?.shape[1] ?? 0;
   const scalingType = md[key('rope.scaling.type')];
   return {
     architecture: arch,
@@ -74,13 +62,13 @@ export function hyperParameters(header: GgufHeader, location = 'GGUF'): HyperPar
     n_head_kv: perLayer(md[key('attention.head_count_kv')]) ?? nHead,
     n_ff: perLayer(md[key('feed_forward_length')]) ?? 0,
     n_vocab: nVocab,
-    n_ctx_train: num(md[key('context_length')]) ?? 0,
+    n_ctx_train: optional('context_length') ?? 0,
     rope: {
-      dimension_count: num(md[key('rope.dimension_count')]) ?? null,
-      freq_base: num(md[key('rope.freq_base')]) ?? 10000,
-      scaling_type: typeof scalingType === 'string' ? scalingType : num(md[key('rope.scale_linear')]) ? 'linear' : 'none',
-      scaling_factor: num(md[key('rope.scaling.factor')]) ?? num(md[key('rope.scale_linear')]) ?? null,
-      scaling_orig_ctx: num(md[key('rope.scaling.original_context_length')]) ?? null,
+      dimension_count: optional('rope.dimension_count') ?? null,
+      freq_base: optional('rope.freq_base') ?? 10000,
+      scaling_type: typeof scalingType === 'string' ? scalingType : optional('rope.scale_linear') ? 'linear' : 'none',
+      scaling_factor: optional('rope.scaling.factor') ?? optional('rope.scale_linear') ?? null,
+      scaling_orig_ctx: optional('rope.scaling.original_context_length') ?? null,
     },
   };
 }

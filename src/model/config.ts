@@ -2,6 +2,7 @@
 // `configFromHeader` (below the types) is the one place that knows metadata key names.
 
 import { MeshError } from '../errors.ts';
+import { metadataNumber } from '../gguf/metadata.ts';
 import { GgmlType } from '../gguf/types.ts';
 import type { GgufHeader, MetadataValue, TensorSource } from '../gguf/types.ts';
 
@@ -164,14 +165,8 @@ function tokenListLength(md: Record<string, MetadataValue>): number | undefined 
   return Array.isArray(tokens) ? tokens.length : undefined;
 }
 
-function asNumber(v: MetadataValue | undefined): number | undefined {
-  if (typeof v === 'number') return v;
-  if (typeof v === 'bigint') return Number(v);
-  return undefined;
-}
-
 function requiredInt(md: Record<string, MetadataValue>, k: string): number {
-  const n = asNumber(md[k]);
+  const n = metadataNumber(md[k]);
   if (n === undefined || !Number.isSafeInteger(n) || n <= 0) {
     throw new MeshError('BAD_MODEL_METADATA', `${k} is missing or not a positive integer`);
   }
@@ -184,7 +179,7 @@ function optionalInt(md: Record<string, MetadataValue>, k: string, fallback: num
 }
 
 function optionalNumber(md: Record<string, MetadataValue>, k: string, fallback: number): number {
-  const n = asNumber(md[k]);
+  const n = metadataNumber(md[k]);
   return n === undefined ? fallback : n;
 }
 
@@ -193,7 +188,7 @@ function perLayerInt(md: Record<string, MetadataValue>, k: string, fallback: num
   const v = md[k];
   if (v === undefined && fallback !== undefined) return fallback;
   if (Array.isArray(v)) {
-    const values = new Set(v.map((x) => asNumber(x)));
+    const values = new Set(v.map((x) => metadataNumber(x)));
     const only = values.size === 1 ? [...values][0] : undefined;
     if (only === undefined || !Number.isSafeInteger(only) || only <= 0) {
       throw new MeshError('BAD_MODEL_METADATA', `${k} differs between layers, which is not supported`);
