@@ -8,7 +8,9 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 export interface RangeFetch {
   /** the peer id from `x-mesh-peer`, else the client's address:port */
   client: string;
-  /** inclusive byte range [start, end] */
+  /** which file of the artifact (0 unless it is a split GGUF) */
+  file: number;
+  /** inclusive byte range [start, end] within that file */
   start: number;
   end: number;
   at: number;
@@ -20,14 +22,15 @@ export class FetchLog {
     this.entries.push(e);
     if (this.entries.length > 100_000) this.entries.shift(); // bounded: a log, not a store
   }
-  /** bytes each client fetched */
-  byClient(): Record<string, { requests: number; bytes: number; ranges: Array<[number, number]> }> {
-    const out: Record<string, { requests: number; bytes: number; ranges: Array<[number, number]> }> = {};
+  /** bytes each client fetched; `ranges` are within each file, `files[i]` says which file range i read */
+  byClient(): Record<string, { requests: number; bytes: number; ranges: Array<[number, number]>; files: number[] }> {
+    const out: Record<string, { requests: number; bytes: number; ranges: Array<[number, number]>; files: number[] }> = {};
     for (const e of this.entries) {
-      const c = (out[e.client] ??= { requests: 0, bytes: 0, ranges: [] });
+      const c = (out[e.client] ??= { requests: 0, bytes: 0, ranges: [], files: [] });
       c.requests++;
       c.bytes += e.end - e.start + 1;
       c.ranges.push([e.start, e.end]);
+      c.files.push(e.file);
     }
     return out;
   }
@@ -55,7 +58,7 @@ export function parseRange(header: string | undefined, size: number): { start: n
   return { start, end };
 }
 
-export function serveFile(req: IncomingMessage, res: ServerResponse, path: string, size: number, log: FetchLog): void {
+export function serveFile(req: IncomingMessage, res: ServerResponse, path: string, size: number, log: FetchLog, file = 0): void {
   const client = (req.headers['x-mesh-peer'] as string | undefined) ?? `${req.socket.remoteAddress}:${req.socket.remotePort}`;
   const range = parseRange(req.headers.range, size);
   const head = req.method === 'HEAD';
@@ -72,6 +75,6 @@ export function serveFile(req: IncomingMessage, res: ServerResponse, path: strin
     res.end();
     return;
   }
-  log.add({ client, start, end, at: Date.now() });
+  log.add({ client, file, start, end, at: Date.now() });
   createReadStream(path, { start, end }).on('error', () => res.destroy()).pipe(res);
 }

@@ -10,7 +10,7 @@ import type { GgufHeader } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
 import { planRoute } from '../src/route/planner.ts';
 import { unitsRange } from '../src/route/verified-source.ts';
-import type { ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/route/control.ts';
+import type { IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/route/control.ts';
 import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';
@@ -49,8 +49,11 @@ export interface ModelArtifact {
   id: string;
   /** local path, or the URL peers read */
   location: string;
+  /** the artifact header: a split GGUF's parts joined, tensors at offsets into the parts concatenated */
   header: GgufHeader;
   nLayer: number;
+  /** files of the artifact (a split GGUF has several; peers derive their URLs from modelUrl's name) */
+  files: number;
 }
 
 export class Route implements RouteHandle {
@@ -112,6 +115,8 @@ export interface RoomOptions {
   nextRouteId: () => number;
   sessions: SessionManager;
   log: (line: string) => void;
+  /** STUN/TURN servers announced to peers in welcome (browser peers across the internet) */
+  iceServers?: IceServer[];
 }
 
 export class Room {
@@ -151,7 +156,7 @@ export class Room {
   }
 
   brief(): ModelBrief {
-    return { id: this.model.id, url: this.opts.modelUrl, nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes };
+    return { id: this.model.id, url: this.opts.modelUrl, nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes, files: this.model.files };
   }
 
   addPeer(hello: PeerHello, ws: WebSocket): Peer {
@@ -159,7 +164,8 @@ export class Room {
     const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`), joinedAt: Date.now(), gone: false };
     this.peers.set(id, peer);
     this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}`);
-    this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief() });
+    const ice = this.opts.iceServers?.length ? { iceServers: this.opts.iceServers } : {};
+    this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief(), ...ice });
     this.schedulePlan();
     return peer;
   }

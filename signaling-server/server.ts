@@ -24,10 +24,11 @@ import { basename } from 'node:path';
 import { WebSocketServer } from 'ws';
 import type WebSocket from 'ws';
 import { MeshError } from '../src/errors.ts';
-import { readHeader, isUrl } from '../src/gguf/parse.ts';
+import { isUrl } from '../src/gguf/parse.ts';
+import { artifactFiles, readArtifactHeader, splitName } from '../src/gguf/split.ts';
 import { configFromHeader } from '../src/model/config.ts';
 import { helloProof } from '../src/route/control.ts';
-import type { PeerHello, PeerToServer } from '../src/route/control.ts';
+import type { IceServer, PeerHello, PeerToServer } from '../src/route/control.ts';
 import { SessionManager } from '../src/route/sessions.ts';
 import { FrameType } from '../src/protocol/frame.ts';
 import type { Frame } from '../src/protocol/frame.ts';
@@ -57,6 +58,8 @@ export interface SignalingServerOptions {
   planDelayMs?: number;
   /** idle sessions expire after this long (ms, default 5 min) */
   sessionTtlMs?: number;
+  /** STUN/TURN servers announced to every peer in welcome */
+  iceServers?: IceServer[];
   log?: (line: string) => void;
 }
 
@@ -70,8 +73,15 @@ export interface SignalingServer {
   close(): Promise<void>;
 }
 
+/** The file name a location ends in (a URL's path, a local path's base name). */
+function fileNameOf(location: string): string {
+  return basename(isUrl(location) ? new URL(location).pathname : location);
+}
+
+/** A room's model id: the file name without `.gguf` (a split's shared prefix), unique among the rooms. */
 function modelIdFor(location: string, taken: Set<string>): string {
-  const name = basename(isUrl(location) ? new URL(location).pathname : location).replace(/\.gguf$/i, '').replace(/[^A-Za-z0-9_.-]/g, '_') || 'model';
+  const file = fileNameOf(location);
+  const name = (splitName(file)?.prefix ?? file.replace(/\.gguf$/i, '')).replace(/[^A-Za-z0-9_.-]/g, '_') || 'model';
   let id = name;
   for (let i = 2; taken.has(id); i++) id = `${name}-${i}`;
   taken.add(id);
@@ -82,7 +92,8 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
   const log = opts.log ?? (() => undefined);
   const rooms: Room[] = [];
   const fetchLogs = new Map<string, FetchLog>();
-  const localFiles = new Map<string, { path: string; size: number }>();
+  // hosted file name (without .gguf) → the local file; a split artifact hosts each part
+  const localFiles = new Map<string, { modelId: string; path: string; size: number; file: number }>();
   let routeCounter = 0;
   const manifests = new Map<string, Promise<Manifest>>();
   const relayLedgers = new Map<string, RelayLedger>();
@@ -109,25 +120,32 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
 
   const taken = new Set<string>();
   for (const location of opts.models) {
-    const header = await readHeader(location);
+    // a split GGUF (any part named) is one model: the joined header addresses its parts concatenated
+    const art = await readArtifactHeader(location);
+    const header = art.header;
     const config = configFromHeader(header);
     const id = modelIdFor(location, taken);
     const remote = isUrl(location);
+    const split = art.files.length > 1;
+    // hosted as /models/{id}.gguf, or /models/{id}-0000k-of-0000n.gguf per part (llama.cpp's names)
+    const hostedNames = art.files.map((_, k) => (split ? `${id}-${String(k + 1).padStart(5, '0')}-of-${String(art.files.length).padStart(5, '0')}` : id));
     if (!remote) {
-      localFiles.set(id, { path: location, size: header.fileBytes });
+      art.files.forEach((f, k) => localFiles.set(hostedNames[k]!, { modelId: id, path: f.location, size: f.header.fileBytes, file: k }));
       fetchLogs.set(id, new FetchLog());
     }
     const room = new Room(
       randomBytes(6).toString('hex'),
       opts.secret ?? randomBytes(18).toString('base64url'),
-      { id, location, header, nLayer: config.nLayer },
+      { id, location, header, nLayer: config.nLayer, files: art.files.length },
       {
         minPeers: opts.minPeers ?? 1,
         planDelayMs: opts.planDelayMs ?? 300,
-        modelUrl: remote ? location : `${url}/models/${id}.gguf`,
+        // peers read the first part's URL; the other parts' URLs follow from its name
+        modelUrl: remote ? artifactFiles(location)[0]! : `${url}/models/${hostedNames[0]}.gguf`,
         nextRouteId: () => ++routeCounter,
         sessions,
         log,
+        ...(opts.iceServers?.length ? { iceServers: opts.iceServers } : {}),
       },
     );
     rooms.push(room);
@@ -176,8 +194,8 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
       if (modelFile && (method === 'GET' || method === 'HEAD')) {
         const allowed = requireAuth(req);
         const file = localFiles.get(modelFile[1]!);
-        if (!file || !allowed.some((r) => r.model.id === modelFile[1])) throw new MeshError('NOT_FOUND', `no model ${modelFile[1]} in the rooms this secret opens`);
-        return serveFile(req, res, file.path, file.size, fetchLogs.get(modelFile[1]!)!);
+        if (!file || !allowed.some((r) => r.model.id === file.modelId)) throw new MeshError('NOT_FOUND', `no model file ${modelFile[1]}.gguf in the rooms this secret opens`);
+        return serveFile(req, res, file.path, file.size, fetchLogs.get(file.modelId)!, file.file);
       }
       const allowed = requireAuth(req);
       let m: RegExpExecArray | null;

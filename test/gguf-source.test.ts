@@ -3,8 +3,9 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { coalesceRanges } from '../src/gguf/ranges.ts';
-import { openTensorSource, readByteRanges, openByteReader } from '../src/gguf/source.ts';
+import { openArtifactReader, openTensorSource, readByteRanges, openByteReader } from '../src/gguf/source.ts';
 import { isMeshError } from '../src/errors.ts';
+import { readHeader } from '../src/gguf/parse.ts';
 import { stories260K } from './support/models.ts';
 import { startRangeServer } from './support/range-server.ts';
 import type { RangeServer } from './support/range-server.ts';
@@ -101,7 +102,7 @@ describe('TensorSource', () => {
   });
 
   it('a short read names the tensor (file and URL)', async () => {
-    const h = (await openTensorSource(model)).header;
+    const h = await readHeader(model);
     const cut = original.slice(0, original.length - 300); // cuts into blk.4.ffn_up.weight's tail
     const path = join(dir, 'cut.gguf');
     writeFileSync(path, cut);
@@ -134,6 +135,39 @@ describe('TensorSource', () => {
       for await (const c of reader.stream()) chunks.push(c);
       await reader.close();
       expect(Buffer.compare(Buffer.concat(chunks), original)).toBe(0);
+    }
+  });
+
+  it('openArtifactReader reads several files (a local one and a URL) as their concatenation: ranges across the seam, short reads named', async () => {
+    // the model cut at an odd byte into two "files": one local, one served over HTTP
+    const cut = 400_001;
+    const head = join(dir, 'head.bin');
+    writeFileSync(head, original.subarray(0, cut));
+    server.set('/tail.bin', original.subarray(cut));
+    const reader = await openArtifactReader([head, `${server.url}/tail.bin`], [cut, original.length - cut]);
+    try {
+      const ranges = [
+        { offset: cut - 10, length: 30 }, // across the seam
+        { offset: 0, length: 4 },
+        { offset: cut, length: 8 }, // the second file's first bytes
+        { offset: original.length - 5, length: 5 },
+        { offset: 12, length: 0 },
+      ];
+      const got = await reader.readRanges(ranges);
+      ranges.forEach((r, i) => expect(Buffer.compare(got[i]!, original.subarray(r.offset, r.offset + r.length)), `range ${i}`).toBe(0));
+      const chunks: Uint8Array[] = [];
+      for await (const c of reader.stream()) chunks.push(c);
+      expect(Buffer.compare(Buffer.concat(chunks), original)).toBe(0);
+      let err: unknown;
+      try {
+        await reader.readRanges([{ offset: original.length - 2, length: 4 }], ["tensor 'past.end'"]);
+      } catch (e) {
+        err = e;
+      }
+      expect(isMeshError(err, 'SHORT_READ')).toBe(true);
+      expect((err as Error).message).toContain('past.end');
+    } finally {
+      await reader.close();
     }
   });
 });

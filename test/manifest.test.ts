@@ -8,8 +8,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { buildManifest, manifestJson, verifyTensor } from '../src/gguf/manifest.ts';
 import type { Manifest } from '../src/gguf/manifest.ts';
-import { parseManifest, readVerifiedTensors, shardGroupNames, shardTensors, verifyTensorBytes } from '../src/gguf/verify.ts';
-import { openTensorSource } from '../src/gguf/source.ts';
+import { artifactOffset, parseManifest, readVerifiedTensors, shardGroupNames, shardTensors, verifyTensorBytes } from '../src/gguf/verify.ts';
+import { openByteReader, openTensorSource, tensorSourceOver } from '../src/gguf/source.ts';
 import { readHeader } from '../src/gguf/parse.ts';
 import { tensorGroups } from '../src/gguf/summary.ts';
 import { writeGguf } from '../src/gguf/writer.ts';
@@ -234,13 +234,26 @@ describe('split artifacts and tied heads', () => {
     const remote = await buildManifest(`${server.url}/tiny-00001-of-00002.gguf`);
     expect(manifestJson(remote)).toBe(manifestJson(m));
 
-    // reading a verified shard of a split: one source per file
-    const srcs = [await openTensorSource(join(dir, 'tiny-00001-of-00002.gguf')), await openTensorSource(join(dir, 'tiny-00002-of-00002.gguf'))];
+    // reading a verified shard of a split: one source per file (byte ranges from the manifest)
+    const parts = [join(dir, 'tiny-00001-of-00002.gguf'), join(dir, 'tiny-00002-of-00002.gguf')];
+    const srcs = await Promise.all(parts.map(async (p) => tensorSourceOver(await readHeader(p), await openByteReader(p))));
     try {
       const got = await readVerifiedTensors(srcs, m, shardTensors(m, 2, 5).map((t) => t.name));
       expect(got.tensors.size).toBe(9 * 3 + 2);
     } finally {
       for (const s of srcs) await s.close();
+    }
+    // any part opens the whole artifact: the joined header addresses the parts concatenated
+    const whole = await openTensorSource(parts[1]!);
+    try {
+      expect(whole.header.fileBytes).toBe(part1.length + part2.length);
+      const all = await whole.read(whole.header.tensors);
+      for (const t of m.tensors) {
+        expect(whole.header.tensors.find((x) => x.name === t.name)!.offset).toBe(artifactOffset(m, t));
+        expect(sha(all.get(t.name)!)).toBe(t.sha256);
+      }
+    } finally {
+      await whole.close();
     }
   });
 

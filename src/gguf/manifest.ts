@@ -15,6 +15,7 @@ import { MeshError } from '../errors.ts';
 import { isUrl, readHeader } from './parse.ts';
 import type { ReadHeaderOptions } from './parse.ts';
 import { openByteReader } from './source.ts';
+import { artifactFiles, readArtifactHeader } from './split.ts';
 import { hyperParameters, tensorGroups } from './summary.ts';
 import type { HyperParameters, TensorGroup } from './summary.ts';
 import { ggmlTypeName } from './traits.ts';
@@ -63,16 +64,7 @@ export interface Manifest {
   groups: TensorGroup[];
 }
 
-const SPLIT_RE = /^(.*)-(\d{5})-of-(\d{5})\.gguf$/;
-
-/** The files of an artifact: the location itself, or every part of a split GGUF. */
-export function artifactFiles(location: string): string[] {
-  const m = SPLIT_RE.exec(location);
-  if (!m) return [location];
-  const total = Number(m[3]);
-  if (total < 1) throw new MeshError('GGUF_BAD_SPLIT', `${location}: a split of ${total} files`);
-  return Array.from({ length: total }, (_, i) => `${m[1]}-${String(i + 1).padStart(5, '0')}-of-${m[3]}.gguf`);
-}
+export { artifactFiles };
 
 /** Hashes one file front to back in one pass: the whole, and each tensor range as it passes. */
 async function hashFile(
@@ -123,9 +115,10 @@ async function hashFile(
 
 /** Builds the manifest of the artifact at `location` (a file or URL; a split's any part). */
 export async function buildManifest(location: string, opts: ReadHeaderOptions = {}): Promise<Manifest> {
-  const locations = artifactFiles(location);
-  const headers: GgufHeader[] = [];
-  for (const loc of locations) headers.push(await readHeader(loc, opts));
+  // every part's header, checked to be one split (split.no / split.count / split.tensors.count)
+  const art = await readArtifactHeader(location, opts);
+  const locations = art.files.map((f) => f.location);
+  const headers = art.files.map((f) => f.header);
 
   const artifactHash = createHash('sha256');
   const files: ManifestFile[] = [];

@@ -1,13 +1,16 @@
 // Reading bytes of an artifact: from a local file (positioned fd reads) or from a URL (HTTP
 // Range requests, nearby ranges coalesced into one request). Node modules are imported only
 // on the file path, so browsers can use the URL path of this module. `ByteReader` is the raw layer
-// (manifests and peers use it); `openTensorSource` puts a parsed header on top of it.
+// (manifests and peers use it); `openTensorSource` puts a parsed header on top of it. A split
+// GGUF reads as one artifact: `openArtifactReader` joins its files' readers into one address
+// space, the parts concatenated in order (./split.ts).
 
 import type { FileHandle } from 'node:fs/promises';
 import { MeshError } from '../errors.ts';
-import { isUrl, readHeader } from './parse.ts';
+import { isUrl } from './parse.ts';
 import type { ReadHeaderOptions } from './parse.ts';
 import { coalesceRanges } from './ranges.ts';
+import { readArtifactHeader } from './split.ts';
 import type { CoalesceOptions } from './ranges.ts';
 import type { ByteRange, GgufHeader, TensorInfo, TensorSource } from './types.ts';
 
@@ -211,6 +214,93 @@ class HttpByteReader implements ByteReader {
   async close(): Promise<void> {}
 }
 
+/**
+ * One ByteReader over several files read back to back (a split GGUF's parts): offset 0 is the
+ * first byte of the first file, file k starts at the sum of the sizes before it. A range that
+ * crosses a file boundary is read from both files and joined.
+ */
+class ConcatByteReader implements ByteReader {
+  readonly location: string;
+  private readonly bases: number[] = [];
+
+  constructor(
+    private readonly parts: readonly ByteReader[],
+    private readonly sizes: readonly number[],
+  ) {
+    this.location = parts[0]!.location;
+    let base = 0;
+    for (const size of sizes) {
+      this.bases.push(base);
+      base += size;
+    }
+  }
+
+  get stats(): ByteReaderStats {
+    return {
+      requests: this.parts.reduce((a, p) => a + p.stats.requests, 0),
+      bytesRead: this.parts.reduce((a, p) => a + p.stats.bytesRead, 0),
+    };
+  }
+
+  async readRanges(ranges: readonly ByteRange[], labels?: readonly string[]): Promise<Uint8Array[]> {
+    // cut each range at file boundaries (the last file is open-ended: past its end is a short read)
+    const perFile = this.parts.map(() => ({ ranges: [] as ByteRange[], labels: [] as string[], owners: [] as Array<[number, number]> }));
+    const pieces: number[] = ranges.map(() => 0);
+    ranges.forEach((r, i) => {
+      const end = r.offset + r.length;
+      for (let f = 0; f < this.parts.length; f++) {
+        const lo = this.bases[f]!;
+        const hi = f === this.parts.length - 1 ? Infinity : lo + this.sizes[f]!;
+        const from = Math.max(r.offset, lo);
+        const to = Math.min(end, hi);
+        if (to > from || (r.length === 0 && r.offset >= lo && r.offset < hi)) {
+          perFile[f]!.ranges.push({ offset: from - lo, length: to - from });
+          perFile[f]!.labels.push(labels?.[i] ?? `range ${i}`);
+          perFile[f]!.owners.push([i, from - r.offset]);
+          pieces[i]!++;
+        }
+      }
+    });
+    const got = await Promise.all(perFile.map((p, f) => (p.ranges.length ? this.parts[f]!.readRanges(p.ranges, p.labels) : Promise.resolve([]))));
+    const out: Uint8Array[] = new Array(ranges.length);
+    perFile.forEach((p, f) => {
+      p.owners.forEach(([i, rel], k) => {
+        const bytes = got[f]![k]!;
+        if (pieces[i] === 1) out[i] = bytes;
+        else (out[i] ??= new Uint8Array(ranges[i]!.length)).set(bytes, rel);
+      });
+    });
+    return out;
+  }
+
+  async *stream(): AsyncIterable<Uint8Array> {
+    for (const p of this.parts) yield* p.stream();
+  }
+
+  async close(): Promise<void> {
+    await Promise.all(this.parts.map((p) => p.close()));
+  }
+}
+
+/**
+ * A reader of the artifact's bytes: one file, or the files of a split read as their
+ * concatenation. `sizes` (bytes of each file, e.g. from the manifest) places the files.
+ */
+export async function openArtifactReader(locations: readonly string[], sizes: readonly number[], opts: ByteReaderOptions = {}): Promise<ByteReader> {
+  if (locations.length !== sizes.length || locations.length === 0) {
+    throw new MeshError('GGUF_BAD_SPLIT', `${locations.length} files but ${sizes.length} sizes`);
+  }
+  if (locations.length === 1) return openByteReader(locations[0]!, opts);
+  const parts: ByteReader[] = [];
+  try {
+    for (const loc of locations) parts.push(await openByteReader(loc, opts));
+  } catch (e) {
+    await Promise.all(parts.map((p) => p.close()));
+    throw e;
+  }
+  return new ConcatByteReader(parts, sizes);
+}
+
 export interface OpenTensorSourceOptions extends ReadHeaderOptions, ByteReaderOptions {}
 
 /** A TensorSource that also exposes its byte reader (for raw reads and request counts). */
@@ -218,13 +308,20 @@ export interface ByteTensorSource extends TensorSource {
   readonly bytes: ByteReader;
 }
 
-/** Parses the header at `location` and returns a source that reads tensors by byte range. */
+/**
+ * Parses the header at `location` and returns a source that reads tensors by byte range. Any
+ * part of a split GGUF opens the whole artifact: the header has every part's tensors, at
+ * offsets into the parts concatenated (./split.ts).
+ */
 export async function openTensorSource(location: string, opts: OpenTensorSourceOptions = {}): Promise<ByteTensorSource> {
-  const header = await readHeader(location, opts);
-  const bytes = await openByteReader(location, opts);
-  return tensorSourceOver(header, bytes);
+  const art = await readArtifactHeader(location, opts);
+  const bytes = await openArtifactReader(
+    art.files.map((f) => f.location),
+    art.files.map((f) => f.header.fileBytes),
+    opts,
+  );
+  return tensorSourceOver(art.header, bytes);
 }
-
 /** Wraps an already-parsed header and a byte reader as a TensorSource. */
 export function tensorSourceOver(header: GgufHeader, bytes: ByteReader): ByteTensorSource {
   return {

@@ -68,6 +68,16 @@ export function shardTensors(manifest: Manifest, start: number, end: number): Ma
   return manifest.tensors.filter((t) => wanted.has(t.name));
 }
 
+/**
+ * Where a tensor starts in the artifact's bytes (all files concatenated in order), the
+ * addressing of a split artifact's joined header and of `openArtifactReader`.
+ */
+export function artifactOffset(manifest: Manifest, entry: ManifestTensor): number {
+  let base = 0;
+  for (let f = 0; f < entry.file; f++) base += manifest.artifact.files[f]!.size;
+  return base + entry.offset;
+}
+
 /** A manifest entry as the TensorInfo a TensorSource reads. */
 export function tensorInfoOf(entry: ManifestTensor): TensorInfo {
   return {

@@ -30,12 +30,23 @@ export interface ModelBrief {
   /** where to read the GGUF (HTTP Range), with the room secret as a Bearer token */
   url: string;
   nLayer: number;
+  /** bytes of the whole artifact (all files of a split GGUF) */
   fileBytes: number;
+  /** files of the artifact: 1, or the parts of a split GGUF (`url` names the first; the rest follow its name) */
+  files?: number;
+}
+
+/** A STUN or TURN server as WebRTC's RTCIceServer takes it. */
+export interface IceServer {
+  urls: string;
+  username?: string;
+  credential?: string;
 }
 
 export type ServerToPeer =
   | { t: 'challenge'; nonce: string }
-  | { t: 'welcome'; peerId: string; roomId: string; model: ModelBrief }
+  /** iceServers: for browser peers that meet across the internet (absent: none configured, fine on a LAN) */
+  | { t: 'welcome'; peerId: string; roomId: string; model: ModelBrief; iceServers?: IceServer[] }
   | { t: 'assign'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string; downstream: string | null; downstreamPeer?: string | null; upstreamPeer?: string | null }
   | { t: 'release'; routeId: number }
   | { t: 'error'; code: string; message: string };
@@ -51,6 +62,23 @@ export type PeerToServer =
 
 export function helloProof(secret: string, nonce: string): string {
   return createHmac('sha256', secret).update(nonce).digest('hex');
+}
+
+/**
+ * Parses an ICE server as `serve --ice-server` takes it: `stun:host[:port]`, or
+ * `turn:user:pass@host[:port][?transport=udp|tcp]` (also `stuns:` / `turns:`). TURN needs a
+ * user and password (browsers refuse a TURN server without them); they may be %-encoded.
+ */
+export function parseIceServer(text: string): IceServer {
+  const m = /^(stuns?|turns?):(?:([^:@/?]*):([^@/?]*)@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::(\d{1,5}))?(\?transport=(?:udp|tcp))?$/.exec(text.trim());
+  if (!m) throw new Error(`'${text}' is not an ICE server (stun:host:port or turn:user:pass@host:port)`);
+  const [, scheme, user, pass, host, port, query] = m;
+  const isTurn = scheme!.startsWith('turn');
+  if (port !== undefined && (Number(port) < 1 || Number(port) > 65535)) throw new Error(`'${text}': port ${port} is out of range`);
+  if (isTurn && (user === undefined || user === '' || pass === undefined)) throw new Error(`'${text}': a TURN server needs user:password@ before the host`);
+  if (!isTurn && (user !== undefined || query)) throw new Error(`'${text}': a STUN server takes no user, password or transport`);
+  const urls = `${scheme}:${host}${port ? `:${port}` : ''}${query ?? ''}`;
+  return isTurn ? { urls, username: decodeURIComponent(user!), credential: decodeURIComponent(pass!) } : { urls };
 }
 
 /** Parses a room URL `http://host:port/room/<id>#secret=<s>` into its parts. */

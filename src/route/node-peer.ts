@@ -12,7 +12,8 @@ import { pipeline } from 'node:stream/promises';
 import WebSocket from 'ws';
 import { MeshError } from '../errors.ts';
 import type { ShardRange, StageBackend } from '../backends/types.ts';
-import { openByteReader, openTensorSource, tensorSourceOver } from '../gguf/source.ts';
+import { openArtifactReader, openTensorSource, tensorSourceOver } from '../gguf/source.ts';
+import { artifactFiles, splitPartName } from '../gguf/split.ts';
 import type { Manifest } from '../gguf/manifest.ts';
 import { parseManifest } from '../gguf/verify.ts';
 import type { TensorSource } from '../gguf/types.ts';
@@ -70,34 +71,87 @@ async function makeBackend(kind: BackendKind): Promise<StageBackend> {
   return new LlamaCppStage({ kvType: 'f32', flashAttention: false });
 }
 
-async function fileSha256(path: string): Promise<string> {
+/** sha256 of a file, reporting the bytes hashed so far. */
+async function fileSha256(path: string, onBytes: (n: number) => void = () => undefined): Promise<string> {
   const h = createHash('sha256');
-  for await (const chunk of createReadStream(path)) h.update(chunk as Buffer);
+  let n = 0;
+  for await (const chunk of createReadStream(path, { highWaterMark: 1 << 20 })) {
+    h.update(chunk as Buffer);
+    onBytes((n += (chunk as Buffer).length));
+  }
+  return h.digest('hex');
+}
+
+/** Downloads `url` to `path`, hashing as the bytes pass; returns the sha256. */
+async function download(url: string, headers: Record<string, string>, path: string, onBytes: (n: number) => void): Promise<string> {
+  const res = await fetch(url, { headers });
+  if (!res.ok || !res.body) {
+    await res.body?.cancel();
+    throw new MeshError('MODEL_FETCH_FAILED', `GET ${url}: HTTP ${res.status}`);
+  }
+  const h = createHash('sha256');
+  let n = 0;
+  await pipeline(
+    Readable.fromWeb(res.body as never),
+    async function* (chunks: AsyncIterable<Buffer>) {
+      for await (const chunk of chunks) {
+        h.update(chunk);
+        onBytes((n += chunk.length));
+        yield chunk;
+      }
+    },
+    createWriteStream(path),
+  );
   return h.digest('hex');
 }
 
 /**
  * llama.cpp reads local files only: fetch the whole artifact once into the cache, named by
- * its sha256, and verify it against the manifest (a cached copy is re-verified; a mismatch
- * is fetched once more, then refused).
+ * its sha256 (a split GGUF's parts as `<sha256>-0000k-of-0000n.gguf`, which llama.cpp loads
+ * from the first), and verify every file against the manifest (a cached copy is re-verified;
+ * a mismatch is fetched once more, then refused). `onProgress` hears bytes verified so far of
+ * the artifact's size.
  */
-async function localCopy(url: string, headers: Record<string, string>, cacheDir: string, manifest: Manifest): Promise<{ path: string; bytesFetched: number }> {
+async function localCopy(
+  url: string,
+  headers: Record<string, string>,
+  cacheDir: string,
+  manifest: Manifest,
+  onProgress: (done: number, total: number) => void,
+): Promise<{ path: string; bytesFetched: number }> {
   await mkdir(cacheDir, { recursive: true });
   const sha = manifest.artifact.sha256;
-  const path = join(cacheDir, `${sha}.gguf`);
-  const have = await stat(path).catch(() => null);
-  if (have && have.size === manifest.artifact.size && (await fileSha256(path)) === sha) return { path, bytesFetched: 0 };
-  for (let attempt = 0; ; attempt++) {
-    const res = await fetch(url, { headers });
-    if (!res.ok || !res.body) throw new MeshError('MODEL_FETCH_FAILED', `GET ${url}: HTTP ${res.status}`);
-    await pipeline(Readable.fromWeb(res.body as never), createWriteStream(`${path}.part`));
-    const got = await fileSha256(`${path}.part`);
-    if (got === sha) break;
-    await unlink(`${path}.part`).catch(() => undefined);
-    if (attempt === 1) throw new MeshError('ARTIFACT_HASH_MISMATCH', `artifact from ${url}: expected sha256 ${sha}, got ${got}`, { expected: sha, actual: got });
+  const files = manifest.artifact.files;
+  const urls = artifactFiles(url);
+  if (urls.length !== files.length) {
+    throw new MeshError('GGUF_BAD_SPLIT', `the manifest lists ${files.length} file(s) but ${url} names ${urls.length}`);
   }
-  await rename(`${path}.part`, path);
-  return { path, bytesFetched: manifest.artifact.size };
+  const names = files.length === 1 ? [`${sha}.gguf`] : files.map((_, k) => splitPartName(sha, k, files.length));
+  const total = manifest.artifact.size;
+  let before = 0; // bytes of the files already verified
+  let bytesFetched = 0;
+  onProgress(0, total);
+  for (let k = 0; k < files.length; k++) {
+    const want = files[k]!;
+    const path = join(cacheDir, names[k]!);
+    const have = await stat(path).catch(() => null);
+    const cachedOk = have?.size === want.size && (await fileSha256(path, (n) => onProgress(before + n, total))) === want.sha256;
+    if (!cachedOk) {
+      for (let attempt = 0; ; attempt++) {
+        const got = await download(urls[k]!, headers, `${path}.part`, (n) => onProgress(before + n, total));
+        bytesFetched += (await stat(`${path}.part`)).size;
+        if (got === want.sha256) break;
+        await unlink(`${path}.part`).catch(() => undefined);
+        if (attempt === 1) {
+          throw new MeshError('ARTIFACT_HASH_MISMATCH', `file ${k + 1} of ${files.length} of artifact ${sha} from ${urls[k]}: expected sha256 ${want.sha256}, got ${got}`, { file: k, expected: want.sha256, actual: got });
+        }
+      }
+      await rename(`${path}.part`, path);
+    }
+    before += want.size;
+  }
+  onProgress(total, total);
+  return { path: join(cacheDir, names[0]!), bytesFetched };
 }
 
 /** A binary-HTTP link to the node whose frames WebSocket is `wsUrl`, checked with GET /v1/status. */
@@ -165,6 +219,13 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   const assign = async (m: Extract<ServerToPeer, { t: 'assign' }>): Promise<void> => {
     const t0 = performance.now();
     let lastProgress = 0;
+    // loading progress for the room's telemetry, at most every 100 ms (and at the end)
+    const progress = (done: number, total: number): void => {
+      const now = performance.now();
+      if (done < total && now - lastProgress < 100) return;
+      lastProgress = now;
+      send({ t: 'loading', routeId: m.routeId, stage: m.stage, bytesDone: done, bytesTotal: total });
+    };
     try {
       await release();
       const backend = await makeBackend(opts.backend);
@@ -174,7 +235,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       let source: TensorSource;
       let fetched: () => number;
       if (opts.backend === 'llamacpp') {
-        const copy = await localCopy(m.modelUrl, headers, cacheDir ?? join(tmpdir(), 'gguf-mesh-cache'), manifest);
+        const copy = await localCopy(m.modelUrl, headers, cacheDir ?? join(tmpdir(), 'gguf-mesh-cache'), manifest, progress);
         source = await openTensorSource(copy.path);
         fetched = () => copy.bytesFetched;
       } else {
@@ -185,15 +246,18 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
           manifest,
           cacheDir,
           location: m.modelUrl,
-          openInner: async () => tensorSourceOver(header, await openByteReader(m.modelUrl, { headers })),
+          // a split artifact reads as its parts concatenated (the header's offsets address that)
+          openInner: async () =>
+            tensorSourceOver(
+              header,
+              await openArtifactReader(
+                artifactFiles(m.modelUrl),
+                manifest.artifact.files.map((f) => f.size),
+                { headers },
+              ),
+            ),
           log,
-          // loading progress for the room's telemetry, at most every 100 ms (and at the end)
-          onProgress: (done, total) => {
-            const now = performance.now();
-            if (done < total && now - lastProgress < 100) return;
-            lastProgress = now;
-            send({ t: 'loading', routeId: m.routeId, stage: m.stage, bytesDone: done, bytesTotal: total });
-          },
+          onProgress: progress,
         });
         source = verified;
         fetched = () => verified.bytesFetched;
