@@ -2,6 +2,9 @@
 // free loopback ports, wait for the lines that say they are up, and kill every one at the end.
 import { spawn } from 'node:child_process';
 import type { ChildProcessWithoutNullStreams } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { CLI, REPO_ROOT } from './cli.ts';
 
 export interface MeshProcess {
@@ -15,7 +18,19 @@ export interface MeshProcess {
 
 const running = new Set<MeshProcess>();
 
+// Nodes keep verified shards in ~/.cache/gguf-mesh/shards by default, and the planner keeps a
+// peer on the range it holds: a shard left there by another run would change this file's
+// routes (a node holding every layer gets a one-stage route). Each test file gets its own.
+let shardCacheDir: string | undefined;
+
+/** The shard cache this test file's nodes share (unless a test names `--cache-dir` or `--no-cache`). */
+export function testShardCache(): string {
+  shardCacheDir ??= mkdtempSync(join(tmpdir(), 'gguf-mesh-test-shards-'));
+  return shardCacheDir;
+}
+
 export function spawnMesh(args: string[]): MeshProcess {
+  if (args[0] === 'node' && !args.includes('--cache-dir') && !args.includes('--no-cache')) args = [...args, '--cache-dir', testShardCache()];
   const child = spawn(process.execPath, [CLI, ...args], { cwd: REPO_ROOT, stdio: ['pipe', 'pipe', 'pipe'] });
   let out = '';
   const waiters: Array<() => void> = [];
@@ -71,6 +86,8 @@ export function spawnMesh(args: string[]): MeshProcess {
 /** Kills every process spawned by this test file (call in afterAll). */
 export async function killAll(): Promise<void> {
   await Promise.all([...running].map((p) => p.kill('SIGKILL')));
+  if (shardCacheDir) rmSync(shardCacheDir, { recursive: true, force: true });
+  shardCacheDir = undefined;
 }
 
 export interface ServeInfo {
