@@ -51,6 +51,19 @@ export function intOption(args: ParsedArgs, name: string, fallback: number): num
   return n;
 }
 
+/** Reads an optional integer option: undefined when absent. */
+export function optionalIntOption(args: ParsedArgs, name: string): number | undefined {
+  return args.values[name] === undefined ? undefined : intOption(args, name, 0);
+}
+
+/** Reads an optional string option that must be one of `allowed`: undefined when absent. */
+export function choiceOption<T extends string>(args: ParsedArgs, name: string, allowed: readonly T[]): T | undefined {
+  const v = stringOption(args, name);
+  if (v === undefined) return undefined;
+  if (!allowed.includes(v as T)) throw new UsageError(`--${name} must be one of ${allowed.join(', ')}, got '${v}'`);
+  return v as T;
+}
+
 /** Reads a string option that must be a finite number. */
 export function numberOption(args: ParsedArgs, name: string, fallback: number): number {
   const raw = args.values[name];

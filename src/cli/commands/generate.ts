@@ -6,7 +6,7 @@
 // room) is one more branch there.
 
 import type { Command, ParsedArgs } from '../command.ts';
-import { UsageError, intOption, numberOption, stringOption } from '../command.ts';
+import { UsageError, choiceOption, intOption, numberOption, optionalIntOption, stringOption } from '../command.ts';
 import { CpuBackend } from '../../backends/cpu/backend.ts';
 import type { WeightStorage } from '../../backends/cpu/weights.ts';
 import type { KvType } from '../../backends/llamacpp/ffi.ts';
@@ -103,8 +103,7 @@ interface GenerateOptions {
 }
 
 function readOptions(args: ParsedArgs): GenerateOptions {
-  const backend = stringOption(args, 'backend') ?? 'cpu';
-  if (!(BACKENDS as readonly string[]).includes(backend)) throw new UsageError(`--backend must be one of ${BACKENDS.join(', ')}, got '${backend}'`);
+  const backend = choiceOption(args, 'backend', BACKENDS) ?? 'cpu';
   const kvType = stringOption(args, 'kv-type') ?? 'f32';
   if (!['f32', 'f16', 'q8_0', 'q4_0'].includes(kvType)) throw new UsageError(`--kv-type must be f32, f16, q8_0 or q4_0, got '${kvType}'`);
   const weightStorage = stringOption(args, 'weight-storage') ?? 'auto';
@@ -115,10 +114,10 @@ function readOptions(args: ParsedArgs): GenerateOptions {
   if (n < 0) throw new UsageError(`--n must be >= 0, got ${n}`);
   const temperature = numberOption(args, 'temperature', 0);
   if (temperature < 0) throw new UsageError(`--temperature must be >= 0, got ${temperature}`);
-  const seed = args.values.seed === undefined ? undefined : intOption(args, 'seed', 0);
-  const ctx = args.values.ctx === undefined ? undefined : intOption(args, 'ctx', 0);
+  const seed = optionalIntOption(args, 'seed');
+  const ctx = optionalIntOption(args, 'ctx');
   if (ctx !== undefined && ctx <= 0) throw new UsageError(`--ctx must be > 0, got ${ctx}`);
-  const threads = args.values.threads === undefined ? undefined : intOption(args, 'threads', 0);
+  const threads = optionalIntOption(args, 'threads');
   const layers = stringOption(args, 'layers');
   if (layers !== undefined && backend !== 'cpu') throw new UsageError('--layers needs --backend cpu (llama.cpp runs whole models only)');
   const stop = (args.values.stop as string[] | undefined) ?? [];
@@ -126,7 +125,7 @@ function readOptions(args: ParsedArgs): GenerateOptions {
     model: args.values.join !== undefined ? '' : stringOption(args, 'model', true),
     prompt: stringOption(args, 'prompt', true),
     n,
-    backend: backend as Backend,
+    backend,
     layers,
     sampler: {
       temperature,

@@ -1,23 +1,12 @@
 // `gguf-mesh make-model`: writes a random-weight GGUF of any shape and quant type with a real
 // tokenizer (see src/model/synthetic-model.ts), streamed so large benchmark models fit.
 
-import type { Command, ParsedArgs } from '../command.ts';
-import { UsageError, intOption, stringOption } from '../command.ts';
+import type { Command } from '../command.ts';
+import { choiceOption, intOption, optionalIntOption, stringOption } from '../command.ts';
 import type { BpePre, TokenizerKind } from '../../model/synthetic-vocab.ts';
 import { BPE_PRES } from '../../model/synthetic-vocab.ts';
 import type { ModelType, SyntheticArch } from '../../model/synthetic-model.ts';
 import { ARCHS, MODEL_DEFAULTS, MODEL_TYPES, makeModelFile } from '../../model/synthetic-model.ts';
-
-function choice<T extends string>(args: ParsedArgs, name: string, allowed: readonly T[]): T | undefined {
-  const v = stringOption(args, name);
-  if (v === undefined) return undefined;
-  if (!allowed.includes(v as T)) throw new UsageError(`--${name} must be one of ${allowed.join(', ')}, got '${v}'`);
-  return v as T;
-}
-
-function optionalInt(args: ParsedArgs, name: string): number | undefined {
-  return args.values[name] === undefined ? undefined : intOption(args, name, 0);
-}
 
 export const command: Command = {
   name: 'make-model',
@@ -48,19 +37,19 @@ export const command: Command = {
   },
   async run(args) {
     const out = stringOption(args, 'out', true);
-    const kvHeads = optionalInt(args, 'kv-heads');
-    const headDim = optionalInt(args, 'head-dim');
-    const tokenizer = choice<TokenizerKind>(args, 'tokenizer', ['llama', 'gpt2']);
-    const pre = choice<BpePre>(args, 'pre', BPE_PRES);
+    const kvHeads = optionalIntOption(args, 'kv-heads');
+    const headDim = optionalIntOption(args, 'head-dim');
+    const tokenizer = choiceOption<TokenizerKind>(args, 'tokenizer', ['llama', 'gpt2']);
+    const pre = choiceOption<BpePre>(args, 'pre', BPE_PRES);
     const opts = {
-      arch: choice<SyntheticArch>(args, 'arch', ARCHS) ?? MODEL_DEFAULTS.arch,
+      arch: choiceOption<SyntheticArch>(args, 'arch', ARCHS) ?? MODEL_DEFAULTS.arch,
       layers: intOption(args, 'layers', MODEL_DEFAULTS.layers),
       embd: intOption(args, 'embd', MODEL_DEFAULTS.embd),
       heads: intOption(args, 'heads', MODEL_DEFAULTS.heads),
       ffn: intOption(args, 'ffn', MODEL_DEFAULTS.ffn),
       vocab: intOption(args, 'vocab', MODEL_DEFAULTS.vocab),
       ctx: intOption(args, 'ctx', MODEL_DEFAULTS.ctx),
-      type: choice<ModelType>(args, 'type', MODEL_TYPES) ?? MODEL_DEFAULTS.type,
+      type: choiceOption<ModelType>(args, 'type', MODEL_TYPES) ?? MODEL_DEFAULTS.type,
       seed: intOption(args, 'seed', MODEL_DEFAULTS.seed),
       headerOnly: args.values['header-only'] === true,
       tied: args.values.tied === true,
