@@ -9,6 +9,8 @@ import type { SignalingServerOptions } from '../../../signaling-server/server.ts
 import { startWebApp } from '../../../signaling-server/static.ts';
 import type { WebAppMode } from '../../../signaling-server/static.ts';
 import { modelsToServe } from '../../model/default-model.ts';
+import { parseIceServer } from '../../route/control.ts';
+import type { IceServer } from '../../route/control.ts';
 
 /** Non-loopback IPv4 addresses of this machine. */
 function interfaceAddresses(): string[] {
@@ -21,12 +23,13 @@ function interfaceAddresses(): string[] {
 export const command: Command = {
   name: 'serve',
   summary: 'run the signaling server: host models, open a room per model, plan routes over joining peers',
-  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S] [--ui auto|dist|dev|off]',
+  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S] [--ice-server <url> …] [--ui auto|dist|dev|off]',
   options: {
     host: { type: 'string', description: 'interface to bind', default: '127.0.0.1', valueName: '<host>' },
     port: { type: 'string', description: 'TCP port (0 = any free port)', default: '8080', valueName: '<port>' },
-    model: { type: 'string', multiple: true, description: 'GGUF path or URL; one room each (repeatable)', valueName: '<path|url>' },
+    model: { type: 'string', multiple: true, description: 'GGUF path or URL; one room each (repeatable; a split GGUF: name its first part, e.g. m-00001-of-00003.gguf)', valueName: '<path|url>' },
     secret: { type: 'string', description: 'room secret (default: random per room)', valueName: '<secret>' },
+    'ice-server': { type: 'string', multiple: true, description: 'STUN/TURN server for browser peers across the internet, sent to them on join (repeatable): stun:host:port or turn:user:pass@host:port', valueName: '<url>' },
     'min-peers': { type: 'string', description: 'plan a route once this many peers joined', default: '1', valueName: '<n>' },
     'plan-delay': { type: 'string', description: 'wait after the last join before planning (ms)', default: '300', valueName: '<ms>' },
     'session-ttl': { type: 'string', description: 'idle sessions expire after this many seconds', default: '300', valueName: '<s>' },
@@ -34,6 +37,12 @@ export const command: Command = {
     ui: { type: 'string', description: 'the web app: dist (built), dev (vite from sources), auto, or off', default: 'auto', valueName: '<mode>' },
   },
   async run(args) {
+    let iceServers: IceServer[];
+    try {
+      iceServers = ((args.values['ice-server'] as string[] | undefined) ?? []).map(parseIceServer);
+    } catch (e) {
+      throw new UsageError(`--ice-server: ${(e as Error).message}`);
+    }
     // no --model: $GGUF_MESH_MODEL, else the default synthetic model (made once, cached)
     const { models, describe, made } = await modelsToServe((args.values.model as string[] | undefined) ?? []);
     const ui = stringOption(args, 'ui') ?? 'auto';
@@ -48,6 +57,7 @@ export const command: Command = {
       minPeers: intOption(args, 'min-peers', 1),
       planDelayMs: intOption(args, 'plan-delay', 300),
       sessionTtlMs: intOption(args, 'session-ttl', 300) * 1000,
+      ...(iceServers.length ? { iceServers } : {}),
       log: args.values.quiet ? () => undefined : (line) => console.log(line),
     };
     const server = await startSignalingServer(serverOptions);
