@@ -61,3 +61,43 @@ export const op = {
 export function hsum(v: number): number[] {
   return [...op.get(v), ...op.extract(0), ...op.get(v), ...op.extract(1), ...op.f32Add, ...op.get(v), ...op.extract(2), ...op.f32Add, ...op.get(v), ...op.extract(3), ...op.f32Add];
 }
+
+/** One exported kernel: its name, how many i32 parameters it takes, and its encoded body. */
+export interface KernelFunction {
+  name: string;
+  params: number;
+  /** size-prefixed locals + code, as a code-section entry */
+  body: number[];
+}
+
+/**
+ * A module of kernels over an imported memory `env.mem`: function i has type i (its i32
+ * parameters, no results) and is exported under its name.
+ */
+export function kernelModuleBytes(kernels: readonly KernelFunction[]): Uint8Array<ArrayBuffer> {
+  const type = (params: number) => [0x60, ...vec(Array.from({ length: params }, () => [I32])), 0x00];
+  const bytes = [
+    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // "\0asm", version 1
+    ...section(1, vec(kernels.map((k) => type(k.params)))),
+    ...section(2, vec([[...str('env'), ...str('mem'), 0x02, 0x00, 0x00]])), // memory import, min 0 pages
+    ...section(3, vec(kernels.map((_, i) => [i]))),
+    ...section(7, vec(kernels.map((k, i) => [...str(k.name), 0x00, i]))),
+    ...section(10, vec(kernels.map((k) => k.body))),
+  ];
+  return new Uint8Array(bytes);
+}
+
+/** Compiles `bytes()` once, on first call; null from then on where compiling failed (no SIMD). */
+export function lazyModule(bytes: () => Uint8Array<ArrayBuffer>): () => WebAssembly.Module | null {
+  let compiled: WebAssembly.Module | null | undefined;
+  return () => {
+    if (compiled === undefined) {
+      try {
+        compiled = new WebAssembly.Module(bytes());
+      } catch {
+        compiled = null;
+      }
+    }
+    return compiled;
+  };
+}

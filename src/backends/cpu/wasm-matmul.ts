@@ -20,7 +20,7 @@ import { quantizeRowsQ8_0 } from './act-round.ts';
 import { matmulRows } from './ops.ts';
 import { q8KernelModule } from './wasm-q8.ts';
 
-import { I32, V128, op, section, str, uleb, vec } from './wasm-asm.ts';
+import { I32, V128, kernelModuleBytes, lazyModule, op, uleb, vec } from './wasm-asm.ts';
 
 /** body of a kernel over `tokens` (1 or 2) token rows × 4 weight rows */
 function kernelBody(tokens: 1 | 2): number[] {
@@ -65,32 +65,14 @@ function kernelBody(tokens: 1 | 2): number[] {
 }
 
 function moduleBytes(): Uint8Array<ArrayBuffer> {
-  const type4x2 = [0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [I32]]), 0x00];
-  const type4x1 = [0x60, ...vec([[I32], [I32], [I32], [I32]]), 0x00];
-  const bytes = [
-    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-    ...section(1, vec([type4x2, type4x1])),
-    ...section(2, vec([[...str('env'), ...str('mem'), 0x02, 0x00, 0x00]])),
-    ...section(3, vec([[0], [1]])),
-    ...section(7, vec([[...str('k4x2'), 0x00, 0], [...str('k4x1'), 0x00, 1]])),
-    ...section(10, vec([kernelBody(2), kernelBody(1)])),
-  ];
-  return new Uint8Array(bytes);
+  return kernelModuleBytes([
+    { name: 'k4x2', params: 6, body: kernelBody(2) },
+    { name: 'k4x1', params: 4, body: kernelBody(1) },
+  ]);
 }
-
-let compiled: WebAssembly.Module | null | undefined;
 
 /** the compiled kernels, or null where WebAssembly SIMD is unavailable */
-function kernelModule(): WebAssembly.Module | null {
-  if (compiled === undefined) {
-    try {
-      compiled = new WebAssembly.Module(moduleBytes());
-    } catch {
-      compiled = null;
-    }
-  }
-  return compiled;
-}
+const kernelModule = lazyModule(moduleBytes);
 
 export function wasmSimdAvailable(): boolean {
   return kernelModule() !== null;

@@ -13,7 +13,7 @@
 //       per token: acc[t][r] += f32x4(Σ dot_i16x8(x, w)) · splat(sw · dx)
 //   y_t[r] = hsum(acc[t][r])
 
-import { F32, I32, V128, hsum, op, section, str, uleb, vec } from './wasm-asm.ts';
+import { F32, I32, V128, hsum, kernelModuleBytes, lazyModule, op, uleb, vec } from './wasm-asm.ts';
 
 function q8KernelBody(T: 1 | 2 | 4): number[] {
   // parameters: xq_0..T, xd_0..T, wq, wd, nIn, y_0..T
@@ -83,31 +83,15 @@ function q8KernelBody(T: 1 | 2 | 4): number[] {
 }
 
 function q8ModuleBytes(): Uint8Array<ArrayBuffer> {
-  const params = (n: number) => [0x60, ...vec(Array.from({ length: n }, () => [I32])), 0x00];
-  const bytes = [
-    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-    ...section(1, vec([params(9), params(6), params(15)])),
-    ...section(2, vec([[...str('env'), ...str('mem'), 0x02, 0x00, 0x00]])),
-    ...section(3, vec([[0], [1], [2]])),
-    ...section(7, vec([[...str('q4x2'), 0x00, 0], [...str('q4x1'), 0x00, 1], [...str('q4x4'), 0x00, 2]])),
-    ...section(10, vec([q8KernelBody(2), q8KernelBody(1), q8KernelBody(4)])),
-  ];
-  return new Uint8Array(bytes);
+  return kernelModuleBytes([
+    { name: 'q4x2', params: 9, body: q8KernelBody(2) },
+    { name: 'q4x1', params: 6, body: q8KernelBody(1) },
+    { name: 'q4x4', params: 15, body: q8KernelBody(4) },
+  ]);
 }
-
-let compiled: WebAssembly.Module | null | undefined;
 
 /** the compiled int8 kernels, or null where they cannot be compiled */
-export function q8KernelModule(): WebAssembly.Module | null {
-  if (compiled === undefined) {
-    try {
-      compiled = new WebAssembly.Module(q8ModuleBytes());
-    } catch {
-      compiled = null;
-    }
-  }
-  return compiled;
-}
+export const q8KernelModule = lazyModule(q8ModuleBytes);
 
 /** compiles the module and returns the error, for tests */
 export function q8KernelError(): string | null {
