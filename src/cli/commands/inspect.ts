@@ -5,18 +5,11 @@
 import type { Command } from '../command.ts';
 import { readHeader } from '../../gguf/parse.ts';
 import { hyperParameters, tensorGroups, tensorTypeHistogram } from '../../gguf/summary.ts';
-import type { PerLayer } from '../../gguf/summary.ts';
+import type { HyperParameters, PerLayer } from '../../gguf/summary.ts';
 import { formatBytes } from '../../units.ts';
 
-export interface InspectReport {
-  architecture: string;
-  n_layer: number;
-  n_embd: number;
-  n_head: PerLayer;
-  n_head_kv: PerLayer;
-  n_ff: PerLayer;
-  n_vocab: number;
-  n_ctx_train: number;
+/** The header's hyper-parameters (rope is printed in text only), then file facts. */
+export interface InspectReport extends Omit<HyperParameters, 'rope'> {
   tensor_count: number;
   file_bytes: number;
   tensor_types: Record<string, number>;
@@ -41,15 +34,9 @@ export const command: Command = {
     const header = await readHeader(location);
     const hp = hyperParameters(header, location);
     const groups = tensorGroups(header, hp.n_layer);
+    const { rope: r, ...shape } = hp;
     const report: InspectReport = {
-      architecture: hp.architecture,
-      n_layer: hp.n_layer,
-      n_embd: hp.n_embd,
-      n_head: hp.n_head,
-      n_head_kv: hp.n_head_kv,
-      n_ff: hp.n_ff,
-      n_vocab: hp.n_vocab,
-      n_ctx_train: hp.n_ctx_train,
+      ...shape,
       tensor_count: header.tensors.length,
       file_bytes: header.fileBytes,
       tensor_types: tensorTypeHistogram(header.tensors),
@@ -59,7 +46,6 @@ export const command: Command = {
       console.log(JSON.stringify(report));
       return 0;
     }
-    const r = hp.rope;
     const rope = [
       `dims ${r.dimension_count ?? 'head_dim'}`,
       `freq_base ${r.freq_base}`,
