@@ -6,6 +6,7 @@
 
 import { MeshError } from '../errors.ts';
 import { architectureOf, metadataNumber, requiredNumber } from '../gguf/metadata.ts';
+import { isEmbeddingTensor, layerOfTensor } from '../gguf/summary.ts';
 import type { GgufHeader, MetadataValue, TensorInfo } from '../gguf/types.ts';
 
 const F16 = 2;
@@ -76,8 +77,7 @@ function perLayer(v: MetadataValue | undefined, i: number, fallback: number): nu
   return num(v) ?? fallback;
 }
 
-const LAYER_RE = /^blk\.(\d+)\./;
-const EMBED_RE = /^(token_embd|token_embd_norm|token_types|position_embd)\./;
+// the head also holds the hyper-connection collapse (output_hc_*), unlike summary's shard groups
 const HEAD_RE = /^(output_norm|output|output_hc_[a-z]+)\./;
 
 function group(): BlockTensors {
@@ -106,11 +106,9 @@ export function modelGeometry(header: GgufHeader, location = 'GGUF'): ModelGeome
   const mtp = group();
   const global = group();
   for (const t of [...header.tensors].sort((a, b) => a.offset - b.offset)) {
-    const m = LAYER_RE.exec(t.name);
-    if (m) {
-      const i = Number(m[1]);
-      add(i < nLayer ? blocks[i]! : mtp, t);
-    } else if (EMBED_RE.test(t.name)) add(embed, t);
+    const i = layerOfTensor(t.name);
+    if (i !== undefined) add(i < nLayer ? blocks[i]! : mtp, t);
+    else if (isEmbeddingTensor(t.name)) add(embed, t);
     else if (HEAD_RE.test(t.name)) add(head, t);
     else add(global, t);
   }

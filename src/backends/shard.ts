@@ -3,6 +3,7 @@
 // exactly these; the manifest and the route planner use the same answer.
 
 import { MeshError } from '../errors.ts';
+import { layerOfTensor } from '../gguf/summary.ts';
 import type { GgufHeader, TensorInfo } from '../gguf/types.ts';
 import { ROPE_FREQS_TENSOR } from '../model/config.ts';
 import type { ShardRange } from './types.ts';
@@ -25,12 +26,6 @@ export function shardHasEmbedding(shard: ShardRange): boolean {
 
 export function shardHasHead(shard: ShardRange, nLayer: number): boolean {
   return shard.end === nLayer;
-}
-
-/** The layer index of a `blk.N.*` tensor name, or undefined for a global tensor. */
-export function layerOfTensor(name: string): number | undefined {
-  const m = /^blk\.(\d+)\./.exec(name);
-  return m ? Number(m[1]) : undefined;
 }
 
 /**

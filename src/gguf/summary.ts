@@ -101,6 +101,17 @@ const EMBED_RE = /^(token_embd|token_embd_norm|token_types|position_embd)\./;
 const HEAD_RE = /^(output_norm|output)\./;
 const LAYER_RE = /^blk\.(\d+)\./;
 
+/** The block index of a `blk.N.*` tensor name; undefined for any other tensor. */
+export function layerOfTensor(name: string): number | undefined {
+  const m = LAYER_RE.exec(name);
+  return m ? Number(m[1]) : undefined;
+}
+
+/** token_embd.* and the other input embeddings: the first stage's tensors. */
+export function isEmbeddingTensor(name: string): boolean {
+  return EMBED_RE.test(name);
+}
+
 /** Groups tensors into embed, layer.0 … layer.{n-1}, head and (if any) global, in that order. */
 export function tensorGroups(header: GgufHeader, nLayer: number): TensorGroup[] {
   const embed: TensorGroup = { name: 'embed', tensors: [], uses: [], bytes: 0 };
@@ -109,12 +120,11 @@ export function tensorGroups(header: GgufHeader, nLayer: number): TensorGroup[] 
   const layers: TensorGroup[] = Array.from({ length: nLayer }, (_, i) => ({ name: `layer.${i}`, tensors: [], uses: [], bytes: 0 }));
   const byOffset = [...header.tensors].sort((a, b) => a.offset - b.offset);
   for (const t of byOffset) {
-    const m = LAYER_RE.exec(t.name);
+    const i = layerOfTensor(t.name);
     let g: TensorGroup;
-    if (m) {
-      const i = Number(m[1]);
+    if (i !== undefined) {
       g = layers[i] ?? global; // a blk index past block_count is kept, as a global tensor
-    } else if (EMBED_RE.test(t.name)) g = embed;
+    } else if (isEmbeddingTensor(t.name)) g = embed;
     else if (HEAD_RE.test(t.name)) g = head;
     else g = global;
     g.tensors.push(t.name);
