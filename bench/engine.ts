@@ -9,6 +9,7 @@ import { LlamaModelFfi } from '../src/backends/llamacpp/ffi.ts';
 import { LlamaCppGenerator } from '../src/backends/llamacpp/generator.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import { configFromHeader } from '../src/model/config.ts';
+import { argmax } from '../src/model/sampler.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { ChainGenerator, InProcessChain } from '../src/route/generation.ts';
 import type { GenerationTimings, TextGenerator } from '../src/route/generation.ts';
@@ -68,11 +69,7 @@ function timeBare(model: LlamaModelFfi, prompt: number[], n: number, threads: nu
     let logits = ctx.decode(prompt);
     const promptMs = performance.now() - t0;
     t0 = performance.now();
-    for (let i = 0; i < n - 1; i++) {
-      let best = 0;
-      for (let j = 1; j < logits.length; j++) if (logits[j]! > logits[best]!) best = j;
-      logits = ctx.decode([best]);
-    }
+    for (let i = 0; i < n - 1; i++) logits = ctx.decode([argmax(logits)]);
     const decodeMs = performance.now() - t0;
     return { prompt_tok_s: round((prompt.length * 1000) / promptMs), decode_tok_s: round(((n - 1) * 1000) / decodeMs) };
   } finally {

@@ -10,7 +10,7 @@
 // emulating a GPU (barriers are very slow there), so they check that things run, not speed.
 
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
-import { argmax, matmul as cpuMatmul } from '../src/backends/cpu/ops.ts';
+import { matmul as cpuMatmul } from '../src/backends/cpu/ops.ts';
 import { LlamaCppStage } from '../src/backends/llamacpp/stage.ts';
 import type { StageBackend } from '../src/backends/types.ts';
 import { acquireDevice } from '../src/backends/webgpu/device.ts';
@@ -24,6 +24,7 @@ import { loadShaderSources } from '../src/backends/webgpu/shaders-node.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import { quantize } from '../src/gguf/quantize.ts';
 import { GgmlType, TYPE_TRAITS } from '../src/gguf/types.ts';
+import { argmax } from '../src/model/sampler.ts';
 import type { ModelType } from '../src/model/synthetic-model.ts';
 import { lcgCentered } from '../test/support/prng.ts';
 import { syntheticModel } from '../test/support/synthetic.ts';

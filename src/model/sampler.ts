@@ -60,7 +60,7 @@ export class Sampler {
     const o = this.options;
     const penalised = this.penalise(logits, history);
     const l = penalised ?? logits;
-    if (o.temperature === 0) return argmaxOf(l);
+    if (o.temperature === 0) return argmax(l);
 
     // candidates, most likely first
     let ids = topIds(l, o.topK > 0 ? Math.min(o.topK, l.length) : l.length);
@@ -111,8 +111,8 @@ export class Sampler {
   }
 }
 
-/** index of the largest value, the lowest index on ties */
-function argmaxOf(x: Float32Array): number {
+/** Index of the largest value, the lowest index on ties: the greedy pick, as llama.cpp's greedy sampler makes it. */
+export function argmax(x: Float32Array): number {
   let best = 0;
   for (let i = 1; i < x.length; i++) if (x[i]! > x[best]!) best = i;
   return best;

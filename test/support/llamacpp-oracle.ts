@@ -4,17 +4,11 @@
 // the settings under which llama.cpp matches an exact f32 engine.
 import { LlamaModelFfi } from '../../src/backends/llamacpp/ffi.ts';
 import type { LlamaContextOptions } from '../../src/backends/llamacpp/ffi.ts';
+import { argmax } from '../../src/model/sampler.ts';
 
-export { LlamaModelFfi };
+export { argmax, LlamaModelFfi };
 
 const EXACT: LlamaContextOptions = { flashAttention: false, kvType: 'f32', threads: 1 };
-
-/** index of the largest value (the first on ties), as llama.cpp's greedy sampler picks */
-export function argmax(x: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < x.length; i++) if (x[i]! > x[best]!) best = i;
-  return best;
-}
 
 export interface OracleGreedy {
   /** logits after the prompt, [nVocab] */

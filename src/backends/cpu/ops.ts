@@ -270,9 +270,5 @@ export function attention(
   }
 }
 
-/** Index of the largest value (the first one on ties), as greedy sampling picks it. */
-export function argmax(x: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < x.length; i++) if (x[i]! > x[best]!) best = i;
-  return best;
-}
+// the greedy pick is the sampler's; re-exported here beside the other ops for kernel tests
+export { argmax } from '../../model/sampler.ts';
