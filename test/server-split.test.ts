@@ -14,6 +14,7 @@ import type { ServeInfo } from './support/mesh.ts';
 import { splitSyntheticModel } from './support/split-model.ts';
 import type { SplitModel } from './support/split-model.ts';
 import { REPO_ROOT } from './support/cli.ts';
+import { startRangeServer } from './support/range-server.ts';
 import { runCli } from './support/cli.ts';
 import { readHeader } from '../src/gguf/parse.ts';
 import { artifactFiles, readArtifactHeader } from '../src/gguf/split.ts';
@@ -178,5 +179,30 @@ describe('a split GGUF (three parts written like gguf-split)', () => {
     const tokens = (JSON.parse(r.stdout) as { tokens: number[] }).tokens;
     expect(tokens.length).toBeGreaterThan(0); // generation may stop early at an end-of-generation token
     expect(tokens).toEqual((await greedyGenerate(whole, PROMPTS[1]!, N)).slice(0, tokens.length));
+  });
+
+  it('a split on a third-party Range host (serve --model <url of the first part>) is one room whose node reads every part by URL', async () => {
+    const hub = await startRangeServer();
+    try {
+      for (const p of model.parts) hub.set(`/hub/${p.split('/').pop()}`, readFileSync(p));
+      const remote = await spawnServe(`${hub.url}/hub/tiny-00001-of-00003.gguf`);
+      const room = (await getJson(`${remote.base}/v1/rooms/${remote.roomId}`, remote.secret)).body;
+      expect(room.model).toMatchObject({ id: 'tiny', files: 3, url: `${hub.url}/hub/tiny-00001-of-00003.gguf` });
+      const m = (await getJson(`${remote.base}/v1/models/tiny/manifest`, remote.secret)).body;
+      expect(m.artifact.sha256).toBe(sha(Buffer.concat(model.parts.map((p) => readFileSync(p)))));
+      const before = hub.requests.length;
+      const node = spawnMesh(['node', '--join', remote.joinUrl, '--backend', 'cpu', '--no-cache']);
+      await node.waitFor(/joined room/);
+      await waitForRoute(remote, 'ready');
+      const read = hub.requests.slice(before).filter((r) => r.range);
+      expect(new Set(read.map((r) => r.path))).toEqual(new Set(model.parts.map((p) => `/hub/${p.split('/').pop()}`)));
+      const r = await runCli(['generate', '--join', remote.joinUrl, '--prompt', PROMPTS[0]!, '--n', String(N), '--json']);
+      expect(r.code, r.stderr).toBe(0);
+      const tokens = (JSON.parse(r.stdout) as { tokens: number[] }).tokens;
+      expect(tokens.length).toBeGreaterThan(0);
+      expect(tokens).toEqual((await greedyGenerate(whole, PROMPTS[0]!, N)).slice(0, tokens.length));
+    } finally {
+      await hub.close();
+    }
   });
 });
