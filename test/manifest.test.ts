@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { buildManifest, manifestJson, verifyTensor } from '../src/gguf/manifest.ts';
 import type { Manifest } from '../src/gguf/manifest.ts';
 import { artifactOffset, parseManifest, readVerifiedTensors, shardGroupNames, shardTensors, verifyTensorBytes } from '../src/gguf/verify.ts';
-import { openByteReader, openTensorSource, tensorSourceOver } from '../src/gguf/source.ts';
+import { openArtifactReader, openByteReader, openTensorSource, tensorSourceOver } from '../src/gguf/source.ts';
 import { readHeader } from '../src/gguf/parse.ts';
 import { tensorGroups } from '../src/gguf/summary.ts';
 import { writeGguf } from '../src/gguf/writer.ts';
@@ -242,6 +242,19 @@ describe('split artifacts and tied heads', () => {
       expect(got.tensors.size).toBe(9 * 3 + 2);
     } finally {
       for (const s of srcs) await s.close();
+    }
+    // or through one reader of the parts concatenated (what a browser peer opens on the part URLs)
+    const urls = [`${server.url}/tiny-00001-of-00002.gguf`, `${server.url}/tiny-00002-of-00002.gguf`];
+    const reader = await openArtifactReader(urls, m.artifact.files.map((f) => f.size));
+    const viaConcat = tensorSourceOver(await readHeader(urls[0]!), reader);
+    try {
+      const names = shardTensors(m, 2, 5).map((t) => t.name);
+      const got = await readVerifiedTensors(viaConcat, m, names, { addressing: 'artifact' });
+      expect([...got.tensors.keys()].sort()).toEqual([...names].sort());
+      // without the option a single source is taken as file 0 only
+      await expect(readVerifiedTensors(viaConcat, m, names)).rejects.toMatchObject({ code: 'BAD_SHARD' });
+    } finally {
+      await viaConcat.close();
     }
     // any part opens the whole artifact: the joined header addresses the parts concatenated
     const whole = await openTensorSource(parts[1]!);

@@ -123,6 +123,12 @@ export interface ReadVerifiedOptions {
   hash?: (bytes: Uint8Array) => string | Promise<string>;
   /** told about every mismatch, including the one that is then re-fetched */
   onMismatch?: (err: MeshError) => void;
+  /**
+   * 'artifact': the one source reads the artifact's bytes, a split's files concatenated (e.g.
+   * over `openArtifactReader`), so tensors are read at `artifactOffset`. Default 'file': one
+   * source per file, tensors read at their offset within it.
+   */
+  addressing?: 'file' | 'artifact';
 }
 
 /**
@@ -142,6 +148,10 @@ export async function readVerifiedTensors(
   const entries = names.map((n) => entryOf(manifest, n));
 
   const readAll = async (list: ManifestTensor[]): Promise<Map<string, Uint8Array>> => {
+    if (opts.addressing === 'artifact') {
+      if (perFile.length !== 1) throw new MeshError('BAD_SHARD', `artifact addressing reads through one source, ${perFile.length} were given`);
+      return perFile[0]!.read(list.map((e) => ({ ...tensorInfoOf(e), offset: artifactOffset(manifest, e) })));
+    }
     const out = new Map<string, Uint8Array>();
     for (let f = 0; f < perFile.length; f++) {
       const mine = list.filter((e) => e.file === f);
