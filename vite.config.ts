@@ -36,6 +36,7 @@ export default defineConfig(({ mode }) => ({
   worker: { format: 'es' as const },
   test: {
     reporters: ['default', './test/support/count-reporter.ts'],
+    globalSetup: ['./test/support/global-setup.ts'],
     testTimeout: 120_000,
     hookTimeout: 180_000,
     projects: [

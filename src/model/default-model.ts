@@ -8,8 +8,8 @@
 
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, renameSync, rmSync } from 'node:fs';
-import { homedir } from 'node:os';
 import { join } from 'node:path';
+import { meshCacheDir as defaultCacheDir } from '../cache-dir.ts';
 import type { MakeModelOptions } from './synthetic-model.ts';
 import { makeModelFile, resolveModelOptions } from './synthetic-model.ts';
 
@@ -33,10 +33,7 @@ export const DEFAULT_MODEL_OPTIONS: MakeModelOptions = {
 /** Bump when the generator's output for the same options changes. */
 const GENERATOR_VERSION = 1;
 
-export function defaultCacheDir(env: NodeJS.ProcessEnv = process.env): string {
-  if (env.GGUF_MESH_CACHE) return env.GGUF_MESH_CACHE;
-  return join(env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'gguf-mesh');
-}
+export { defaultCacheDir };
 
 export interface DefaultModel {
   path: string;

@@ -6,7 +6,8 @@
 import { mkdir, rename, stat } from 'node:fs/promises';
 import { createWriteStream } from 'node:fs';
 import { join } from 'node:path';
-import { homedir, tmpdir } from 'node:os';
+import { tmpdir } from 'node:os';
+import { meshCacheDir } from '../cache-dir.ts';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import WebSocket from 'ws';
@@ -181,7 +182,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   const log = opts.log ?? (() => undefined);
   const { base, roomId } = parseRoomUrl(opts.joinUrl);
   const auth = { authorization: `Bearer ${opts.secret}` };
-  const cacheDir = opts.cacheDir === undefined ? join(process.env.XDG_CACHE_HOME ?? join(homedir(), '.cache'), 'gguf-mesh', 'shards') : opts.cacheDir;
+  const cacheDir = opts.cacheDir === undefined ? join(meshCacheDir(), 'shards') : opts.cacheDir;
   // what the room serves, and the manifest every loaded byte is checked against
   const room = await fetchJson<RoomSummary>(`${base}/v1/rooms/${roomId}`, opts.secret);
   const manifest = parseManifest(await fetchJson<unknown>(`${base}/v1/models/${room.model.id}/manifest`, opts.secret));

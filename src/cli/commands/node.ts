@@ -30,7 +30,7 @@ export const command: Command = {
     carrier: { type: 'string', description: 'hidden states to the next stage over ws or http', default: 'ws', valueName: '<ws|http>' },
     advertise: { type: 'string', description: 'the ws://host:port/v1/frames address to tell others, when not the listen address', valueName: '<url>' },
     name: { type: 'string', description: 'a name shown in the room', valueName: '<name>' },
-    'cache-dir': { type: 'string', description: 'keep verified shards here (default: ~/.cache/gguf-mesh/shards)', valueName: '<dir>' },
+    'cache-dir': { type: 'string', description: 'keep verified shards here (default: $GGUF_MESH_CACHE/shards, else ~/.cache/gguf-mesh/shards)', valueName: '<dir>' },
     'no-cache': { type: 'boolean', description: 'keep no shard cache (every load fetches)' },
   },
   async run(args) {
