@@ -61,6 +61,11 @@ export interface SignalingServerOptions {
   /** STUN/TURN servers announced to every peer in welcome */
   iceServers?: IceServer[];
   log?: (line: string) => void;
+  /**
+   * Answers requests before the API (the web app): resolves true when it answered, false to leave
+   * the request to the API. Never sees WebSocket upgrades.
+   */
+  app?: (req: IncomingMessage, res: ServerResponse) => Promise<boolean>;
 }
 
 export interface SignalingServer {
@@ -70,6 +75,8 @@ export interface SignalingServer {
   fetchLogs: Map<string, FetchLog>;
   /** the join URL of a room, secret in the fragment */
   joinUrl(room: Room): string;
+  /** opens one more room on this server for a model path or URL (same rules as `models`) */
+  addRoom(location: string): Promise<Room>;
   close(): Promise<void>;
 }
 
@@ -119,7 +126,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
   const url = `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`;
 
   const taken = new Set<string>();
-  for (const location of opts.models) {
+  async function addRoom(location: string): Promise<Room> {
     // a split GGUF (any part named) is one model: the joined header addresses its parts concatenated
     const art = await readArtifactHeader(location);
     const header = art.header;
@@ -159,7 +166,9 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
       },
       (e) => log(`[room ${room.id}] manifest failed: ${(e as Error).message}`),
     );
+    return room;
   }
+  for (const location of opts.models) await addRoom(location);
 
   /** Rooms whose secret the request presents. */
   const authed = (req: IncomingMessage): Room[] => {
@@ -181,6 +190,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     try {
+      if (opts.app && (await opts.app(req, res))) return;
       const path = new URL(req.url ?? '/', 'http://x').pathname;
       const method = req.method ?? 'GET';
       // browser peers may be served from another origin: CORS (auth is the Bearer secret, no cookies)
@@ -361,6 +371,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     sessions,
     fetchLogs,
     joinUrl: (room) => `${url}/room/${room.id}#secret=${encodeURIComponent(room.secret)}`,
+    addRoom,
     async close() {
       await sessions.dispose();
       for (const r of rooms) r.dispose();

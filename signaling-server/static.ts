@@ -10,11 +10,14 @@
 // It also answers two small app endpoints the landing page needs:
 //   GET  /app/rooms   the hosted models and their rooms; join URLs (with secrets) only for
 //                     requests from this machine (loopback) — other devices need the link
-//   POST /app/rooms   {model: url}: open a room for a pasted GGUF URL (loopback only)
+//   POST /app/rooms   {model: url}: open a room for a pasted GGUF URL on this same server
+//                     (loopback only)
+//
+// The signaling server calls the app first for every request (its `app` option); the app
+// answers its own paths and leaves /v1/** and /models/** to the API.
 
 import { createReadStream, existsSync, readdirSync, statSync } from 'node:fs';
-import type { IncomingMessage, Server, ServerResponse } from 'node:http';
-import dc from 'node:diagnostics_channel';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { dirname, extname, join, normalize, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { MeshError } from '../src/errors.ts';
@@ -34,8 +37,8 @@ export interface WebAppOptions {
   root?: string;
   /** a line per model location shown on the page (e.g. "synthetic llama q8_0 … (random weights)") */
   describe?: Map<string, string>;
-  /** opens another server for a pasted model URL (default: none — POST /app/rooms answers 501) */
-  openRoom?: (modelUrl: string) => Promise<SignalingServer>;
+  /** POST /app/rooms opens rooms for pasted model URLs (default true) */
+  openRooms?: boolean;
   log?: (line: string) => void;
 }
 
@@ -119,7 +122,6 @@ export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
   const root = opts.root ?? REPO_ROOT;
   const mode = resolveMode(opts.mode ?? 'auto', root);
   const log = opts.log ?? (() => undefined);
-  const extra: SignalingServer[] = [];
   // dev: vite starts on the first page request, so a server nobody opens in a browser pays nothing
   let vite: Promise<import('vite').ViteDevServer> | null = null;
   const devServer = (): Promise<import('vite').ViteDevServer> =>
@@ -141,24 +143,22 @@ export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
 
   const roomsJson = (req: IncomingMessage): unknown => {
     const local = isLoopback(req);
-    const servers = [opts.server, ...extra];
+    const s = opts.server;
     return {
       local,
-      rooms: servers.flatMap((s) =>
-        s.rooms.map((r) => ({
-          roomId: r.id,
-          model: { id: r.model.id, nLayer: r.model.nLayer, fileBytes: r.model.header.fileBytes, remote: isUrl(r.model.location), description: opts.describe?.get(r.model.location) ?? null },
-          peers: r.peers.size,
-          route: r.route ? { id: r.route.id, status: r.route.status } : null,
-          ...(local ? { joinUrl: s.joinUrl(r) } : {}),
-        })),
-      ),
+      rooms: s.rooms.map((r) => ({
+        roomId: r.id,
+        model: { id: r.model.id, nLayer: r.model.nLayer, fileBytes: r.model.header.fileBytes, remote: isUrl(r.model.location), description: opts.describe?.get(r.model.location) ?? null },
+        peers: r.peers.size,
+        route: r.route ? { id: r.route.id, status: r.route.status } : null,
+        ...(local ? { joinUrl: s.joinUrl(r) } : {}),
+      })),
     };
   };
 
   const openRoom = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
     if (!isLoopback(req)) throw new MeshError('FORBIDDEN', 'rooms are opened from the machine that runs the server');
-    if (!opts.openRoom) throw new MeshError('NOT_SUPPORTED', 'this server cannot open rooms for other models');
+    if (opts.openRooms === false) throw new MeshError('NOT_SUPPORTED', 'this server cannot open rooms for other models');
     // JSON only: another site's page cannot send it without a CORS preflight, which this path never grants
     if (!(req.headers['content-type'] ?? '').startsWith('application/json')) throw new MeshError('BAD_REQUEST', 'POST /app/rooms takes application/json');
     let body: { model?: unknown };
@@ -169,11 +169,9 @@ export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
     }
     const model = typeof body.model === 'string' ? body.model.trim() : '';
     if (!isUrl(model)) throw new MeshError('BAD_REQUEST', `model must be an http(s) URL of a GGUF file, got '${model}'`);
-    const s = await opts.openRoom(model);
-    extra.push(s);
-    const room = s.rooms[0]!;
-    log(`room ${room.id} opened for ${model} at ${s.url}`);
-    sendJson(res, 201, { roomId: room.id, joinUrl: s.joinUrl(room) });
+    const room = await opts.server.addRoom(model);
+    log(`room ${room.id} opened for ${model}`);
+    sendJson(res, 201, { roomId: room.id, joinUrl: opts.server.joinUrl(room) });
   };
 
   const sendFile = (res: ServerResponse, file: string, head: boolean, immutable: boolean, cors = false): void => {
@@ -245,64 +243,24 @@ export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
     },
     async close() {
       if (vite) await (await vite).close();
-      for (const s of extra.splice(0)) await s.close();
     },
   };
 }
 
 /**
- * Puts `app` in front of the API on the signaling server listening at `serverUrl`.
- *
- * The server module has no hook for extra routes yet, so this finds its http.Server the first
- * time a request reaches it (node:diagnostics_channel publishes `http.server.request.start`
- * before the 'request' event) and wraps its request listeners: the app answers its paths, the
- * API all others. Replace with an option on startSignalingServer once it has one.
+ * Starts the signaling server with the web app in front of its API: the server calls the app
+ * first for every request, and rooms opened from the page are added to this same server.
  */
-export function attachWebApp(serverUrl: string, app: WebApp): () => void {
-  const port = Number(new URL(serverUrl).port);
-  const wrapped = new WeakSet<Server>();
-  const onStart = (message: unknown): void => {
-    const server = (message as { server: Server }).server;
-    if (wrapped.has(server)) return;
-    const addr = server.address();
-    if (!addr || typeof addr === 'string' || addr.port !== port) return;
-    wrapped.add(server);
-    const api = server.listeners('request') as Array<(req: IncomingMessage, res: ServerResponse) => void>;
-    server.removeAllListeners('request');
-    server.on('request', (req: IncomingMessage, res: ServerResponse) => {
-      void app.handle(req, res).then((mine) => {
-        if (!mine) for (const l of api) l.call(server, req, res);
-      });
-    });
-  };
-  dc.subscribe('http.server.request.start', onStart);
-  return () => dc.unsubscribe('http.server.request.start', onStart);
-}
-
-/** Options for a room opened from the page: the same as the main server's, on any free port. */
-export function siblingOptions(base: SignalingServerOptions, modelUrl: string): SignalingServerOptions {
-  const { secret: _secret, ...rest } = base;
-  return { ...rest, port: 0, models: [modelUrl] };
-}
-
-/** Creates the web app for `server` and puts it in front of the API (and of every room opened from the page). */
-export async function startWebApp(server: SignalingServer, base: SignalingServerOptions, opts: Omit<WebAppOptions, 'server' | 'openRoom'> = {}): Promise<WebApp> {
-  const detachers: Array<() => void> = [];
+export async function startServerWithApp(options: SignalingServerOptions, appOptions: Omit<WebAppOptions, 'server'> = {}): Promise<{ server: SignalingServer; app: WebApp }> {
   let app: WebApp | null = null;
-  const openRoom = async (url: string): Promise<SignalingServer> => {
-    const s = await startSignalingServer(siblingOptions(base, url));
-    detachers.push(attachWebApp(s.url, app!));
-    return s;
-  };
-  app = await createWebApp({ ...opts, server, openRoom });
-  detachers.push(attachWebApp(server.url, app));
-  const inner = app;
-  return {
-    mode: inner.mode,
-    handle: (req, res) => inner.handle(req, res),
-    async close() {
-      for (const d of detachers.splice(0)) d();
-      await inner.close();
-    },
-  };
+  // the app needs the server (its rooms, addRoom) and the server the app: requests before the
+  // app exists go to the API
+  const server = await startSignalingServer({ ...options, app: (req, res) => (app ? app.handle(req, res) : Promise.resolve(false)) });
+  try {
+    app = await createWebApp({ ...appOptions, server });
+  } catch (e) {
+    await server.close();
+    throw e;
+  }
+  return { server, app };
 }

@@ -36,7 +36,16 @@ describe('landing page', () => {
     await page.getByLabel('GGUF URL').fill(host.url);
     await page.getByLabel('GGUF URL').press('Enter');
     await page.waitForURL(/\/room\/[^/]+#secret=/, { timeout: 60_000 });
-    expect(new URL(page.url()).origin).not.toBe(new URL(served.pageUrl).origin); // a room of its own server
+    // the room lives on the same server (one port), beside the default model's room
+    const opened = new URL(page.url());
+    expect(opened.origin).toBe(new URL(served.pageUrl).origin);
+    const openedId = opened.pathname.split('/').pop()!;
+    const listed = (await (await fetch(`${served.base}/app/rooms`)).json()) as { rooms: Array<{ roomId: string; model: { id: string; remote: boolean } }> };
+    expect(listed.rooms.map((r) => r.roomId)).toEqual([served.roomId, openedId]);
+    expect(listed.rooms[1]!.model).toMatchObject({ id: 'stories260K', remote: true });
+    const openedSecret = decodeURIComponent(opened.hash.replace(/^#secret=/, ''));
+    const summary = await fetch(`${served.base}/v1/rooms/${openedId}`, { headers: { authorization: `Bearer ${openedSecret}` } });
+    expect(summary.status).toBe(200);
     await page.getByText(/model stories260K · 5 layers/).waitFor({ timeout: 30_000 });
     await page.getByText('Serving its layers').waitFor({ timeout: 60_000 });
     await page.getByLabel('Message').fill('Once upon a time');

@@ -9,7 +9,7 @@ import { readHeader } from '../src/gguf/parse.ts';
 import { defaultCacheDir, ensureDefaultModel, modelsToServe } from '../src/model/default-model.ts';
 import { startSignalingServer } from '../signaling-server/server.ts';
 import type { SignalingServer, SignalingServerOptions } from '../signaling-server/server.ts';
-import { isApiPath, startWebApp } from '../signaling-server/static.ts';
+import { isApiPath, startServerWithApp } from '../signaling-server/static.ts';
 import type { WebApp } from '../signaling-server/static.ts';
 import { ensureBuilt } from './fixtures/ui/harness.ts';
 
@@ -21,8 +21,7 @@ beforeAll(async () => {
   await ensureBuilt();
   const { models, describe: describeModels } = await modelsToServe([], { GGUF_MESH_CACHE: cache });
   const opts: SignalingServerOptions = { port: 0, models };
-  server = await startSignalingServer(opts);
-  app = await startWebApp(server, opts, { mode: 'dist', describe: describeModels });
+  ({ server, app } = await startServerWithApp(opts, { mode: 'dist', describe: describeModels }));
 }, 180_000);
 
 afterAll(async () => {

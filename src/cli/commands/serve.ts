@@ -6,7 +6,7 @@ import type { Command } from '../command.ts';
 import { intOption, stringOption, UsageError } from '../command.ts';
 import { startSignalingServer } from '../../../signaling-server/server.ts';
 import type { SignalingServerOptions } from '../../../signaling-server/server.ts';
-import { startWebApp } from '../../../signaling-server/static.ts';
+import { startServerWithApp } from '../../../signaling-server/static.ts';
 import type { WebAppMode } from '../../../signaling-server/static.ts';
 import { modelsToServe } from '../../model/default-model.ts';
 import { parseIceServer } from '../../route/control.ts';
@@ -60,8 +60,8 @@ export const command: Command = {
       ...(iceServers.length ? { iceServers } : {}),
       log: args.values.quiet ? () => undefined : (line) => console.log(line),
     };
-    const server = await startSignalingServer(serverOptions);
-    const app = ui === 'off' ? null : await startWebApp(server, serverOptions, { mode: ui as WebAppMode, describe, log: serverOptions.log! });
+    const { server, app } =
+      ui === 'off' ? { server: await startSignalingServer(serverOptions), app: null } : await startServerWithApp(serverOptions, { mode: ui as WebAppMode, describe, log: serverOptions.log! });
     console.log(`gguf-mesh signaling server listening on ${server.url}`);
     if (app) console.log(`page:     ${server.url}/  (web app: ${app.mode})`);
     if (host !== '127.0.0.1' && host !== 'localhost') console.log(`bound to ${host}: every room still requires its secret`);
