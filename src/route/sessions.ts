@@ -48,6 +48,8 @@ interface Session {
   owner: unknown;
   /** prompt tokens the client announced, for progress */
   promptLength: number | null;
+  /** called once when the session fails (a step waiting to learn why) */
+  onFail: Set<() => void>;
 }
 
 export interface SessionManagerOptions {
@@ -58,6 +60,17 @@ export interface SessionManagerOptions {
   /** finished sessions kept for status queries */
   keepFinished?: number;
   onChange?: (sessionId: string, state: SessionState) => void;
+}
+
+/** Step errors that a stage leaving causes downstream of the news: the hop to it broke, or a stage before it already dropped the session. */
+const LOSS_SYMPTOMS = new Set(['STAGE_UNREACHABLE', 'SESSION_UNKNOWN', 'LINK_CLOSED', 'LINK_FAILED']);
+
+/** How long a step that failed with a loss symptom waits for the server to hear that a stage left (ms). */
+const LOSS_NEWS_GRACE_MS = 2000;
+
+/** The error a client gets for a session that failed: its recorded cause, naming the stage. */
+function failureError(f: SessionFailure): MeshError {
+  return new MeshError(f.code, f.message, f.stage !== undefined ? { stage: f.stage } : {});
 }
 
 export function newSessionId(): string {
@@ -131,7 +144,7 @@ export class SessionManager {
     if (!route) throw new MeshError('ROUTE_UNKNOWN', `no ready route ${routeId}`);
     if (this.sessions.has(sessionId)) throw new MeshError('SESSION_EXISTS', `session ${sessionId} already exists`);
     if (/^0+$/.test(sessionId)) throw new MeshError('FRAME_BAD_SESSION', 'frame session id: the all-zero id is reserved', { field: 'session id' });
-    const s: Session = { life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, promptLength: body.promptLength ?? null };
+    const s: Session = { life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, promptLength: body.promptLength ?? null, onFail: new Set() };
     this.sessions.set(sessionId, s);
     this.prune();
     this.opts.onChange?.(sessionId, 'opening');
@@ -169,12 +182,20 @@ export class SessionManager {
     } catch (e) {
       const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
       const stage = typeof err.details?.stage === 'number' ? err.details.stage : 0;
+      // A stage leaving fails the step in flight too, and both pieces of news race: the step
+      // may fail at a stage that merely lost the session (the server already closed it there:
+      // SESSION_UNKNOWN at stage 1 when stage 2 left) or at the hop to the gone stage, before or
+      // after the server hears the peer's socket close. The session's recorded failure is the
+      // cause: report it, waiting briefly for it when the step's error looks like a loss.
+      if (!s.life.failure && LOSS_SYMPTOMS.has(err.code)) await this.failureWithin(s, LOSS_NEWS_GRACE_MS);
+      if (s.life.failure) throw failureError(s.life.failure);
       if (!isTerminal(s.life.state)) await this.fail(s, { code: err.code, message: err.message, stage });
       throw new MeshError(err.code, err.message, { ...err.details, stage });
     }
     if (isTerminal(s.life.state)) {
       // closed or failed while the step was in flight: its result is void
-      throw new MeshError(s.life.state === 'failed' ? 'SESSION_FAILED' : 'SESSION_CLOSED', `session ${f.sessionId} became ${s.life.state} during the step`);
+      if (s.life.failure) throw failureError(s.life.failure);
+      throw new MeshError('SESSION_CLOSED', `session ${f.sessionId} became ${s.life.state} during the step`);
     }
     s.position += f.nTokens;
     if (f.type === FrameType.Prefill) {
@@ -271,9 +292,23 @@ export class SessionManager {
     this.publish(s.life.sessionId, { type: 'session_state', sessionId: s.life.sessionId, state: to });
   }
 
+  /** Resolves when `s` fails or after `ms`, whichever is first. */
+  private failureWithin(s: Session, ms: number): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const done = (): void => {
+        clearTimeout(timer);
+        s.onFail.delete(done);
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      s.onFail.add(done);
+    });
+  }
+
   private async fail(s: Session, failure: SessionFailure): Promise<void> {
     if (isTerminal(s.life.state)) return;
     s.life.fail(failure);
+    for (const wake of [...s.onFail]) wake();
     this.opts.onChange?.(s.life.sessionId, 'failed');
     this.publish(s.life.sessionId, { type: 'error', sessionId: s.life.sessionId, code: failure.code, message: failure.message, ...(failure.stage !== undefined ? { stage: failure.stage } : {}) });
     this.publish(s.life.sessionId, { type: 'session_state', sessionId: s.life.sessionId, state: 'failed' });

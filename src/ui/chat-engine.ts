@@ -20,7 +20,7 @@ import { TextCollector } from '../route/generation.ts';
 import type { SessionOpenBody } from '../route/stage-service.ts';
 import { HttpLink } from '../transport/http.ts';
 import type { RoomLink } from './room-api.ts';
-import { fetchRoom, getJson } from './room-api.ts';
+import { fetchRoom } from './room-api.ts';
 
 export type { ChatMessage };
 
@@ -75,27 +75,6 @@ const PREFILL_CHUNK = 64;
 function randomSessionId(): string {
   const b = crypto.getRandomValues(new Uint8Array(16));
   return Array.from(b, (x) => x.toString(16).padStart(2, '0')).join('');
-}
-
-/**
- * The cause of a failed step. A step can fail at a stage that merely lost the session because
- * another stage left (SESSION_UNKNOWN at stage 1 when stage 2 is gone); the server records the
- * session's own failure, with the stage that caused it, so ask it (briefly: the lost stage's
- * socket may close just after the step failed).
- */
-async function sessionFailure(link: RoomLink, sessionId: string, stepError: unknown): Promise<unknown> {
-  for (let attempt = 0; attempt < 5; attempt++) {
-    try {
-      const info = await getJson<{ state?: string; failure?: { code: string; message: string; stage?: number } | null }>(link, `/v1/sessions/${sessionId}`);
-      const f = info.failure;
-      if (f) return new MeshError(f.code, f.message, f.stage !== undefined ? { stage: f.stage } : {});
-      if (info.state !== 'opening' && info.state !== 'prefilling' && info.state !== 'decoding' && info.state !== 'idle') break;
-    } catch {
-      break; // the session is gone: keep the step's own error
-    }
-    await new Promise((r) => setTimeout(r, 200));
-  }
-  return stepError;
 }
 
 /** Model pieces a chat needs, read once per room. */
@@ -196,8 +175,6 @@ export async function chatOverRoute(link: RoomLink, model: ChatModel, messages: 
       position++;
     }
     text.push(decoder.flush(), true);
-  } catch (e) {
-    throw await sessionFailure(link, at.sessionId, e);
   } finally {
     await httpLink.request(makeFrame({ type: FrameType.SessionClose, ...at })).catch(() => undefined);
   }
