@@ -3,13 +3,16 @@
 // in batches so progress can be reported — each tensor hashed against the manifest before it
 // is kept (a mismatch is re-fetched once, then refused naming the tensor and both hashes).
 // Newly fetched units are stored in the cache; a full cache is reported, not fatal.
+// A split GGUF is read as its parts concatenated (the parts' URLs follow from the first's
+// name): ranges are in artifact addressing, like the joined header the server describes.
 
 import { MeshError } from '../errors.ts';
 import type { Manifest, ManifestTensor } from '../gguf/manifest.ts';
-import { openByteReader } from '../gguf/source.ts';
+import { openArtifactReader } from '../gguf/source.ts';
 import type { ByteReader } from '../gguf/source.ts';
+import { artifactFiles } from '../gguf/split.ts';
 import type { GgufHeader, TensorInfo, TensorSource } from '../gguf/types.ts';
-import { readVerifiedTensors, shardGroupNames } from '../gguf/verify.ts';
+import { artifactOffset, readVerifiedTensors, shardGroupNames } from '../gguf/verify.ts';
 import type { ShardRange } from '../backends/types.ts';
 import type { ShardCache } from '../storage/shard-cache.ts';
 import { unitTensorNames } from '../storage/shard-cache.ts';
@@ -24,6 +27,7 @@ export interface SliceProgress {
 
 export interface LoadSliceOptions {
   manifest: Manifest;
+  /** the artifact's URL (a split's first part: the others are named after it) */
   modelUrl: string;
   shard: ShardRange;
   /** headers for the model URL (the room secret, the peer id for the server's fetch log) */
@@ -74,7 +78,7 @@ function batches(entries: ManifestTensor[], limit: number): ManifestTensor[][] {
   return out;
 }
 
-/** A TensorSource over a byte reader, with byte ranges from the manifest (readVerifiedTensors reads through it). */
+/** A TensorSource over the artifact's byte reader, with artifact byte ranges from the manifest (readVerifiedTensors reads through it). */
 function rangeSource(reader: ByteReader): TensorSource {
   return {
     get header(): GgufHeader {
@@ -95,12 +99,14 @@ function rangeSource(reader: ByteReader): TensorSource {
 export async function loadSlice(opts: LoadSliceOptions): Promise<LoadedSlice> {
   const t0 = performance.now();
   const { manifest, shard } = opts;
-  if (manifest.artifact.files.length > 1) {
-    throw new MeshError('UNSUPPORTED', 'browser peers read single-file artifacts only (this one is a split GGUF)');
+  const files = artifactFiles(opts.modelUrl);
+  if (files.length !== manifest.artifact.files.length) {
+    throw new MeshError('GGUF_BAD_SPLIT', `${opts.modelUrl} names ${files.length} file(s), artifact ${manifest.artifact.sha256} has ${manifest.artifact.files.length}`);
   }
   const units = shardGroupNames(manifest, shard.start, shard.end);
   const wanted = new Set(units.flatMap((u) => unitTensorNames(manifest, u)));
-  const entries = manifest.tensors.filter((t) => wanted.has(t.name)).sort((a, b) => a.offset - b.offset);
+  // in artifact order, so a batch's ranges are close together even across a split's parts
+  const entries = manifest.tensors.filter((t) => wanted.has(t.name)).sort((a, b) => artifactOffset(manifest, a) - artifactOffset(manifest, b));
   const totalBytes = entries.reduce((s, e) => s + e.byte_length, 0);
   const tensors = new Map<string, Uint8Array>();
   let cacheError: MeshError | null = null;
@@ -136,12 +142,16 @@ export async function loadSlice(opts: LoadSliceOptions): Promise<LoadedSlice> {
   let fetchedBytes = 0;
   let requests = 0;
   if (missing.length) {
-    const reader = await openByteReader(opts.modelUrl, { ...(opts.headers ? { headers: opts.headers } : {}) });
+    const reader = await openArtifactReader(
+      files,
+      manifest.artifact.files.map((f) => f.size),
+      { ...(opts.headers ? { headers: opts.headers } : {}) },
+    );
     const source = rangeSource(reader);
     const stored = new Set<string>();
     try {
       for (const batch of batches(missing, opts.batchBytes ?? 8 * 1024 * 1024)) {
-        const got = await readVerifiedTensors(source, manifest, batch.map((e) => e.name), { ...(opts.onMismatch ? { onMismatch: opts.onMismatch } : {}) });
+        const got = await readVerifiedTensors(source, manifest, batch.map((e) => e.name), { addressing: 'artifact', ...(opts.onMismatch ? { onMismatch: opts.onMismatch } : {}) });
         for (const [k, v] of got.tensors) tensors.set(k, v);
         refetched.push(...got.refetched);
         fetchedBytes = reader.stats.bytesRead;
@@ -171,12 +181,13 @@ export async function loadSlice(opts: LoadSliceOptions): Promise<LoadedSlice> {
 /**
  * The TensorSource a backend loads from: the header the server described, and the slice's
  * verified bytes. Reading a tensor outside the slice is an error, never a silent fetch.
- * The header's byte ranges must agree with the manifest's (BAD_HEADER otherwise).
+ * The header's byte ranges (artifact addressing, a split's joined header) must agree with the
+ * manifest's (BAD_HEADER otherwise).
  */
 export function sliceSource(header: GgufHeader, manifest: Manifest, slice: ReadonlyMap<string, Uint8Array>, location: string): TensorSource {
   for (const t of header.tensors) {
     const m = manifest.tensors.find((x) => x.name === t.name);
-    if (!m || m.offset !== t.offset || m.byte_length !== t.byteLength || m.type_id !== t.type) {
+    if (!m || artifactOffset(manifest, m) !== t.offset || m.byte_length !== t.byteLength || m.type_id !== t.type) {
       throw new MeshError('BAD_HEADER', `the header's tensor '${t.name}' does not match the manifest of artifact ${manifest.artifact.sha256}`);
     }
   }
