@@ -7,18 +7,7 @@ import { GgmlType, TYPE_TRAITS, typeName } from '../src/gguf/types.ts';
 import { isMeshError } from '../src/errors.ts';
 import { ggmlDequantize, ggmlQuantize, ggmlBlockSize, ggmlTypeSize, ggmlTypeName } from './support/ggml-ffi.ts';
 import { traitsOf } from '../src/gguf/traits.ts';
-
-/** mulberry32: small deterministic PRNG */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+import { mulberry32 } from './support/prng.ts';
 
 /** a random finite f16 bit pattern (subnormals and both signs included, no Inf/NaN) */
 function randomF16(r: () => number): number {
@@ -44,7 +33,7 @@ const F16_FIELDS: Partial<Record<GgmlType, number[]>> = {
 
 /** random raw bytes for nBlocks blocks of a type, with finite scales (and finite floats) */
 function randomBlocks(type: GgmlType, nBlocks: number, seed: number): Uint8Array {
-  const r = rng(seed);
+  const r = mulberry32(seed);
   const t = TYPE_TRAITS[type]!;
   const bytes = new Uint8Array(nBlocks * t.typeSize);
   for (let i = 0; i < bytes.length; i++) bytes[i] = Math.floor(r() * 256);
@@ -105,7 +94,7 @@ describe('dequantize matches ggml bit for bit', () => {
     });
 
     it(`${typeName(type)}: data quantised by ggml`, () => {
-      const r = rng(77 + type);
+      const r = mulberry32(77 + type);
       const nPerRow = 512;
       const nRows = 8;
       // gaussian-ish weights with a few outliers, as real tensors have
