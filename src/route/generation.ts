@@ -131,17 +131,27 @@ export class ChainGenerator implements TextGenerator {
   }
 }
 
+/**
+ * Checks a generation request's prompt and token budget (EMPTY_PROMPT, BAD_REQUEST for
+ * maxTokens, CONTEXT_FULL) and returns the context length it runs in: the one asked for, or
+ * exactly room for the prompt and maxTokens. Local and route generation both start here.
+ */
+export function generationContextLength(prompt: readonly number[], maxTokens: number, contextLength?: number): number {
+  if (prompt.length === 0) throw new MeshError('EMPTY_PROMPT', 'the prompt has no tokens');
+  if (!Number.isInteger(maxTokens) || maxTokens < 0) {
+    throw new MeshError('BAD_REQUEST', `maxTokens must be a non-negative integer, got ${maxTokens}`);
+  }
+  const n = contextLength ?? prompt.length + maxTokens;
+  if (prompt.length > n) {
+    throw new MeshError('CONTEXT_FULL', `the prompt has ${prompt.length} tokens, more than the context length ${n}`);
+  }
+  return n;
+}
+
 /** Runs one generation over `chain` (see GenerationRequest). */
 export async function generate(chain: StageChain, tokenizer: Tokenizer, request: GenerationRequest): Promise<GenerationResult> {
   const prompt = [...request.promptTokens];
-  if (prompt.length === 0) throw new MeshError('EMPTY_PROMPT', 'the prompt has no tokens');
-  if (!Number.isInteger(request.maxTokens) || request.maxTokens < 0) {
-    throw new MeshError('BAD_REQUEST', `maxTokens must be a non-negative integer, got ${request.maxTokens}`);
-  }
-  const contextLength = request.contextLength ?? prompt.length + request.maxTokens;
-  if (prompt.length > contextLength) {
-    throw new MeshError('CONTEXT_FULL', `the prompt has ${prompt.length} tokens, more than the context length ${contextLength}`);
-  }
+  const contextLength = generationContextLength(prompt, request.maxTokens, request.contextLength);
   const sampler = new Sampler(request.sampler);
   const sessionId = request.sessionId ?? `gen-${Math.random().toString(36).slice(2)}`;
   const text = new TextCollector(request.stopStrings ?? [], request.onDelta);

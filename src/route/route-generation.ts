@@ -8,7 +8,7 @@ import type { Tokenizer } from '../model/tokenizer/tokenizer.ts';
 import { StreamingDecoder } from '../model/tokenizer/stream.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { RouteSessionClient } from './client.ts';
-import { makeTimings, TextCollector } from './generation.ts';
+import { generationContextLength, makeTimings, TextCollector } from './generation.ts';
 import type { GenerationResult, StopReason } from './generation.ts';
 import type { SessionInfo } from './sessions.ts';
 import type { SamplerSettings } from './stage-service.ts';
@@ -36,9 +36,8 @@ export interface RouteGenerationResult extends GenerationResult {
 
 export async function generateOnRoute(link: FrameLink, routeId: number, tokenizer: Tokenizer, req: RouteGenerationRequest): Promise<RouteGenerationResult> {
   const prompt = [...req.promptTokens];
-  if (prompt.length === 0) throw new MeshError('EMPTY_PROMPT', 'the prompt has no tokens');
-  const contextLength = req.contextLength ?? prompt.length + req.maxTokens;
-  if (prompt.length > contextLength) throw new MeshError('CONTEXT_FULL', `the prompt has ${prompt.length} tokens, more than the context length ${contextLength}`);
+  // the OpenAI API passes maxTokens already clamped to [0, n_ctx], so its check never fires there
+  const contextLength = generationContextLength(prompt, req.maxTokens, req.contextLength);
   const emit = req.onEvent ?? (() => undefined);
   const client = await RouteSessionClient.open(link, routeId, { contextLength, promptLength: prompt.length, ...(req.sampler ? { sampler: req.sampler } : {}) });
   const sessionId = client.sessionId;
