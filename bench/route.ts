@@ -17,7 +17,7 @@ import { InProcessChain } from '../src/route/generation.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { startLoopbackRoute } from '../src/route/loopback.ts';
 import { joinRoom } from '../src/route/remote.ts';
-import { argmax } from '../src/route/stage-service.ts';
+import { argmax } from '../src/model/sampler.ts';
 import { HEADER_BYTES } from '../src/protocol/frame.ts';
 import { stepBreakdown } from '../src/route/telemetry.ts';
 import type { StepStageTiming } from '../src/route/telemetry.ts';

@@ -8,6 +8,7 @@
 
 import { MeshError } from '../errors.ts';
 import type { StageBackend, ShardRange } from '../backends/types.ts';
+import { argmax } from '../model/sampler.ts';
 import { DType, FrameFlag, FrameType, HEADER_BYTES } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, decodeRows, hiddenFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame, withTimings } from '../protocol/payload.ts';
@@ -34,12 +35,6 @@ export interface SessionOpenBody {
 export type TokenSampler = (logits: Float32Array) => number;
 export type SamplerFactory = (settings: SamplerSettings) => TokenSampler;
 
-/** Greedy argmax: the default when a stage has no sampler factory or temperature is 0. */
-export function argmax(logits: Float32Array): number {
-  let best = 0;
-  for (let i = 1; i < logits.length; i++) if (logits[i]! > logits[best]!) best = i;
-  return best;
-}
 
 export interface StageStatus {
   stage: number;
@@ -132,6 +127,7 @@ export class StageService {
     const settings = body.sampler ?? {};
     const greedy = !settings.temperature;
     this.sessions.set(f.sessionId, {
+      // greedy (argmax) unless the stage has a sampler factory and the session a temperature
       sample: this.isLast ? (greedy || !this.opts.samplerFactory ? argmax : this.opts.samplerFactory(settings)) : null,
       hiddenDtype: body.hiddenDtype === 'f32' ? DType.F32 : DType.F16,
       timing: { steps: 0, computeMs: 0, downstreamMs: 0, handleMs: 0, bytesIn: 0, bytesOut: 0 },
