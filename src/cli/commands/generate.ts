@@ -24,7 +24,7 @@ import { ChainGenerator, InProcessChain } from '../../route/generation.ts';
 import type { GenerationResult, TextGenerator } from '../../route/generation.ts';
 import { joinRoom, RemoteChain, timingTable } from '../../route/remote.ts';
 
-const BACKENDS = ['cpu', 'llamacpp'] as const;
+const BACKENDS = ['cpu', 'llamacpp', 'webgpu'] as const;
 type Backend = (typeof BACKENDS)[number];
 
 export const command: Command = {
@@ -35,7 +35,7 @@ export const command: Command = {
     model: { type: 'string', short: 'm', valueName: '<path|url>', description: 'GGUF model file or http(s) URL' },
     prompt: { type: 'string', short: 'p', valueName: '<text>', description: 'prompt text (BOS added when the model asks, special tokens parsed)' },
     n: { type: 'string', valueName: '<count>', description: 'most tokens to generate', default: '64' },
-    backend: { type: 'string', valueName: '<cpu|llamacpp>', description: 'engine', default: 'cpu' },
+    backend: { type: 'string', valueName: '<cpu|llamacpp|webgpu>', description: 'engine (webgpu: Dawn in this process, SwiftShader where there is no GPU)', default: 'cpu' },
     layers: { type: 'string', valueName: '<a-b,b-c,…>', description: 'cpu: run as a chain of in-process stages over these layer ranges' },
     temperature: { type: 'string', valueName: '<t>', description: 'sampling temperature; 0 is greedy', default: '0' },
     'top-k': { type: 'string', valueName: '<k>', description: 'keep the k most likely tokens (0 = off)', default: '0' },
@@ -119,7 +119,7 @@ function readOptions(args: ParsedArgs): GenerateOptions {
   if (ctx !== undefined && ctx <= 0) throw new UsageError(`--ctx must be > 0, got ${ctx}`);
   const threads = optionalIntOption(args, 'threads');
   const layers = stringOption(args, 'layers');
-  if (layers !== undefined && backend !== 'cpu') throw new UsageError('--layers needs --backend cpu (llama.cpp runs whole models only)');
+  if (layers !== undefined && backend === 'llamacpp') throw new UsageError('--layers needs --backend cpu or webgpu (llama.cpp runs whole models only)');
   const stop = (args.values.stop as string[] | undefined) ?? [];
   return {
     model: args.values.join !== undefined ? '' : stringOption(args, 'model', true),
@@ -160,7 +160,8 @@ async function openGenerator(opts: GenerateOptions, source: TensorSource, tokeni
   const shards = opts.layers ? parseLayerRanges(opts.layers, nLayer) : [{ start: 0, end: nLayer }];
   const stages: StageBackend[] = [];
   for (const shard of shards) {
-    const stage = new CpuBackend({ weightStorage: opts.weightStorage });
+    // webgpu: loaded lazily, so other backends never start Dawn
+    const stage = opts.backend === 'webgpu' ? await (await import('../../backends/webgpu/node.ts')).createNodeWebGpuBackend() : new CpuBackend({ weightStorage: opts.weightStorage });
     await stage.load(source, shard);
     stages.push(stage);
   }
