@@ -53,10 +53,12 @@ export default defineConfig(({ mode }) => ({
       {
         extends: true,
         // pre-bundled up front: a dependency discovered mid-run makes vite reload the page and fail the test
-        optimizeDeps: { include: ['comlink', 'simple-peer', 'buffer', 'process', 'events', 'idb-keyval'] },
+        optimizeDeps: { include: ['comlink', 'simple-peer', 'buffer', 'process', 'events', 'idb-keyval', '@huggingface/gguf'] },
         test: {
           name: 'browser',
           include: ['test/browser/**/*.test.ts'],
+          // links stories260K (and its manifest) under .cache/test-models/, where vite can serve it
+          globalSetup: ['./test/browser/webgpu-global-setup.ts'],
           browser: {
             enabled: true,
             headless: true,
