@@ -13,6 +13,8 @@ import { pipeline } from 'node:stream/promises';
 import WebSocket from 'ws';
 import { MeshError } from '../errors.ts';
 import type { ShardRange, StageBackend } from '../backends/types.ts';
+import type { WebGpuBackend } from '../backends/webgpu/backend.ts';
+import type { AdapterSummary } from '../backends/webgpu/device.ts';
 import { openArtifactReader, openTensorSource, tensorSourceOver } from '../gguf/source.ts';
 import { artifactFiles, splitPartName } from '../gguf/split.ts';
 import type { Manifest } from '../gguf/manifest.ts';
@@ -38,7 +40,7 @@ import type { FrameLink } from '../transport/link.ts';
 import { StageService } from './stage-service.ts';
 import type { SamplerFactory } from './stage-service.ts';
 
-export type BackendKind = 'cpu' | 'llamacpp';
+export type BackendKind = 'cpu' | 'llamacpp' | 'webgpu';
 
 export interface NodePeerOptions {
   joinUrl: string;
@@ -63,7 +65,13 @@ export const stageSampler: SamplerFactory = (settings) => {
   return (logits) => sampler.sample(logits, []);
 };
 
+/** A WebGPU stage on Dawn in this process; loaded lazily, so other backends never start Dawn. */
+async function nodeWebGpuBackend(): Promise<WebGpuBackend> {
+  return (await import('../backends/webgpu/node.ts')).createNodeWebGpuBackend();
+}
+
 async function makeBackend(kind: BackendKind): Promise<StageBackend> {
+  if (kind === 'webgpu') return nodeWebGpuBackend();
   if (kind === 'cpu') {
     const { CpuBackend } = await import('../backends/cpu/backend.ts');
     return new CpuBackend();
@@ -187,6 +195,20 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   const room = await fetchJson<RoomSummary>(`${base}/v1/rooms/${roomId}`, opts.secret);
   const manifest = parseManifest(await fetchJson<unknown>(`${base}/v1/models/${room.model.id}/manifest`, opts.secret));
   const units = cacheDir ? await heldUnits(cacheDir, manifest) : [];
+  // webgpu: get a device before joining, so a host without an adapter fails at once
+  // (WEBGPU_UNAVAILABLE) instead of at its first assignment, and the room sees the adapter.
+  // That first device serves the first assignment; later ones get a fresh device.
+  let spareGpu: WebGpuBackend | null = null;
+  if (opts.backend === 'webgpu') {
+    try {
+      spareGpu = await nodeWebGpuBackend();
+    } catch (e) {
+      if ((e as MeshError).code !== 'WEBGPU_UNAVAILABLE') throw e;
+      throw new MeshError('WEBGPU_UNAVAILABLE', `--backend webgpu: ${(e as Error).message} (Dawn found no usable GPU here; use --backend cpu)`);
+    }
+  }
+  const adapter: AdapterSummary | undefined = spareGpu?.adapter;
+  if (adapter) log(`webgpu adapter: ${[adapter.vendor, adapter.architecture, adapter.description].filter(Boolean).join(' ') || 'unnamed'}${adapter.isFallbackAdapter ? ' (software)' : ''}`);
   let current: { routeId: number; shard: ShardRange; backend: StageBackend; service: StageService; downstream: FrameLink | null; source: TensorSource | null } | null = null;
   let relay: RelayLink | null = null;
   const handler = async (f: Parameters<StageService['handle']>[0]) => {
@@ -227,9 +249,12 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       lastProgress = now;
       send({ t: 'loading', routeId: m.routeId, stage: m.stage, bytesDone: done, bytesTotal: total });
     };
+    let loading: StageBackend | null = null; // disposed if the load fails (a GPU device must not leak)
     try {
       await release();
-      const backend = await makeBackend(opts.backend);
+      const spare = spareGpu;
+      spareGpu = null;
+      const backend = (loading = spare ?? (await makeBackend(opts.backend)));
       // the secret and peer id go only to the server's own model hosting, never to a third-party URL
       const ownHost = new URL(m.modelUrl).origin === new URL(base).origin;
       const headers: Record<string, string> = ownHost ? { ...auth, 'x-mesh-peer': peer.peerId ?? 'unknown' } : {};
@@ -285,6 +310,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       send({ t: 'ready', routeId: m.routeId, stage: m.stage, loadMs: performance.now() - t0, bytesRead });
     } catch (e) {
       const err = e instanceof MeshError ? e : new MeshError('LOAD_FAILED', (e as Error).message);
+      if (loading && current?.backend !== loading) await loading.dispose().catch(() => undefined);
       log(`stage ${m.stage} of route ${m.routeId}: load failed: ${err.code} ${err.message}`);
       send({ t: 'load-failed', routeId: m.routeId, stage: m.stage, code: err.code, message: err.message });
     }
@@ -302,6 +328,8 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     async close() {
       ws.close();
       await release();
+      await spareGpu?.dispose();
+      spareGpu = null;
       await server.close();
     },
   };
@@ -323,6 +351,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
           units,
           ...(opts.name ? { name: opts.name } : {}),
           ...(opts.layers ? { layers: opts.layers } : {}),
+          ...(adapter ? { adapter } : {}),
         });
       } else if (m.t === 'welcome') {
         peer.peerId = m.peerId;
@@ -348,6 +377,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     await joined;
   } catch (e) {
     ws.terminate();
+    await spareGpu?.dispose();
     await server.close();
     throw e;
   }

@@ -1,6 +1,6 @@
-// `gguf-mesh node --join <room url>`: a native peer. Joins the room, advertises its backend and
-// memory, loads the shard the planner assigns (only that shard's bytes), and serves frames
-// until stopped or until the server goes away.
+// `gguf-mesh node --join <room url>`: a native peer. Joins the room, advertises its backend (cpu,
+// llama.cpp, or WebGPU through Dawn, with its adapter) and memory, loads the shard the planner
+// assigns (only that shard's bytes), and serves frames until stopped or the server goes away.
 
 import type { Command } from '../command.ts';
 import { stringOption, UsageError } from '../command.ts';
@@ -19,11 +19,11 @@ function parseLayerRange(text: string): ShardRange {
 export const command: Command = {
   name: 'node',
   summary: 'join a room as a native peer and serve the layers the route planner assigns',
-  usage: '--join <room url> [--secret S] [--backend cpu|llamacpp] [--layers a-b] [--memory 4GiB] [--listen host:port]',
+  usage: '--join <room url> [--secret S] [--backend cpu|llamacpp|webgpu] [--layers a-b] [--memory 4GiB] [--listen host:port]',
   options: {
     join: { type: 'string', description: 'room URL printed by `serve` (the #secret= fragment is read too)', valueName: '<url>' },
     secret: { type: 'string', description: 'room secret (default: from the URL fragment)', valueName: '<secret>' },
-    backend: { type: 'string', description: 'cpu or llamacpp', default: 'cpu', valueName: '<kind>' },
+    backend: { type: 'string', description: 'cpu, llamacpp, or webgpu (Dawn in this process; exits if it finds no adapter)', default: 'cpu', valueName: '<kind>' },
     layers: { type: 'string', description: 'serve exactly layers [a, b) instead of what the planner picks', valueName: '<a-b>' },
     memory: { type: 'string', description: 'memory offered for weights', default: '4GiB', valueName: '<size>' },
     listen: { type: 'string', description: 'where other stages reach this node', default: '127.0.0.1:0', valueName: '<host:port>' },
@@ -44,7 +44,7 @@ export const command: Command = {
     const secret = stringOption(args, 'secret') ?? room.secret;
     if (!secret) throw new UsageError('--secret is required (or a join URL ending in #secret=…)');
     const backend = (stringOption(args, 'backend') ?? 'cpu') as BackendKind;
-    if (backend !== 'cpu' && backend !== 'llamacpp') throw new UsageError(`--backend must be cpu or llamacpp, got '${backend}'`);
+    if (backend !== 'cpu' && backend !== 'llamacpp' && backend !== 'webgpu') throw new UsageError(`--backend must be cpu, llamacpp or webgpu, got '${backend}'`);
     const layersText = stringOption(args, 'layers');
     let memoryBytes: number;
     try {
