@@ -66,9 +66,25 @@ async function prepareVulkanLoader(): Promise<void> {
   }
 }
 
+/**
+ * Dawn's GPU object that answers with an adapter. A Dawn instance over SwiftShader has been seen
+ * to come up with no adapter at all (every request on it answers null) in test worker processes,
+ * while a fresh instance in the same process finds one; so a GPU that finds none is replaced, a
+ * few times, before WebGPU is declared unavailable.
+ */
+async function nodeGpuWithAdapter(): Promise<GPU> {
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const gpu = await nodeGpu();
+    if (await gpu.requestAdapter({ powerPreference: 'high-performance' })) return gpu;
+    gpuPromise = null;
+    await new Promise((r) => setTimeout(r, 100 * (attempt + 1)));
+  }
+  return nodeGpu();
+}
+
 /** A WebGPU stage running in this Node process on Dawn. */
 export async function createNodeWebGpuStage(options: WebGpuStageOptions = {}): Promise<WebGpuStage> {
-  const { device, adapter } = await acquireDevice(await nodeGpu(), 'gguf-mesh stage (node)');
+  const { device, adapter } = await acquireDevice(await nodeGpuWithAdapter(), 'gguf-mesh stage (node)');
   return new WebGpuStage(device, adapter, loadShaderSources(), options);
 }
 
