@@ -4,9 +4,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { LlamaModel } from 'node-llama-cpp';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
 import { greedyGenerate, loadModel } from './support/llama.ts';
-import { getJson, killAll, spawnMesh, spawnServe, testShardCache, waitForRoute } from './support/mesh.ts';
+import { closeRouteTest, getJson, joinReadyRoute, spawnMesh, spawnServe, testShardCache, waitForRoute } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
-import { joinRoom } from '../src/route/remote.ts';
 import type { JoinedRoom } from '../src/route/remote.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { runCli } from './support/cli.ts';
@@ -24,16 +23,11 @@ beforeAll(async () => {
   serve = await spawnServe(model);
   const node = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'llamacpp']);
   await node.waitFor(/joined room/);
-  await waitForRoute(serve, 'ready');
-  joined = await joinRoom(serve.joinUrl, serve.secret);
+  joined = await joinReadyRoute(serve);
   llamaModel = await loadModel(model);
 });
 
-afterAll(async () => {
-  await joined?.close();
-  await llamaModel?.dispose();
-  await killAll();
-});
+afterAll(() => closeRouteTest(joined, llamaModel));
 
 describe('one-node route on llama.cpp', () => {
   it('serves the whole model as one stage and samples on it', async () => {

@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { LlamaModel } from 'node-llama-cpp';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
 import { greedyGenerate, loadModel, tokenize } from './support/llama.ts';
-import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
+import { closeRouteTest, getJson, joinReadyRoute, spawnMesh, spawnServe } from './support/mesh.ts';
 import type { MeshProcess, ServeInfo } from './support/mesh.ts';
 import { joinRoom, RemoteChain } from '../src/route/remote.ts';
 import type { JoinedRoom } from '../src/route/remote.ts';
@@ -41,17 +41,12 @@ beforeAll(async () => {
     await n.waitFor(/joined room/);
     nodes.push(n);
   }
-  await waitForRoute(serve, 'ready');
-  joined = await joinRoom(serve.joinUrl, serve.secret);
+  joined = await joinReadyRoute(serve);
   llamaModel = await loadModel(modelPath);
   tokenizer = Tokenizer.fromMetadata((await readHeader(modelPath)).metadata);
 });
 
-afterAll(async () => {
-  await joined?.close();
-  await llamaModel?.dispose();
-  await killAll();
-});
+afterAll(() => closeRouteTest(joined, llamaModel));
 
 describe('serve + three cpu nodes on stories260K', () => {
   it('plans three stages in proportion to memory and reports them', async () => {

@@ -9,7 +9,7 @@ import { readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import type { LlamaModel } from 'node-llama-cpp';
 import { greedyGenerate, loadModel, tokenize } from './support/llama.ts';
-import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
+import { closeRouteTest, getJson, joinReadyRoute, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
 import { splitSyntheticModel } from './support/split-model.ts';
 import type { SplitModel } from './support/split-model.ts';
@@ -21,7 +21,7 @@ import { artifactFiles, readArtifactHeader } from '../src/gguf/split.ts';
 import { buildManifest } from '../src/gguf/manifest.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import { shardTensors } from '../src/gguf/verify.ts';
-import { joinRoom, RemoteChain } from '../src/route/remote.ts';
+import { RemoteChain } from '../src/route/remote.ts';
 import type { JoinedRoom } from '../src/route/remote.ts';
 import { generate } from '../src/route/generation.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
@@ -48,15 +48,10 @@ beforeAll(async () => {
     const n = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', '1GiB', '--name', name, '--no-cache']);
     await n.waitFor(/joined room/);
   }
-  await waitForRoute(serve, 'ready');
-  joined = await joinRoom(serve.joinUrl, serve.secret);
+  joined = await joinReadyRoute(serve);
 });
 
-afterAll(async () => {
-  await joined?.close();
-  await whole?.dispose();
-  await killAll();
-});
+afterAll(() => closeRouteTest(joined, whole));
 
 describe('a split GGUF (three parts written like gguf-split)', () => {
   it('parts carry split.no / split.count / split.tensors.count; the joined header is the unsplit one re-addressed', async () => {

@@ -6,9 +6,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { LlamaModel } from 'node-llama-cpp';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
 import { greedyGenerate, loadModel } from './support/llama.ts';
-import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
+import { closeRouteTest, getJson, joinReadyRoute, spawnMesh, spawnServe } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
-import { joinRoom } from '../src/route/remote.ts';
 import type { JoinedRoom } from '../src/route/remote.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { runCli } from './support/cli.ts';
@@ -26,16 +25,11 @@ beforeAll(async () => {
   await gpu.waitFor(/joined room/);
   const cpu = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--layers', '2-5', '--name', 'cpu', '--no-cache']);
   await cpu.waitFor(/joined room/);
-  await waitForRoute(serve, 'ready');
-  joined = await joinRoom(serve.joinUrl, serve.secret);
+  joined = await joinReadyRoute(serve);
   llamaModel = await loadModel(model);
 }, 90_000);
 
-afterAll(async () => {
-  await joined?.close();
-  await llamaModel?.dispose();
-  await killAll();
-});
+afterAll(() => closeRouteTest(joined, llamaModel));
 
 describe('serve + node --backend webgpu + node --backend cpu on stories260K', () => {
   it('plans the webgpu stage on layers [0,2) and the cpu stage on [2,5), and advertises the adapter', async () => {

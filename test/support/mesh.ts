@@ -5,7 +5,10 @@ import type { ChildProcessWithoutNullStreams } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import type { LlamaModel } from 'node-llama-cpp';
 import { CLI, REPO_ROOT } from './cli.ts';
+import { joinRoom } from '../../src/route/remote.ts';
+import type { JoinedRoom } from '../../src/route/remote.ts';
 
 export interface MeshProcess {
   child: ChildProcessWithoutNullStreams;
@@ -120,4 +123,17 @@ export async function waitForRoute(s: ServeInfo, status: string, timeoutMs = 60_
     if (Date.now() > deadline) throw new Error(`route never became ${status}: ${JSON.stringify(body)}\n${s.proc.output()}`);
     await new Promise((r) => setTimeout(r, 100));
   }
+}
+
+/** Waits until the room's route is ready, then joins the room as a client of that route. */
+export async function joinReadyRoute(s: ServeInfo): Promise<JoinedRoom> {
+  await waitForRoute(s, 'ready');
+  return joinRoom(s.joinUrl, s.secret);
+}
+
+/** afterAll for route tests: closes the client, disposes the llama.cpp oracle (either may be unset when beforeAll failed early), kills every spawned process. */
+export async function closeRouteTest(joined: JoinedRoom | undefined, oracle: LlamaModel | undefined): Promise<void> {
+  await joined?.close();
+  await oracle?.dispose();
+  await killAll();
 }
