@@ -5,7 +5,7 @@ import { fetchRoom } from '../ui/room-api.ts';
 import { createChatView } from '../ui/chat-view.ts';
 import type { ChatView } from '../ui/chat-view.ts';
 import type { ChatMessage, SamplerChoice } from '../ui/chat-engine.ts';
-import { emit, errorDetail, roomOf, styledShadow } from './shadow.ts';
+import { emit, errorDetail, openRoom } from './shadow.ts';
 
 const SAMPLER_ATTRS: Record<string, keyof SamplerChoice> = { temperature: 'temperature', 'top-k': 'topK', 'top-p': 'topP', seed: 'seed', 'max-tokens': 'maxTokens' };
 
@@ -60,15 +60,9 @@ export class GgufMeshChatElement extends HTMLElement {
   }
 
   private mount(): void {
-    const shadow = styledShadow(this);
-    let link;
-    try {
-      link = roomOf(this);
-    } catch (e) {
-      shadow.replaceChildren();
-      emit(this, 'error', errorDetail(e));
-      return;
-    }
+    const opened = openRoom(this);
+    if (!opened) return;
+    const { shadow, link } = opened;
     const sampler: Partial<SamplerChoice> = {};
     for (const [attr, key] of Object.entries(SAMPLER_ATTRS)) {
       const v = this.getAttribute(attr);

@@ -5,7 +5,7 @@
 import type { BrowserPeerState } from '../peer/browser-peer.ts';
 import { createPeerView } from '../ui/peer-view.ts';
 import type { PeerView } from '../ui/peer-view.ts';
-import { emit, errorDetail, roomOf, styledShadow } from './shadow.ts';
+import { emit, openRoom } from './shadow.ts';
 
 export class GgufMeshPeerElement extends HTMLElement {
   static observedAttributes = ['room', 'secret', 'name', 'memory'];
@@ -43,15 +43,9 @@ export class GgufMeshPeerElement extends HTMLElement {
   }
 
   private mount(): void {
-    const shadow = styledShadow(this);
-    let link;
-    try {
-      link = roomOf(this);
-    } catch (e) {
-      shadow.replaceChildren();
-      emit(this, 'error', errorDetail(e));
-      return;
-    }
+    const opened = openRoom(this);
+    if (!opened) return;
+    const { shadow, link } = opened;
     let readyFor: string | null = null;
     this.view = createPeerView({
       link,

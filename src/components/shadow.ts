@@ -32,3 +32,18 @@ export function emit<T>(host: HTMLElement, type: string, detail: T): void {
 export function errorDetail(e: unknown, stage: number | null = null): { code: string; message: string; stage: number | null } {
   return { code: (e as { code?: string }).code ?? 'ERROR', message: (e as Error).message ?? String(e), stage };
 }
+
+/**
+ * The start of both elements' mount: the styled shadow root and the element's room. A missing or
+ * bad room attribute clears the shadow root, emits `error` and gives null.
+ */
+export function openRoom(host: HTMLElement): { shadow: ShadowRoot; link: RoomLink } | null {
+  const shadow = styledShadow(host);
+  try {
+    return { shadow, link: roomOf(host) };
+  } catch (e) {
+    shadow.replaceChildren();
+    emit(host, 'error', errorDetail(e));
+    return null;
+  }
+}
