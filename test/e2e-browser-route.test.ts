@@ -24,10 +24,9 @@ import { HttpLink } from '../src/transport/http.ts';
 import { buildManifest, manifestJson } from '../src/gguf/manifest.ts';
 import type { Manifest } from '../src/gguf/manifest.ts';
 import { shardTensors } from '../src/gguf/verify.ts';
-import type { BrowserPeerState } from '../src/peer/browser-peer.ts';
-import { REPO_ROOT } from './support/cli.ts';
+import { closeBrowserTest, launchChromium, peerState, startPeerPage, waitForPeerState } from './support/browser-route.ts';
 import { greedyGenerate, loadModel } from './support/llama.ts';
-import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
+import { getJson, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
 
@@ -45,26 +44,11 @@ beforeAll(async () => {
   manifest = await buildManifest(modelPath);
   llamaModel = await loadModel(modelPath);
   expected = await greedyGenerate(llamaModel, STORIES_PROMPT_TOKENS, N);
-  vite = await createServer({
-    configFile: false,
-    root: join(REPO_ROOT, 'test', 'fixtures', 'peer-page'),
-    logLevel: 'warn',
-    server: { host: '127.0.0.1', port: 0, strictPort: false, hmr: false },
-    optimizeDeps: { include: ['comlink', 'simple-peer', 'buffer', 'process', 'idb-keyval'] },
-  });
-  await vite.listen();
-  const addr = vite.httpServer!.address() as { port: number };
-  pageBase = `http://127.0.0.1:${addr.port}/`;
-  // launch() gives the browser a fresh temporary profile; each context is isolated storage
-  browser = await chromium.launch({ executablePath: process.env.CHROME_PATH ?? '/usr/bin/chromium', args: chromiumArgs });
+  ({ vite, pageBase } = await startPeerPage());
+  browser = await launchChromium();
 });
 
-afterAll(async () => {
-  await browser?.close();
-  await vite?.close();
-  await llamaModel?.dispose();
-  await killAll();
-});
+afterAll(() => closeBrowserTest(browser, vite, llamaModel));
 
 interface Tab {
   context: BrowserContext;
@@ -81,26 +65,8 @@ async function openTab(serve: ServeInfo, name: string, extra: Record<string, str
   await before?.(page);
   page.on('console', (m) => m.type() === 'error' && console.log(`[${name}] ${m.text()}`));
   await page.goto(pageUrl(serve, name, extra));
-  await waitForState(page, (s) => s.status === 'idle' || s.status === 'ready', `${name} joined`);
+  await waitForPeerState(page, (s) => s.status === 'idle' || s.status === 'ready', `${name} joined`);
   return { context, page };
-}
-
-async function state(page: Page): Promise<BrowserPeerState | null> {
-  return page.evaluate(() => (window.__peer ? JSON.parse(JSON.stringify(window.__peer.state)) : null));
-}
-
-async function waitForState(page: Page, ok: (s: BrowserPeerState) => boolean, what: string, timeoutMs = 45_000): Promise<BrowserPeerState> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const s = await state(page);
-    if (s && ok(s)) return s;
-    const err = await page.evaluate(() => window.__peerError ?? null);
-    if (err || Date.now() > deadline) {
-      const log = await page.evaluate(() => window.__peerLog.join('\n'));
-      throw new Error(`${what}: not reached (${JSON.stringify(err ?? s?.status)}); page log:\n${log}`);
-    }
-    await new Promise((r) => setTimeout(r, 200));
-  }
 }
 
 /** Greedy generation through the server's binary HTTP session API. */
@@ -179,7 +145,7 @@ describe('three browser tabs serve stories260K', () => {
   });
 
   it('hidden states crossed the data channels, not the server', async () => {
-    const states = await Promise.all(tabs.map((t) => state(t.page)));
+    const states = await Promise.all(tabs.map((t) => peerState(t.page)));
     const byStage = [...states].sort((a, b) => a!.stage! - b!.stage!);
     expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'webrtc', 'none']);
     for (const s of byStage.slice(0, 2)) {
@@ -208,7 +174,7 @@ describe('three browser tabs serve stories260K', () => {
     const before = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
     const bytesBefore = Object.values(before).reduce((a: number, c: any) => a + c.bytes, 0);
     for (const t of tabs) await t.page.reload();
-    for (const t of tabs) await waitForState(t.page, (s) => s.status === 'ready', 'reloaded tab ready', 60_000);
+    for (const t of tabs) await waitForPeerState(t.page, (s) => s.status === 'ready', 'reloaded tab ready', 60_000);
     const route = await waitForRoute(serve, 'ready', 60_000);
     expect(route.id).not.toBe(firstRoute.id);
     const after = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
@@ -223,7 +189,7 @@ describe('three browser tabs serve stories260K', () => {
       expect(p.units).toContain(`layer.${st.shard.start}`);
     }
     for (const t of tabs) {
-      const s = (await state(t.page))!;
+      const s = (await peerState(t.page))!;
       expect(s.load!.fetchedBytes).toBe(0);
       expect(s.load!.cachedBytes).toBe(s.load!.totalBytes);
       expect(s.load!.cachedUnits.length).toBe(s.load!.units.length);
@@ -232,7 +198,7 @@ describe('three browser tabs serve stories260K', () => {
   });
 
   it('when the last stage\'s tab closes, a new tab takes its place; the first two reconnect on a fresh channel', async () => {
-    const states = await Promise.all(tabs.map((t) => state(t.page)));
+    const states = await Promise.all(tabs.map((t) => peerState(t.page)));
     const last = tabs[states.findIndex((s) => s!.stage === 2)]!;
     const firstTwo = states.filter((s) => s!.stage !== 2).map((s) => s!.peerId);
     await last.context.close();
@@ -268,16 +234,16 @@ describe('blocked direct connections relay through the server (slices cached in 
     const relayed = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.relayed;
     const hops = [`${route.stages[0].peerId}->${route.stages[1].peerId}`, `${route.stages[1].peerId}->${route.stages[2].peerId}`];
     for (const h of hops) expect(relayed[h]?.frames).toBeGreaterThanOrEqual(N + 1);
-    const states = await Promise.all(tabs.map((t) => state(t.page)));
+    const states = await Promise.all(tabs.map((t) => peerState(t.page)));
     for (const s of states) expect(s!.downstreamChannel).toBeNull();
   });
 
   it('reloads from the OPFS cache with zero bytes fetched and relays again', async () => {
     for (const t of tabs) await t.page.reload();
-    for (const t of tabs) await waitForState(t.page, (s) => s.status === 'ready', 'reloaded tab ready', 60_000);
+    for (const t of tabs) await waitForPeerState(t.page, (s) => s.status === 'ready', 'reloaded tab ready', 60_000);
     const route = await waitForRoute(serve, 'ready', 60_000);
     for (const t of tabs) {
-      const s = (await state(t.page))!;
+      const s = (await peerState(t.page))!;
       expect(s.load!.fetchedBytes).toBe(0);
       expect(s.load!.cachedUnits.length).toBe(s.load!.units.length);
     }
@@ -310,9 +276,9 @@ describe('a mixed route: two browser tabs and a native cpu node', () => {
     expect(route.stages).toHaveLength(3);
     expect(route.stages[2].peerId.startsWith('native-')).toBe(true);
     expect(await generateOverHttp(serve, route.id, 'mixed: 2 tabs + cpu node')).toEqual(expected);
-    const byStage = (await Promise.all(tabs.map((t) => state(t.page)))).sort((a, b) => a!.stage! - b!.stage!);
+    const byStage = (await Promise.all(tabs.map((t) => peerState(t.page)))).sort((a, b) => a!.stage! - b!.stage!);
     expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'relay']); // browser → native goes through the server
-    const quota = (await state(tabs[0]!.page))!;
+    const quota = (await peerState(tabs[0]!.page))!;
     expect(quota.load!.cacheError).toMatch(/^STORAGE_QUOTA/);
     expect(quota.status).toBe('ready');
   });
@@ -331,7 +297,7 @@ describe('a mixed route led by a native node', () => {
       expect(await generateOverHttp(serve, route.id, 'mixed: cpu node + 2 tabs')).toEqual(expected);
       const relayed = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.relayed;
       expect(relayed[`${route.stages[0].peerId}->${route.stages[1].peerId}`].frames).toBeGreaterThanOrEqual(N + 1);
-      const byStage = (await Promise.all(tabs.map((t) => state(t.page)))).sort((a, b) => a!.stage! - b!.stage!);
+      const byStage = (await Promise.all(tabs.map((t) => peerState(t.page)))).sort((a, b) => a!.stage! - b!.stage!);
       expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'none']);
     } finally {
       for (const t of tabs) await t.context.close();
@@ -353,7 +319,7 @@ describe('verification and degraded cases', () => {
     const tabs: Tab[] = [];
     try {
       for (const name of ['v0', 'v1', 'v2']) tabs.push(await openTab(serve, name));
-      const states = await Promise.all(tabs.map((t) => waitForState(t.page, (s) => s.status === 'ready' || s.status === 'failed', 'loaded or refused')));
+      const states = await Promise.all(tabs.map((t) => waitForPeerState(t.page, (s) => s.status === 'ready' || s.status === 'failed', 'loaded or refused')));
       const bad = states.find((s) => s.shard!.start <= 2 && 2 < s.shard!.end)!;
       expect(bad.status).toBe('failed');
       expect(bad.error!.code).toBe('TENSOR_HASH_MISMATCH');
@@ -381,7 +347,7 @@ describe('verification and degraded cases', () => {
     try {
       const page = await (await plain.newContext()).newPage();
       await page.goto(pageUrl(serve, 'nogpu'));
-      const s = await waitForState(page, (x) => x.status === 'client-only', 'client-only');
+      const s = await waitForPeerState(page, (x) => x.status === 'client-only', 'client-only');
       expect(s.capabilities!.backend).toBe('none');
       expect(s.reason).toMatch(/WebGPU/);
       const peers = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.peers;

@@ -5,21 +5,18 @@
 // fetched only its shard's tensors, from exactly the parts that hold them.
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { chromium } from 'playwright-core';
 import type { Browser, BrowserContext, Page } from 'playwright-core';
-import { createServer } from 'vite';
 import type { ViteDevServer } from 'vite';
 import type { LlamaModel } from 'node-llama-cpp';
-import { chromiumArgs } from '../vite.config.ts';
 import { buildManifest } from '../src/gguf/manifest.ts';
 import type { Manifest } from '../src/gguf/manifest.ts';
 import { shardTensors } from '../src/gguf/verify.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { HttpLink } from '../src/transport/http.ts';
-import type { BrowserPeerState } from '../src/peer/browser-peer.ts';
 import { REPO_ROOT } from './support/cli.ts';
+import { closeBrowserTest, launchChromium, peerState, startPeerPage, waitForPeerState } from './support/browser-route.ts';
 import { greedyGenerate, loadModel, tokenize } from './support/llama.ts';
-import { getJson, killAll, spawnServe, waitForRoute } from './support/mesh.ts';
+import { getJson, spawnServe, waitForRoute } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
 import { splitSyntheticModel } from './support/split-model.ts';
 import type { SplitModel } from './support/split-model.ts';
@@ -45,42 +42,11 @@ beforeAll(async () => {
   llamaModel = await loadModel(model.whole);
   promptTokens = tokenize(llamaModel, 'Once upon a time');
   llamaTokens = await greedyGenerate(llamaModel, promptTokens, N);
-  vite = await createServer({
-    configFile: false,
-    root: join(REPO_ROOT, 'test', 'fixtures', 'peer-page'),
-    logLevel: 'warn',
-    server: { host: '127.0.0.1', port: 0, strictPort: false, hmr: false },
-    optimizeDeps: { include: ['comlink', 'simple-peer', 'buffer', 'process', 'idb-keyval'] },
-  });
-  await vite.listen();
-  pageBase = `http://127.0.0.1:${(vite.httpServer!.address() as { port: number }).port}/`;
-  browser = await chromium.launch({ executablePath: process.env.CHROME_PATH ?? '/usr/bin/chromium', args: chromiumArgs });
+  ({ vite, pageBase } = await startPeerPage());
+  browser = await launchChromium();
 }, 120_000);
 
-afterAll(async () => {
-  await browser?.close();
-  await vite?.close();
-  await llamaModel?.dispose();
-  await killAll();
-});
-
-async function state(page: Page): Promise<BrowserPeerState | null> {
-  return page.evaluate(() => (window.__peer ? JSON.parse(JSON.stringify(window.__peer.state)) : null));
-}
-
-async function waitForState(page: Page, ok: (s: BrowserPeerState) => boolean, what: string, timeoutMs = 45_000): Promise<BrowserPeerState> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const s = await state(page);
-    if (s && ok(s)) return s;
-    const err = await page.evaluate(() => window.__peerError ?? null);
-    if (err || Date.now() > deadline) {
-      const log = await page.evaluate(() => window.__peerLog.join('\n'));
-      throw new Error(`${what}: not reached (${JSON.stringify(err ?? s?.status)}); page log:\n${log}`);
-    }
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
+afterAll(() => closeBrowserTest(browser, vite, llamaModel));
 
 /** Two tabs on `serve`'s room; the greedy tokens of the route they form, and the route. */
 async function twoTabRoute(serve: ServeInfo, label: string): Promise<{ tokens: number[]; route: any; contexts: BrowserContext[] }> {
@@ -90,7 +56,7 @@ async function twoTabRoute(serve: ServeInfo, label: string): Promise<{ tokens: n
     const page = await context.newPage();
     page.on('console', (m) => m.type() === 'error' && console.log(`[${name}] ${m.text()}`));
     await page.goto(`${pageBase}#${new URLSearchParams({ join: serve.joinUrl, name, memory: String(1 << 30) })}`);
-    await waitForState(page, (s) => s.status === 'idle' || s.status === 'ready', `${name} joined`);
+    await waitForPeerState(page, (s) => s.status === 'idle' || s.status === 'ready', `${name} joined`);
     contexts.push(context);
   }
   const route = await waitForRoute(serve, 'ready', 60_000);

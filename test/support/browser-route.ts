@@ -1,0 +1,60 @@
+// Shared by the browser-peer end-to-end tests: the test peer page (test/fixtures/peer-page)
+// served by a vite dev server, headless Chromium (WebGPU on SwiftShader) to open it in, and
+// polling a tab's peer state until it reaches what a test waits for.
+import { join } from 'node:path';
+import { chromium } from 'playwright-core';
+import type { Browser, Page } from 'playwright-core';
+import { createServer } from 'vite';
+import type { ViteDevServer } from 'vite';
+import type { LlamaModel } from 'node-llama-cpp';
+import { chromiumArgs } from '../../vite.config.ts';
+import type { BrowserPeerState } from '../../src/peer/browser-peer.ts';
+import { REPO_ROOT } from './cli.ts';
+import { killAll } from './mesh.ts';
+
+/** A vite dev server for the peer page on a free loopback port; `pageBase` is its root URL. */
+export async function startPeerPage(): Promise<{ vite: ViteDevServer; pageBase: string }> {
+  const vite = await createServer({
+    configFile: false,
+    root: join(REPO_ROOT, 'test', 'fixtures', 'peer-page'),
+    logLevel: 'warn',
+    server: { host: '127.0.0.1', port: 0, strictPort: false, hmr: false },
+    optimizeDeps: { include: ['comlink', 'simple-peer', 'buffer', 'process', 'idb-keyval'] },
+  });
+  await vite.listen();
+  const addr = vite.httpServer!.address() as { port: number };
+  return { vite, pageBase: `http://127.0.0.1:${addr.port}/` };
+}
+
+/** Headless Chromium with the project's WebGPU flags; launch() gives it a fresh temporary profile, and each context is isolated storage. */
+export function launchChromium(): Promise<Browser> {
+  return chromium.launch({ executablePath: process.env.CHROME_PATH ?? '/usr/bin/chromium', args: chromiumArgs });
+}
+
+/** afterAll: closes the browser, the page server and the llama.cpp oracle (any may be unset when beforeAll failed early), kills every spawned process. */
+export async function closeBrowserTest(browser: Browser | undefined, vite: ViteDevServer | undefined, oracle: LlamaModel | undefined): Promise<void> {
+  await browser?.close();
+  await vite?.close();
+  await oracle?.dispose();
+  await killAll();
+}
+
+/** The tab's peer state (a plain copy), or null before the page made its peer. */
+export async function peerState(page: Page): Promise<BrowserPeerState | null> {
+  return page.evaluate(() => (window.__peer ? JSON.parse(JSON.stringify(window.__peer.state)) : null));
+}
+
+/** Polls the tab's peer state until `ok`; fails with the page's log on a page error or after `timeoutMs`. */
+export async function waitForPeerState(page: Page, ok: (s: BrowserPeerState) => boolean, what: string, timeoutMs = 45_000): Promise<BrowserPeerState> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const s = await peerState(page);
+    if (s && ok(s)) return s;
+    const err = await page.evaluate(() => window.__peerError ?? null);
+    if (err || Date.now() > deadline) {
+      const log = await page.evaluate(() => window.__peerLog.join('\n'));
+      throw new Error(`${what}: not reached (${JSON.stringify(err ?? s?.status)}); page log:\n${log}`);
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
