@@ -154,13 +154,8 @@ export async function generate(chain: StageChain, tokenizer: Tokenizer, request:
   const contextLength = generationContextLength(prompt, request.maxTokens, request.contextLength);
   const sampler = new Sampler(request.sampler);
   const sessionId = request.sessionId ?? `gen-${Math.random().toString(36).slice(2)}`;
-  const text = new TextCollector(request.stopStrings ?? [], request.onDelta);
-  const decoder = new StreamingDecoder(tokenizer);
-  const tokens: number[] = [];
-  let stopReason: StopReason = 'max_tokens';
-  let promptMs = 0;
-  let decodeMs = 0;
-  let decodeSteps = 0;
+  const out = new GenerationOutput(tokenizer, request.stopStrings, request.onDelta);
+  const { text, decoder, tokens } = out;
 
   await chain.openSession(sessionId, contextLength);
   try {
@@ -171,48 +166,42 @@ export async function generate(chain: StageChain, tokenizer: Tokenizer, request:
     for (let at = 0; at < prompt.length; at += chunk) {
       logits = await chain.forward(sessionId, Int32Array.from(prompt.slice(at, at + chunk)), at);
     }
-    promptMs = performance.now() - t0;
+    out.promptMs = performance.now() - t0;
 
     let position = prompt.length;
     while (tokens.length < request.maxTokens) {
       if (request.signal?.aborted) {
-        stopReason = 'aborted';
+        out.stopReason = 'aborted';
         break;
       }
       const token = sampler.sample(logits, prompt.concat(tokens));
       tokens.push(token);
       if (tokenizer.isEog(token) && !request.ignoreEog) {
-        stopReason = 'eog';
+        out.stopReason = 'eog';
         break;
       }
       if (text.push(decoder.push(token))) {
-        stopReason = 'stop_string';
+        out.stopReason = 'stop_string';
         break;
       }
       if (tokens.length === request.maxTokens) break;
       if (position >= contextLength) {
-        stopReason = 'context_full';
+        out.stopReason = 'context_full';
         break;
       }
       // decode: one token through the chain
       t0 = performance.now();
       logits = await chain.forward(sessionId, Int32Array.of(token), position);
-      decodeMs += performance.now() - t0;
-      decodeSteps++;
+      out.decodeMs += performance.now() - t0;
+      out.decodeSteps++;
       position++;
     }
-    if (stopReason !== 'stop_string') text.push(decoder.flush(), true);
+    out.finish();
   } finally {
     await chain.releaseSession(sessionId);
   }
 
-  return {
-    promptTokens: prompt,
-    tokens,
-    text: text.text,
-    stopReason,
-    timings: makeTimings(promptMs, prompt.length, decodeMs, decodeSteps),
-  };
+  return out.result(prompt);
 }
 
 export function makeTimings(promptMs: number, promptTokens: number, decodeMs: number, decodeSteps: number): GenerationTimings {
@@ -226,6 +215,41 @@ export function makeTimings(promptMs: number, promptTokens: number, decodeMs: nu
 
 function round(x: number): number {
   return Math.round(x * 1000) / 1000;
+}
+
+/**
+ * What a generation loop produces, shared by local and on-route generation: the generated tokens,
+ * their text (streamed through `decoder` into `text`, stop strings applied), why it stopped, and
+ * the time spent in prefill and decode.
+ */
+export class GenerationOutput {
+  readonly tokens: number[] = [];
+  readonly text: TextCollector;
+  readonly decoder: StreamingDecoder;
+  stopReason: StopReason = 'max_tokens';
+  promptMs = 0;
+  decodeMs = 0;
+  decodeSteps = 0;
+
+  constructor(tokenizer: Tokenizer, stopStrings: readonly string[] | undefined, onDelta: ((delta: string) => void) | undefined) {
+    this.text = new TextCollector(stopStrings ?? [], onDelta);
+    this.decoder = new StreamingDecoder(tokenizer);
+  }
+
+  /** after the loop: the decoder's held-back bytes join the text unless a stop string ended it */
+  finish(): void {
+    if (this.stopReason !== 'stop_string') this.text.push(this.decoder.flush(), true);
+  }
+
+  result(prompt: number[]): GenerationResult {
+    return {
+      promptTokens: prompt,
+      tokens: this.tokens,
+      text: this.text.text,
+      stopReason: this.stopReason,
+      timings: makeTimings(this.promptMs, prompt.length, this.decodeMs, this.decodeSteps),
+    };
+  }
 }
 
 /**

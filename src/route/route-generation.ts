@@ -5,11 +5,10 @@
 
 import { MeshError } from '../errors.ts';
 import type { Tokenizer } from '../model/tokenizer/tokenizer.ts';
-import { StreamingDecoder } from '../model/tokenizer/stream.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { RouteSessionClient } from './client.ts';
-import { generationContextLength, makeTimings, TextCollector } from './generation.ts';
-import type { GenerationResult, StopReason } from './generation.ts';
+import { GenerationOutput, generationContextLength } from './generation.ts';
+import type { GenerationResult } from './generation.ts';
 import type { SessionInfo } from './sessions.ts';
 import type { SamplerSettings } from './stage-service.ts';
 import { stepBreakdown } from './telemetry.ts';
@@ -44,19 +43,14 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
   client.wantTimings = true;
   req.onSession?.(sessionId);
   emit({ type: 'session_opened', sessionId, routeId });
-  const text = new TextCollector(req.stopStrings ?? [], req.onDelta);
-  const decoder = new StreamingDecoder(tokenizer);
-  const tokens: number[] = [];
-  let stopReason: StopReason = 'max_tokens';
-  let promptMs = 0;
-  let decodeMs = 0;
-  let decodeSteps = 0;
+  const out = new GenerationOutput(tokenizer, req.stopStrings, req.onDelta);
+  const { text, decoder, tokens } = out;
   let summary: RouteGenerationResult['summary'] = null;
   let closed = false;
   try {
     const t0 = performance.now();
     let token = await client.prefill(prompt, req.prefillChunk ?? 64, (done, total) => emit({ type: 'prefill_progress', sessionId, tokensDone: done, tokensTotal: total }));
-    promptMs = performance.now() - t0;
+    out.promptMs = performance.now() - t0;
     while (req.maxTokens > 0) {
       tokens.push(token);
       const piece = decoder.push(token);
@@ -64,30 +58,30 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
       if (client.lastTimings.length) emit({ type: 'step_timing', sessionId, position: client.lastTimings[0]!.position, stages: stepBreakdown(client.lastTimings) });
       emit({ type: 'token', sessionId, id: token, text: piece, position: client.position });
       if (tokenizer.isEog(token)) {
-        stopReason = 'eog';
+        out.stopReason = 'eog';
         break;
       }
       if (text.push(piece)) {
-        stopReason = 'stop_string';
+        out.stopReason = 'stop_string';
         break;
       }
       if (tokens.length >= req.maxTokens) break;
       if (client.position >= contextLength) {
-        stopReason = 'context_full';
+        out.stopReason = 'context_full';
         break;
       }
       if (req.signal?.aborted) {
-        stopReason = 'aborted';
+        out.stopReason = 'aborted';
         break;
       }
       const t1 = performance.now();
       token = await client.decode(token);
-      decodeMs += performance.now() - t1;
-      decodeSteps++;
+      out.decodeMs += performance.now() - t1;
+      out.decodeSteps++;
     }
-    if (stopReason !== 'stop_string') text.push(decoder.flush(), true);
+    out.finish();
     const info = await client.info().catch(() => null);
-    if (info) summary = summarize(info, promptMs, prompt.length, decodeMs, decodeSteps, tokens.length);
+    if (info) summary = summarize(info, out.promptMs, prompt.length, out.decodeMs, out.decodeSteps, tokens.length);
     if (summary) emit(summary);
     await client.close();
     closed = true;
@@ -98,7 +92,7 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
   } finally {
     if (!closed) await client.close().catch(() => undefined);
   }
-  return { promptTokens: prompt, tokens, text: text.text, stopReason, timings: makeTimings(promptMs, prompt.length, decodeMs, decodeSteps), sessionId, summary };
+  return { ...out.result(prompt), sessionId, summary };
 }
 
 function summarize(info: SessionInfo, promptMs: number, promptTokens: number, decodeMs: number, decodeSteps: number, generated: number): Extract<TelemetryEvent, { type: 'session_summary' }> {
