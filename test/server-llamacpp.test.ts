@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { LlamaModel } from 'node-llama-cpp';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
 import { greedyGenerate, loadModel } from './support/llama.ts';
-import { closeRouteTest, getJson, joinReadyRoute, spawnMesh, spawnServe, testShardCache, waitForRoute } from './support/mesh.ts';
+import { closeRouteTest, getJson, joinReadyRoute, roomEventsUntilReady, spawnMesh, spawnServe, testShardCache, waitForRoute } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
 import type { JoinedRoom } from '../src/route/remote.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
@@ -56,13 +56,7 @@ describe('one-node route on llama.cpp', () => {
   });
 
   it('reports loading progress like a cpu node: stage_loading from 0 up to the artifact\'s bytes, before stage_ready', async () => {
-    const ctl = new AbortController();
-    const res = await fetch(`${serve.base}/v1/rooms/${serve.roomId}/events`, { headers: { authorization: `Bearer ${serve.secret}` }, signal: ctl.signal });
-    const reader = res.body!.getReader();
-    let text = '';
-    while (!text.includes('"status":"ready"')) text += new TextDecoder().decode((await reader.read()).value);
-    ctl.abort();
-    const events = [...text.matchAll(/^data: (.*)$/gm)].map((m) => JSON.parse(m[1]!));
+    const events = await roomEventsUntilReady(serve);
     const loading = events.filter((e) => e.type === 'stage_loading');
     expect(loading.length).toBeGreaterThanOrEqual(2);
     for (const e of loading) expect(e).toMatchObject({ stage: 0, bytesTotal: modelBytes });

@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { LlamaModel } from 'node-llama-cpp';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
 import { greedyGenerate, loadModel, tokenize } from './support/llama.ts';
-import { closeRouteTest, getJson, joinReadyRoute, spawnMesh, spawnServe } from './support/mesh.ts';
+import { closeRouteTest, getJson, joinReadyRoute, roomEventsUntilReady, spawnMesh, spawnServe } from './support/mesh.ts';
 import type { MeshProcess, ServeInfo } from './support/mesh.ts';
 import { joinRoom, RemoteChain } from '../src/route/remote.ts';
 import type { JoinedRoom } from '../src/route/remote.ts';
@@ -61,13 +61,7 @@ describe('serve + three cpu nodes on stories260K', () => {
   });
 
   it('the room\'s event stream replays the route\'s planning, loading progress and readiness', async () => {
-    const ctl = new AbortController();
-    const res = await fetch(`${serve.base}/v1/rooms/${serve.roomId}/events`, { headers: { authorization: `Bearer ${serve.secret}` }, signal: ctl.signal });
-    const reader = res.body!.getReader();
-    let text = '';
-    while (!text.includes('"status":"ready"')) text += new TextDecoder().decode((await reader.read()).value);
-    ctl.abort();
-    const events = [...text.matchAll(/^data: (.*)$/gm)].map((m) => JSON.parse(m[1]!));
+    const events = await roomEventsUntilReady(serve);
     const kinds = events.map((e) => e.type);
     expect(kinds[0]).toBe('route_planned');
     expect(kinds.filter((k) => k === 'stage_ready')).toHaveLength(3);

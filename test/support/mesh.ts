@@ -137,3 +137,14 @@ export async function closeRouteTest(joined: JoinedRoom | undefined, oracle: Lla
   await oracle?.dispose();
   await killAll();
 }
+
+/** The room's event stream (server-sent events), read from its replay until a `"status":"ready"` appears; the events parsed, in order. */
+export async function roomEventsUntilReady(s: ServeInfo): Promise<any[]> {
+  const ctl = new AbortController();
+  const res = await fetch(`${s.base}/v1/rooms/${s.roomId}/events`, { headers: { authorization: `Bearer ${s.secret}` }, signal: ctl.signal });
+  const reader = res.body!.getReader();
+  let text = '';
+  while (!text.includes('"status":"ready"')) text += new TextDecoder().decode((await reader.read()).value);
+  ctl.abort();
+  return [...text.matchAll(/^data: (.*)$/gm)].map((m) => JSON.parse(m[1]!));
+}
