@@ -12,7 +12,7 @@ import { configFromHeader } from '../src/model/config.ts';
 import { argmax } from '../src/model/sampler.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { ChainGenerator, InProcessChain } from '../src/route/generation.ts';
-import type { GenerationTimings, TextGenerator } from '../src/route/generation.ts';
+import type { GenerationTimings, TextGenerator } from '../src/model/generation-output.ts';
 import { stories260K } from '../test/support/models.ts';
 import { syntheticModel } from '../test/support/synthetic.ts';
 

@@ -15,7 +15,7 @@ import type { ByteTensorSource } from '../src/gguf/source.ts';
 import { makeModelFile } from '../src/model/synthetic-model.ts';
 import { InProcessChain } from '../src/route/generation.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
-import { startLoopbackRoute } from '../src/route/loopback.ts';
+import { startLoopbackRoute } from '../src/peer/loopback.ts';
 import { joinRoom } from '../src/route/remote.ts';
 import { argmax } from '../src/model/sampler.ts';
 import { HEADER_BYTES } from '../src/protocol/frame.ts';

@@ -5,12 +5,12 @@
 import { randomBytes } from 'node:crypto';
 import type WebSocket from 'ws';
 import { MeshError } from '../src/errors.ts';
-import type { ShardRange } from '../src/backends/types.ts';
+import type { ShardRange } from '../src/gguf/types.ts';
 import type { GgufHeader } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
 import { planRoute } from '../src/route/planner.ts';
-import { unitsRange } from '../src/route/verified-source.ts';
-import type { IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/route/control.ts';
+import { unitsRange } from '../src/peer/verified-source.ts';
+import type { IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/protocol/control.ts';
 import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';

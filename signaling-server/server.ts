@@ -27,8 +27,8 @@ import { MeshError } from '../src/errors.ts';
 import { isUrl } from '../src/gguf/parse.ts';
 import { artifactFiles, readArtifactHeader, splitName } from '../src/gguf/split.ts';
 import { configFromHeader } from '../src/model/config.ts';
-import { helloProof } from '../src/route/control.ts';
-import type { IceServer, PeerHello, PeerToServer } from '../src/route/control.ts';
+import { helloProof } from '../src/protocol/control.ts';
+import type { IceServer, PeerHello, PeerToServer } from '../src/protocol/control.ts';
 import { SessionManager } from '../src/route/sessions.ts';
 import { FrameType } from '../src/protocol/frame.ts';
 import type { Frame } from '../src/protocol/frame.ts';
@@ -38,10 +38,10 @@ import { serveFrames } from '../src/transport/ws.ts';
 import { FetchLog, serveFile } from './model-host.ts';
 import { handleOpenAi } from './openai.ts';
 import { loadOrBuildManifest } from '../src/gguf/manifest.ts';
-import type { Manifest } from '../src/gguf/manifest.ts';
-import { headerToWire } from '../src/peer/header-wire.ts';
-import { handleBrowserPeerMessage } from '../src/peer/server-side.ts';
-import type { RelayLedger } from '../src/peer/server-side.ts';
+import type { Manifest } from '../src/gguf/verify.ts';
+import { headerToWire } from '../src/protocol/header-wire.ts';
+import { handleBrowserPeerMessage } from './browser-peers.ts';
+import type { RelayLedger } from './browser-peers.ts';
 import { Room } from './room.ts';
 import type { Route } from './room.ts';
 
@@ -304,7 +304,9 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
 
   function admitPeer(room: Room, ws: WebSocket): void {
     const nonce = randomBytes(16).toString('hex');
+    const expectedProof = helloProof(room.secret, nonce);
     let peer: ReturnType<Room['addPeer']> | null = null;
+    let helloSeen = false;
     const refuse = (code: string, message: string): void => {
       ws.send(JSON.stringify({ t: 'error', code, message }));
       ws.close(4401, code);
@@ -320,26 +322,38 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
         return refuse('BAD_MESSAGE', 'control messages are JSON');
       }
       if (!peer) {
-        if (msg.t !== 'hello') return refuse('BAD_MESSAGE', 'the first message must be hello');
-        if (!secretMatches(msg.proof, helloProof(room.secret, nonce))) return refuse('AUTH_FAILED', 'wrong room secret');
-        clearTimeout(helloTimer);
-        const hello: PeerHello = {
-          t: 'hello',
-          proof: '',
-          backend: String(msg.backend),
-          memoryBytes: Number(msg.memoryBytes) || 0,
-          ...(msg.name ? { name: String(msg.name) } : {}),
-          ...(msg.listen ? { listen: String(msg.listen) } : {}),
-          ...(msg.httpUrl ? { httpUrl: String(msg.httpUrl) } : {}),
-          ...(msg.layers ? { layers: { start: Number(msg.layers.start), end: Number(msg.layers.end) } } : {}),
-          ...(typeof msg.artifact === 'string' ? { artifact: msg.artifact } : {}),
-          ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
-          ...(msg.adapter ? { adapter: msg.adapter } : {}),
-        };
-        peer = room.addPeer(hello, ws);
+        if (msg.t !== 'hello' || helloSeen) return refuse('BAD_MESSAGE', 'the first message must be hello, and the only one until welcome');
+        helloSeen = true;
+        const hello = msg;
+        void expectedProof.then((proof) => {
+          if (!secretMatches(hello.proof, proof)) return refuse('AUTH_FAILED', 'wrong room secret');
+          if (ws.readyState !== ws.OPEN) return;
+          admitHello(hello);
+        });
         return;
       }
-      const p = peer;
+      onPeerMessage(peer, msg);
+    });
+
+    function admitHello(msg: PeerHello): void {
+      clearTimeout(helloTimer);
+      const hello: PeerHello = {
+        t: 'hello',
+        proof: '',
+        backend: String(msg.backend),
+        memoryBytes: Number(msg.memoryBytes) || 0,
+        ...(msg.name ? { name: String(msg.name) } : {}),
+        ...(msg.listen ? { listen: String(msg.listen) } : {}),
+        ...(msg.httpUrl ? { httpUrl: String(msg.httpUrl) } : {}),
+        ...(msg.layers ? { layers: { start: Number(msg.layers.start), end: Number(msg.layers.end) } } : {}),
+        ...(typeof msg.artifact === 'string' ? { artifact: msg.artifact } : {}),
+        ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
+        ...(msg.adapter ? { adapter: msg.adapter } : {}),
+      };
+      peer = room.addPeer(hello, ws);
+    }
+
+    function onPeerMessage(p: NonNullable<typeof peer>, msg: PeerToServer): void {
       const ledger = relayLedgers.get(room.id) ?? relayLedgers.set(room.id, new Map()).get(room.id)!;
       const browserView = {
         sendTo: (id: string, m: unknown) => {
@@ -356,8 +370,8 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
         },
       };
       if (handleBrowserPeerMessage(browserView, p.id, msg, (m) => room.send(p, m as never), ledger)) return;
-      room.onPeerMessage(peer, msg);
-    });
+      room.onPeerMessage(p, msg);
+    }
     ws.on('close', () => {
       clearTimeout(helloTimer);
       if (peer) room.peerGone(peer, 'connection closed');

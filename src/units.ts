@@ -1,5 +1,6 @@
-// Byte sizes as people type them ("16GiB", "8GB", "512MiB") and as reports print them
-// (`audit`, `inspect`).
+// Byte sizes as people type them ("16GiB", "8GB", "512MiB") and as reports and the page print
+// them. One rule everywhere (CLI, page, components): GB, MB, kB are powers of 10, GiB, MiB, KiB
+// powers of 2, a bare number is bytes; a lone "G" or "M" is refused as ambiguous.
 
 const UNITS: Record<string, number> = {
   b: 1,
@@ -13,9 +14,9 @@ const UNITS: Record<string, number> = {
   tb: 1e12,
 };
 
-/** Parses "16GiB", "1.5 GiB", "8GB", "4096" (bytes); undefined when it is not a size. */
+/** Parses "16GiB", "1.5 GiB", "8GB", "4096", "2e9" (bytes); undefined when it is not a size. */
 export function parseByteSize(text: string): number | undefined {
-  const m = /^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$/i.exec(text);
+  const m = /^\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*([a-z]*)\s*$/i.exec(text);
   if (!m) return undefined;
   const unit = m[2]!.toLowerCase() || 'b';
   const scale = UNITS[unit];

@@ -13,7 +13,7 @@ import { configFromHeader } from '../src/model/config.ts';
 import type { RopeConfig } from '../src/model/config.ts';
 import { Prng } from '../src/model/prng.ts';
 import { Sampler } from '../src/model/sampler.ts';
-import { TextCollector } from '../src/route/generation.ts';
+import { TextCollector } from '../src/model/generation-output.ts';
 
 function rand(n: number, seed = 1): Float32Array {
   const p = new Prng(seed);

@@ -22,7 +22,7 @@ import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { HttpLink } from '../src/transport/http.ts';
 import { buildManifest, manifestJson } from '../src/gguf/manifest.ts';
-import type { Manifest } from '../src/gguf/manifest.ts';
+import type { Manifest } from '../src/gguf/verify.ts';
 import { shardTensors } from '../src/gguf/verify.ts';
 import { closeBrowserTest, launchChromium, peerState, startPeerPage, waitForPeerState } from './support/browser-route.ts';
 import { greedyGenerate, loadModel } from './support/llama.ts';

@@ -9,7 +9,7 @@ import type { Browser, BrowserContext, Page } from 'playwright-core';
 import type { ViteDevServer } from 'vite';
 import type { LlamaModel } from 'node-llama-cpp';
 import { buildManifest } from '../src/gguf/manifest.ts';
-import type { Manifest } from '../src/gguf/manifest.ts';
+import type { Manifest } from '../src/gguf/verify.ts';
 import { shardTensors } from '../src/gguf/verify.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { HttpLink } from '../src/transport/http.ts';

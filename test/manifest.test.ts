@@ -7,7 +7,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { buildManifest, manifestJson, verifyTensor } from '../src/gguf/manifest.ts';
-import type { Manifest } from '../src/gguf/manifest.ts';
+import type { Manifest } from '../src/gguf/verify.ts';
 import { artifactOffset, parseManifest, readVerifiedTensors, shardGroupNames, shardTensors, verifyTensorBytes } from '../src/gguf/verify.ts';
 import { openArtifactReader, openByteReader, openTensorSource, tensorSourceOver } from '../src/gguf/source.ts';
 import { readHeader } from '../src/gguf/parse.ts';

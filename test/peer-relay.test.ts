@@ -7,15 +7,15 @@ import { MeshError } from '../src/errors.ts';
 import { DType, FrameType, makeFrame } from '../src/protocol/frame.ts';
 import type { Frame } from '../src/protocol/frame.ts';
 import { decodeRows, hiddenFrame, replyAddress, tokensFrame } from '../src/protocol/payload.ts';
-import { helloProof } from '../src/route/control.ts';
+import { createHmac } from 'node:crypto';
+import { helloProof, parseJoinUrl } from '../src/protocol/control.ts';
 import { LocalLink } from '../src/transport/link.ts';
 import type { FrameLink } from '../src/transport/link.ts';
 import { modelHeaders } from '../src/peer/browser-peer.ts';
-import { helloProofAsync, parseJoinUrl } from '../src/peer/control-socket.ts';
-import type { RelayReply, RelayRequest } from '../src/peer/messages.ts';
-import { RelayLink } from '../src/peer/relay.ts';
-import { handleBrowserPeerMessage } from '../src/peer/server-side.ts';
-import type { RelayLedger } from '../src/peer/server-side.ts';
+import type { RelayReply, RelayRequest } from '../src/protocol/control.ts';
+import { RelayLink } from '../src/peer/relay-link.ts';
+import { handleBrowserPeerMessage } from '../signaling-server/browser-peers.ts';
+import type { RelayLedger } from '../signaling-server/browser-peers.ts';
 
 const SESSION = 'fedcba9876543210fedcba9876543210';
 
@@ -91,8 +91,8 @@ describe('relay through the server', () => {
 });
 
 describe('joining', () => {
-  it('the SubtleCrypto HMAC proof equals the server\'s', async () => {
-    expect(await helloProofAsync('s3cret/+=', 'a1b2c3')).toBe(helloProof('s3cret/+=', 'a1b2c3'));
+  it('the hello proof is HMAC-SHA256(secret, nonce) in hex', async () => {
+    expect(await helloProof('s3cret/+=', 'a1b2c3')).toBe(createHmac('sha256', 's3cret/+=').update('a1b2c3').digest('hex'));
   });
 
   it('parses room links; the secret stays in the fragment', () => {

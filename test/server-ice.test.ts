@@ -6,7 +6,7 @@ import { stories260K } from './support/models.ts';
 import { killAll, spawnServe } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
 import { runCli } from './support/cli.ts';
-import { helloProof, parseIceServer } from '../src/route/control.ts';
+import { helloProof, parseIceServer } from '../src/protocol/control.ts';
 
 afterAll(async () => {
   await killAll();
@@ -20,7 +20,7 @@ async function welcomeOf(serve: ServeInfo): Promise<Record<string, any>> {
       ws.on('error', reject);
       ws.on('message', (data) => {
         const m = JSON.parse(data.toString());
-        if (m.t === 'challenge') ws.send(JSON.stringify({ t: 'hello', proof: helloProof(serve.secret, m.nonce), backend: 'none', memoryBytes: 0 }));
+        if (m.t === 'challenge') void helloProof(serve.secret, m.nonce).then((proof) => ws.send(JSON.stringify({ t: 'hello', proof, backend: 'none', memoryBytes: 0 })));
         else if (m.t === 'welcome') resolve(m);
         else if (m.t === 'error') reject(new Error(`${m.code}: ${m.message}`));
       });

@@ -10,7 +10,7 @@ import type { MeshProcess, ServeInfo } from './support/mesh.ts';
 import { joinRoom, RemoteChain } from '../src/route/remote.ts';
 import type { JoinedRoom } from '../src/route/remote.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
-import { newSessionId } from '../src/route/sessions.ts';
+import { newSessionId } from '../src/protocol/session.ts';
 import { generate } from '../src/route/generation.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { readHeader } from '../src/gguf/parse.ts';

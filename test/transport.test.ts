@@ -2,12 +2,12 @@
 // steps, KV bookkeeping, the HTTP session paths, fragmentation and failure handling without a
 // model. A one-stage stub over all layers is the reference the route must equal exactly.
 import { afterAll, describe, expect, it } from 'vitest';
-import { StubBackend } from '../src/backends/stub/stub-backend.ts';
-import type { StubModel } from '../src/backends/stub/stub-backend.ts';
-import { startLoopbackRoute } from '../src/route/loopback.ts';
-import type { LoopbackRoute } from '../src/route/loopback.ts';
+import { StubBackend } from './support/stub-backend.ts';
+import type { StubModel } from './support/stub-backend.ts';
+import { startLoopbackRoute } from '../src/peer/loopback.ts';
+import type { LoopbackRoute } from '../src/peer/loopback.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
-import { newSessionId } from '../src/route/sessions.ts';
+import { newSessionId } from '../src/protocol/session.ts';
 import { encodeFrame, FrameFlag, FrameType, makeFrame } from '../src/protocol/frame.ts';
 import { decodeI32, decodeJson, jsonFrame, tokensFrame } from '../src/protocol/payload.ts';
 import { HttpLink } from '../src/transport/http.ts';

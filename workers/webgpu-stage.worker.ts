@@ -6,7 +6,7 @@ import * as Comlink from 'comlink';
 import { acquireDevice } from '../src/backends/webgpu/device.ts';
 import type { AdapterSummary } from '../src/backends/webgpu/device.ts';
 import { toWireError } from '../src/backends/webgpu/engine.ts';
-import type { BufferStats, WireResult } from '../src/backends/webgpu/engine.ts';
+import type { BufferStats, WireResult, WorkerApi } from '../src/backends/webgpu/engine.ts';
 import { SHADERS } from '../src/backends/webgpu/shaders-vite.ts';
 import { WebGpuStage } from '../src/backends/webgpu/stage.ts';
 import type { StageModel, WebGpuStageOptions } from '../src/backends/webgpu/stage.ts';
@@ -30,7 +30,7 @@ function current(): WebGpuStage {
   return stage;
 }
 
-const api = {
+const api: WorkerApi = {
   init: (options: WebGpuStageOptions): Promise<WireResult<AdapterSummary>> =>
     wrap(async () => {
       if (stage) throw new MeshError('ALREADY_INITIALISED', 'this WebGPU worker already has a device');
@@ -59,7 +59,5 @@ const api = {
       s.device.destroy();
     }),
 };
-
-export type WorkerApi = typeof api;
 
 Comlink.expose(api);

@@ -4,12 +4,8 @@
 
 import type { TensorSource } from '../gguf/types.ts';
 
-/** Layers [start, end) of an artifact; the embedding rides along when start == 0, the output
- * norm and head when end == nLayer. */
-export interface ShardRange {
-  start: number;
-  end: number;
-}
+export type { ShardRange } from '../gguf/types.ts';
+import type { ShardRange } from '../gguf/types.ts';
 
 export type StageInput =
   /** first stage: token ids */

@@ -7,8 +7,8 @@
 // A split GGUF (`name-00001-of-00003.gguf` …) is one artifact of several files: its sha256 is
 // that of the files' bytes concatenated in order, and each tensor records which file holds it.
 //
-// Node-only (node:crypto for incremental hashing). Browser code imports the types from here
-// with `import type` and uses ./verify.ts for checking bytes.
+// Node-only (node:crypto for incremental hashing). The manifest's types and schema live in
+// ./verify.ts, which browsers use for checking bytes.
 
 import { createHash } from 'node:crypto';
 import { MeshError } from '../errors.ts';
@@ -17,52 +17,11 @@ import type { ReadHeaderOptions } from './parse.ts';
 import { openByteReader } from './source.ts';
 import { artifactFiles, readArtifactHeader } from './split.ts';
 import { hyperParameters, tensorGroups } from './summary.ts';
-import type { HyperParameters, TensorGroup } from './summary.ts';
 import { ggmlTypeName } from './traits.ts';
 import type { GgufHeader } from './types.ts';
+import { MANIFEST_SCHEMA_VERSION, parseManifest } from './verify.ts';
+import type { Manifest, ManifestFile, ManifestTensor } from './verify.ts';
 
-export const MANIFEST_SCHEMA_VERSION = 1;
-
-/** One file of the artifact (a split GGUF has several, in part order). No names or paths: the
- *  manifest depends only on the bytes, so a renamed or re-hosted copy has the same manifest. */
-export interface ManifestFile {
-  size: number;
-  sha256: string;
-}
-
-export interface ManifestTensor {
-  name: string;
-  /** ggml type name, e.g. 'Q4_K' */
-  type: string;
-  /** ggml type id */
-  type_id: number;
-  /** ggml order: shape[0] is the contiguous dimension */
-  shape: number[];
-  /** index into `artifact.files` */
-  file: number;
-  /** absolute byte offset within its file */
-  offset: number;
-  byte_length: number;
-  sha256: string;
-}
-
-export interface Manifest {
-  schema_version: number;
-  artifact: {
-    /** sha256 of the artifact's bytes (all files concatenated in order); the artifact's id */
-    sha256: string;
-    /** total bytes of all files */
-    size: number;
-    files: ManifestFile[];
-  };
-  architecture: string;
-  hyper_parameters: HyperParameters;
-  /** sum of byte_length over all tensors (alignment padding excluded) */
-  tensor_data_bytes: number;
-  tensors: ManifestTensor[];
-  /** shard units: embed, layer.0 … layer.{n-1}, head, and global when present */
-  groups: TensorGroup[];
-}
 
 export { artifactFiles };
 
@@ -200,7 +159,6 @@ export interface CachedManifestOptions extends ReadHeaderOptions {
  */
 export async function loadOrBuildManifest(location: string, opts: CachedManifestOptions = {}): Promise<Manifest> {
   const { readFile, stat, writeFile, rename } = await import('node:fs/promises');
-  const { parseManifest } = await import('./verify.ts');
   const files = artifactFiles(location);
   const cachePath = opts.cachePath ?? (isUrl(location) ? undefined : `${files[0]}.manifest.json`);
   if (cachePath) {

@@ -144,3 +144,10 @@ export interface TensorSource {
   read(tensors: readonly TensorInfo[]): Promise<Map<string, Uint8Array>>;
   close(): Promise<void>;
 }
+
+/** Layers [start, end) of an artifact; the embedding rides along when start == 0, the output
+ * norm and head when end == nLayer. */
+export interface ShardRange {
+  start: number;
+  end: number;
+}

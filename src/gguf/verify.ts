@@ -1,13 +1,56 @@
-// Checking bytes against a manifest, in browsers and in Node alike (SubtleCrypto, which Node
+// The manifest's schema, and checking bytes against a manifest, in browsers and in Node alike (SubtleCrypto, which Node
 // 20 also has as globalThis.crypto). No peer computes with bytes it has not verified: read the
 // tensors of a shard with `readVerifiedTensors`, which re-fetches a mismatching tensor once
 // and then refuses it with TENSOR_HASH_MISMATCH naming the tensor and both hashes.
 
 import { MeshError } from '../errors.ts';
-import type { Manifest, ManifestTensor } from './manifest.ts';
+import type { HyperParameters, TensorGroup } from './summary.ts';
 import type { GgmlType, TensorInfo, TensorSource } from './types.ts';
 
-const SUPPORTED_SCHEMA = 1;
+export const MANIFEST_SCHEMA_VERSION = 1;
+const SUPPORTED_SCHEMA = MANIFEST_SCHEMA_VERSION;
+
+/** One file of the artifact (a split GGUF has several, in part order). No names or paths: the
+ *  manifest depends only on the bytes, so a renamed or re-hosted copy has the same manifest. */
+export interface ManifestFile {
+  size: number;
+  sha256: string;
+}
+
+export interface ManifestTensor {
+  name: string;
+  /** ggml type name, e.g. 'Q4_K' */
+  type: string;
+  /** ggml type id */
+  type_id: number;
+  /** ggml order: shape[0] is the contiguous dimension */
+  shape: number[];
+  /** index into `artifact.files` */
+  file: number;
+  /** absolute byte offset within its file */
+  offset: number;
+  byte_length: number;
+  sha256: string;
+}
+
+export interface Manifest {
+  schema_version: number;
+  artifact: {
+    /** sha256 of the artifact's bytes (all files concatenated in order); the artifact's id */
+    sha256: string;
+    /** total bytes of all files */
+    size: number;
+    files: ManifestFile[];
+  };
+  architecture: string;
+  hyper_parameters: HyperParameters;
+  /** sum of byte_length over all tensors (alignment padding excluded) */
+  tensor_data_bytes: number;
+  tensors: ManifestTensor[];
+  /** shard units: embed, layer.0 … layer.{n-1}, head, and global when present */
+  groups: TensorGroup[];
+}
+
 
 /** sha256 of bytes, lower-case hex, via SubtleCrypto. */
 export async function sha256HexAsync(bytes: Uint8Array): Promise<string> {

@@ -5,25 +5,26 @@
 // stage over a WebRTC data channel, or through the server when no channel opens in time.
 
 import { MeshError } from '../errors.ts';
-import type { Manifest } from '../gguf/manifest.ts';
+import type { Manifest } from '../gguf/verify.ts';
 import type { GgufHeader } from '../gguf/types.ts';
 import { parseManifest } from '../gguf/verify.ts';
 import type { ShardRange, StageBackend } from '../backends/types.ts';
 import { Sampler } from '../model/sampler.ts';
-import { StageService } from '../route/stage-service.ts';
-import type { SamplerFactory } from '../route/stage-service.ts';
+import { StageService } from './stage-service.ts';
+import type { SamplerFactory } from './stage-service.ts';
 import type { FrameHandler, FrameLink } from '../transport/link.ts';
 import { servePipe } from '../transport/webrtc-link.ts';
-import type { PipeCounters } from '../transport/webrtc-link.ts';
+import type { PipeCounters } from '../protocol/control.ts';
 import { ShardCache } from '../storage/shard-cache.ts';
 import { indexedDbStore } from '../storage/kv-store.ts';
 import { opfsStore } from '../storage/opfs-store.ts';
 import { detectCapabilities } from './capabilities.ts';
 import type { BrowserCapabilities } from './capabilities.ts';
-import { helloProofAsync, openControlSocket, parseJoinUrl } from './control-socket.ts';
+import { openControlSocket } from './control-socket.ts';
+import { helloProof, parseJoinUrl } from '../protocol/control.ts';
 import type { ControlSocket } from './control-socket.ts';
-import { headerFromWire } from './header-wire.ts';
-import type { HopKind, PeerTelemetry, RelayReply, SignalFromPeer } from './messages.ts';
+import { headerFromWire } from '../protocol/header-wire.ts';
+import type { HopKind, PeerTelemetry, RelayReply, SignalFromPeer } from '../protocol/control.ts';
 import { Hops } from './hops.ts';
 import { loadSlice, sliceSource } from './slice-loader.ts';
 import type { LoadedSlice, SliceProgress } from './slice-loader.ts';
@@ -287,7 +288,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       if (m.t === 'challenge') {
         control.sendJson({
           t: 'hello',
-          proof: await helloProofAsync(secret, String(m.nonce)),
+          proof: await helloProof(secret, String(m.nonce)),
           backend: 'webgpu',
           memoryBytes: caps.memoryBytes,
           ...(opts.name ? { name: opts.name } : {}),
@@ -341,6 +342,6 @@ export function modelHeaders(modelUrl: string, serverBase: string, secret: strin
 }
 
 async function defaultBackend(): Promise<StageBackend> {
-  const { WebGpuBackend } = await import('../backends/webgpu/backend.ts');
-  return WebGpuBackend.inWorker();
+  const { webGpuBackendInWorker } = await import('../../workers/webgpu-stage.ts');
+  return webGpuBackendInWorker();
 }

@@ -1,28 +1,9 @@
 // A browser peer's control connection to the signaling server: one WebSocket carrying JSON
 // control messages (text) and frames from the server to this peer's stage (binary). The room
-// secret never crosses the wire: the peer answers the server's nonce with an HMAC (SubtleCrypto).
+// secret never crosses the wire: the peer answers the server's nonce with an HMAC (protocol/control.ts).
 
 import { MeshError } from '../errors.ts';
 import type { MessagePipe } from '../transport/webrtc-link.ts';
-
-/** hex HMAC-SHA256(key = secret, message = nonce), as src/route/control.ts computes in Node. */
-export async function helloProofAsync(secret: string, nonce: string): Promise<string> {
-  const enc = new TextEncoder();
-  const key = await crypto.subtle.importKey('raw', enc.encode(secret), { name: 'HMAC', hash: 'SHA-256' }, false, ['sign']);
-  const mac = new Uint8Array(await crypto.subtle.sign('HMAC', key, enc.encode(nonce)));
-  let hex = '';
-  for (const b of mac) hex += b.toString(16).padStart(2, '0');
-  return hex;
-}
-
-/** `http(s)://host/room/<id>#secret=…` → its parts (the secret stays in the fragment). */
-export function parseJoinUrl(url: string): { base: string; roomId: string; secret: string | null; params: URLSearchParams } {
-  const u = new URL(url);
-  const m = /\/room\/([A-Za-z0-9_.-]+)\/?$/.exec(u.pathname);
-  if (!m) throw new MeshError('BAD_JOIN_URL', `'${url}' is not a room link (expected …/room/<id>#secret=…)`);
-  const params = new URLSearchParams(u.hash.replace(/^#/, ''));
-  return { base: `${u.protocol}//${u.host}`, roomId: m[1]!, secret: params.get('secret'), params };
-}
 
 export interface ControlSocket {
   /** frames from the server (the server's requests to this stage) */

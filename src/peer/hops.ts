@@ -10,9 +10,9 @@ import type { FrameHandler, FrameLink } from '../transport/link.ts';
 import { connectDataChannel } from '../transport/webrtc.ts';
 import type { DataChannelOptions, DataChannelPipe } from '../transport/webrtc.ts';
 import { PipeLink, servePipe } from '../transport/webrtc-link.ts';
-import type { PipeCounters } from '../transport/webrtc-link.ts';
-import type { HopKind, RelayReply, SignalFromPeer } from './messages.ts';
-import { RelayLink } from './relay.ts';
+import type { PipeCounters } from '../protocol/control.ts';
+import type { HopKind, RelayReply, SignalFromPeer } from '../protocol/control.ts';
+import { RelayLink } from './relay-link.ts';
 
 export interface HopOptions {
   /** send a JSON control message to the server */

@@ -7,13 +7,13 @@
 // name): ranges are in artifact addressing, like the joined header the server describes.
 
 import { MeshError } from '../errors.ts';
-import type { Manifest, ManifestTensor } from '../gguf/manifest.ts';
+import type { Manifest, ManifestTensor } from '../gguf/verify.ts';
 import { openArtifactReader } from '../gguf/source.ts';
 import type { ByteReader } from '../gguf/source.ts';
 import { artifactFiles } from '../gguf/split.ts';
 import type { GgufHeader, TensorInfo, TensorSource } from '../gguf/types.ts';
 import { artifactOffset, readVerifiedTensors, shardGroupNames } from '../gguf/verify.ts';
-import type { ShardRange } from '../backends/types.ts';
+import type { ShardRange } from '../gguf/types.ts';
 import type { ShardCache } from '../storage/shard-cache.ts';
 import { unitTensorNames } from '../storage/shard-cache.ts';
 

@@ -8,9 +8,9 @@ import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, decodeRows, jsonFrame, payloadBody, timingsOf, tokensFrame } from '../protocol/payload.ts';
 import type { StepTiming } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
-import { newSessionId } from './sessions.ts';
+import { newSessionId } from '../protocol/session.ts';
 import type { SessionInfo } from './sessions.ts';
-import type { SessionOpenBody } from './stage-service.ts';
+import type { SessionOpenBody } from '../protocol/session.ts';
 
 export const DEFAULT_PREFILL_CHUNK = 64;
 

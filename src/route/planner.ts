@@ -3,7 +3,7 @@
 // the layers are split over the peers in proportion to their memory, in join order, every
 // stage at least one layer, and a peer whose memory cannot hold its shard is left out.
 
-import type { ShardRange } from '../backends/types.ts';
+import type { ShardRange } from '../gguf/types.ts';
 
 export interface PlannerPeer {
   id: string;

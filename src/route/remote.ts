@@ -7,13 +7,13 @@ import { readHeader } from '../gguf/parse.ts';
 import type { GgufHeader } from '../gguf/types.ts';
 import { WsLink } from '../transport/ws.ts';
 import { RouteSessionClient } from './client.ts';
-import { parseRoomUrl } from './control.ts';
-import type { ModelBrief } from './control.ts';
+import { parseJoinUrl } from '../protocol/control.ts';
+import type { ModelBrief } from '../protocol/control.ts';
 import type { StageChain } from './generation.ts';
-import { newSessionId } from './sessions.ts';
+import { newSessionId } from '../protocol/session.ts';
 import type { SessionInfo } from './sessions.ts';
 import type { StageTiming } from './telemetry.ts';
-import type { SessionOpenBody } from './stage-service.ts';
+import type { SessionOpenBody } from '../protocol/session.ts';
 
 export interface RoomSummary {
   id: string;
@@ -48,7 +48,7 @@ export async function fetchJson<T>(url: string, secret: string): Promise<T> {
 
 /** Waits (up to `waitMs`) for the room's route to be ready, then connects. */
 export async function joinRoom(joinUrl: string, secret: string | undefined, waitMs = 30_000): Promise<JoinedRoom> {
-  const parsed = parseRoomUrl(joinUrl);
+  const parsed = parseJoinUrl(joinUrl);
   const key = secret ?? parsed.secret;
   if (!key) throw new MeshError('AUTH_FAILED', 'no room secret: pass --secret or a join URL with #secret=…');
   const deadline = Date.now() + waitMs;

@@ -7,10 +7,11 @@ import { MeshError } from '../errors.ts';
 import type { Tokenizer } from '../model/tokenizer/tokenizer.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { RouteSessionClient } from './client.ts';
-import { GenerationOutput, generationContextLength } from './generation.ts';
-import type { GenerationResult } from './generation.ts';
+import { generationContextLength } from './generation.ts';
+import { GenerationOutput } from '../model/generation-output.ts';
+import type { GenerationResult } from '../model/generation-output.ts';
 import type { SessionInfo } from './sessions.ts';
-import type { SamplerSettings } from './stage-service.ts';
+import type { SamplerSettings } from '../protocol/session.ts';
 import { stepBreakdown } from './telemetry.ts';
 import type { StageTiming, TelemetryEvent } from './telemetry.ts';
 

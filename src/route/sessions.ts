@@ -4,7 +4,6 @@
 // stage and frees the KV cache on every stage that is still there. Fault handling lives here
 // and nowhere else; stages only compute.
 
-import { randomBytes } from 'node:crypto';
 import { MeshError } from '../errors.ts';
 import { FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
@@ -12,7 +11,7 @@ import { decodeJson, jsonFrame, replyAddress } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
-import type { SessionOpenBody } from './stage-service.ts';
+import type { SessionOpenBody } from '../protocol/session.ts';
 import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
 
 /** What the session manager needs from a route. */
@@ -71,10 +70,6 @@ const LOSS_NEWS_GRACE_MS = 2000;
 /** The error a client gets for a session that failed: its recorded cause, naming the stage. */
 function failureError(f: SessionFailure): MeshError {
   return new MeshError(f.code, f.message, f.stage !== undefined ? { stage: f.stage } : {});
-}
-
-export function newSessionId(): string {
-  return randomBytes(16).toString('hex');
 }
 
 /** Events kept per session so a late subscriber still sees progress. */

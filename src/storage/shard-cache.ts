@@ -10,7 +10,7 @@
 // manifest (bytes on disk can rot or be edited); a unit that fails is dropped, never used.
 
 import { MeshError } from '../errors.ts';
-import type { Manifest } from '../gguf/manifest.ts';
+import type { Manifest } from '../gguf/verify.ts';
 import { sha256HexAsync } from '../gguf/verify.ts';
 import { storageError } from './kv-store.ts';
 import type { KeyValueStore } from './kv-store.ts';

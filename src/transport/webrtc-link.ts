@@ -9,6 +9,8 @@ import { MeshError } from '../errors.ts';
 import { encodeFrame, FrameFlag, FrameType, NIL_SESSION } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { fragment, Reassembler } from '../protocol/fragment.ts';
+import type { PipeCounters } from '../protocol/control.ts';
+import { newCounters } from '../protocol/control.ts';
 import { answer, errorReplyFor, PendingReplies } from './link.ts';
 import type { FrameHandler, FrameLink } from './link.ts';
 
@@ -24,25 +26,6 @@ export interface MessagePipe {
   /** called once when the carrier ends, for whatever reason */
   onClose(cb: (reason: MeshError) => void): void;
   close(): void;
-}
-
-/** Frames and bytes that crossed one carrier, by direction and frame type. */
-export interface PipeCounters {
-  framesSent: number;
-  framesReceived: number;
-  messagesSent: number;
-  messagesReceived: number;
-  bytesSent: number;
-  bytesReceived: number;
-  /** frames by type name, both directions */
-  sentByType: Record<string, number>;
-  receivedByType: Record<string, number>;
-  /** largest message handed to the carrier (bytes) */
-  largestMessage: number;
-}
-
-export function newCounters(): PipeCounters {
-  return { framesSent: 0, framesReceived: 0, messagesSent: 0, messagesReceived: 0, bytesSent: 0, bytesReceived: 0, sentByType: {}, receivedByType: {}, largestMessage: 0 };
 }
 
 /** Frames up to this size (encoded) travel in small messages: one send must not be held back

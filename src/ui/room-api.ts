@@ -2,7 +2,7 @@
 // the room summary, its peers and its route with each stage's telemetry.
 
 import { MeshError } from '../errors.ts';
-import { parseJoinUrl } from '../peer/control-socket.ts';
+import { parseJoinUrl } from '../protocol/control.ts';
 
 export interface RoomLink {
   /** http(s)://host:port of the signaling server */

@@ -3,7 +3,7 @@
 // nothing behind (IndexedDB's transaction is the half-write guard), and storage failures
 // carry stable codes.
 import { describe, expect, it } from 'vitest';
-import type { Manifest } from '../../src/gguf/manifest.ts';
+import type { Manifest } from '../../src/gguf/verify.ts';
 import { sha256HexAsync } from '../../src/gguf/verify.ts';
 import { indexedDbStore, storageError } from '../../src/storage/kv-store.ts';
 import type { KeyValueStore } from '../../src/storage/kv-store.ts';

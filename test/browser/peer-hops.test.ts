@@ -10,9 +10,9 @@ import { decodeRows, hiddenFrame, replyAddress } from '../../src/protocol/payloa
 import { LocalLink } from '../../src/transport/link.ts';
 import { Hops } from '../../src/peer/hops.ts';
 import type { DownstreamHop } from '../../src/peer/hops.ts';
-import type { RelayReply, SignalFromPeer } from '../../src/peer/messages.ts';
-import { handleBrowserPeerMessage } from '../../src/peer/server-side.ts';
-import type { RelayLedger } from '../../src/peer/server-side.ts';
+import type { RelayReply, SignalFromPeer } from '../../src/protocol/control.ts';
+import { handleBrowserPeerMessage } from '../../signaling-server/browser-peers.ts';
+import type { RelayLedger } from '../../signaling-server/browser-peers.ts';
 
 const SESSION = '00112233445566778899aabbccddeeff';
 

@@ -9,6 +9,7 @@ import { CpuBackend } from '../../src/backends/cpu/backend.ts';
 import { argmax } from '../../src/backends/cpu/ops.ts';
 import type { StageBackend } from '../../src/backends/types.ts';
 import { WebGpuBackend } from '../../src/backends/webgpu/backend.ts';
+import { webGpuBackendInWorker } from '../../workers/webgpu-stage.ts';
 import { isMeshError } from '../../src/errors.ts';
 import { openTensorSource } from '../../src/gguf/source.ts';
 import type { TensorSource } from '../../src/gguf/types.ts';
@@ -53,7 +54,7 @@ async function cpuStage(source: TensorSource, start: number, end: number, option
 }
 
 async function gpuStage(source: TensorSource, start: number, end: number, options = {}): Promise<WebGpuBackend> {
-  const b = await WebGpuBackend.inWorker(options);
+  const b = await webGpuBackendInWorker(options);
   backends.push(b);
   await b.load(source, { start, end });
   return b;
@@ -182,13 +183,13 @@ describe('stories260K', () => {
 
   it('a worker that dies fails the call with WEBGPU_WORKER_FAILED instead of hanging', async () => {
     const script = URL.createObjectURL(new Blob(['throw new Error("boom at start");'], { type: 'text/javascript' }));
-    const err = await WebGpuBackend.inWorker({}, { worker: new Worker(script, { type: 'module' }) }).catch((e) => e);
+    const err = await WebGpuBackend.inWorker(new Worker(script, { type: 'module' })).catch((e) => e);
     expect(isMeshError(err, 'WEBGPU_WORKER_FAILED')).toBe(true);
   });
 
   it('errors keep their codes across the worker boundary, and dispose frees every GPU buffer', async () => {
     const source = await served('stories260K.gguf');
-    const gpu = await WebGpuBackend.inWorker();
+    const gpu = await webGpuBackendInWorker();
     await gpu.load(source, { start: 0, end: 5 });
     await gpu.openSession('s', { contextLength: 16 });
     expect((await gpu.bufferStats()).count).toBeGreaterThan(0);

@@ -7,8 +7,8 @@ import type { Llama, LlamaContext, LlamaModel, Token } from 'node-llama-cpp';
 import { MeshError } from '../../errors.ts';
 import { StreamingDecoder } from '../../model/tokenizer/stream.ts';
 import type { Tokenizer } from '../../model/tokenizer/tokenizer.ts';
-import { TextCollector, makeTimings } from '../../route/generation.ts';
-import type { GenerationRequest, GenerationResult, StopReason, TextGenerator } from '../../route/generation.ts';
+import { TextCollector, makeTimings } from '../../model/generation-output.ts';
+import type { GenerationRequest, GenerationResult, StopReason, TextGenerator } from '../../model/generation-output.ts';
 import { defaultLlamaThreads } from './ffi.ts';
 import type { KvType } from './ffi.ts';
 

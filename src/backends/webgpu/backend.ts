@@ -13,12 +13,11 @@ import { shardTensors, validateShard } from '../shard.ts';
 import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
 import type { AdapterSummary } from './device.ts';
 import { fromWire } from './engine.ts';
-import type { BufferStats, StageEngine, WireResult } from './engine.ts';
+import type { BufferStats, StageEngine, WireResult, WorkerApi } from './engine.ts';
 import { quantKindOf } from './shader-library.ts';
 import type { KvType } from './shader-library.ts';
 import { kvCapacity } from './kv-capacity.ts';
 import type { StageModel, StageTensor, WebGpuStageOptions } from './stage.ts';
-import type { WorkerApi } from '../../../workers/webgpu-stage.worker.ts';
 
 interface MirroredSession {
   position: number;
@@ -44,14 +43,13 @@ export class WebGpuBackend implements StageBackend {
   ) {}
 
   /**
-   * A backend whose GPU work runs in a new dedicated module worker (or in `worker`, one the
-   * caller started from workers/webgpu-stage.worker.ts). Tensor bytes are transferred to the
+   * A backend whose GPU work runs in `worker`, a dedicated module worker the caller started
+   * from workers/webgpu-stage.worker.ts (workers/webgpu-stage.ts does both). Tensor bytes are transferred to the
    * worker (their ArrayBuffers are detached here afterwards) unless `copyTensorBytes` is set,
    * for callers that keep using the bytes they loaded from. If the worker dies (a script error,
    * a crash), every call in flight and after fails with WEBGPU_WORKER_FAILED instead of hanging.
    */
-  static async inWorker(options: WebGpuStageOptions = {}, { copyTensorBytes = false, worker: given }: { copyTensorBytes?: boolean; worker?: Worker } = {}): Promise<WebGpuBackend> {
-    const worker = given ?? new Worker(new URL('../../../workers/webgpu-stage.worker.ts', import.meta.url), { type: 'module', name: 'gguf-mesh webgpu stage' });
+  static async inWorker(worker: Worker, options: WebGpuStageOptions = {}, { copyTensorBytes = false }: { copyTensorBytes?: boolean } = {}): Promise<WebGpuBackend> {
     const remote = Comlink.wrap<WorkerApi>(worker);
     const died = new Promise<never>((_, reject) => {
       const fail = (what: string) => reject(new MeshError('WEBGPU_WORKER_FAILED', `the WebGPU worker failed: ${what}`));

@@ -5,7 +5,7 @@
 import { MeshError } from '../../errors.ts';
 import type { ForwardResult, StageInput } from '../types.ts';
 import type { AdapterSummary } from './device.ts';
-import type { StageModel, WebGpuStage } from './stage.ts';
+import type { StageModel, WebGpuStage, WebGpuStageOptions } from './stage.ts';
 
 export interface BufferStats {
   count: number;
@@ -54,4 +54,15 @@ export function inThreadEngine(stage: WebGpuStage): StageEngine {
     bufferStats: async () => stage.bufferStats(),
     dispose: () => stage.dispose(),
   };
+}
+
+/** What the WebGPU stage worker (workers/webgpu-stage.worker.ts) answers over comlink. */
+export interface WorkerApi {
+  init(options: WebGpuStageOptions): Promise<WireResult<AdapterSummary>>;
+  load(model: StageModel): Promise<WireResult<void>>;
+  openSession(sessionId: string, contextLength: number): Promise<WireResult<void>>;
+  releaseSession(sessionId: string): Promise<WireResult<void>>;
+  forward(sessionId: string, input: StageInput, position: number): Promise<WireResult<ForwardResult>>;
+  bufferStats(): Promise<WireResult<BufferStats>>;
+  dispose(): Promise<WireResult<void>>;
 }

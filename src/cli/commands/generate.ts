@@ -21,7 +21,7 @@ import { configFromHeader } from '../../model/config.ts';
 import type { SamplerOptions } from '../../model/sampler.ts';
 import { Tokenizer } from '../../model/tokenizer/tokenizer.ts';
 import { ChainGenerator, InProcessChain } from '../../route/generation.ts';
-import type { GenerationResult, TextGenerator } from '../../route/generation.ts';
+import type { GenerationResult, TextGenerator } from '../../model/generation-output.ts';
 import { joinRoom, RemoteChain, timingTable } from '../../route/remote.ts';
 
 const BACKENDS = ['cpu', 'llamacpp', 'webgpu'] as const;

@@ -4,10 +4,11 @@
 
 import type { Command } from '../command.ts';
 import { stringOption, UsageError } from '../command.ts';
-import type { ShardRange } from '../../backends/types.ts';
-import { parseBytes, parseRoomUrl } from '../../route/control.ts';
-import { startNodePeer } from '../../route/node-peer.ts';
-import type { BackendKind } from '../../route/node-peer.ts';
+import type { ShardRange } from '../../gguf/types.ts';
+import { parseJoinUrl } from '../../protocol/control.ts';
+import { parseByteSize } from '../../units.ts';
+import { startNodePeer } from '../../peer/native-peer.ts';
+import type { BackendKind } from '../../peer/native-peer.ts';
 
 /** `--layers a-b`: the half-open range [a, b). */
 function parseLayerRange(text: string): ShardRange {
@@ -37,7 +38,7 @@ export const command: Command = {
     const joinUrl = stringOption(args, 'join', true);
     let room;
     try {
-      room = parseRoomUrl(joinUrl);
+      room = parseJoinUrl(joinUrl);
     } catch (e) {
       throw new UsageError((e as Error).message);
     }
@@ -46,12 +47,9 @@ export const command: Command = {
     const backend = (stringOption(args, 'backend') ?? 'cpu') as BackendKind;
     if (backend !== 'cpu' && backend !== 'llamacpp' && backend !== 'webgpu') throw new UsageError(`--backend must be cpu, llamacpp or webgpu, got '${backend}'`);
     const layersText = stringOption(args, 'layers');
-    let memoryBytes: number;
-    try {
-      memoryBytes = parseBytes(stringOption(args, 'memory') ?? '4GiB');
-    } catch (e) {
-      throw new UsageError(`--memory: ${(e as Error).message}`);
-    }
+    const memoryText = stringOption(args, 'memory') ?? '4GiB';
+    const memoryBytes = parseByteSize(memoryText);
+    if (memoryBytes === undefined) throw new UsageError(`--memory: '${memoryText}' is not a size (e.g. 4GiB = 4·2³⁰ bytes, 8GB = 8·10⁹)`);
     const carrier = stringOption(args, 'carrier') ?? 'ws';
     if (carrier !== 'ws' && carrier !== 'http') throw new UsageError(`--carrier must be ws or http, got '${carrier}'`);
     const listen = stringOption(args, 'listen') ?? '127.0.0.1:0';

@@ -9,8 +9,8 @@ import type { SignalingServerOptions } from '../../../signaling-server/server.ts
 import { startServerWithApp } from '../../../signaling-server/static.ts';
 import type { WebAppMode } from '../../../signaling-server/static.ts';
 import { modelsToServe } from '../../model/default-model.ts';
-import { parseIceServer } from '../../route/control.ts';
-import type { IceServer } from '../../route/control.ts';
+import { parseIceServer } from '../../protocol/control.ts';
+import type { IceServer } from '../../protocol/control.ts';
 
 /** Non-loopback IPv4 addresses of this machine. */
 function interfaceAddresses(): string[] {

@@ -13,24 +13,8 @@ import { DType, FrameFlag, FrameType, HEADER_BYTES } from '../protocol/frame.ts'
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, decodeRows, hiddenFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame, withTimings } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
-import type { StageTiming } from './telemetry.ts';
-
-export interface SamplerSettings {
-  temperature?: number;
-  topK?: number;
-  topP?: number;
-  seed?: number;
-}
-
-/** Body of a SessionOpen frame. */
-export interface SessionOpenBody {
-  contextLength: number;
-  sampler?: SamplerSettings;
-  /** how hidden states travel between stages (default f16) */
-  hiddenDtype?: 'f16' | 'f32';
-  /** prompt tokens the client will prefill, for progress reports */
-  promptLength?: number;
-}
+import type { StageTiming } from '../route/telemetry.ts';
+import type { SamplerSettings, SessionOpenBody } from '../protocol/session.ts';
 
 export type TokenSampler = (logits: Float32Array) => number;
 export type SamplerFactory = (settings: SamplerSettings) => TokenSampler;

@@ -11,8 +11,8 @@ import type { FrameLink } from '../transport/link.ts';
 import { startFrameServer } from '../transport/frame-server.ts';
 import type { FrameServer } from '../transport/frame-server.ts';
 import { WsLink } from '../transport/ws.ts';
-import { SessionManager } from './sessions.ts';
-import type { RouteHandle, SessionManagerOptions } from './sessions.ts';
+import { SessionManager } from '../route/sessions.ts';
+import type { RouteHandle, SessionManagerOptions } from '../route/sessions.ts';
 import { StageService } from './stage-service.ts';
 import type { SamplerFactory } from './stage-service.ts';
 

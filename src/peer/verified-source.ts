@@ -12,7 +12,7 @@ import { mkdir, readFile, rename, unlink, writeFile, readdir } from 'node:fs/pro
 import { join } from 'node:path';
 import { MeshError } from '../errors.ts';
 import { verifyTensor } from '../gguf/manifest.ts';
-import type { Manifest } from '../gguf/manifest.ts';
+import type { Manifest } from '../gguf/verify.ts';
 import type { GgufHeader, TensorInfo, TensorSource } from '../gguf/types.ts';
 
 function fileOf(dir: string, name: string): string {

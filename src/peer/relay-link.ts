@@ -2,14 +2,14 @@
 // node a browser cannot reach directly), request frames travel through the signaling server.
 // The upstream peer sends {t:'relay'} on its control socket; the server hands the frame to the
 // next stage over that stage's own control link and sends the reply back as {t:'relay-reply'}.
-// `RelayLink` is the browser side, `relayThroughRoom` the server side.
+// `RelayLink` is the peer side; the server side is signaling-server/browser-peers.ts.
 
 import { MeshError } from '../errors.ts';
-import { decodeFrame, encodeFrame, FrameFlag, FrameType } from '../protocol/frame.ts';
+import { decodeFrame, encodeFrame, FrameFlag } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import type { FrameLink } from '../transport/link.ts';
-import { fromBase64, toBase64 } from './messages.ts';
-import type { RelayReply, RelayRequest } from './messages.ts';
+import { fromBase64, toBase64 } from '../protocol/control.ts';
+import type { RelayReply, RelayRequest } from '../protocol/control.ts';
 
 /** A FrameLink to peer `to` through the server. Replies arrive via `deliver`. */
 export class RelayLink implements FrameLink {
@@ -68,44 +68,5 @@ export class RelayLink implements FrameLink {
     this.closed = true;
     for (const w of this.waiting.values()) w.reject(new MeshError('LINK_CLOSED', `${this.remote} closed`));
     this.waiting.clear();
-  }
-}
-
-/** What the server side needs from a room. */
-export interface RelayRoom {
-  /** the control link of peer `id` (frames to its stage), or null when it is not in the room */
-  controlOf(id: string): FrameLink | null;
-  /** the peer serving the stage after `id`'s in the current route */
-  nextStageOf(id: string): string | null;
-}
-
-export interface RelayCounters {
-  frames: number;
-  bytes: number;
-}
-
-/**
- * Server side: passes one relay request to the target peer's stage and answers with its reply.
- * Counts what it relayed in `counters` (per sending peer → target).
- */
-export async function relayThroughRoom(room: RelayRoom, from: string, m: RelayRequest, counters: Map<string, RelayCounters>): Promise<RelayReply> {
-  try {
-    const link = room.controlOf(String(m.to));
-    if (!link) throw new MeshError('STAGE_UNREACHABLE', `peer ${String(m.to)} is not in this room`);
-    // a stage passes hidden states to its next stage, nothing else: the relay carries no more
-    if (room.nextStageOf(from) !== m.to) throw new MeshError('RELAY_REFUSED', `peer ${from} does not serve the stage before ${String(m.to)}'s`);
-    const bytes = fromBase64(String(m.frame));
-    const frame = decodeFrame(bytes);
-    if (frame.type !== FrameType.Hidden) throw new MeshError('RELAY_REFUSED', `only Hidden frames are relayed between stages, not ${FrameType[frame.type]}`);
-    const key = `${from}->${m.to}`;
-    const c = counters.get(key) ?? { frames: 0, bytes: 0 };
-    c.frames++;
-    c.bytes += bytes.byteLength;
-    counters.set(key, c);
-    const reply = await link.request(frame);
-    return { t: 'relay-reply', id: m.id, frame: toBase64(encodeFrame(reply)) };
-  } catch (e) {
-    const err = e instanceof MeshError ? e : new MeshError('RELAY_FAILED', (e as Error).message);
-    return { t: 'relay-reply', id: m.id, error: { code: err.code, message: err.message } };
   }
 }

@@ -17,10 +17,10 @@ import type { WebGpuBackend } from '../backends/webgpu/backend.ts';
 import type { AdapterSummary } from '../backends/webgpu/device.ts';
 import { openArtifactReader, openTensorSource, tensorSourceOver } from '../gguf/source.ts';
 import { artifactFiles, splitPartName } from '../gguf/split.ts';
-import type { Manifest } from '../gguf/manifest.ts';
+import type { Manifest } from '../gguf/verify.ts';
 import { parseManifest } from '../gguf/verify.ts';
 import type { TensorSource } from '../gguf/types.ts';
-import { headerFromWire } from '../peer/header-wire.ts';
+import { headerFromWire } from '../protocol/header-wire.ts';
 import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 import { unlink } from 'node:fs/promises';
@@ -29,13 +29,13 @@ import { startFrameServer } from '../transport/frame-server.ts';
 import type { FrameServer } from '../transport/frame-server.ts';
 import { serveFrames, WsLink } from '../transport/ws.ts';
 import { HttpLink } from '../transport/http.ts';
-import { helloProof, parseRoomUrl } from './control.ts';
-import { fetchJson } from './remote.ts';
-import type { RoomSummary } from './remote.ts';
+import { helloProof, parseJoinUrl } from '../protocol/control.ts';
+import { fetchJson } from '../route/remote.ts';
+import type { RoomSummary } from '../route/remote.ts';
 import { heldUnits, VerifiedSource } from './verified-source.ts';
-import type { PeerToServer, ServerToPeer } from './control.ts';
-import { RelayLink } from '../peer/relay.ts';
-import type { RelayReply } from '../peer/messages.ts';
+import type { PeerToServer, ServerToPeer } from '../protocol/control.ts';
+import { RelayLink } from './relay-link.ts';
+import type { RelayReply } from '../protocol/control.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { StageService } from './stage-service.ts';
 import type { SamplerFactory } from './stage-service.ts';
@@ -188,7 +188,7 @@ export interface NodePeer {
 
 export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   const log = opts.log ?? (() => undefined);
-  const { base, roomId } = parseRoomUrl(opts.joinUrl);
+  const { base, roomId } = parseJoinUrl(opts.joinUrl);
   const auth = { authorization: `Bearer ${opts.secret}` };
   const cacheDir = opts.cacheDir === undefined ? join(meshCacheDir(), 'shards') : opts.cacheDir;
   // what the room serves, and the manifest every loaded byte is checked against
@@ -340,9 +340,9 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       if (isBinary) return;
       const m = JSON.parse(data.toString()) as ServerToPeer;
       if (m.t === 'challenge') {
-        send({
+        void helloProof(opts.secret, m.nonce).then((proof) => send({
           t: 'hello',
-          proof: helloProof(opts.secret, m.nonce),
+          proof,
           backend: opts.backend,
           memoryBytes: opts.memoryBytes,
           listen: opts.advertise ?? server.wsUrl,
@@ -352,7 +352,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
           ...(opts.name ? { name: opts.name } : {}),
           ...(opts.layers ? { layers: opts.layers } : {}),
           ...(adapter ? { adapter } : {}),
-        });
+        }));
       } else if (m.t === 'welcome') {
         peer.peerId = m.peerId;
         log(`joined room ${m.roomId} as ${m.peerId} (model ${m.model.id}, ${m.model.nLayer} layers); listening at ${server.url}`);

@@ -4,9 +4,9 @@
 // that skipped or recomputed positions produces different numbers than one that did not.
 // A chain of stubs over [0,a), [a,b), [b,n) computes exactly what one stub over [0,n) does.
 
-import { MeshError } from '../../errors.ts';
-import type { TensorSource } from '../../gguf/types.ts';
-import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
+import { MeshError } from '../../src/errors.ts';
+import type { TensorSource } from '../../src/gguf/types.ts';
+import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../../src/backends/types.ts';
 
 export interface StubModel {
   nLayer: number;

@@ -1,0 +1,197 @@
+// JSON control messages between a peer and the signaling server, sent as WebSocket text
+// messages on the peer's control connection (binary messages on the same socket are frames:
+// session open/close/status from the server to the stage). The secret never crosses the
+// wire: the peer proves it with an HMAC of the server's nonce. Native nodes, browser tabs and
+// the server all read these types; nothing here needs Node (the HMAC is SubtleCrypto's).
+//
+// Browser peers add, all routed by the server between peers of the same room:
+//   peer → server  {t:'signal', to, cid, signal}       a simple-peer offer/answer/candidate for peer `to`
+//   server → peer  {t:'signal', from, cid, signal}     (cid: one id per data channel attempt)
+//   peer → server  {t:'relay', to, id, frame}          a request frame (base64) for peer `to`'s stage,
+//   server → peer  {t:'relay-reply', id, frame|error}  used when no data channel could open
+//   peer → server  {t:'telemetry', routeId, stage, …}  load progress, hop kind, frame counters
+
+import { MeshError } from '../errors.ts';
+import type { ShardRange } from '../gguf/types.ts';
+
+export interface PeerHello {
+  t: 'hello';
+  /** hex HMAC-SHA256(key = room secret, message = nonce) */
+  proof: string;
+  name?: string;
+  backend: string;
+  memoryBytes: number;
+  /** where other stages reach this peer: ws://host:port/v1/frames (absent: not reachable) */
+  listen?: string;
+  /** http://host:port for the binary HTTP protocol */
+  httpUrl?: string;
+  layers?: ShardRange;
+  /** browser peers: the artifact (sha256) whose shard units they hold verified, and those units */
+  artifact?: string;
+  units?: string[];
+  /** browser peers: the WebGPU adapter */
+  adapter?: unknown;
+}
+
+export interface ModelBrief {
+  id: string;
+  /** where to read the GGUF (HTTP Range), with the room secret as a Bearer token */
+  url: string;
+  nLayer: number;
+  /** bytes of the whole artifact (all files of a split GGUF) */
+  fileBytes: number;
+  /** files of the artifact: 1, or the parts of a split GGUF (`url` names the first; the rest follow its name) */
+  files?: number;
+}
+
+/** A STUN or TURN server as WebRTC's RTCIceServer takes it. */
+export interface IceServer {
+  urls: string;
+  username?: string;
+  credential?: string;
+}
+
+export type ServerToPeer =
+  | { t: 'challenge'; nonce: string }
+  /** iceServers: for browser peers that meet across the internet (absent: none configured, fine on a LAN) */
+  | { t: 'welcome'; peerId: string; roomId: string; model: ModelBrief; iceServers?: IceServer[] }
+  | { t: 'assign'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string; downstream: string | null; downstreamPeer?: string | null; upstreamPeer?: string | null }
+  | { t: 'release'; routeId: number }
+  | { t: 'error'; code: string; message: string };
+
+export type PeerToServer =
+  | PeerHello
+  | { t: 'ready'; routeId: number; stage: number; loadMs: number; bytesRead: number }
+  | { t: 'load-failed'; routeId: number; stage: number; code: string; message: string }
+  /** native peers while loading: verified shard bytes so far */
+  | { t: 'loading'; routeId: number; stage: number; bytesDone: number; bytesTotal: number }
+  /** browser peers (below): signal/relay are routed before this union is consulted */
+  | { t: 'telemetry'; routeId: number; stage: number; [k: string]: unknown };
+
+/** hex HMAC-SHA256(key = room secret, message = nonce): what a peer's hello proves the secret with. */
+export async function helloProof(secret: string, nonce: string): Promise<string> {
+  const enc = new TextEncoder();
+  const key = await crypto.subtle.importKey('raw', enc.encode(secret), { name: 'HMAC', hash: 'SHA-256' }, false, ['sign']);
+  const mac = new Uint8Array(await crypto.subtle.sign('HMAC', key, enc.encode(nonce)));
+  let hex = '';
+  for (const b of mac) hex += b.toString(16).padStart(2, '0');
+  return hex;
+}
+
+/**
+ * Parses an ICE server as `serve --ice-server` takes it: `stun:host[:port]`, or
+ * `turn:user:pass@host[:port][?transport=udp|tcp]` (also `stuns:` / `turns:`). TURN needs a
+ * user and password (browsers refuse a TURN server without them); they may be %-encoded.
+ */
+export function parseIceServer(text: string): IceServer {
+  const m = /^(stuns?|turns?):(?:([^:@/?]*):([^@/?]*)@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::(\d{1,5}))?(\?transport=(?:udp|tcp))?$/.exec(text.trim());
+  if (!m) throw new MeshError('BAD_ICE_SERVER', `'${text}' is not an ICE server (stun:host:port or turn:user:pass@host:port)`);
+  const [, scheme, user, pass, host, port, query] = m;
+  const isTurn = scheme!.startsWith('turn');
+  if (port !== undefined && (Number(port) < 1 || Number(port) > 65535)) throw new MeshError('BAD_ICE_SERVER', `'${text}': port ${port} is out of range`);
+  if (isTurn && (user === undefined || user === '' || pass === undefined)) throw new MeshError('BAD_ICE_SERVER', `'${text}': a TURN server needs user:password@ before the host`);
+  if (!isTurn && (user !== undefined || query)) throw new MeshError('BAD_ICE_SERVER', `'${text}': a STUN server takes no user, password or transport`);
+  const urls = `${scheme}:${host}${port ? `:${port}` : ''}${query ?? ''}`;
+  return isTurn ? { urls, username: decodeURIComponent(user!), credential: decodeURIComponent(pass!) } : { urls };
+}
+
+/** `http(s)://host/room/<id>#secret=…` → its parts (the secret stays in the fragment). */
+export function parseJoinUrl(url: string): { base: string; roomId: string; secret: string | null; params: URLSearchParams } {
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    throw new MeshError('BAD_JOIN_URL', `'${url}' is not a URL (expected http(s)://host/room/<id>#secret=…)`);
+  }
+  const m = /\/room\/([A-Za-z0-9_.-]+)\/?$/.exec(u.pathname);
+  if (!m) throw new MeshError('BAD_JOIN_URL', `'${url}' is not a room link (expected …/room/<id>#secret=…)`);
+  const params = new URLSearchParams(u.hash.replace(/^#/, ''));
+  return { base: `${u.protocol}//${u.host}`, roomId: m[1]!, secret: params.get('secret'), params };
+}
+
+// ---- browser peers' messages
+
+export interface SignalToPeer {
+  t: 'signal';
+  to: string;
+  /** connection id chosen by the offering side: one per data channel attempt */
+  cid: string;
+  signal: unknown;
+}
+
+export interface SignalFromPeer {
+  t: 'signal';
+  from: string;
+  cid: string;
+  signal: unknown;
+}
+
+export interface RelayRequest {
+  t: 'relay';
+  to: string;
+  id: number;
+  /** base64 of one encoded frame */
+  frame: string;
+}
+
+export interface RelayReply {
+  t: 'relay-reply';
+  id: number;
+  frame?: string;
+  error?: { code: string; message: string };
+}
+
+/** Frames and bytes that crossed one carrier, by direction and frame type. */
+export interface PipeCounters {
+  framesSent: number;
+  framesReceived: number;
+  messagesSent: number;
+  messagesReceived: number;
+  bytesSent: number;
+  bytesReceived: number;
+  /** frames by type name, both directions */
+  sentByType: Record<string, number>;
+  receivedByType: Record<string, number>;
+  /** largest message handed to the carrier (bytes) */
+  largestMessage: number;
+}
+
+export function newCounters(): PipeCounters {
+  return { framesSent: 0, framesReceived: 0, messagesSent: 0, messagesReceived: 0, bytesSent: 0, bytesReceived: 0, sentByType: {}, receivedByType: {}, largestMessage: 0 };
+}
+
+/** How a stage reaches its next stage. */
+export type HopKind = 'webrtc' | 'relay' | 'none';
+
+export interface PeerTelemetry {
+  t: 'telemetry';
+  routeId: number;
+  stage: number;
+  phase: 'loading' | 'ready' | 'failed';
+  load?: { doneBytes: number; totalBytes: number; fetchedBytes: number; cachedBytes: number };
+  /** cached units reused / fetched, after loading */
+  cache?: { hit: string[]; fetched: string[]; error: string | null };
+  /** to the next stage */
+  hop?: HopKind;
+  /** frames over the data channel to the next stage (upstream side) */
+  downstreamChannel?: PipeCounters | null;
+  /** frames over data channels from previous stages (downstream side) */
+  upstreamChannels?: Record<string, PipeCounters>;
+  /** frames relayed through the server to the next stage */
+  relayed?: { frames: number; bytes: number };
+}
+
+export function toBase64(bytes: Uint8Array): string {
+  const B = (globalThis as { Buffer?: { from(b: Uint8Array): { toString(enc: string): string } } }).Buffer;
+  if (B) return B.from(bytes).toString('base64');
+  let bin = '';
+  for (let i = 0; i < bytes.length; i += 0x8000) bin += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  return btoa(bin);
+}
+
+export function fromBase64(text: string): Uint8Array {
+  const bin = atob(text);
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
+}
