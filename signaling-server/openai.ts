@@ -18,7 +18,7 @@ import type { RouteGenerationResult } from '../src/route/route-generation.ts';
 import type { SessionManager } from '../src/route/sessions.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { LocalLink } from '../src/transport/link.ts';
-import { httpStatusFor, sendJson } from '../src/transport/http.ts';
+import { httpStatusFor, readJsonBody, sendJson } from '../src/transport/http.ts';
 import type { Room } from './room.ts';
 
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
@@ -57,19 +57,10 @@ function openAiError(res: ServerResponse, e: unknown): void {
   });
 }
 
-async function readJson(req: IncomingMessage): Promise<CompletionBody> {
-  let size = 0;
-  const chunks: Buffer[] = [];
-  for await (const c of req) {
-    size += (c as Buffer).length;
-    if (size > MAX_BODY_BYTES) throw new MeshError('BAD_REQUEST', `request body exceeds ${MAX_BODY_BYTES} bytes`);
-    chunks.push(c as Buffer);
-  }
-  try {
-    return JSON.parse(Buffer.concat(chunks).toString('utf8')) as CompletionBody;
-  } catch {
-    throw new MeshError('BAD_REQUEST', 'the request body is not JSON');
-  }
+async function readCompletionBody(req: IncomingMessage): Promise<CompletionBody> {
+  const body = await readJsonBody(req, MAX_BODY_BYTES, 'an OpenAI request object');
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new MeshError('BAD_REQUEST', 'the request body must be a JSON object');
+  return body as CompletionBody;
 }
 
 function pickRoom(body: CompletionBody, allowed: Room[]): Room {
@@ -107,7 +98,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
   let streaming = false;
   let stopLoading: (() => void) | null = null;
   try {
-    const body = await readJson(req);
+    const body = await readCompletionBody(req);
     const room = pickRoom(body, allowed);
     const tokenizer = tokenizerOf(room);
     let promptText: string;

@@ -22,7 +22,7 @@ import { dirname, extname, join, normalize, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { MeshError } from '../src/errors.ts';
 import { isUrl } from '../src/gguf/parse.ts';
-import { sendError, sendJson } from '../src/transport/http.ts';
+import { readJsonBody, sendError, sendJson } from '../src/transport/http.ts';
 import { startSignalingServer } from './server.ts';
 import type { SignalingServer, SignalingServerOptions } from './server.ts';
 
@@ -41,6 +41,9 @@ export interface WebAppOptions {
   openRooms?: boolean;
   log?: (line: string) => void;
 }
+
+/** POST /app/rooms carries one URL */
+const ROOM_BODY_BYTES = 64 * 1024;
 
 /** npm packages the browser code imports (pre-bundled by vite in dev mode). */
 const DEV_DEPS = ['comlink', 'simple-peer', 'buffer', 'process', 'events', 'qrcode', 'idb-keyval', '@huggingface/gguf', '@huggingface/jinja'];
@@ -107,17 +110,6 @@ export function resolveMode(mode: WebAppMode, root: string): 'dist' | 'dev' {
   return statSync(built).mtimeMs >= sources ? 'dist' : 'dev';
 }
 
-async function readBody(req: IncomingMessage, limit = 64 * 1024): Promise<string> {
-  let size = 0;
-  const parts: Buffer[] = [];
-  for await (const c of req) {
-    size += (c as Buffer).length;
-    if (size > limit) throw new MeshError('BAD_REQUEST', `request body over ${limit} bytes`);
-    parts.push(c as Buffer);
-  }
-  return Buffer.concat(parts).toString('utf8');
-}
-
 export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
   const root = opts.root ?? REPO_ROOT;
   const mode = resolveMode(opts.mode ?? 'auto', root);
@@ -161,13 +153,8 @@ export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
     if (opts.openRooms === false) throw new MeshError('NOT_SUPPORTED', 'this server cannot open rooms for other models');
     // JSON only: another site's page cannot send it without a CORS preflight, which this path never grants
     if (!(req.headers['content-type'] ?? '').startsWith('application/json')) throw new MeshError('BAD_REQUEST', 'POST /app/rooms takes application/json');
-    let body: { model?: unknown };
-    try {
-      body = JSON.parse(await readBody(req)) as { model?: unknown };
-    } catch {
-      throw new MeshError('BAD_REQUEST', 'the body must be JSON: {"model": "<GGUF URL>"}');
-    }
-    const model = typeof body.model === 'string' ? body.model.trim() : '';
+    const body = (await readJsonBody(req, ROOM_BODY_BYTES, '{"model": "<GGUF URL>"}')) as { model?: unknown } | null;
+    const model = typeof body?.model === 'string' ? body.model.trim() : '';
     if (!isUrl(model)) throw new MeshError('BAD_REQUEST', `model must be an http(s) URL of a GGUF file, got '${model}'`);
     const room = await opts.server.addRoom(model);
     log(`room ${room.id} opened for ${model}`);
