@@ -3,11 +3,14 @@
 // `npm install`/`npm ci` build it (the package's `prepare` runs this file); `serve` checks it
 // on start and rebuilds what is missing or older than a source, so an edited checkout never
 // serves a stale page. A lock keeps two processes (two servers, parallel test files) from
-// building over each other.
+// building over each other. vite runs in a child process with NODE_ENV=production: a build made
+// inside a process that set NODE_ENV otherwise (vitest sets `test`) is a different bundle.
 //
 // Run as a script (`node bin/run-ts.js signaling-server/app-build.ts`): builds what is stale.
 
+import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { MeshError } from '../src/errors.ts';
@@ -73,6 +76,34 @@ async function withBuildLock<T>(root: string, fn: () => Promise<T>): Promise<T> 
   }
 }
 
+/** vite's command-line entry in `root`'s dependencies, or null where vite is not installed. */
+function viteBin(root: string): string | null {
+  try {
+    return join(dirname(createRequire(join(root, 'package.json')).resolve('vite/package.json')), 'bin', 'vite.js');
+  } catch {
+    return null;
+  }
+}
+
+/** `vite build --mode <mode>` in `root`, as `npm run build` runs it. */
+function viteBuild(bin: string, root: string, mode: string): Promise<void> {
+  return new Promise((resolvePromise, reject) => {
+    const child = spawn(process.execPath, [bin, 'build', '--mode', mode, '--logLevel', 'error'], {
+      cwd: root,
+      env: { ...process.env, NODE_ENV: 'production' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let output = '';
+    child.stdout.on('data', (d: Buffer) => (output += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (output += d.toString()));
+    child.on('error', (e) => reject(new MeshError('UI_BUILD_FAILED', `vite build --mode ${mode}: ${e.message}`)));
+    child.on('close', (code) => {
+      if (code === 0) resolvePromise();
+      else reject(new MeshError('UI_BUILD_FAILED', `vite build --mode ${mode} exited with ${code}: ${output.trim().slice(-2000)}`));
+    });
+  });
+}
+
 export interface EnsureBuiltResult {
   /** the builds made now (empty when all were fresh) */
   built: Array<'app' | 'components'>;
@@ -87,10 +118,8 @@ export interface EnsureBuiltResult {
 export async function ensureAppBuilt(root: string = REPO_ROOT, log: (line: string) => void = () => undefined): Promise<EnsureBuiltResult> {
   const before = buildStates(root);
   if (before.app === 'fresh' && before.components === 'fresh') return { built: [], staleKept: false };
-  let vite: typeof import('vite');
-  try {
-    vite = await import('vite');
-  } catch {
+  const vite = viteBin(root);
+  if (!vite) {
     if (before.app === 'missing' || before.components === 'missing') {
       throw new MeshError('UI_NOT_BUILT', `the web app is not built under ${join(root, 'dist')} and vite is not installed: install the dev dependencies and run \`npm run build\`, or serve with --ui off`);
     }
@@ -105,7 +134,7 @@ export async function ensureAppBuilt(root: string = REPO_ROOT, log: (line: strin
       if (states[b.name] === 'fresh') continue;
       const started = Date.now();
       log(`building the web app (${b.name}, ${states[b.name] === 'missing' ? 'not built yet' : 'sources changed'})…`);
-      await vite.build({ root, configFile: join(root, 'vite.config.ts'), mode: b.mode, logLevel: 'error' });
+      await viteBuild(vite, root, b.mode);
       log(`built dist/${b.name} in ${((Date.now() - started) / 1000).toFixed(1)} s`);
       built.push(b.name);
     }
