@@ -9,7 +9,7 @@ import { timingSafeEqual, createHash } from 'node:crypto';
 import { WebSocketServer } from 'ws';
 import type WebSocket from 'ws';
 import { MeshError } from '../errors.ts';
-import { handleFrameHttp, sendError, sendJson } from './http.ts';
+import { handleFrameHttp, refuseUpgrade, sendError, sendJson } from './http.ts';
 import type { FrameHandler } from './link.ts';
 import { serveFrames } from './ws.ts';
 
@@ -69,7 +69,7 @@ export async function startFrameServer(opts: FrameServerOptions): Promise<FrameS
   server.on('upgrade', (req, socket, head) => {
     const path = new URL(req.url ?? '/', 'http://x').pathname;
     if (path !== FRAMES_PATH || !secretMatches(bearerOf(req), opts.secret)) {
-      socket.end(`HTTP/1.1 ${path !== FRAMES_PATH ? '404 Not Found' : '401 Unauthorized'}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+      refuseUpgrade(socket, path !== FRAMES_PATH ? 'NOT_FOUND' : 'AUTH_FAILED');
       return;
     }
     wss.handleUpgrade(req, socket, head, (ws) => {
