@@ -8,7 +8,7 @@
 
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { randomBytes } from 'node:crypto';
-import { MeshError } from '../src/errors.ts';
+import { httpStatusFor, MeshError } from '../src/errors.ts';
 import { ChatTemplate } from '../src/model/chat-template.ts';
 import type { ChatMessage } from '../src/model/chat-template.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
@@ -18,7 +18,7 @@ import type { RouteGenerationResult } from '../src/route/route-generation.ts';
 import type { SessionManager } from '../src/route/sessions.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { LocalLink } from '../src/transport/link.ts';
-import { httpStatusFor, readJsonBody, sendJson } from '../src/transport/http.ts';
+import { readJsonBody, sendJson } from '../src/transport/http.ts';
 import type { Room } from './room.ts';
 
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
@@ -52,7 +52,7 @@ function tokenizerOf(room: Room): Tokenizer {
 
 function openAiError(res: ServerResponse, e: unknown): void {
   const err = e instanceof MeshError ? e : new MeshError('INTERNAL', String(e));
-  sendJson(res, err.code === 'BAD_REQUEST' ? 400 : httpStatusFor(err.code), {
+  sendJson(res, httpStatusFor(err.code), {
     error: { message: err.message, type: err.code === 'AUTH_FAILED' ? 'authentication_error' : 'invalid_request_error', code: err.code, ...err.details },
   });
 }

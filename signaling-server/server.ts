@@ -32,7 +32,7 @@ import type { IceServer, PeerHello, PeerToServer } from '../src/protocol/control
 import { SessionManager } from '../src/route/sessions.ts';
 import { FrameType } from '../src/protocol/frame.ts';
 import type { Frame } from '../src/protocol/frame.ts';
-import { bearerOf, secretMatches } from '../src/transport/frame-server.ts';
+import { bearerOf, refuseUpgrade, secretMatches } from '../src/transport/frame-server.ts';
 import { handleFrameHttp, sendError, sendJson } from '../src/transport/http.ts';
 import { serveFrames } from '../src/transport/ws.ts';
 import { FetchLog, serveFile } from './model-host.ts';
@@ -283,11 +283,11 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     const m = /^\/v1\/rooms\/([^/]+)\/(peer|client)$/.exec(path);
     const room = m ? rooms.find((r) => r.id === m[1]) : undefined;
     if (!m || !room) {
-      socket.end('HTTP/1.1 404 Not Found\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
+      refuseUpgrade(socket, 'NOT_FOUND');
       return;
     }
     if (m[2] === 'client' && !secretMatches(bearerOf(req), room.secret)) {
-      socket.end('HTTP/1.1 401 Unauthorized\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
+      refuseUpgrade(socket, 'AUTH_FAILED');
       return;
     }
     wss.handleUpgrade(req, socket, head, (ws) => (m[2] === 'peer' ? admitPeer(room, ws) : serveClient(room, ws)));

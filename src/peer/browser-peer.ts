@@ -110,7 +110,7 @@ const stageSampler: SamplerFactory = (settings) => {
 async function getJson<T>(url: string, secret: string): Promise<T> {
   const res = await fetch(url, { headers: { authorization: `Bearer ${secret}` } });
   const body = (await res.json().catch(() => ({}))) as T & { error?: { code: string; message: string } };
-  if (!res.ok) throw new MeshError(body.error?.code ?? 'HTTP_ERROR', body.error?.message ?? `${url}: HTTP ${res.status}`);
+  if (!res.ok) throw MeshError.fromWire(body.error?.code ?? 'HTTP_ERROR', body.error?.message ?? `${url}: HTTP ${res.status}`);
   return body;
 }
 
@@ -305,7 +305,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
         log(`joined room ${roomId} as ${state.peerId} (model ${modelId}; holding ${state.heldUnits.length ? state.heldUnits.join(', ') : 'nothing'})`);
         resolve();
       } else if (m.t === 'error') {
-        reject(new MeshError(String(m.code), String(m.message)));
+        reject(MeshError.fromWire(m.code, String(m.message)));
       }
     });
     void control.closed.then(reject);

@@ -11,7 +11,7 @@ import { meshCacheDir } from '../cache-dir.ts';
 import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import WebSocket from 'ws';
-import { MeshError } from '../errors.ts';
+import { codeForRefusal, MeshError } from '../errors.ts';
 import type { ShardRange, StageBackend } from '../backends/types.ts';
 import type { WebGpuBackend } from '../backends/webgpu/backend.ts';
 import type { AdapterSummary } from '../backends/webgpu/device.ts';
@@ -172,7 +172,7 @@ async function httpLinkTo(wsUrl: string, auth: Record<string, string>): Promise<
   } catch (e) {
     throw new MeshError('LINK_FAILED', `cannot reach ${base}: ${(e as Error).message}`);
   }
-  if (!res.ok) throw new MeshError(res.status === 401 ? 'AUTH_FAILED' : 'LINK_FAILED', `${base}/v1/status answered HTTP ${res.status}`);
+  if (!res.ok) throw new MeshError(codeForRefusal(res.status), `${base}/v1/status answered HTTP ${res.status}`);
   return new HttpLink(base, auth);
 }
 
@@ -362,7 +362,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       } else if (m.t === 'release') {
         if (current?.routeId === m.routeId) void release();
       } else if (m.t === 'error') {
-        reject(new MeshError(m.code, m.message));
+        reject(MeshError.fromWire(m.code, m.message));
       } else if ((m as { t: string }).t === 'relay-reply') {
         relay?.deliver(m as unknown as RelayReply);
       }

@@ -42,7 +42,7 @@ export async function fetchJson<T>(url: string, secret: string): Promise<T> {
     throw new MeshError('JOIN_FAILED', `cannot reach ${url}: ${(e as Error).message}`);
   }
   const body = (await res.json().catch(() => ({}))) as T & { error?: { code: string; message: string } };
-  if (!res.ok) throw new MeshError(body.error?.code ?? 'HTTP_ERROR', body.error?.message ?? `${url}: HTTP ${res.status}`);
+  if (!res.ok) throw MeshError.fromWire(body.error?.code ?? 'HTTP_ERROR', body.error?.message ?? `${url}: HTTP ${res.status}`);
   return body;
 }
 

@@ -8,10 +8,12 @@
 //   DELETE /v1/sessions/{session}           → reply to a SessionClose
 //   GET    /v1/sessions/{session}           → reply to a Status request, as JSON
 //
-// A reply that is an Error frame carries an HTTP status derived from its code.
+// A reply that is an Error frame carries the HTTP status its code has in the registry
+// (src/error-codes.ts).
 
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { MeshError } from '../errors.ts';
+import { codeForRefusal, httpStatusFor, MeshError } from '../errors.ts';
+import type { ErrorCode } from '../errors.ts';
 import { DType, encodeFrame, FrameType, makeFrame, NIL_SESSION } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { FrameDecoder } from '../protocol/decoder.ts';
@@ -22,16 +24,6 @@ import type { FrameHandler, FrameLink } from './link.ts';
 export const FRAME_CONTENT_TYPE = 'application/octet-stream';
 const SESSION_PATH = /^\/v1\/sessions\/([0-9a-f]{32})(?:\/(prefill|decode))?$/;
 
-/** HTTP status for an error code: the client's fault (4xx) or ours (5xx). */
-export function httpStatusFor(code: string): number {
-  if (code === 'AUTH_FAILED') return 401;
-  if (code === 'SESSION_UNKNOWN' || code === 'ROUTE_UNKNOWN' || code === 'NOT_FOUND') return 404;
-  if (code === 'BODY_TOO_LARGE') return 413;
-  if (code.startsWith('FRAME_') || code.startsWith('FRAGMENT_') || code === 'BAD_REQUEST' || code === 'BODY_NOT_JSON' || code === 'FRAME_SESSION_MISMATCH') return 400;
-  if (code === 'POSITION_MISMATCH' || code.startsWith('SESSION_') || code === 'CONTEXT_FULL' || code === 'ROUTE_NOT_READY') return 409;
-  if (code === 'STAGE_UNREACHABLE' || code === 'LINK_CLOSED' || code === 'LINK_FAILED' || code === 'STAGE_FAILED') return 502;
-  return 500;
-}
 
 export function sendJson(res: ServerResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body);
@@ -204,13 +196,13 @@ export class HttpLink implements FrameLink {
     }
     if (res.headers.get('content-type') !== FRAME_CONTENT_TYPE) {
       const text = await res.text();
-      let code = res.status === 401 ? 'AUTH_FAILED' : 'LINK_FAILED';
+      let code: unknown;
       try {
-        code = (JSON.parse(text) as { error: { code: string } }).error.code;
+        code = (JSON.parse(text) as { error?: { code?: unknown } }).error?.code;
       } catch {
-        // not JSON: keep the code from the status
+        // not JSON: the code comes from the status
       }
-      throw new MeshError(code, `${method} ${url}: HTTP ${res.status} ${text.slice(0, 200)}`);
+      throw MeshError.fromWire(code ?? codeForRefusal(res.status), `${method} ${url}: HTTP ${res.status} ${text.slice(0, 200)}`);
     }
     const decoder = new FrameDecoder();
     const frames = decoder.push(new Uint8Array(await res.arrayBuffer()));

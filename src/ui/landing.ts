@@ -19,7 +19,7 @@ interface HostedRoom {
 
 async function jsonOf<T>(res: Response): Promise<T> {
   const body = (await res.json().catch(() => ({}))) as T & { error?: { code: string; message: string } };
-  if (!res.ok) throw new MeshError(body.error?.code ?? `HTTP_${res.status}`, body.error?.message ?? `HTTP ${res.status}`);
+  if (!res.ok) throw MeshError.fromWire(body.error?.code ?? 'HTTP_ERROR', body.error?.message ?? `HTTP ${res.status}`);
   return body;
 }
 
@@ -97,7 +97,7 @@ export function createLanding(go: (joinUrl: string) => void): HTMLElement {
 
   const showError = (e: unknown): void => {
     error.hidden = false;
-    replace(error, h('strong', {}, (e as { code?: string }).code ?? 'ERROR'), ` ${(e as Error).message}`);
+    replace(error, h('strong', {}, (e as { code?: string }).code ?? 'INTERNAL'), ` ${(e as Error).message}`);
   };
 
   const form = h(

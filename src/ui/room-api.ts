@@ -65,7 +65,7 @@ export async function getJson<T>(link: RoomLink, path: string, signal?: AbortSig
     throw new MeshError('SERVER_UNREACHABLE', `cannot reach the signaling server at ${link.base}: ${(e as Error).message}`);
   }
   const body = (await res.json().catch(() => ({}))) as T & { error?: { code: string; message: string } };
-  if (!res.ok) throw new MeshError(body.error?.code ?? `HTTP_${res.status}`, body.error?.message ?? `${path}: HTTP ${res.status}`);
+  if (!res.ok) throw MeshError.fromWire(body.error?.code ?? 'HTTP_ERROR', body.error?.message ?? `${path}: HTTP ${res.status}`);
   return body;
 }
 
