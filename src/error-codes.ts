@@ -100,6 +100,7 @@ const BACKENDS = {
   LLAMACPP_UNAVAILABLE: { status: 500, meaning: "node-llama-cpp's prebuilt libllama is not installed" },
   LLAMACPP_LOAD_FAILED: { status: 500, meaning: 'llama.cpp could not load the model file' },
   LLAMACPP_LOCAL_ONLY: { status: 500, meaning: 'llama.cpp loads local files only, not URLs' },
+  LLAMACPP_EVAL_FAILED: { status: 500, meaning: 'llama.cpp failed while evaluating a batch' },
   LLAMACPP_CONTEXT_FAILED: { status: 500, meaning: 'llama.cpp could not create a context' },
   LLAMACPP_DECODE_FAILED: { status: 500, meaning: 'llama_decode returned an error' },
   LLAMACPP_NO_OUTPUT: { status: 500, meaning: 'llama.cpp returned no logits' },
