@@ -4,7 +4,8 @@
 import { describe, expect, it } from 'vitest';
 import { activationFormatFor, roundActivations } from '../src/backends/cpu/act-round.ts';
 import { attention, matmul, matmulRows, rmsnorm, rope, ropeCache, softmax, swiglu } from '../src/backends/cpu/ops.ts';
-import { WasmArena, wasmSimdAvailable } from '../src/backends/cpu/wasm-matmul.ts';
+import { DenseMatrix, Int8Matrix } from '../src/backends/cpu/matrices.ts';
+import { WasmArena, wasmSimdAvailable } from '../src/backends/cpu/wasm-arena.ts';
 import { parseLayerRanges, shardTensors } from '../src/backends/shard.ts';
 import { isMeshError } from '../src/errors.ts';
 import { GgmlType } from '../src/gguf/types.ts';
@@ -64,40 +65,56 @@ describe('ops', () => {
     }
   });
 
-  it('the WebAssembly SIMD matmul agrees with the JS one (f32 lanes: to ~1e-6 relative)', () => {
+  it('the WebAssembly SIMD matmul agrees with the JS one (f32 lanes: to ~1e-6 relative), in the arena or staged', () => {
     expect(wasmSimdAvailable()).toBe(true);
     for (const [nIn, nOut] of [[8, 6], [64, 172], [256, 37]] as const) {
       const arena = new WasmArena(nIn * nOut * 4);
-      const w = arena.alloc(nIn * nOut);
-      w.set(rand(nIn * nOut, 10));
+      const w = arena.alloc(nIn * nOut * 4);
+      arena.f32(w, nIn * nOut).set(rand(nIn * nOut, 10));
+      const m = new DenseMatrix('w', nOut, nIn, w, 'f32', arena);
       for (const n of [1, 2, 5]) {
         const x = rand(n * nIn, 11);
         const simd = new Float32Array(n * nOut);
         const js = new Float32Array(n * nOut);
-        arena.matmul(simd, x, w, n, nIn, nOut);
-        matmul(js, x, w.slice(), n, nIn, nOut);
+        m.matmul(simd, x, n);
+        matmul(js, x, arena.f32(w, nIn * nOut).slice(), n, nIn, nOut);
         for (let i = 0; i < js.length; i++) expect(Math.abs(simd[i]! - js[i]!)).toBeLessThan(1e-5);
+        // x and y as views into the arena are used in place
+        const xo = arena.alloc(n * nIn * 4);
+        const yo = arena.alloc(n * nOut * 4);
+        arena.f32(xo, n * nIn).set(x);
+        m.matmul(arena.f32(yo, n * nOut), arena.f32(xo, n * nIn), n);
+        expect([...arena.f32(yo, n * nOut)]).toEqual([...simd]);
+        arena.free(xo);
+        arena.free(yo);
       }
     }
   });
 
-  it('the int8 kernel equals dequantised weights times Q8_0-rounded activations', () => {
+  it('the int8 kernel equals dequantised weights times Q8_0-rounded activations, whatever the batch', () => {
     for (const [nIn, nOut] of [[32, 4], [256, 12], [512, 36]] as const) {
       const arena = new WasmArena(nIn * nOut * 2);
-      expect(arena.hasInt8).toBe(true);
-      const q = arena.allocInt8(nIn * nOut);
-      const d = arena.alloc((nIn * nOut) / 32);
+      expect(arena.mmQ8).not.toBeNull();
+      const qo = arena.alloc(nIn * nOut);
+      const dOff = arena.alloc((nIn * nOut) / 8);
+      const q = arena.i8(qo, nIn * nOut);
+      const d = arena.f32(dOff, (nIn * nOut) / 32);
       const p = new Prng(nIn);
       for (let i = 0; i < q.length; i++) q[i] = Math.floor(p.next() * 255) - 127;
       for (let i = 0; i < d.length; i++) d[i] = 0.001 + p.next() * 0.01;
       const w = Float32Array.from(q, (v, i) => v * d[i >> 5]!); // [nOut × nIn]
+      const m = new Int8Matrix('w', nOut, nIn, qo, dOff, arena);
+      const x = rand(7 * nIn, 12);
+      const all = new Float32Array(7 * nOut);
+      m.matmul(all, x, 7);
       for (const n of [1, 2, 3, 4, 7]) {
-        const x = rand(n * nIn, 12);
         const y = new Float32Array(n * nOut);
-        arena.matmulQ8(y, x, q, d, n, nIn, nOut);
+        m.matmul(y, x, n);
         const ref = new Float32Array(n * nOut);
         matmul(ref, roundActivations(x, n, nIn, 'q8_0'), w, n, nIn, nOut);
         for (let i = 0; i < ref.length; i++) expect(Math.abs(y[i]! - ref[i]!)).toBeLessThan(1e-5 * Math.max(1, Math.abs(ref[i]!)));
+        // a token's result does not depend on the tile (4, 2 or 1 tokens) it was computed in
+        expect([...y]).toEqual([...all.subarray(0, n * nOut)]);
       }
     }
   });

@@ -155,7 +155,8 @@ describe('engine variants', () => {
     expect(js.tokens).toEqual(simd.tokens);
     expect(packed.tokens).toEqual(simd.tokens);
     expect(maxAbsDiff(js.first, simd.first)).toBeLessThan(1e-4);
-    expect(maxAbsDiff(packed.first, js.first)).toBe(0);
+    // dequantised tile by tile, the same kernel sees the same f32 weights
+    expect(maxAbsDiff(packed.first, simd.first)).toBe(0);
     // Q4_K keeps 4.5 bits per weight instead of 32
     expect(packed.weightBytes).toBeLessThan(simd.weightBytes / 6);
   });

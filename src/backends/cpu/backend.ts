@@ -57,7 +57,7 @@ export class CpuBackend implements StageBackend {
     if (!Number.isSafeInteger(options.contextLength) || options.contextLength <= 0) {
       throw new MeshError('BAD_CONTEXT_LENGTH', `context length must be a positive integer, got ${options.contextLength}`);
     }
-    this.sessions.set(sessionId, new KvCache(shard.end - shard.start, config.nHeadKv * config.headDim, options.contextLength));
+    this.sessions.set(sessionId, new KvCache(this.model().weights.arena, shard.end - shard.start, config.nHeadKv, config.headDim, options.contextLength));
   }
 
   async releaseSession(sessionId: string): Promise<void> {

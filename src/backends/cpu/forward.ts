@@ -1,36 +1,54 @@
 // The transformer forward pass of one shard on the CPU, for a batch of tokens at consecutive
 // positions: the residual stream x goes through each layer's attention and feed-forward
-// blocks, appending keys and values to the session's KV cache.
+// blocks, appending keys and values to the session's KV cache. Activations live in the
+// engine's WasmArena, so the kernels read and write them in place.
 
 import type { ModelConfig } from '../../model/config.ts';
+import { attendCached, attentionScratchBytes } from './attention.ts';
 import type { KvCache } from './kv-cache.ts';
-import { addBias, addInPlace, attention, rmsnorm, rope, swiglu } from './ops.ts';
+import { addBias, addInPlace, rmsnorm, rope, swiglu } from './ops.ts';
+import type { WasmArena } from './wasm-arena.ts';
 import type { LayerWeights, Matrix, ShardWeights } from './weights.ts';
 
-/** Per-call activation buffers for nTokens tokens. */
+/** Per-call activation buffers for nTokens tokens: views into the arena, and their byte offsets. */
 interface Scratch {
   xb: Float32Array; // [n × nEmbd] normed input of a block
   q: Float32Array; // [n × nHead·headDim]
+  k: Float32Array; // [n × nHeadKv·headDim] this batch's keys, before they enter the cache
+  v: Float32Array; // [n × nHeadKv·headDim]
   att: Float32Array; // [n × nHead·headDim] attention output before wo
   out: Float32Array; // [n × nEmbd] block output before the residual add
   gate: Float32Array; // [n × nFf]
   up: Float32Array; // [n × nFf]
-  scores: Float32Array; // [nKeys] one head's attention weights
+  /** byte offset of the attention scores scratch (attentionScratchBytes) */
+  scores: number;
   ropeCache: Float32Array; // [nRot]
+  /** the arena region holding all of the above */
+  region: number;
 }
 
-function scratchFor(cfg: ModelConfig, n: number, nKeys: number): Scratch {
+/**
+ * Reserves everything a forward of n tokens needs from the arena before taking views (growing an
+ * unshared memory detaches older views): the kernels' staging, then one region for the scratch.
+ */
+function scratchFor(cfg: ModelConfig, arena: WasmArena, n: number, pos: number): Scratch {
   const qDim = cfg.nHead * cfg.headDim;
-  return {
-    xb: new Float32Array(n * cfg.nEmbd),
-    q: new Float32Array(n * qDim),
-    att: new Float32Array(n * qDim),
-    out: new Float32Array(n * cfg.nEmbd),
-    gate: new Float32Array(n * cfg.nFf),
-    up: new Float32Array(n * cfg.nFf),
-    scores: new Float32Array(nKeys),
-    ropeCache: new Float32Array(cfg.rope.nRot),
+  const kvDim = cfg.nHeadKv * cfg.headDim;
+  const widest = Math.max(cfg.nEmbd, cfg.nFf, qDim);
+  // staging: a rounded copy of x (f32), its Q8_0 form (int8 + scales), a dequantised tile of 16 rows
+  arena.staging(n * widest * 6 + 16 * widest * 4 + 256);
+  const sizes = { xb: n * cfg.nEmbd, q: n * qDim, k: n * kvDim, v: n * kvDim, att: n * qDim, out: n * cfg.nEmbd, gate: n * cfg.nFf, up: n * cfg.nFf };
+  const floats = Object.values(sizes).reduce((a, b) => a + Math.ceil(b / 4) * 4, 0);
+  const scoresBytes = attentionScratchBytes(cfg, n, pos);
+  const region = arena.alloc(floats * 4 + scoresBytes);
+  let at = region;
+  const take = (len: number): Float32Array => {
+    const view = arena.f32(at, len);
+    at += Math.ceil(len / 4) * 16;
+    return view;
   };
+  const views = Object.fromEntries(Object.entries(sizes).map(([k, len]) => [k, take(len)])) as Record<keyof typeof sizes, Float32Array>;
+  return { ...views, scores: at, ropeCache: new Float32Array(cfg.rope.nRot), region };
 }
 
 /** x = token embeddings of `tokens`. x: [n × nEmbd] */
@@ -47,10 +65,14 @@ export function embed(tokenEmbd: Matrix, tokens: Int32Array, nEmbd: number): Flo
 export function forwardLayers(cfg: ModelConfig, weights: ShardWeights, kv: KvCache, x: Float32Array, n: number): void {
   const pos = kv.length;
   kv.reserve(n);
-  const s = scratchFor(cfg, n, pos + n);
-  for (let l = 0; l < weights.layers.length; l++) {
-    forwardLayer(cfg, weights.layers[l]!, kv, l, x, n, pos, s);
-    kv.processedTokens[l]! += n;
+  const s = scratchFor(cfg, kv.arena, n, pos);
+  try {
+    for (let l = 0; l < weights.layers.length; l++) {
+      forwardLayer(cfg, weights.layers[l]!, kv, l, x, n, pos, s);
+      kv.processedTokens[l]! += n;
+    }
+  } finally {
+    kv.arena.free(s.region);
   }
   kv.length = pos + n;
 }
@@ -67,9 +89,7 @@ function forwardLayer(
 ): void {
   const { nEmbd, nHead, nHeadKv, headDim, rmsEps } = cfg;
   const kvDim = nHeadKv * headDim;
-  // this batch's keys and values are written straight into the cache: [n × kvDim] each
-  const k = kv.keys[l]!.subarray(pos * kvDim, (pos + n) * kvDim);
-  const v = kv.values[l]!.subarray(pos * kvDim, (pos + n) * kvDim);
+  const { k, v } = s;
 
   // attention norm
   rmsnorm(s.xb, x, w.attnNorm, n, nEmbd, rmsEps);
@@ -86,8 +106,9 @@ function forwardLayer(
   // rotary position embedding of queries and keys
   rope(s.q, n, nHead, headDim, pos, cfg.rope, s.ropeCache);
   rope(k, n, nHeadKv, headDim, pos, cfg.rope, s.ropeCache);
-  // scores → causal softmax → weighted sum of values, over the cache
-  attention(s.att, s.q, kv.keys[l]!, kv.values[l]!, n, pos, nHead, nHeadKv, headDim, s.scores);
+  // keys and values join the cache; scores → causal softmax → weighted sum of values, over it
+  kv.write(l, pos, k, v, n);
+  attendCached(kv, l, cfg, s.q.byteOffset, s.att.byteOffset, n, pos, s.scores);
   // output projection
   w.wo.matmul(s.out, s.att, n);
   // residual

@@ -1,38 +1,61 @@
-// The KV cache of one session on one stage: keys (after RoPE) and values of every position
-// seen so far, for each layer of the shard. Capacity grows by doubling up to the session's
-// context length, so a short chat does not reserve the whole context up front.
+// The KV cache of one session on one stage, inside the CPU engine's WasmArena: keys (after
+// RoPE) and values of every position seen so far, for each layer of the shard. Laid out so
+// attention is two plain matrix products per head (./attention.ts), as ggml lays out its
+// non-flash-attention cache:
+//
+//   K of layer l, KV head h:  [capacity × headDim]   (a row per position: scores = K · q)
+//   V of layer l, KV head h:  [headDim × capacity]   (transposed: out = Vᵀ · p)
+//
+// Capacity grows by doubling up to the session's context length (a short chat does not reserve
+// the whole context up front); growing moves the cache to a new region, head by head. Capacity
+// is a multiple of 4, so kernels can read positions in fours; unused positions stay zero.
 
 import { MeshError } from '../../errors.ts';
+import type { WasmArena } from './wasm-arena.ts';
 
 const INITIAL_POSITIONS = 256;
 
 export class KvCache {
-  /** per layer of the shard: keys [capacity × kvDim] f32 */
-  keys: Float32Array[];
-  /** per layer of the shard: values [capacity × kvDim] f32 */
-  values: Float32Array[];
   /** positions filled (= the next position expected) */
   length = 0;
   /** tokens each layer has processed since the session opened (index 0 = shard.start) */
   readonly processedTokens: number[];
-  private capacity: number;
+  /** positions the cache holds now */
+  capacity: number;
+  /** byte offset of the cache's region: per layer K then V, each nHeadKv × capacity × headDim f32 */
+  private base: number;
 
   constructor(
+    readonly arena: WasmArena,
     readonly nLayers: number,
-    /** floats per position per layer: n_head_kv × head_dim */
-    readonly kvDim: number,
+    readonly nHeadKv: number,
+    readonly headDim: number,
     /** most positions the session may hold */
     readonly contextLength: number,
   ) {
-    this.capacity = Math.min(contextLength, INITIAL_POSITIONS);
-    this.keys = Array.from({ length: nLayers }, () => new Float32Array(this.capacity * kvDim));
-    this.values = Array.from({ length: nLayers }, () => new Float32Array(this.capacity * kvDim));
+    this.capacity = round4(Math.min(contextLength, INITIAL_POSITIONS));
+    this.base = arena.alloc(this.regionBytes(this.capacity), true);
     this.processedTokens = new Array<number>(nLayers).fill(0);
+  }
+
+  /** floats per position per layer: nHeadKv × headDim */
+  get kvDim(): number {
+    return this.nHeadKv * this.headDim;
   }
 
   /** bytes held by the keys and values of all layers */
   get bytes(): number {
-    return 2 * this.nLayers * this.capacity * this.kvDim * 4;
+    return this.regionBytes(this.capacity);
+  }
+
+  /** byte offset of K for layer l, KV head h: [capacity × headDim] */
+  keys(l: number, h: number): number {
+    return this.base + ((2 * l * this.nHeadKv + h) * this.capacity * this.headDim) * 4;
+  }
+
+  /** byte offset of Vᵀ for layer l, KV head h: [headDim × capacity] */
+  values(l: number, h: number): number {
+    return this.base + (((2 * l + 1) * this.nHeadKv + h) * this.capacity * this.headDim) * 4;
   }
 
   /** Makes room for positions [length, length + nTokens); CONTEXT_FULL past contextLength. */
@@ -47,21 +70,56 @@ export class KvCache {
     if (needed <= this.capacity) return;
     let capacity = this.capacity;
     while (capacity < needed) capacity *= 2;
-    capacity = Math.min(capacity, this.contextLength);
-    const grow = (old: Float32Array): Float32Array => {
-      const next = new Float32Array(capacity * this.kvDim);
-      next.set(old.subarray(0, this.length * this.kvDim));
-      return next;
-    };
-    this.keys = this.keys.map(grow);
-    this.values = this.values.map(grow);
+    capacity = round4(Math.min(capacity, this.contextLength));
+    const next = this.arena.alloc(this.regionBytes(capacity), true);
+    const heap = this.arena.heap;
+    const old = this.base >> 2, now = next >> 2;
+    const { headDim: hd, length: n } = this;
+    for (let l = 0; l < this.nLayers; l++) {
+      for (let h = 0; h < this.nHeadKv; h++) {
+        const k = (2 * l * this.nHeadKv + h) * hd;
+        heap.copyWithin(now + k * capacity, old + k * this.capacity, old + k * this.capacity + n * hd);
+        const v = ((2 * l + 1) * this.nHeadKv + h) * hd;
+        for (let d = 0; d < hd; d++) {
+          const from = old + (v + d) * this.capacity;
+          heap.copyWithin(now + (v + d) * capacity, from, from + n);
+        }
+      }
+    }
+    this.arena.free(this.base);
+    this.base = next;
     this.capacity = capacity;
   }
 
-  /** drops the arrays so they can be collected */
+  /**
+   * Writes keys and values of nTokens positions from `pos` for layer l.
+   * k, v: [nTokens × nHeadKv × headDim] (keys already rotated)
+   */
+  write(l: number, pos: number, k: Float32Array, v: Float32Array, nTokens: number): void {
+    const heap = this.arena.heap;
+    const { headDim: hd, capacity: cap, kvDim } = this;
+    for (let h = 0; h < this.nHeadKv; h++) {
+      const kh = this.keys(l, h) >> 2, vh = this.values(l, h) >> 2;
+      for (let t = 0; t < nTokens; t++) {
+        const src = t * kvDim + h * hd;
+        heap.set(k.subarray(src, src + hd), kh + (pos + t) * hd);
+        for (let d = 0; d < hd; d++) heap[vh + d * cap + pos + t] = v[src + d]!;
+      }
+    }
+  }
+
+  /** returns the region to the arena */
   free(): void {
-    this.keys = [];
-    this.values = [];
+    if (this.base >= 0) this.arena.free(this.base);
+    this.base = -1;
     this.capacity = 0;
   }
+
+  private regionBytes(capacity: number): number {
+    return 2 * this.nLayers * this.nHeadKv * capacity * this.headDim * 4;
+  }
+}
+
+function round4(n: number): number {
+  return Math.ceil(n / 4) * 4;
 }

@@ -1,9 +1,12 @@
 // A minimal WebAssembly assembler for the CPU engine's hand-written SIMD kernels: LEB128,
-// sections, and the handful of opcodes they use (SIMD ones carry the 0xFD prefix).
+// sections, a function builder with typed locals, and the opcodes the kernels use (SIMD ones
+// carry the 0xFD prefix). No toolchain is needed to build the project, and every kernel reads
+// as the loop it is.
 
 export const I32 = 0x7f;
-export const V128 = 0x7b;
 export const F32 = 0x7d;
+export const V128 = 0x7b;
+export type ValType = typeof I32 | typeof F32 | typeof V128;
 
 export function uleb(n: number): number[] {
   const out: number[] = [];
@@ -14,6 +17,21 @@ export function uleb(n: number): number[] {
     out.push(b);
   } while (n !== 0);
   return out;
+}
+
+/** signed LEB128 of a 32-bit integer */
+export function sleb(n: number): number[] {
+  const out: number[] = [];
+  n |= 0;
+  for (;;) {
+    const b = n & 0x7f;
+    n >>= 7;
+    if ((n === 0 && (b & 0x40) === 0) || (n === -1 && (b & 0x40) !== 0)) {
+      out.push(b);
+      return out;
+    }
+    out.push(b | 0x80);
+  }
 }
 
 export function section(id: number, body: number[]): number[] {
@@ -29,75 +47,152 @@ export function str(s: string): number[] {
   return [...uleb(b.length), ...b];
 }
 
+const simd = (code: number) => [0xfd, ...uleb(code)];
+/** memarg: alignment exponent, then a constant byte offset */
+const mem = (align: number, offset: number) => [align, ...uleb(offset)];
+
 export const op = {
   get: (i: number) => [0x20, ...uleb(i)],
   set: (i: number) => [0x21, ...uleb(i)],
-  i32Const: (v: number) => [0x41, ...uleb(v)], // small non-negative constants only
-  i32Add: [0x6a],
-  i32Shl: [0x74],
-  i32LtU: [0x49],
+  tee: (i: number) => [0x22, ...uleb(i)],
+  call: (f: number) => [0x10, ...uleb(f)],
+  block: [0x02, 0x40],
   loop: [0x03, 0x40],
-  brIf: (d: number) => [0x0d, ...uleb(d)],
+  if: [0x04, 0x40],
+  else: [0x05],
   end: [0x0b],
-  v128Load: [0xfd, 0x00, 0x02, 0x00], // align 2^2, offset 0
-  f32x4Add: [0xfd, 0xe4, 0x01],
-  f32x4Mul: [0xfd, 0xe6, 0x01],
-  extract: (lane: number) => [0xfd, 0x1f, lane],
-  f32Add: [0x92],
-  f32Store: (offset: number) => [0x38, 0x02, ...uleb(offset)],
-  f32Load: [0x2a, 0x02, 0x00],
-  v128LoadAt: (offset: number) => [0xfd, 0x00, 0x00, ...uleb(offset)],
+  br: (d: number) => [0x0c, ...uleb(d)],
+  brIf: (d: number) => [0x0d, ...uleb(d)],
+  i32Const: (v: number) => [0x41, ...sleb(v)],
+  f32Const: (v: number) => [0x43, ...new Uint8Array(Float32Array.of(v).buffer)],
+  i32Eqz: [0x45],
+  i32LtS: [0x48],
+  i32LtU: [0x49],
+  i32GtS: [0x4a],
+  i32LeS: [0x4c],
+  i32GeS: [0x4e],
+  i32Add: [0x6a],
+  i32Sub: [0x6b],
+  i32Mul: [0x6c],
+  i32And: [0x71],
+  i32Shl: [0x74],
+  i32ShrS: [0x75],
   i32ShrU: [0x76],
+  f32Load: (offset = 0) => [0x2a, ...mem(2, offset)],
+  f32Store: (offset = 0) => [0x38, ...mem(2, offset)],
+  f32Add: [0x92],
+  f32Sub: [0x93],
   f32Mul: [0x94],
-  f32x4Splat: [0xfd, 0x13],
-  i16x8ExtendLowI8x16S: [0xfd, 0x87, 0x01],
-  i16x8ExtendHighI8x16S: [0xfd, 0x88, 0x01],
-  i32x4DotI16x8S: [0xfd, 0xba, 0x01],
-  i32x4Add: [0xfd, 0xae, 0x01],
-  f32x4ConvertI32x4S: [0xfd, 0xfa, 0x01],
+  f32Max: [0x97],
+  v128Load: (offset = 0) => [...simd(0x00), ...mem(0, offset)],
+  v128Store: (offset = 0) => [...simd(0x0b), ...mem(0, offset)],
+  v128Load32Splat: (offset = 0) => [...simd(0x09), ...mem(0, offset)],
+  v128Const0: [...simd(0x0c), ...new Array<number>(16).fill(0)],
+  /** i8x16.shuffle of the two operands by 16 lane indices (0–15 first, 16–31 second) */
+  shuffle: (lanes: number[]) => [...simd(0x0d), ...lanes],
+  f32x4Splat: simd(0x13),
+  extract: (lane: number) => [...simd(0x1f), lane],
+  i16x8ExtendLowI8x16S: simd(0x87),
+  i16x8ExtendHighI8x16S: simd(0x88),
+  i32x4Add: simd(0xae),
+  i32x4DotI16x8S: simd(0xba),
+  f32x4Add: simd(0xe4),
+  f32x4Sub: simd(0xe5),
+  f32x4Mul: simd(0xe6),
+  f32x4Max: simd(0xe9),
+  f32x4ConvertI32x4S: simd(0xfa),
 };
+
+/** i32 lanes as byte indices for `op.shuffle`: lane a of the first operand is a, of the second 4 + a */
+export function lanes32(...idx: number[]): number[] {
+  return idx.flatMap((i) => [4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3]);
+}
+
+/**
+ * One function being assembled: `params` i32 parameters (locals 0 … params−1), more locals
+ * declared as needed, and code appended with `emit`.
+ */
+export class FnBuilder {
+  private readonly runs: [number, ValType][] = [];
+  private nextLocal: number;
+  readonly code: number[] = [];
+
+  constructor(readonly params: number) {
+    this.nextLocal = params;
+  }
+
+  local(type: ValType): number {
+    const last = this.runs.at(-1);
+    if (last && last[1] === type) last[0]++;
+    else this.runs.push([1, type]);
+    return this.nextLocal++;
+  }
+
+  locals(type: ValType, n: number): number[] {
+    return Array.from({ length: n }, () => this.local(type));
+  }
+
+  emit(...parts: number[][]): this {
+    for (const p of parts) this.code.push(...p);
+    return this;
+  }
+
+  /** `counter += step` for an i32 local */
+  inc(counter: number, step: number): this {
+    return this.emit(op.get(counter), op.i32Const(step), op.i32Add, op.set(counter));
+  }
+
+  /** the code-section entry: size, local declarations, code, end */
+  body(): number[] {
+    const body = [...vec(this.runs.map(([n, t]) => [...uleb(n), t])), ...this.code, ...op.end];
+    return [...uleb(body.length), ...body];
+  }
+}
 
 /** sum of the four lanes of the f32x4 in local `v`: ((v0 + v1) + v2) + v3 */
 export function hsum(v: number): number[] {
   return [...op.get(v), ...op.extract(0), ...op.get(v), ...op.extract(1), ...op.f32Add, ...op.get(v), ...op.extract(2), ...op.f32Add, ...op.get(v), ...op.extract(3), ...op.f32Add];
 }
 
-/** One exported kernel: its name, how many i32 parameters it takes, and its encoded body. */
+/** One function of a kernel module: i32 parameters, no results; exported when it has a name. */
 export interface KernelFunction {
-  name: string;
+  name?: string;
   params: number;
-  /** size-prefixed locals + code, as a code-section entry */
+  /** size-prefixed locals + code, as a code-section entry (FnBuilder.body()) */
   body: number[];
 }
 
 /**
- * A module of kernels over an imported memory `env.mem`: function i has type i (its i32
- * parameters, no results) and is exported under its name.
+ * A module of kernels over an imported memory `env.mem` (shared or not: a module must match the
+ * memory it links to). Function i has its own type (its i32 parameters) and calls others by index.
  */
-export function kernelModuleBytes(kernels: readonly KernelFunction[]): Uint8Array<ArrayBuffer> {
+export function kernelModuleBytes(kernels: readonly KernelFunction[], shared: boolean): Uint8Array<ArrayBuffer> {
   const type = (params: number) => [0x60, ...vec(Array.from({ length: params }, () => [I32])), 0x00];
+  // limits: 0x00 min; 0x03 shared with min and max (a shared memory must declare a maximum)
+  const limits = shared ? [0x03, 0x00, ...uleb(65536)] : [0x00, 0x00];
+  const exported = kernels.map((k, i) => [k, i] as const).filter(([k]) => k.name);
   const bytes = [
     0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // "\0asm", version 1
     ...section(1, vec(kernels.map((k) => type(k.params)))),
-    ...section(2, vec([[...str('env'), ...str('mem'), 0x02, 0x00, 0x00]])), // memory import, min 0 pages
+    ...section(2, vec([[...str('env'), ...str('mem'), 0x02, ...limits]])),
     ...section(3, vec(kernels.map((_, i) => [i]))),
-    ...section(7, vec(kernels.map((k, i) => [...str(k.name), 0x00, i]))),
+    ...section(7, vec(exported.map(([k, i]) => [...str(k.name!), 0x00, i]))),
     ...section(10, vec(kernels.map((k) => k.body))),
   ];
   return new Uint8Array(bytes);
 }
 
-/** Compiles `bytes()` once, on first call; null from then on where compiling failed (no SIMD). */
-export function lazyModule(bytes: () => Uint8Array<ArrayBuffer>): () => WebAssembly.Module | null {
-  let compiled: WebAssembly.Module | null | undefined;
-  return () => {
-    if (compiled === undefined) {
+/** Compiles once per memory kind, on first call; null from then on where compiling failed (no SIMD). */
+export function lazyModule(bytes: (shared: boolean) => Uint8Array<ArrayBuffer>): (shared: boolean) => WebAssembly.Module | null {
+  const compiled = new Map<boolean, WebAssembly.Module | null>();
+  return (shared) => {
+    if (!compiled.has(shared)) {
       try {
-        compiled = new WebAssembly.Module(bytes());
+        compiled.set(shared, new WebAssembly.Module(bytes(shared)));
       } catch {
-        compiled = null;
+        compiled.set(shared, null);
       }
     }
-    return compiled;
+    return compiled.get(shared)!;
   };
 }

@@ -1,6 +1,6 @@
 // The weights of one shard, as the CPU engine computes with them: norms and biases as f32
-// vectors, projection matrices as `Matrix` (dense f32, or the file's quantised bytes with
-// rows dequantised tile by tile while multiplying).
+// vectors, projection matrices as `Matrix` (./matrices.ts: dense f32 or int8 in the engine's
+// WasmArena, or the file's quantised bytes with rows dequantised tile by tile while multiplying).
 
 import { MeshError } from '../../errors.ts';
 import { canDequantize, dequantize, dequantizeRow } from '../../gguf/dequant.ts';
@@ -10,11 +10,13 @@ import type { TensorInfo, TensorSource } from '../../gguf/types.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { OUTPUT_NORM_TENSOR, OUTPUT_TENSOR, TOKEN_EMBD_TENSOR, shardHasEmbedding, shardHasHead, shardTensors } from '../shard.ts';
 import type { ShardRange } from '../types.ts';
-import { activationFormatFor, roundActivations } from './act-round.ts';
-import type { ActivationFormat } from './act-round.ts';
-import { matmulRows } from './ops.ts';
-import { tryWasmArena } from './wasm-matmul.ts';
-import type { WasmArena } from './wasm-matmul.ts';
+import { activationFormatFor } from './act-round.ts';
+import { DenseMatrix, Int8Matrix, QuantizedMatrix } from './matrices.ts';
+import type { Matrix } from './matrices.ts';
+import { MAX_ARENA_BYTES, WasmArena, wasmSimdAvailable } from './wasm-arena.ts';
+import type { ArenaOptions } from './wasm-arena.ts';
+
+export type { Matrix } from './matrices.ts';
 
 /**
  * How matrices are kept in memory. 'auto' (default): Q8_0 and Q4_0 as 8-bit integers with a
@@ -32,104 +34,6 @@ const INT8_TYPES = new Set<GgmlType>([GgmlType.Q8_0, GgmlType.Q4_0]);
  * f16 weight (see ./act-round.ts), so results agree with it to ~1e-5; 'none': exact f32.
  */
 export type ActivationRounding = 'ggml' | 'none';
-
-/** Weight rows dequantised per tile when multiplying a quantised matrix. */
-const TILE_ROWS = 16;
-
-/** A weight matrix of `rows` output features × `cols` input features (ggml shape [cols, rows]). */
-export interface Matrix {
-  readonly name: string;
-  readonly rows: number;
-  readonly cols: number;
-  /** bytes this matrix occupies in memory */
-  readonly bytes: number;
-  /** y = x · selfᵀ. x: [nTokens × cols]; y: [nTokens × rows] */
-  matmul(y: Float32Array, x: Float32Array, nTokens: number): void;
-  /** copies row r, as f32, into out[outOffset …]. out: [cols] */
-  row(r: number, out: Float32Array, outOffset: number): void;
-}
-
-class DenseMatrix implements Matrix {
-  constructor(
-    readonly name: string,
-    readonly rows: number,
-    readonly cols: number,
-    /** [rows × cols] f32, inside `arena` when there is one */
-    readonly data: Float32Array,
-    /** how activations are rounded before multiplying */
-    readonly activation: ActivationFormat,
-    /** the WebAssembly SIMD arena holding `data`, or null for the JS loop */
-    readonly arena: WasmArena | null,
-  ) {}
-  get bytes(): number {
-    return this.data.byteLength;
-  }
-  matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
-    const xr = roundActivations(x, nTokens, this.cols, this.activation);
-    if (this.arena) this.arena.matmul(y, xr, this.data, nTokens, this.cols, this.rows);
-    else matmulRows(y, xr, this.data, nTokens, this.cols, this.rows, 0, this.rows, 0);
-  }
-  row(r: number, out: Float32Array, outOffset: number): void {
-    out.set(this.data.subarray(r * this.cols, (r + 1) * this.cols), outOffset);
-  }
-}
-
-class QuantizedMatrix implements Matrix {
-  private readonly rowBytes: number;
-  private readonly tile: Float32Array; // [TILE_ROWS × cols] f32 scratch
-
-  constructor(
-    readonly name: string,
-    readonly rows: number,
-    readonly cols: number,
-    readonly type: GgmlType,
-    /** the tensor's bytes as stored in the file: rows × rowBytes */
-    readonly data: Uint8Array,
-    readonly activation: ActivationFormat,
-  ) {
-    const t = TYPE_TRAITS[type]!;
-    this.rowBytes = (cols / t.blockSize) * t.typeSize;
-    this.tile = new Float32Array(TILE_ROWS * cols);
-  }
-  get bytes(): number {
-    return this.data.byteLength;
-  }
-  matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
-    const xr = roundActivations(x, nTokens, this.cols, this.activation);
-    for (let r0 = 0; r0 < this.rows; r0 += TILE_ROWS) {
-      const r1 = Math.min(r0 + TILE_ROWS, this.rows);
-      dequantizeRow(this.type, this.data, r0 * this.rowBytes, (r1 - r0) * this.cols, this.tile, 0);
-      matmulRows(y, xr, this.tile, nTokens, this.cols, this.rows, r0, r1, 0);
-    }
-  }
-  row(r: number, out: Float32Array, outOffset: number): void {
-    dequantizeRow(this.type, this.data, r * this.rowBytes, this.cols, out, outOffset);
-  }
-}
-
-/** int8 weights with an f32 scale per 32-block, in a WasmArena; activations quantised to Q8_0. */
-class Int8Matrix implements Matrix {
-  constructor(
-    readonly name: string,
-    readonly rows: number,
-    readonly cols: number,
-    /** [rows × cols] int8 */
-    readonly q: Int8Array,
-    /** [rows × cols/32] f32 (the f16 block scales, widened) */
-    readonly d: Float32Array,
-    readonly arena: WasmArena,
-  ) {}
-  get bytes(): number {
-    return this.q.byteLength + this.d.byteLength;
-  }
-  matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
-    this.arena.matmulQ8(y, x, this.q, this.d, nTokens, this.cols, this.rows);
-  }
-  row(r: number, out: Float32Array, outOffset: number): void {
-    const o = r * this.cols;
-    for (let j = 0; j < this.cols; j++) out[outOffset + j] = this.q[o + j]! * this.d[(o + j) >> 5]!;
-  }
-}
 
 /** Widens Q8_0 / Q4_0 bytes into int8 values and f32 block scales. */
 function unpackInt8(type: GgmlType, raw: Uint8Array, n: number, q: Int8Array, d: Float32Array): void {
@@ -176,6 +80,8 @@ export interface ShardWeights {
   output: Matrix | null;
   /** bytes held in memory */
   bytes: number;
+  /** the memory the matrices, KV caches and activations live in */
+  arena: WasmArena;
 }
 
 /**
@@ -190,6 +96,7 @@ export async function loadShardWeights(
   storage: WeightStorage,
   rounding: ActivationRounding = 'ggml',
   simd = true,
+  arenaOptions: Omit<ArenaOptions, 'simd'> = {},
 ): Promise<ShardWeights> {
   const infos = shardTensors(source.header, shard, config.nLayer);
   for (const t of infos) {
@@ -219,13 +126,16 @@ export async function loadShardWeights(
   };
   const optionalVector = (name: string, length: number): Float32Array | null => (optional(name) ? vector(name, length) : null);
 
-  // matrices go into one WebAssembly arena, sized up front (it never grows)
-  const int8Ok = storage === 'auto' && rounding === 'ggml' && simd;
+  // matrices go into one WebAssembly memory, sized up front for them (it grows for KV caches)
+  const int8Ok = storage === 'auto' && rounding === 'ggml' && simd && wasmSimdAvailable();
   const asInt8 = (t: TensorInfo) => int8Ok && INT8_TYPES.has(t.type) && t.shape[0]! % 32 === 0 && t.shape[1]! % 4 === 0;
-  const arenaBytes = infos
-    .filter((t) => t.shape.length === 2 && (storage !== 'quantized' || t.type === GgmlType.F32))
-    .reduce((sum, t) => sum + (asInt8(t) ? t.nElements + t.nElements / 8 + 32 : t.nElements * 4 + 16), 0);
-  const arena = simd && arenaBytes > 0 ? tryWasmArena(arenaBytes) : null;
+  const arenaBytes = (s: WeightStorage) =>
+    infos
+      .filter((t) => t.shape.length === 2 && (s !== 'quantized' || t.type === GgmlType.F32))
+      .reduce((sum, t) => sum + (asInt8(t) ? t.nElements + t.nElements / 8 + 32 : t.nElements * 4 + 16), 0);
+  // weights too large for one WebAssembly memory stay as the file's blocks, dequantised per tile
+  if (storage !== 'quantized' && arenaBytes(storage) > MAX_ARENA_BYTES / 2) storage = 'quantized';
+  const arena = new WasmArena(arenaBytes(storage) + (1 << 20), { ...arenaOptions, simd });
 
   let bytes = 0;
   const made = new Map<string, Matrix>();
@@ -240,18 +150,16 @@ export async function loadShardWeights(
     const activation = rounding === 'ggml' ? activationFormatFor(t.type) : 'f32';
     let m: Matrix;
     if (storage === 'quantized' && t.type !== GgmlType.F32) {
-      m = new QuantizedMatrix(name, rows, cols, t.type, raw, activation);
-    } else if (arena?.hasInt8 && asInt8(t)) {
-      const q = arena.allocInt8(t.nElements); // [rows × cols] int8
-      const d = arena.alloc(t.nElements / 32); // [rows × cols/32] f32
-      unpackInt8(t.type, raw, t.nElements, q, d);
+      m = new QuantizedMatrix(name, rows, cols, t.type, raw, activation, arena);
+    } else if (asInt8(t)) {
+      const q = arena.alloc(t.nElements); // [rows × cols] int8
+      const d = arena.alloc(t.nElements / 8); // [rows × cols/32] f32
+      unpackInt8(t.type, raw, t.nElements, arena.i8(q, t.nElements), arena.f32(d, t.nElements / 32));
       m = new Int8Matrix(name, rows, cols, q, d, arena);
-    } else if (arena) {
-      const view = arena.alloc(t.nElements); // [rows × cols] f32
-      dequantizeRow(t.type, raw, 0, t.nElements, view, 0);
-      m = new DenseMatrix(name, rows, cols, view, activation, arena);
     } else {
-      m = new DenseMatrix(name, rows, cols, dequantize(t.type, raw, t.nElements), activation, null);
+      const w = arena.alloc(t.nElements * 4); // [rows × cols] f32
+      dequantizeRow(t.type, raw, 0, t.nElements, arena.heap, w >> 2);
+      m = new DenseMatrix(name, rows, cols, w, activation, arena);
     }
     made.set(name, m);
     bytes += m.bytes;
@@ -294,5 +202,5 @@ export async function loadShardWeights(
       ? (tokenEmbd ?? matrix(TOKEN_EMBD_TENSOR, nEmbd, config.nVocab))
       : matrix(OUTPUT_TENSOR, nEmbd, config.nVocab);
   }
-  return { tokenEmbd, layers, outputNorm, output, bytes };
+  return { tokenEmbd, layers, outputNorm, output, bytes, arena };
 }

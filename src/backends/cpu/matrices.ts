@@ -1,0 +1,162 @@
+// A shard's weight matrices as the CPU engine multiplies them, all inside the WasmArena:
+// dense f32, int8 with a scale per 32-block (Q8_0 as stored, Q4_0 widened), or the file's
+// quantised bytes dequantised 16 rows at a time into the arena. Inputs and outputs that are
+// views into the arena (the forward pass's activations) are used in place; others are staged.
+
+import { dequantizeRow } from '../../gguf/dequant.ts';
+import { TYPE_TRAITS } from '../../gguf/types.ts';
+import type { GgmlType } from '../../gguf/types.ts';
+import { quantizeRowsQ8_0, roundActivations } from './act-round.ts';
+import type { ActivationFormat } from './act-round.ts';
+import type { WasmArena } from './wasm-arena.ts';
+
+/** A weight matrix of `rows` output features × `cols` input features (ggml shape [cols, rows]). */
+export interface Matrix {
+  readonly name: string;
+  readonly rows: number;
+  readonly cols: number;
+  /** bytes this matrix occupies in memory */
+  readonly bytes: number;
+  /** y = x · selfᵀ. x: [nTokens × cols]; y: [nTokens × rows] */
+  matmul(y: Float32Array, x: Float32Array, nTokens: number): void;
+  /** copies row r, as f32, into out[outOffset …]. out: [cols] */
+  row(r: number, out: Float32Array, outOffset: number): void;
+}
+
+/** Weight rows dequantised per tile when multiplying a quantised matrix. */
+const TILE_ROWS = 16;
+
+/** Where x and y of one matmul live: arena byte offsets (staged copies for arrays outside it). */
+interface Io {
+  x: number;
+  y: number;
+  /** copies a staged y back to the caller's array */
+  finish(): void;
+}
+
+/**
+ * Offsets for x ([n × cols] f32, or `xBytes` of anything) and y ([n × rows] f32). Offsets of
+ * arena views are taken before staging can grow the memory (which detaches unshared views).
+ */
+function io(arena: WasmArena, y: Float32Array, yFloats: number, x: Float32Array, xFloats: number, extra = 0): Io & { extra: number } {
+  let xOff = arena.offsetOf(x);
+  let yOff = arena.offsetOf(y);
+  const xStage = xOff < 0 ? Math.ceil(xFloats / 4) * 16 : 0;
+  const yStage = yOff < 0 ? Math.ceil(yFloats / 4) * 16 : 0;
+  const base = arena.staging(xStage + yStage + extra);
+  if (xOff < 0) {
+    xOff = base;
+    arena.heap.set(x.subarray(0, xFloats), xOff >> 2);
+  }
+  if (yOff < 0) yOff = base + xStage;
+  const staged = yStage > 0;
+  return {
+    x: xOff,
+    y: yOff,
+    extra: base + xStage + yStage,
+    finish: () => {
+      if (staged) y.set(arena.f32(yOff, yFloats));
+    },
+  };
+}
+
+/** y[:, 0 … rows) = x · wᵀ for f32 w at byte offset `w` (rows × cols): the kernel on groups of 4 rows, JS on the rest. */
+function mmDense(arena: WasmArena, w: number, rows: number, cols: number, yOff: number, ys: number, xOff: number, n: number): void {
+  const rows4 = cols % 4 === 0 ? rows - (rows % 4) : 0;
+  if (rows4 > 0) arena.mmF32(xOff, cols * 4, w, cols * 4, yOff, ys, cols, n, 0, rows4);
+  if (rows4 < rows) arena.mmF32Js(xOff, cols * 4, w, cols * 4, yOff, ys, cols, n, rows4, rows);
+}
+
+export class DenseMatrix implements Matrix {
+  constructor(
+    readonly name: string,
+    readonly rows: number,
+    readonly cols: number,
+    /** byte offset of [rows × cols] f32 in the arena */
+    readonly offset: number,
+    /** how activations are rounded before multiplying */
+    readonly activation: ActivationFormat,
+    readonly arena: WasmArena,
+  ) {}
+  get bytes(): number {
+    return this.rows * this.cols * 4;
+  }
+  matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
+    const xr = roundActivations(x, nTokens, this.cols, this.activation);
+    const p = io(this.arena, y, nTokens * this.rows, xr, nTokens * this.cols);
+    mmDense(this.arena, this.offset, this.rows, this.cols, p.y, this.rows * 4, p.x, nTokens);
+    p.finish();
+  }
+  row(r: number, out: Float32Array, outOffset: number): void {
+    out.set(this.arena.f32(this.offset + r * this.cols * 4, this.cols), outOffset);
+  }
+}
+
+/** The file's quantised bytes (outside the arena), dequantised TILE_ROWS rows at a time into it. */
+export class QuantizedMatrix implements Matrix {
+  private readonly rowBytes: number;
+
+  constructor(
+    readonly name: string,
+    readonly rows: number,
+    readonly cols: number,
+    readonly type: GgmlType,
+    /** the tensor's bytes as stored in the file: rows × rowBytes */
+    readonly data: Uint8Array,
+    readonly activation: ActivationFormat,
+    readonly arena: WasmArena,
+  ) {
+    const t = TYPE_TRAITS[type]!;
+    this.rowBytes = (cols / t.blockSize) * t.typeSize;
+  }
+  get bytes(): number {
+    return this.data.byteLength;
+  }
+  matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
+    const xr = roundActivations(x, nTokens, this.cols, this.activation);
+    const p = io(this.arena, y, nTokens * this.rows, xr, nTokens * this.cols, TILE_ROWS * this.cols * 4);
+    const tile = p.extra; // [TILE_ROWS × cols] f32
+    for (let r0 = 0; r0 < this.rows; r0 += TILE_ROWS) {
+      const r1 = Math.min(r0 + TILE_ROWS, this.rows);
+      dequantizeRow(this.type, this.data, r0 * this.rowBytes, (r1 - r0) * this.cols, this.arena.heap, tile >> 2);
+      mmDense(this.arena, tile, r1 - r0, this.cols, p.y + r0 * 4, this.rows * 4, p.x, nTokens);
+    }
+    p.finish();
+  }
+  row(r: number, out: Float32Array, outOffset: number): void {
+    dequantizeRow(this.type, this.data, r * this.rowBytes, this.cols, out, outOffset);
+  }
+}
+
+/** int8 weights with an f32 scale per 32-block; activations quantised to Q8_0 (ggml's rounding). */
+export class Int8Matrix implements Matrix {
+  constructor(
+    readonly name: string,
+    readonly rows: number,
+    readonly cols: number,
+    /** byte offset of [rows × cols] int8 */
+    readonly q: number,
+    /** byte offset of [rows × cols/32] f32 (the f16 block scales, widened) */
+    readonly d: number,
+    readonly arena: WasmArena,
+  ) {}
+  get bytes(): number {
+    return this.rows * this.cols + (this.rows * this.cols) / 8;
+  }
+  matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
+    const { arena, cols, rows } = this;
+    const n = nTokens;
+    const xqBytes = Math.ceil((n * cols) / 16) * 16;
+    const p = io(arena, y, n * rows, x, n * cols, xqBytes + (n * cols) / 8);
+    const xq = p.extra; // [n × cols] int8
+    const xd = xq + xqBytes; // [n × cols/32] f32
+    quantizeRowsQ8_0(arena.f32(p.x, n * cols), n, cols, arena.bytes, xq, arena.heap, xd >> 2);
+    arena.mmQ8!(xq, cols, xd, cols / 8, this.q, this.d, p.y, rows * 4, cols, n, 0, rows);
+    p.finish();
+  }
+  row(r: number, out: Float32Array, outOffset: number): void {
+    const q = this.arena.i8(this.q + r * this.cols, this.cols);
+    const d = this.arena.f32(this.d + (r * this.cols) / 8, this.cols / 32);
+    for (let j = 0; j < this.cols; j++) out[outOffset + j] = q[j]! * d[j >> 5]!;
+  }
+}

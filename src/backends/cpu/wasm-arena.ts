@@ -1,0 +1,223 @@
+// The CPU engine's memory: one WebAssembly.Memory holding a shard's matrices, the sessions' KV
+// caches and the activations of the forward pass in flight, so every kernel reads and writes
+// it in place (no copies in or out). Regions are allocated and freed by byte offset; the
+// memory grows when full (up to 4 GiB, wasm32's limit). A shared memory (SharedArrayBuffer)
+// lets worker threads run the same kernels over the same bytes (./compute-pool.ts).
+//
+// Growing an unshared memory detaches its old ArrayBuffer, so nothing keeps a typed-array view
+// across an allocation: callers hold offsets and ask for views (`f32`, `i8`) when they compute.
+
+import { MeshError } from '../../errors.ts';
+import { f32KernelModule } from './wasm-f32.ts';
+import type { MmF32 } from './wasm-f32.ts';
+import { q8KernelModule } from './wasm-q8.ts';
+import type { MmQ8 } from './wasm-q8.ts';
+
+const PAGE = 65536;
+/** wasm32 addresses 4 GiB; the last page stays unused so every offset fits an i32 comparison */
+export const MAX_ARENA_BYTES = 65535 * PAGE;
+const ALIGN = 16;
+
+export function wasmSimdAvailable(): boolean {
+  return f32KernelModule(false) !== null;
+}
+
+/** whether this thread can share a WebAssembly memory with workers */
+export function sharedMemoryAvailable(): boolean {
+  if (typeof SharedArrayBuffer === 'undefined') return false;
+  const isolated = (globalThis as { crossOriginIsolated?: boolean }).crossOriginIsolated;
+  return isolated !== false; // Node has no such flag; pages need cross-origin isolation
+}
+
+interface Block {
+  offset: number;
+  bytes: number;
+}
+
+export interface ArenaOptions {
+  /** a shared memory, for worker threads (default false) */
+  shared?: boolean;
+  /** false: kernels in JS (for tests and hosts without WebAssembly SIMD) */
+  simd?: boolean;
+}
+
+export class WasmArena {
+  readonly memory: WebAssembly.Memory;
+  readonly shared: boolean;
+  /** y = x · wᵀ over rows [r0, r1), a multiple of 4 apart (./wasm-f32.ts; the JS loop without SIMD) */
+  readonly mmF32: MmF32;
+  /** whether mmF32 is the WebAssembly kernel */
+  readonly simd: boolean;
+  /** the int8 kernel (see ./wasm-q8.ts); null without WebAssembly SIMD */
+  readonly mmQ8: MmQ8 | null;
+  /** bytes below `top` are allocated or on the free list; above it the memory is unused */
+  private top = 0;
+  private readonly freeList: Block[] = []; // sorted by offset, never adjacent
+  private readonly sizes = new Map<number, number>();
+  private buffer: ArrayBuffer | SharedArrayBuffer | null = null;
+  private heapF32: Float32Array = new Float32Array(0);
+  private heapI8: Int8Array = new Int8Array(0);
+  /** every buffer the memory has had (a shared memory's views of older buffers stay valid) */
+  private readonly buffers = new WeakSet<ArrayBufferLike>();
+  private stagingOffset = -1;
+  private stagingBytes = 0;
+
+  /** a memory of at least `initialBytes`; throws WASM_TOO_LARGE past 4 GiB */
+  constructor(initialBytes: number, options: ArenaOptions = {}) {
+    this.shared = options.shared ?? false;
+    if (initialBytes > MAX_ARENA_BYTES) {
+      throw new MeshError('WASM_TOO_LARGE', `${initialBytes} bytes do not fit one WebAssembly memory (at most ${MAX_ARENA_BYTES})`);
+    }
+    const pages = Math.max(1, Math.ceil(initialBytes / PAGE));
+    this.memory = this.shared
+      ? new WebAssembly.Memory({ initial: pages, maximum: MAX_ARENA_BYTES / PAGE, shared: true })
+      : new WebAssembly.Memory({ initial: pages });
+    const simd = options.simd ?? true;
+    const f32 = simd ? f32KernelModule(this.shared) : null;
+    const q8 = simd ? q8KernelModule(this.shared) : null;
+    const imports = { env: { mem: this.memory } };
+    this.simd = f32 !== null;
+    this.mmF32 = f32 ? (new WebAssembly.Instance(f32, imports).exports.mm_f32 as MmF32) : this.mmF32Js;
+    this.mmQ8 = q8 ? (new WebAssembly.Instance(q8, imports).exports.mm_q8 as MmQ8) : null;
+  }
+
+  /** the whole memory as f32 (a fresh view after the memory grew) */
+  get heap(): Float32Array {
+    this.refresh();
+    return this.heapF32;
+  }
+
+  /** the whole memory as int8 */
+  get bytes(): Int8Array {
+    this.refresh();
+    return this.heapI8;
+  }
+
+  /** `floats` f32 at byte offset `offset` (16-aligned) */
+  f32(offset: number, floats: number): Float32Array {
+    return this.heap.subarray(offset >> 2, (offset >> 2) + floats);
+  }
+
+  i8(offset: number, n: number): Int8Array {
+    return this.bytes.subarray(offset, offset + n);
+  }
+
+  /** the byte offset of a view into this memory, or −1 for an array elsewhere */
+  offsetOf(view: Float32Array | Int8Array): number {
+    const b = view.buffer;
+    return b === this.memory.buffer || this.buffers.has(b) ? view.byteOffset : -1;
+  }
+
+  /**
+   * A scratch region of at least `bytes` for staging a kernel's inputs and outputs, valid until
+   * the next call. It grows (and may grow the memory) only when too small: a forward pass
+   * reserves what it needs before it takes views.
+   */
+  staging(bytes: number): number {
+    if (bytes > this.stagingBytes) {
+      if (this.stagingOffset >= 0) this.free(this.stagingOffset);
+      this.stagingBytes = Math.max(bytes, 2 * this.stagingBytes, 4096);
+      this.stagingOffset = this.alloc(this.stagingBytes);
+    }
+    return this.stagingOffset;
+  }
+
+  /** mmF32 in JS (f64 sums), for any row range: rows past a multiple of 4, hosts without SIMD */
+  readonly mmF32Js: MmF32 = (x, xs, w, ws, y, ys, nIn, nTok, r0, r1) => {
+    const h = this.heap;
+    for (let r = r0; r < r1; r++) {
+      const wo = (w + r * ws) >> 2;
+      for (let t = 0; t < nTok; t++) {
+        const xo = (x + t * xs) >> 2;
+        let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        let i = 0;
+        for (; i + 4 <= nIn; i += 4) {
+          s0 += h[xo + i]! * h[wo + i]!;
+          s1 += h[xo + i + 1]! * h[wo + i + 1]!;
+          s2 += h[xo + i + 2]! * h[wo + i + 2]!;
+          s3 += h[xo + i + 3]! * h[wo + i + 3]!;
+        }
+        for (; i < nIn; i++) s0 += h[xo + i]! * h[wo + i]!;
+        h[((y + t * ys) >> 2) + r] = s0 + s1 + s2 + s3;
+      }
+    }
+  };
+
+  /** bytes the memory holds (allocated, free and unused) */
+  get capacity(): number {
+    return this.memory.buffer.byteLength;
+  }
+
+  /** bytes allocated now */
+  get allocated(): number {
+    let n = 0;
+    for (const b of this.sizes.values()) n += b;
+    return n;
+  }
+
+  /** Reserves `bytes` (rounded up to 16) and returns its byte offset; `zero` clears it. */
+  alloc(bytes: number, zero = false): number {
+    const size = Math.max(ALIGN, Math.ceil(bytes / ALIGN) * ALIGN);
+    let offset = -1;
+    const i = this.freeList.findIndex((b) => b.bytes >= size);
+    if (i >= 0) {
+      const b = this.freeList[i]!;
+      offset = b.offset;
+      if (b.bytes === size) this.freeList.splice(i, 1);
+      else this.freeList[i] = { offset: b.offset + size, bytes: b.bytes - size };
+    } else {
+      offset = this.top;
+      this.ensure(this.top + size);
+      this.top += size;
+    }
+    this.sizes.set(offset, size);
+    if (zero) this.bytes.fill(0, offset, offset + size);
+    return offset;
+  }
+
+  /** Returns a region to the free list (merging it with free neighbours). */
+  free(offset: number): void {
+    const size = this.sizes.get(offset);
+    if (size === undefined) throw new MeshError('WASM_ARENA_FULL', `no allocation at offset ${offset}`);
+    this.sizes.delete(offset);
+    let block: Block = { offset, bytes: size };
+    let i = this.freeList.findIndex((b) => b.offset > offset);
+    if (i < 0) i = this.freeList.length;
+    const prev = this.freeList[i - 1];
+    if (prev && prev.offset + prev.bytes === offset) {
+      block = { offset: prev.offset, bytes: prev.bytes + size };
+      this.freeList.splice(--i, 1);
+    }
+    const next = this.freeList[i];
+    if (next && block.offset + block.bytes === next.offset) {
+      block = { offset: block.offset, bytes: block.bytes + next.bytes };
+      this.freeList.splice(i, 1);
+    }
+    if (block.offset + block.bytes === this.top) this.top = block.offset;
+    else this.freeList.splice(i, 0, block);
+  }
+
+  private ensure(bytes: number): void {
+    if (bytes > MAX_ARENA_BYTES) {
+      throw new MeshError('WASM_ARENA_FULL', `the CPU engine's memory would need ${bytes} bytes, more than one WebAssembly memory holds (${MAX_ARENA_BYTES})`);
+    }
+    const have = this.memory.buffer.byteLength;
+    if (bytes <= have) return;
+    // grow by at least an eighth, so appending sessions does not grow page by page
+    const want = Math.min(MAX_ARENA_BYTES, Math.max(bytes, have + have / 8));
+    try {
+      this.memory.grow(Math.ceil((want - have) / PAGE));
+    } catch (e) {
+      throw new MeshError('WASM_ARENA_FULL', `the CPU engine's memory could not grow to ${want} bytes: ${(e as Error).message}`);
+    }
+  }
+
+  private refresh(): void {
+    const buffer = this.memory.buffer;
+    if (buffer === this.buffer && this.heapF32.byteLength === buffer.byteLength) return;
+    this.buffer = buffer;
+    this.buffers.add(buffer);
+    this.heapF32 = new Float32Array(buffer);
+    this.heapI8 = new Int8Array(buffer);
+  }
+}

@@ -1,0 +1,94 @@
+// The CPU engine's memory and its attention over the KV cache: the arena's allocator and growth,
+// and attendCached (two kernel products per head) against the reference ops.attention, for
+// grouped KV heads, one token or a chunk, and a cache that grows between chunks.
+import { describe, expect, it } from 'vitest';
+import { attendCached, attentionScratchBytes } from '../src/backends/cpu/attention.ts';
+import { KvCache } from '../src/backends/cpu/kv-cache.ts';
+import { attention } from '../src/backends/cpu/ops.ts';
+import { WasmArena } from '../src/backends/cpu/wasm-arena.ts';
+import { isMeshError } from '../src/errors.ts';
+import { Prng } from '../src/model/prng.ts';
+
+function rand(n: number, seed = 1): Float32Array {
+  const p = new Prng(seed);
+  return Float32Array.from({ length: n }, () => p.next() * 2 - 1);
+}
+
+describe('WasmArena', () => {
+  it('allocates 16-byte aligned regions, reuses and merges freed ones, and grows keeping the bytes', () => {
+    const arena = new WasmArena(65536);
+    const a = arena.alloc(100);
+    const b = arena.alloc(40000);
+    const c = arena.alloc(16);
+    expect([a % 16, b % 16, c % 16]).toEqual([0, 0, 0]);
+    arena.f32(b, 4).set([1, 2, 3, 4]);
+    // past the first page: the memory grows, and what was written stays
+    const big = arena.alloc(200_000, true);
+    expect(arena.capacity).toBeGreaterThanOrEqual(big + 200_000);
+    expect([...arena.f32(b, 4)]).toEqual([1, 2, 3, 4]);
+    expect(arena.f32(big, 50_000).every((v) => v === 0)).toBe(true);
+    // freeing a and b leaves one merged hole that a region of their joint size fits
+    arena.free(a);
+    arena.free(b);
+    expect(arena.alloc(40000 + 112)).toBe(a);
+    expect(isMeshError(catchIt(() => arena.free(12345)))).toBe(true);
+  });
+
+  it('knows its own views: arrays elsewhere are staged, views are used in place', () => {
+    const arena = new WasmArena(65536);
+    const r = arena.alloc(64);
+    expect(arena.offsetOf(arena.f32(r, 16))).toBe(r);
+    expect(arena.offsetOf(new Float32Array(16))).toBe(-1);
+  });
+});
+
+function catchIt(f: () => void): unknown {
+  try {
+    f();
+    return undefined;
+  } catch (e) {
+    return e;
+  }
+}
+
+describe('attention over the KV cache', () => {
+  const shape = { nHead: 4, nHeadKv: 2, headDim: 8 };
+  const kvDim = shape.nHeadKv * shape.headDim;
+  const qDim = shape.nHead * shape.headDim;
+  const n = 300; // past the cache's first 256 positions
+
+  /** runs attendCached over the tokens in chunks of `chunk`; returns [n × qDim] */
+  function cached(q: Float32Array, k: Float32Array, v: Float32Array, chunk: number): Float32Array {
+    const arena = new WasmArena(1 << 16);
+    const kv = new KvCache(arena, 1, shape.nHeadKv, shape.headDim, 512);
+    const out = new Float32Array(n * qDim);
+    for (let pos = 0; pos < n; pos += chunk) {
+      const m = Math.min(chunk, n - pos);
+      kv.reserve(m);
+      const qo = arena.alloc(m * qDim * 4);
+      const oo = arena.alloc(m * qDim * 4);
+      const so = arena.alloc(attentionScratchBytes(shape, m, pos));
+      arena.f32(qo, m * qDim).set(q.subarray(pos * qDim, (pos + m) * qDim));
+      kv.write(0, pos, k.subarray(pos * kvDim), v.subarray(pos * kvDim), m);
+      attendCached(kv, 0, shape, qo, oo, m, pos, so);
+      out.set(arena.f32(oo, m * qDim), pos * qDim);
+      kv.length = pos + m;
+      for (const o of [qo, oo, so]) arena.free(o);
+    }
+    return out;
+  }
+
+  it('equals the reference (f32 sums vs f64: 1e-5), and a token gets the same bits in any chunk', () => {
+    const q = rand(n * qDim, 1);
+    const k = rand(n * kvDim, 2);
+    const v = rand(n * kvDim, 3);
+    const ref = new Float32Array(n * qDim);
+    attention(ref, q, k, v, n, 0, shape.nHead, shape.nHeadKv, shape.headDim);
+    const oneShot = cached(q, k, v, n);
+    let worst = 0;
+    for (let i = 0; i < ref.length; i++) worst = Math.max(worst, Math.abs(oneShot[i]! - ref[i]!));
+    expect(worst).toBeLessThan(1e-5);
+    // decode (one token, a KV head's query heads batched), odd chunks crossing the cache's growth
+    for (const chunk of [1, 7, 64]) expect(Buffer.from(cached(q, k, v, chunk).buffer).equals(Buffer.from(oneShot.buffer)), `chunk ${chunk}`).toBe(true);
+  });
+});
