@@ -48,6 +48,8 @@ export default defineConfig(({ mode }) => ({
           exclude: ['test/browser/**', 'node_modules/**'],
           environment: 'node',
           pool: 'forks',
+          // the CPU engine's fused multiply-add kernels, as in production (src/backends/cpu/node-threads.ts)
+          execArgv: ['--experimental-wasm-relaxed-simd'],
         },
       },
       {

@@ -1,12 +1,21 @@
-// `npm run bench -- engine [--threads N] [--only stories|synthetic]`: prompt and decode tok/s
-// of the CPU reference engine and the llama.cpp backend (node-llama-cpp), each with its ratio
-// to bare llama.cpp (libllama through FFI, same threads) measured in the same run, on
-// stories260K and on a synthetic ~250M-parameter Q8_0 model (1024 embd, 16 layers), which is
-// made once into .cache/models.
+// `npm run bench -- engine [--threads 1,2] [--only stories|synthetic] [--rounds 5] [--f32]`:
+// prompt and decode tok/s of the CPU reference engine and both llama.cpp backends — the
+// node-llama-cpp generator (generate --backend llamacpp) and the FFI stage a route node serves
+// (LlamaCppStage) — each with its ratio to bare llama.cpp (libllama through FFI, same threads)
+// measured in the same run, rounds interleaved, best of each kept. Models: stories260K, and a
+// synthetic ~250M-parameter Q8_0 model (1024 embd, 16 layers, made once into .cache/models).
+// Then each stage's resident memory against its shard and KV bytes, in a process of its own.
+// Goals (250M model, the most threads asked for): CPU engine decode ≥ 0.6× and prefill ≥ 0.5×
+// bare llama.cpp, both llama.cpp backends ≥ 0.95×, CPU stage memory ≤ 1.15× shard + KV.
+import { execFileSync } from 'node:child_process';
+import { availableParallelism } from 'node:os';
+import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { CpuBackend } from '../src/backends/cpu/backend.ts';
+import { createNodeCpuBackend } from '../src/backends/cpu/node-threads.ts';
 import { LlamaModelFfi } from '../src/backends/llamacpp/ffi.ts';
 import { LlamaCppModel } from '../src/backends/llamacpp/generator.ts';
+import { LlamaCppStage } from '../src/backends/llamacpp/stage.ts';
+import type { StageBackend } from '../src/backends/types.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import { configFromHeader } from '../src/model/config.ts';
 import { argmax } from '../src/model/sampler.ts';
@@ -16,6 +25,8 @@ import { StepperGenerator } from '../src/route/generation-loop.ts';
 import type { GenerationTimings, TextGenerator } from '../src/model/generation-output.ts';
 import { stories260K } from '../test/support/models.ts';
 import { syntheticModel } from '../test/support/synthetic.ts';
+import { finishLoad, goal, machineLoad, round2 } from './lib/goals.ts';
+import type { Goal } from './lib/goals.ts';
 
 interface Speed {
   prompt_tok_s: number;
@@ -27,14 +38,9 @@ interface ModelCase {
   path: string;
   promptTokens: number;
   decodeTokens: number;
-  /** has Q8_0/Q4_0 weights, which the CPU engine keeps as int8 by default */
-  quantized?: boolean;
+  /** the case the goals are checked on */
+  goals?: boolean;
 }
-
-const round = (x: number) => Math.round(x * 100) / 100;
-
-/** rounds per measurement; the best of each is kept (the machine may be shared) */
-const REPEATS = 3;
 
 const ZERO: Speed = { prompt_tok_s: 0, decode_tok_s: 0 };
 
@@ -59,7 +65,7 @@ async function timeGenerator(gen: TextGenerator, prompt: number[], n: number): P
 }
 
 function speedOf(t: GenerationTimings): Speed {
-  return { prompt_tok_s: round(t.prompt_tok_s), decode_tok_s: round(t.decode_tok_s) };
+  return { prompt_tok_s: round2(t.prompt_tok_s), decode_tok_s: round2(t.decode_tok_s) };
 }
 
 /** bare llama.cpp: one batched decode of the prompt, then one token at a time (greedy) */
@@ -72,91 +78,120 @@ function timeBare(model: LlamaModelFfi, prompt: number[], n: number, threads: nu
     t0 = performance.now();
     for (let i = 0; i < n - 1; i++) logits = ctx.decode([argmax(logits)]);
     const decodeMs = performance.now() - t0;
-    return { prompt_tok_s: round((prompt.length * 1000) / promptMs), decode_tok_s: round(((n - 1) * 1000) / decodeMs) };
+    return { prompt_tok_s: round2((prompt.length * 1000) / promptMs), decode_tok_s: round2(((n - 1) * 1000) / decodeMs) };
   } finally {
     ctx.dispose();
   }
 }
 
-async function benchModel(c: ModelCase, threads: number): Promise<Record<string, unknown>> {
+type Contender = { name: string; time: () => Promise<Speed>; dispose: () => Promise<void>; extra?: Record<string, unknown> };
+
+async function stageGenerator(name: string, stage: StageBackend, path: string, nLayer: number, tokenizer: Tokenizer, prompt: number[], n: number): Promise<Contender> {
+  const source = await openTensorSource(path);
+  const t0 = performance.now();
+  await stage.load(source, { start: 0, end: nLayer });
+  const loadMs = performance.now() - t0;
+  const gen = new ChainGenerator(new InProcessChain([stage]), tokenizer);
+  const extra = 'weightBytes' in stage ? { load_ms: Math.round(loadMs), weight_bytes: (stage as { weightBytes: number }).weightBytes } : {};
+  return { name, time: () => timeGenerator(gen, prompt, n), dispose: async () => (await gen.dispose(), await source.close()), extra };
+}
+
+async function benchModel(c: ModelCase, threads: number, rounds: number, f32: boolean): Promise<Record<string, unknown>> {
   const source = await openTensorSource(c.path);
   const cfg = configFromHeader(source.header);
   const tokenizer = Tokenizer.fromMetadata(source.header.metadata);
+  await source.close();
   const prompt = promptOf(tokenizer, c.promptTokens);
+  const n = c.decodeTokens;
 
   const bareModel = await LlamaModelFfi.load(c.path);
-  const llama = new StepperGenerator(await LlamaCppModel.load(c.path, { threads, contextLength: prompt.length + c.decodeTokens }), tokenizer);
-  const loadStart = performance.now();
-  const stage = new CpuBackend();
-  await stage.load(source, { start: 0, end: cfg.nLayer });
-  const loadMs = performance.now() - loadStart;
-  const cpuBytes = stage.weightBytes;
-  const cpuGen = new ChainGenerator(new InProcessChain([stage]), tokenizer);
+  const llama = new StepperGenerator(await LlamaCppModel.load(c.path, { threads, contextLength: prompt.length + n }), tokenizer);
+  const contenders: Contender[] = [
+    { name: 'llamacpp_backend', time: () => timeGenerator(llama, prompt, n), dispose: () => llama.dispose() },
+    await stageGenerator('llamacpp_stage', new LlamaCppStage({ threads, kvType: 'f32', flashAttention: false }), c.path, cfg.nLayer, tokenizer, prompt, n),
+    await stageGenerator('cpu_backend', createNodeCpuBackend({ threads }), c.path, cfg.nLayer, tokenizer, prompt, n),
+  ];
   // the same engine with every matrix dequantised to f32 (differs from 'auto' for Q8_0/Q4_0)
-  const f32Stage = c.quantized ? new CpuBackend({ weightStorage: 'f32' }) : null;
-  await f32Stage?.load(source, { start: 0, end: cfg.nLayer });
-  const f32Bytes = f32Stage?.weightBytes ?? 0;
-  const f32Gen = f32Stage ? new ChainGenerator(new InProcessChain([f32Stage]), tokenizer) : null;
+  if (f32) contenders.push(await stageGenerator('cpu_backend_f32_weights', createNodeCpuBackend({ threads, weightStorage: 'f32' }), c.path, cfg.nLayer, tokenizer, prompt, n));
 
-  // warm-up, then rounds that take turns, so a busy machine slows all three alike
+  // warm-up, then rounds that take turns, so a busy machine slows every contender alike
   timeBare(bareModel, prompt.slice(0, 4), 2, threads);
-  await timeGenerator(llama, prompt.slice(0, 4), 2);
-  await timeGenerator(cpuGen, prompt.slice(0, 4), 2);
-  if (f32Gen) await timeGenerator(f32Gen, prompt.slice(0, 4), 2);
+  for (const k of contenders) await k.time();
   let bare = ZERO;
-  let llamacpp = ZERO;
-  let cpu = ZERO;
-  let cpuF32 = ZERO;
-  for (let i = 0; i < REPEATS; i++) {
-    bare = faster(bare, timeBare(bareModel, prompt, c.decodeTokens, threads));
-    llamacpp = faster(llamacpp, await timeGenerator(llama, prompt, c.decodeTokens));
-    cpu = faster(cpu, await timeGenerator(cpuGen, prompt, c.decodeTokens));
-    if (f32Gen) cpuF32 = faster(cpuF32, await timeGenerator(f32Gen, prompt, c.decodeTokens));
+  const best = new Map<string, Speed>(contenders.map((k) => [k.name, ZERO]));
+  for (let i = 0; i < rounds; i++) {
+    bare = faster(bare, timeBare(bareModel, prompt, n, threads));
+    for (const k of contenders) best.set(k.name, faster(best.get(k.name)!, await k.time()));
   }
   bareModel.dispose();
-  await llama.dispose();
-  await cpuGen.dispose();
-  await f32Gen?.dispose();
-  await source.close();
+  for (const k of contenders) await k.dispose();
 
-  const ratio = (s: Speed) => ({
-    prompt: round(s.prompt_tok_s / bare.prompt_tok_s),
-    decode: round(s.decode_tok_s / bare.decode_tok_s),
-  });
+  const ratio = (s: Speed) => ({ prompt: round2(s.prompt_tok_s / bare.prompt_tok_s), decode: round2(s.decode_tok_s / bare.decode_tok_s) });
   return {
     model: c.name,
+    threads,
     parameters: cfg.nLayer * (2 * cfg.nEmbd * cfg.nHead * cfg.headDim + 2 * cfg.nEmbd * cfg.nHeadKv * cfg.headDim + 3 * cfg.nEmbd * cfg.nFf) + (cfg.tiedEmbeddings ? 1 : 2) * cfg.nVocab * cfg.nEmbd,
     prompt_tokens: prompt.length,
-    decode_tokens: c.decodeTokens,
+    decode_tokens: n,
     llamacpp_bare: bare,
-    llamacpp_backend: { ...llamacpp, ratio_to_bare: ratio(llamacpp) },
-    cpu_backend: { ...cpu, ratio_to_bare: ratio(cpu), load_ms: Math.round(loadMs), weight_bytes: cpuBytes },
-    ...(f32Stage ? { cpu_backend_f32_weights: { ...cpuF32, ratio_to_bare: ratio(cpuF32), weight_bytes: f32Bytes } } : {}),
+    ...Object.fromEntries(contenders.map((k) => [k.name, { ...best.get(k.name)!, ratio_to_bare: ratio(best.get(k.name)!), ...k.extra }])),
   };
+}
+
+/** a stage's resident memory, measured in a process of its own (bench/lib/stage-memory.ts) */
+function stageMemory(path: string, kind: 'cpu' | 'llamacpp', threads: number, context: number): Record<string, number> {
+  const script = join(process.cwd(), 'bench', 'lib', 'stage-memory.ts');
+  const out = execFileSync(process.execPath, ['--expose-gc', join(process.cwd(), 'bin', 'run-ts.js'), script, path, kind, String(threads), String(context)], { encoding: 'utf8' });
+  const m = JSON.parse(out.trim().split('\n').at(-1)!) as Record<string, number>;
+  const need = m.shard_bytes! + m.kv_bytes!;
+  return { ...m, ratio_rss: round2(m.rss_loaded! / need), ratio_above_runtime: round2((m.rss_loaded! - m.rss_before_load!) / need) };
 }
 
 export async function run(args: string[]): Promise<unknown> {
   const { values } = parseArgs({
     args,
     options: {
-      threads: { type: 'string', default: '1' },
+      threads: { type: 'string', default: `1,${availableParallelism()}` },
       only: { type: 'string' },
+      rounds: { type: 'string', default: '5' },
+      f32: { type: 'boolean', default: false },
     },
   });
-  const threads = Number(values.threads);
+  const threadCounts = [...new Set(values.threads.split(',').map(Number))];
+  const load = machineLoad();
   const cases: ModelCase[] = [];
   if (values.only !== 'synthetic') {
     cases.push({ name: 'stories260K (F32)', path: await stories260K(), promptTokens: 128, decodeTokens: 128 });
   }
   if (values.only !== 'stories') {
     const path = await syntheticModel({ arch: 'llama', type: 'q8_0', layers: 16, embd: 1024, heads: 16, kvHeads: 4, ffn: 2816, vocab: 32000 });
-    cases.push({ name: 'synthetic llama Q8_0 1024×16 (~250M)', path, promptTokens: 128, decodeTokens: 32, quantized: true });
+    cases.push({ name: 'synthetic llama Q8_0 1024×16 (~250M)', path, promptTokens: 128, decodeTokens: 32, goals: true });
   }
-  const results = [];
-  for (const c of cases) results.push(await benchModel(c, threads));
+  const results: Record<string, unknown>[] = [];
+  for (const c of cases) for (const t of threadCounts) results.push(await benchModel(c, t, Number(values.rounds), values.f32));
+
+  const goals: Goal[] = [];
+  let memory: Record<string, unknown> | null = null;
+  const main = cases.find((c) => c.goals);
+  if (main) {
+    const top = Math.max(...threadCounts);
+    const r = results.find((x) => x.model === main.name && x.threads === top)! as Record<string, { ratio_to_bare: { prompt: number; decode: number } }>;
+    goals.push(goal(`cpu decode / bare llama.cpp (${top} threads)`, r.cpu_backend!.ratio_to_bare.decode, 'min', 0.6));
+    goals.push(goal(`cpu prefill / bare llama.cpp (${top} threads)`, r.cpu_backend!.ratio_to_bare.prompt, 'min', 0.5));
+    for (const k of ['llamacpp_backend', 'llamacpp_stage']) {
+      goals.push(goal(`${k} decode / bare llama.cpp (${top} threads)`, r[k]!.ratio_to_bare.decode, 'min', 0.95));
+      goals.push(goal(`${k} prefill / bare llama.cpp (${top} threads)`, r[k]!.ratio_to_bare.prompt, 'min', 0.95));
+    }
+    const context = 512;
+    memory = { context, cpu: stageMemory(main.path, 'cpu', top, context), llamacpp: stageMemory(main.path, 'llamacpp', top, context) };
+    const cpuMem = memory.cpu as Record<string, number>;
+    goals.push(goal('cpu stage resident memory above the idle runtime / (shard + KV bytes)', cpuMem.ratio_above_runtime!, 'max', 1.15));
+  }
   return {
-    note: 'tok/s, best of 3 interleaved rounds; ratio_to_bare = backend / bare llama.cpp (libllama via FFI, flash attention off, F32 KV) measured in the same run with the same threads; the CPU engine is single-threaded (JS + WebAssembly SIMD matmul)',
-    threads,
+    note: 'tok/s, best of interleaved rounds; ratio_to_bare = backend / bare llama.cpp (libllama via FFI, flash attention off, F32 KV) measured in the same run with the same threads. The CPU engine runs its kernels in WebAssembly SIMD on `threads` threads (worker threads over a shared memory). Memory: RSS of a process holding one whole-model stage with a session of `context` positions, after garbage collection; ratio_above_runtime leaves out what the idle Node runtime holds before loading.',
+    machine: finishLoad(load),
     results,
+    memory,
+    goals,
   };
 }

@@ -1,57 +1,103 @@
-// `npm run bench -- route [--layers 6 --embd 512 --ffn 1536 --vocab 2048 --decode 16 --rounds 4 --prefill 128 --long 1024] [--no-processes]`
-// A 3-stage route over loopback WebSockets (stage sampling, hidden states in f16) — in this
-// process, and as real `serve` + 3 `node` processes — against the same model in one process
-// (one CPU backend, no sockets), on a synthetic llama model:
-// decode tok/s and their ratio (goal ≥ 0.90), prefill vs decode tok/s, decode step time at
-// context 16 vs 1024, and bytes on the wire per token per hop.
+// `npm run bench -- route [--layers 6 --embd 512 --ffn 1536 --vocab 2048 --decode 16 --rounds 4
+//   --prefill 128 --contexts 16,256,1024,2048 --threads N] [--no-processes]`
+// A 3-stage route of CPU stages over loopback WebSockets (stage sampling, hidden states in f16)
+// — in this process, and as real `serve` + 3 `node` processes — against the same model in one
+// process (one CPU backend, no sockets), on a synthetic f32 llama model. Reports decode tok/s
+// and their ratio to one process, prefill tok/s against decode tok/s on the route (per prefill
+// chunk size), the decode step time at several contexts, and bytes per token per hop.
+// Goals: route decode ≥ 0.9× one process; decode step at context 1024 ≤ 1.3× the step at 16;
+// route prefill ≥ 10× route decode (in this process and as processes).
 
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
-import { CpuBackend } from '../src/backends/cpu/backend.ts';
+import { createNodeCpuBackend } from '../src/backends/cpu/node-threads.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
-import type { ByteTensorSource } from '../src/gguf/source.ts';
 import { makeModelFile } from '../src/model/synthetic-model.ts';
 import { InProcessChain } from '../src/route/generation.ts';
-import { RouteSessionClient } from '../src/route/client.ts';
+import { DEFAULT_PREFILL_CHUNK, RouteSessionClient } from '../src/route/client.ts';
+import type { FrameLink } from '../src/transport/link.ts';
 import { startLoopbackRoute } from '../src/peer/loopback.ts';
 import { joinRoom } from '../src/route/remote.ts';
 import { argmax } from '../src/model/sampler.ts';
 import { HEADER_BYTES } from '../src/protocol/frame.ts';
 import { stepBreakdown } from '../src/route/telemetry.ts';
 import type { StepStageTiming } from '../src/route/telemetry.ts';
+import { best, finishLoad, goal, machineLoad, round2 } from './lib/goals.ts';
 
 function arg(args: string[], name: string, fallback: number): number {
   const i = args.indexOf(`--${name}`);
   return i >= 0 ? Number(args[i + 1]) : fallback;
 }
 
-const round = (x: number, d = 2): number => Math.round(x * 10 ** d) / 10 ** d;
 const avg = (xs: number[]): number => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
+/** prefill chunk sizes tried on the route (the client's default among them) */
+const CHUNKS = [...new Set([16, 32, DEFAULT_PREFILL_CHUNK, 128])].sort((a, b) => a - b);
+
+interface RouteTarget {
+  link: FrameLink;
+  routeId: number;
+}
+
+/** best prefill ms of `prompt` per chunk size (a fresh session each time), over `rounds` */
+async function prefillTimes(t: RouteTarget, prompt: number[], ctxLen: number, rounds: number): Promise<Record<number, number>> {
+  const times: Record<number, number[]> = {};
+  for (let r = 0; r < rounds; r++) {
+    for (const chunk of CHUNKS) {
+      const s = await RouteSessionClient.open(t.link, t.routeId, { contextLength: ctxLen, hiddenDtype: 'f16' });
+      const t0 = performance.now();
+      await s.prefill(prompt, chunk);
+      (times[chunk] ??= []).push(performance.now() - t0);
+      await s.close();
+    }
+  }
+  return Object.fromEntries(CHUNKS.map((c) => [c, best(times[c]!)]));
+}
+
+/** decode step ms at each context (prefilled once), best of interleaved rounds of 8 steps */
+async function stepTimes(t: RouteTarget, contexts: number[], vocab: number, rounds: number): Promise<Record<number, number>> {
+  const sessions = [];
+  for (const ctx of contexts) {
+    const s = await RouteSessionClient.open(t.link, t.routeId, { contextLength: ctx + 8 * rounds + 8, hiddenDtype: 'f16' });
+    const p = Array.from({ length: ctx }, (_, i) => (i * 13 + 5) % vocab);
+    sessions.push({ ctx, s, tok: await s.prefill(p, 256), times: [] as number[] });
+  }
+  for (let r = 0; r < rounds; r++) {
+    for (const x of sessions) {
+      const t0 = performance.now();
+      for (let i = 0; i < 8; i++) x.tok = await x.s.decode(x.tok);
+      x.times.push((performance.now() - t0) / 8);
+    }
+  }
+  for (const x of sessions) await x.s.close();
+  return Object.fromEntries(sessions.map((x) => [x.ctx, best(x.times)]));
+}
 
 export async function run(args: string[]): Promise<unknown> {
   const shape = { layers: arg(args, 'layers', 6), embd: arg(args, 'embd', 512), ffn: arg(args, 'ffn', 1536), vocab: arg(args, 'vocab', 2048), heads: 8 };
   const nDecode = arg(args, 'decode', 16);
   const rounds = arg(args, 'rounds', 4);
   const nPrefill = arg(args, 'prefill', 128);
-  const long = arg(args, 'long', 1024);
+  const threads = arg(args, 'threads', availableParallelism());
+  const i = args.indexOf('--contexts');
+  const contexts = (i >= 0 ? args[i + 1]! : '16,256,1024,2048').split(',').map(Number);
+  const load = machineLoad();
   const dir = join(process.cwd(), '.cache');
   mkdirSync(dir, { recursive: true });
   const path = join(dir, `bench-route-${shape.layers}x${shape.embd}x${shape.ffn}x${shape.vocab}.gguf`);
   if (!existsSync(path)) await makeModelFile(path, { arch: 'llama', ...shape, ctx: 4096, type: 'f32', seed: 7 });
-  const source: ByteTensorSource = await openTensorSource(path);
+  const source = await openTensorSource(path);
   const prompt = Array.from({ length: nPrefill }, (_, i) => (i * 37 + 1) % shape.vocab);
+  const ctxLen = nPrefill + rounds * nDecode + 8;
 
   // ---- single process: one backend over all layers, argmax here ----
-  const single = new CpuBackend();
+  const single = createNodeCpuBackend({ threads });
   await single.load(source, { start: 0, end: shape.layers });
   const chain = new InProcessChain([single]);
-  const ctxLen = nPrefill + rounds * nDecode + 8;
   await chain.openSession('single', ctxLen);
-  let t0 = performance.now();
   let logits = await chain.forward('single', Int32Array.from(prompt), 0);
-  const singlePrefillMs = performance.now() - t0;
   let singleTok = argmax(logits);
   const singleTokens = [singleTok];
   let singlePos = nPrefill;
@@ -69,16 +115,15 @@ export async function run(args: string[]): Promise<unknown> {
   const cut = [0, Math.round(shape.layers / 3), Math.round((2 * shape.layers) / 3), shape.layers];
   const stages = [];
   for (let i = 0; i < 3; i++) {
-    const b = new CpuBackend();
+    const b = createNodeCpuBackend({ threads });
     await b.load(source, { start: cut[i]!, end: cut[i + 1]! });
     stages.push({ backend: b, shard: { start: cut[i]!, end: cut[i + 1]! } });
   }
   const route = await startLoopbackRoute(stages, { nLayer: shape.layers });
+  const target = { link: route.clientLink, routeId: route.route.id };
   const c = await RouteSessionClient.open(route.clientLink, route.route.id, { contextLength: ctxLen, hiddenDtype: 'f16' });
   c.wantTimings = true; // each stage reports compute/transfer per step (a 32-byte record per stage on the reply)
-  t0 = performance.now();
   let routeTok = await c.prefill(prompt, nPrefill);
-  const routePrefillMs = performance.now() - t0;
   const routeTokens = [routeTok];
   const before = route.services.map((s) => s.wireBytesOut);
   const framesBefore = route.services.map((s) => s.framesOut);
@@ -99,72 +144,55 @@ export async function run(args: string[]): Promise<unknown> {
     singleTimes.push(await singleDecode());
     routeTimes.push(await routeDecode());
   }
-  const singleDecodeMs = Math.min(...singleTimes);
-  const routeDecodeMs = Math.min(...routeTimes);
   await chain.releaseSession('single');
   const hopBytes = route.services.slice(0, 2).map((s, i) => (s.wireBytesOut - before[i]!) / (s.framesOut - framesBefore[i]!));
   await c.close();
-
-  // ---- decode step time at context 16 vs `long` (route) ----
-  const stepAt = async (ctx: number): Promise<number> => {
-    const s = await RouteSessionClient.open(route.clientLink, route.route.id, { contextLength: ctx + 24, hiddenDtype: 'f16' });
-    const p = Array.from({ length: ctx }, (_, i) => (i * 13 + 5) % shape.vocab);
-    let t = await s.prefill(p, 256);
-    const steps = 16;
-    const start = performance.now();
-    for (let i = 0; i < steps; i++) t = await s.decode(t);
-    const ms = (performance.now() - start) / steps;
-    await s.close();
-    return ms;
-  };
-  const step16 = await stepAt(16);
-  const stepLong = await stepAt(long);
+  const routePrefill = await prefillTimes(target, prompt, ctxLen, rounds);
+  const stepMs = await stepTimes(target, contexts, shape.vocab, rounds);
   await route.close();
   for (const s of stages) await s.backend.dispose();
   await single.dispose();
   await source.close();
 
   // ---- the same route as real processes: serve + 3 nodes on loopback, client over the server ----
-  const processes = args.includes('--no-processes') ? null : await processRoute(path, cut, prompt, nDecode, rounds, ctxLen);
+  const processes = args.includes('--no-processes') ? null : await processRoute(path, cut, prompt, nDecode, rounds, ctxLen, threads);
 
-  const singleDecodeTokS = (nDecode * 1000) / singleDecodeMs;
-  const routeDecodeTokS = (nDecode * 1000) / routeDecodeMs;
+  const singleDecodeTokS = (nDecode * 1000) / best(singleTimes);
+  const routeDecodeTokS = (nDecode * 1000) / best(routeTimes);
+  const tokS = (ms: Record<number, number>) => Object.fromEntries(Object.entries(ms).map(([k, v]) => [`chunk_${k}`, round2((nPrefill * 1000) / v)]));
+  const bestPrefill = (ms: Record<number, number>) => (nPrefill * 1000) / Math.min(...Object.values(ms));
+  const goals = [
+    goal('route decode / one-process decode', routeDecodeTokS / singleDecodeTokS, 'min', 0.9),
+    goal('decode step at context 1024 / at context 16 (CPU route)', (stepMs[1024] ?? NaN) / (stepMs[16] ?? NaN), 'max', 1.3),
+    goal('route prefill / route decode tok/s (in this process)', bestPrefill(routePrefill) / routeDecodeTokS, 'min', 10),
+  ];
+  if (processes) goals.push(goal('route prefill / route decode tok/s (3 node processes)', bestPrefill(processes.prefillMs) / ((nDecode * 1000) / best(processes.times)), 'min', 10));
   return {
     model: { path, ...shape, stages: cut.slice(0, 3).map((s, i) => `${s}-${cut[i + 1]}`) },
+    threads_per_stage: threads,
     same_tokens: JSON.stringify(singleTokens) === JSON.stringify(routeTokens),
-    decode_rounds: { rounds, tokens_per_round: nDecode, single_ms: singleTimes.map((x) => round(x)), route_ms: routeTimes.map((x) => round(x)) },
-    single_process: { prefill_tok_s: round((nPrefill * 1000) / singlePrefillMs), decode_tok_s: round(singleDecodeTokS) },
-    route_3_stage_loopback_ws: { prefill_tok_s: round((nPrefill * 1000) / routePrefillMs), decode_tok_s: round(routeDecodeTokS) },
-    decode_ratio_route_vs_single: round(routeDecodeTokS / singleDecodeTokS, 3),
+    decode_rounds: { rounds, tokens_per_round: nDecode, single_ms: singleTimes.map(round2), route_ms: routeTimes.map(round2) },
+    single_process: { decode_tok_s: round2(singleDecodeTokS) },
+    route_3_stage_loopback_ws: { decode_tok_s: round2(routeDecodeTokS), prefill_tok_s: tokS(routePrefill) },
     ...(processes
-      ? {
-          route_3_node_processes: {
-            decode_ms_per_round: processes.times.map((x) => round(x)),
-            decode_tok_s: round((nDecode * 1000) / Math.min(...processes.times)),
-            prefill_tok_s: Object.fromEntries(Object.entries(processes.prefillMs).map(([k, ms]) => [k, round((nPrefill * 1000) / ms)])),
-          },
-          decode_ratio_processes_vs_single: round((nDecode * 1000) / Math.min(...processes.times) / singleDecodeTokS, 3),
-        }
+      ? { route_3_node_processes: { decode_ms_per_round: processes.times.map(round2), decode_tok_s: round2((nDecode * 1000) / best(processes.times)), prefill_tok_s: tokS(processes.prefillMs) } }
       : {}),
-    goal_ratio: 0.9,
-    decode_step_ms: { context_16: round(step16), [`context_${long}`]: round(stepLong) },
+    decode_step_ms: Object.fromEntries(Object.entries(stepMs).map(([k, v]) => [`context_${k}`, round2(v)])),
     decode_step_breakdown_ms: [0, 1, 2].map((k) => ({
       stage: k,
-      compute: round(avg(steps.map((x) => x[k]!.computeMs)), 3),
-      transfer_to_next: round(avg(steps.map((x) => x[k]!.transferMs)), 3),
-      queue: round(avg(steps.map((x) => x[k]!.queueMs)), 3),
-      overhead: round(avg(steps.map((x) => x[k]!.overheadMs)), 3),
+      compute: round2(avg(steps.map((x) => x[k]!.computeMs))),
+      transfer_to_next: round2(avg(steps.map((x) => x[k]!.transferMs))),
+      queue: round2(avg(steps.map((x) => x[k]!.queueMs))),
+      overhead: round2(avg(steps.map((x) => x[k]!.overheadMs))),
     })),
-    bytes_per_token_per_hop: {
-      hidden_frame_f16: round(hopBytes[0]!, 1),
-      expected: HEADER_BYTES + shape.embd * 2,
-      token_reply: HEADER_BYTES + 4,
-    },
+    bytes_per_token_per_hop: { hidden_frame_f16: round2(hopBytes[0]!), expected: HEADER_BYTES + shape.embd * 2, token_reply: HEADER_BYTES + 4 },
+    machine: finishLoad(load),
+    goals,
   };
 }
 
-/** Decode round times (ms) of a 3-node route of real processes, driven through the server. */
-async function processRoute(model: string, cut: number[], prompt: number[], nDecode: number, rounds: number, ctxLen: number): Promise<{ times: number[]; prefillMs: Record<string, number> }> {
+/** Decode round times and prefill times per chunk (ms) of a 3-node route of real processes, driven through the server. */
+async function processRoute(model: string, cut: number[], prompt: number[], nDecode: number, rounds: number, ctxLen: number, threads: number): Promise<{ times: number[]; prefillMs: Record<number, number> }> {
   const cli = join(process.cwd(), 'bin', 'gguf-mesh.js');
   const children: ChildProcess[] = [];
   const start = (args: string[]): Promise<string> =>
@@ -182,17 +210,9 @@ async function processRoute(model: string, cut: number[], prompt: number[], nDec
     });
   try {
     const joinUrl = await start(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', model, '--min-peers', '3']);
-    for (let i = 0; i < 3; i++) await start(['node', '--join', joinUrl, '--no-cache', '--layers', `${cut[i]}-${cut[i + 1]}`]);
+    for (let i = 0; i < 3; i++) await start(['node', '--join', joinUrl, '--no-cache', '--threads', String(threads), '--layers', `${cut[i]}-${cut[i + 1]}`]);
     const joined = await joinRoom(joinUrl, undefined, 60_000);
-    // prefill: the whole prompt in one frame, then in 16-token chunks (pipelined across stages)
-    const prefillMs: Record<string, number> = {};
-    for (const chunk of [prompt.length, 16]) {
-      const p = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: ctxLen, hiddenDtype: 'f16' });
-      const t0 = performance.now();
-      await p.prefill(prompt, chunk);
-      prefillMs[chunk === prompt.length ? 'one_frame' : 'chunks_of_16'] = performance.now() - t0;
-      await p.close();
-    }
+    const target = { link: joined.link, routeId: joined.routeId };
     const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: ctxLen, hiddenDtype: 'f16' });
     let tok = await c.prefill(prompt, prompt.length);
     const times: number[] = [];
@@ -202,6 +222,7 @@ async function processRoute(model: string, cut: number[], prompt: number[], nDec
       times.push(performance.now() - t0);
     }
     await c.close();
+    const prefillMs = await prefillTimes(target, prompt, ctxLen, rounds);
     await joined.close();
     return { times, prefillMs };
   } finally {

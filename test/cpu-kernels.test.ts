@@ -1,12 +1,18 @@
 // The CPU engine's memory and its attention over the KV cache: the arena's allocator and growth,
 // and attendCached (two kernel products per head) against the reference ops.attention, for
-// grouped KV heads, one token or a chunk, and a cache that grows between chunks.
+// grouped KV heads, one token or a chunk, and a cache that grows between chunks; worker threads.
 import { describe, expect, it } from 'vitest';
 import { attendCached, attentionScratchBytes } from '../src/backends/cpu/attention.ts';
+import { KERNEL_IDS } from '../src/backends/cpu/compute-pool.ts';
+import { createNodeCpuBackend, nodeWorkers } from '../src/backends/cpu/node-threads.ts';
 import { KvCache } from '../src/backends/cpu/kv-cache.ts';
 import { attention } from '../src/backends/cpu/ops.ts';
+import { relaxedSimdAvailable } from '../src/backends/cpu/wasm-asm.ts';
 import { WasmArena } from '../src/backends/cpu/wasm-arena.ts';
 import { isMeshError } from '../src/errors.ts';
+import { openTensorSource } from '../src/gguf/source.ts';
+import { argmax } from '../src/model/sampler.ts';
+import { stories260K } from './support/models.ts';
 import { Prng } from '../src/model/prng.ts';
 
 function rand(n: number, seed = 1): Float32Array {
@@ -90,5 +96,49 @@ describe('attention over the KV cache', () => {
     expect(worst).toBeLessThan(1e-5);
     // decode (one token, a KV head's query heads batched), odd chunks crossing the cache's growth
     for (const chunk of [1, 7, 64]) expect(Buffer.from(cached(q, k, v, chunk).buffer).equals(Buffer.from(oneShot.buffer)), `chunk ${chunk}`).toBe(true);
+  });
+});
+
+describe('worker threads', () => {
+  it('a two-thread engine gives the one-thread engine\'s logits bit for bit, prefill and decode', async () => {
+    const source = await openTensorSource(await stories260K());
+    const run = async (threads: number) => {
+      const b = createNodeCpuBackend({ threads });
+      await b.load(source, { start: 0, end: 5 });
+      expect(b.threads).toBe(threads);
+      await b.openSession('s', { contextLength: 64 });
+      const out: Float32Array[] = [];
+      let r = await b.forward('s', { kind: 'tokens', tokens: Int32Array.from([1, 403, 407, 261, 378]) }, 0);
+      for (let i = 0; i < 4; i++) {
+        if (r.output.kind !== 'logits') throw new Error('expected logits');
+        out.push(r.output.logits);
+        r = await b.forward('s', { kind: 'tokens', tokens: Int32Array.of(argmax(r.output.logits)) }, 5 + i);
+      }
+      await b.dispose();
+      return out;
+    };
+    const one = await run(1);
+    const two = await run(2);
+    one.forEach((l, i) => expect(Buffer.from(two[i]!.buffer).equals(Buffer.from(l.buffer)), `step ${i}`).toBe(true));
+    await source.close();
+  });
+
+  it('a kernel call that traps fails the job with CPU_WORKER_FAILED instead of hanging', () => {
+    const arena = new WasmArena(1 << 16, { shared: true });
+    arena.startThreads(1, nodeWorkers);
+    const bad = Array.from({ length: 64 }, () => ({ fn: KERNEL_IDS.mm_f32, args: [0x7ff00000, 16, 0, 16, 0, 16, 4, 1, 0, 4] }));
+    expect(codeOf(() => arena.run(bad))).toBe('CPU_WORKER_FAILED');
+    arena.dispose();
+  });
+});
+
+function codeOf(f: () => void): string | undefined {
+  const e = catchIt(f);
+  return isMeshError(e) ? e.code : e === undefined ? undefined : String(e);
+}
+
+describe('relaxed SIMD', () => {
+  it('is on in Node (the fused multiply-add kernels run here as in production)', () => {
+    expect(relaxedSimdAvailable()).toBe(true);
   });
 });

@@ -38,6 +38,8 @@ export interface NodePeerOptions {
   name?: string;
   /** where verified shards (cpu) and whole model copies (llama.cpp) are kept; null = no cache */
   cacheDir?: string | null;
+  /** cpu: threads the engine computes on (default: every core) */
+  threads?: number;
   log?: (line: string) => void;
 }
 
@@ -102,6 +104,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   };
   const env: NativeStageEnv = {
     backend: opts.backend, carrier: opts.carrier ?? 'ws', cacheDir, base, secret: opts.secret, model, send, log,
+    ...(opts.threads ? { threads: opts.threads } : {}),
     peerId: () => core.peerId,
     takeSpareGpu: () => {
       const gpu = spareGpu;

@@ -28,11 +28,11 @@ export async function nodeWebGpuBackend(): Promise<WebGpuBackend> {
   return (await import('../backends/webgpu/node.ts')).createNodeWebGpuBackend();
 }
 
-async function makeBackend(kind: BackendKind): Promise<StageBackend> {
+async function makeBackend(kind: BackendKind, threads: number | undefined): Promise<StageBackend> {
   if (kind === 'webgpu') return nodeWebGpuBackend();
   if (kind === 'cpu') {
-    const { CpuBackend } = await import('../backends/cpu/backend.ts');
-    return new CpuBackend();
+    const { createNodeCpuBackend } = await import('../backends/cpu/node-threads.ts');
+    return createNodeCpuBackend(threads ? { threads } : {});
   }
   const { LlamaCppStage } = await import('../backends/llamacpp/stage.ts');
   return new LlamaCppStage({ kvType: 'f32', flashAttention: false });
@@ -54,6 +54,8 @@ async function httpLinkTo(wsUrl: string, auth: Record<string, string>): Promise<
 /** What a native node's loads share. */
 export interface NativeStageEnv {
   backend: BackendKind;
+  /** cpu: threads the engine computes on (default: every core) */
+  threads?: number;
   /** how hidden states go to the next stage */
   carrier: 'ws' | 'http';
   /** verified shards and whole llama.cpp copies; null = no cache */
@@ -123,7 +125,7 @@ export async function loadNativeStage(ctx: LoadContext, env: NativeStageEnv): Pr
     if (due(done, total)) env.send({ t: 'loading', routeId: a.routeId, stage: a.stage, bytesDone: done, bytesTotal: total });
   };
   // disposed if the load fails: a GPU device must not leak
-  const backend = ctx.keep(env.takeSpareGpu() ?? (await makeBackend(env.backend)), (b) => b.dispose());
+  const backend = ctx.keep(env.takeSpareGpu() ?? (await makeBackend(env.backend, env.threads)), (b) => b.dispose());
   const { source, fetched } = await openShard(a, env, progress);
   ctx.keep(source, (s) => s.close());
   await backend.load(source, a.shard);

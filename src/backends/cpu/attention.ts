@@ -12,6 +12,8 @@
 // result does not depend on the chunk it came in. Matches ops.attention (the reference) to f32
 // rounding.
 
+import { KERNEL_IDS, piecesFor, rowCalls } from './compute-pool.ts';
+import type { KernelCall } from './compute-pool.ts';
 import type { KvCache } from './kv-cache.ts';
 
 const f32 = Math.fround;
@@ -22,43 +24,69 @@ export interface AttentionShape {
   headDim: number;
 }
 
+/** scores scratch is kept under this; larger jobs go through in batches of heads */
+const SCORES_BUDGET = 4 << 20;
+
+/**
+ * How attention is cut for nTokens queries at pos: units (one per KV head's group of query heads
+ * for a single token, one per query head for a chunk) of `rows` score rows, `batch` units at a
+ * time, and the bytes of scores scratch that takes.
+ */
+function plan(s: AttentionShape, nTokens: number, pos: number): { units: number; rows: number; l4: number; batch: number; bytes: number } {
+  const l4 = Math.ceil((pos + nTokens) / 4) * 4;
+  const units = nTokens === 1 ? s.nHeadKv : s.nHead;
+  const rows = nTokens === 1 ? s.nHead / s.nHeadKv : nTokens;
+  const batch = Math.max(1, Math.min(units, Math.floor(SCORES_BUDGET / (rows * l4 * 4))));
+  return { units, rows, l4, batch, bytes: batch * rows * l4 * 4 };
+}
+
 /** bytes of scores scratch attendCached needs for nTokens queries at start position pos */
 export function attentionScratchBytes(s: AttentionShape, nTokens: number, pos: number): number {
-  const l4 = Math.ceil((pos + nTokens) / 4) * 4;
-  return Math.max(nTokens, s.nHead / s.nHeadKv) * l4 * 4;
+  return plan(s, nTokens, pos).bytes;
 }
 
 /**
  * out = attention of q over layer l of kv, for tokens at positions pos … pos+nTokens−1 (their
  * keys and values already written). q, out: byte offsets of [nTokens × nHead × headDim] f32 in
- * the cache's arena; scores: byte offset of attentionScratchBytes of scratch.
+ * the cache's arena; scores: byte offset of attentionScratchBytes of scratch. Each batch of
+ * heads runs its score products on every thread, the softmax here, then the weighted sums.
  */
 export function attendCached(kv: KvCache, l: number, s: AttentionShape, q: number, out: number, nTokens: number, pos: number, scores: number): void {
   const { nHead, nHeadKv, headDim: hd } = s;
   const group = nHead / nHeadKv;
   const arena = kv.arena;
-  const nKeys = pos + nTokens;
-  const l4 = Math.ceil(nKeys / 4) * 4;
-  const qStride = nHead * hd * 4; // bytes between tokens of q and out
+  const { units, rows, l4, batch } = plan(s, nTokens, pos);
   const scale = f32(1 / f32(Math.sqrt(hd)));
-  // the kernel takes rows and inputs in fours; odd head sizes use its JS form
-  const mm = hd % 4 === 0 ? arena.mmF32 : arena.mmF32Js;
-  if (nTokens === 1) {
-    // a KV head's query heads are consecutive in q and out: one batch of `group` rows
-    for (let kvh = 0; kvh < nHeadKv; kvh++) {
-      const qh = q + kvh * group * hd * 4;
-      mm(qh, hd * 4, kv.keys(l, kvh), hd * 4, scores, l4 * 4, hd, group, 0, l4);
-      causalSoftmax(arena.heap, scores >> 2, l4, group, nKeys, 0, scale);
-      mm(scores, l4 * 4, kv.values(l, kvh), kv.capacity * 4, out + kvh * group * hd * 4, hd * 4, l4, group, 0, hd);
+  const one = nTokens === 1;
+  // one token: a KV head's query heads are consecutive in q and out (a batch of `group` rows);
+  // a chunk: one query head's tokens, nHead·headDim apart
+  const stride = one ? hd * 4 : nHead * hd * 4;
+  const unitOffset = (u: number) => (one ? u * group : u) * hd * 4;
+  const kvHead = (u: number) => (one ? u : Math.floor(u / group));
+  // the kernel takes rows and inputs in fours; odd head sizes run in JS
+  const simd = hd % 4 === 0;
+  const pieces = Math.max(1, Math.ceil(piecesFor(arena.threads) / batch));
+  for (let u0 = 0; u0 < units; u0 += batch) {
+    const u1 = Math.min(units, u0 + batch);
+    const sc = (u: number) => scores + (u - u0) * rows * l4 * 4; // [rows × l4] of unit u
+    const products: KernelCall[] = [];
+    for (let u = u0; u < u1; u++) {
+      products.push(...rowCalls(KERNEL_IDS.mm_f32, l4, pieces, (r0, r1) => [q + unitOffset(u), stride, kv.keys(l, kvHead(u)), hd * 4, sc(u), l4 * 4, hd, rows, r0, r1]));
     }
-    return;
+    run(arena, products, simd);
+    const heap = arena.heap;
+    for (let u = u0; u < u1; u++) causalSoftmax(heap, sc(u) >> 2, l4, rows, pos + 1, one ? 0 : 1, scale);
+    const sums: KernelCall[] = [];
+    for (let u = u0; u < u1; u++) {
+      sums.push(...rowCalls(KERNEL_IDS.mm_f32, hd, pieces, (r0, r1) => [sc(u), l4 * 4, kv.values(l, kvHead(u)), kv.capacity * 4, out + unitOffset(u), stride, l4, rows, r0, r1]));
+    }
+    run(arena, sums, simd);
   }
-  for (let h = 0; h < nHead; h++) {
-    const kvh = Math.floor(h / group);
-    mm(q + h * hd * 4, qStride, kv.keys(l, kvh), hd * 4, scores, l4 * 4, hd, nTokens, 0, l4);
-    causalSoftmax(arena.heap, scores >> 2, l4, nTokens, pos + 1, 1, scale);
-    mm(scores, l4 * 4, kv.values(l, kvh), kv.capacity * 4, out + h * hd * 4, qStride, l4, nTokens, 0, hd);
-  }
+}
+
+function run(arena: KvCache['arena'], calls: KernelCall[], simd: boolean): void {
+  if (simd) arena.run(calls);
+  else for (const c of calls) (arena.mmF32Js as (...a: number[]) => void)(...c.args);
 }
 
 /**

@@ -9,6 +9,8 @@ import { shardHasEmbedding, shardHasHead, validateShard } from '../shard.ts';
 import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput, StageOutput } from '../types.ts';
 import { embed, forwardLayers, lastLogits } from './forward.ts';
 import { KvCache } from './kv-cache.ts';
+import type { WorkerFactory } from './compute-pool.ts';
+import { sharedMemoryAvailable } from './wasm-arena.ts';
 import { loadShardWeights } from './weights.ts';
 import type { ActivationRounding, ShardWeights, WeightStorage } from './weights.ts';
 
@@ -19,6 +21,13 @@ export interface CpuBackendOptions {
   activationRounding?: ActivationRounding;
   /** multiply f32 matrices with the WebAssembly SIMD kernel (default true; false = JS loops) */
   simd?: boolean;
+  /**
+   * threads that run the kernels (default 1): this one and threads − 1 workers started by
+   * `workers` over a shared memory (ignored where memory cannot be shared)
+   */
+  threads?: number;
+  /** starts a worker thread (./node-threads.ts in Node; Blob URL workers in an isolated page) */
+  workers?: WorkerFactory;
 }
 
 export class CpuBackend implements StageBackend {
@@ -33,7 +42,10 @@ export class CpuBackend implements StageBackend {
     const config = configFromHeader(source.header);
     validateShard(shard, config.nLayer);
     await loadRopeFreqFactors(config, source);
-    const weights = await loadShardWeights(source, config, shard, this.options.weightStorage ?? 'auto', this.options.activationRounding ?? 'ggml', this.options.simd ?? true);
+    const { threads = 1, workers, simd = true } = this.options;
+    const shared = threads > 1 && workers !== undefined && simd && sharedMemoryAvailable();
+    const weights = await loadShardWeights(source, config, shard, this.options.weightStorage ?? 'auto', this.options.activationRounding ?? 'ggml', simd, { shared });
+    if (shared && weights.arena.simd) weights.arena.startThreads(threads - 1, workers);
     this.loaded = { config, shard: { ...shard }, weights };
   }
 
@@ -49,6 +61,16 @@ export class CpuBackend implements StageBackend {
   /** bytes of weights held in memory */
   get weightBytes(): number {
     return this.model().weights.bytes;
+  }
+
+  /** threads the kernels run on */
+  get threads(): number {
+    return this.model().weights.arena.threads;
+  }
+
+  /** bytes of the engine's memory (weights, KV caches, activations, free space) */
+  get memoryBytes(): number {
+    return this.model().weights.arena.capacity;
   }
 
   async openSession(sessionId: string, options: SessionOptions): Promise<void> {
@@ -122,6 +144,7 @@ export class CpuBackend implements StageBackend {
   async dispose(): Promise<void> {
     for (const kv of this.sessions.values()) kv.free();
     this.sessions.clear();
+    this.loaded?.weights.arena.dispose();
     this.loaded = null;
   }
 

@@ -8,6 +8,8 @@
 // across an allocation: callers hold offsets and ask for views (`f32`, `i8`) when they compute.
 
 import { MeshError } from '../../errors.ts';
+import { ComputePool, KERNEL_IDS } from './compute-pool.ts';
+import type { KernelCall, WorkerFactory } from './compute-pool.ts';
 import { f32KernelModule } from './wasm-f32.ts';
 import type { MmF32 } from './wasm-f32.ts';
 import { q8KernelModule } from './wasm-q8.ts';
@@ -59,6 +61,7 @@ export class WasmArena {
   private heapI8: Int8Array = new Int8Array(0);
   /** every buffer the memory has had (a shared memory's views of older buffers stay valid) */
   private readonly buffers = new WeakSet<ArrayBufferLike>();
+  private pool: ComputePool | null = null;
   private stagingOffset = -1;
   private stagingBytes = 0;
 
@@ -79,6 +82,37 @@ export class WasmArena {
     this.simd = f32 !== null;
     this.mmF32 = f32 ? (new WebAssembly.Instance(f32, imports).exports.mm_f32 as MmF32) : this.mmF32Js;
     this.mmQ8 = q8 ? (new WebAssembly.Instance(q8, imports).exports.mm_q8 as MmQ8) : null;
+  }
+
+  /**
+   * Starts `workers` threads beside this one that run kernel calls over this (shared) memory;
+   * `run` then spreads its calls over all of them.
+   */
+  startThreads(workers: number, factory: WorkerFactory): void {
+    if (!this.shared || !this.simd || !this.mmQ8) throw new MeshError('WASM_UNAVAILABLE', 'worker threads need a shared memory and the SIMD kernels');
+    if (this.pool || workers < 1) return;
+    const modules = [f32KernelModule(true)!, q8KernelModule(true)!];
+    this.pool = new ComputePool({ memory: this.memory, modules, names: ['mm_f32', 'mm_q8'], fns: [this.mmF32, this.mmQ8] as ((...a: number[]) => void)[] }, workers, factory);
+  }
+
+  /** threads that run kernel calls (1 without workers) */
+  get threads(): number {
+    return this.pool?.threads ?? 1;
+  }
+
+  /** Runs the calls (on every thread when there are workers) and returns when all are done. */
+  run(calls: readonly KernelCall[]): void {
+    if (this.pool && calls.length > 1) return this.pool.run(calls);
+    for (const c of calls) {
+      if (c.fn === KERNEL_IDS.mm_f32) (this.mmF32 as (...a: number[]) => void)(...c.args);
+      else (this.mmQ8 as (...a: number[]) => void)(...c.args);
+    }
+  }
+
+  /** stops the worker threads; the memory goes with the last reference to it */
+  dispose(): void {
+    this.pool?.dispose();
+    this.pool = null;
   }
 
   /** the whole memory as f32 (a fresh view after the memory grew) */

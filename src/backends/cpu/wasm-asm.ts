@@ -101,7 +101,23 @@ export const op = {
   f32x4Mul: simd(0xe6),
   f32x4Max: simd(0xe9),
   f32x4ConvertI32x4S: simd(0xfa),
+  /** relaxed SIMD: a · b + c, fused where the hardware has FMA */
+  f32x4RelaxedMadd: simd(0x105),
 };
+
+/** whether this engine validates relaxed SIMD (f32x4.relaxed_madd): browsers since 2023, Node 22+, Node 20 with its flag */
+export const relaxedSimdAvailable: () => boolean = (() => {
+  let known: boolean | undefined;
+  return () => {
+    if (known === undefined) {
+      const t = [0x60, 0x00, 0x01, V128]; // () -> v128
+      const body = [0x00, ...op.v128Const0, ...op.v128Const0, ...op.v128Const0, ...op.f32x4RelaxedMadd, ...op.end];
+      const bytes = [0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, ...section(1, vec([t])), ...section(3, vec([[0]])), ...section(10, vec([[...uleb(body.length), ...body]]))];
+      known = WebAssembly.validate(new Uint8Array(bytes));
+    }
+    return known;
+  };
+})();
 
 /** i32 lanes as byte indices for `op.shuffle`: lane a of the first operand is a, of the second 4 + a */
 export function lanes32(...idx: number[]): number[] {

@@ -8,15 +8,17 @@
 //   y_t[r] = hsum(acc[t][r])
 // Every output accumulates in its own lane set in the same order whatever T is, so a token's
 // result does not depend on the batch it came in (chunked prefill equals one-shot, bit for bit).
+// Where relaxed SIMD validates, acc += x·w is one f32x4.relaxed_madd (an FMA on x86 and ARM:
+// one rounding instead of two, still within f32 rounding of the reference).
 //
 // `mm_f32(x, xs, w, ws, y, ys, nIn, nTok, r0, r1)` runs rows [r0, r1) (a multiple of 4 apart)
 // for every token (./wasm-driver.ts): x[t] at x + t·xs, y[t] at y + t·ys. Attention uses it too:
 // scores are K·q (rows = positions) and the weighted sum is Vᵀ·p (rows = head dimensions).
 
-import { FnBuilder, I32, V128, hsum, kernelModuleBytes, lazyModule, op } from './wasm-asm.ts';
+import { FnBuilder, I32, V128, hsum, kernelModuleBytes, lazyModule, op, relaxedSimdAvailable } from './wasm-asm.ts';
 import { driverBody } from './wasm-driver.ts';
 
-function tileBody(T: 1 | 2): number[] {
+export function tileBody(T: number, fma: boolean): number[] {
   const x = Array.from({ length: T }, (_, t) => t);
   const w = T, ws = T + 1, nIn = T + 2;
   const y = Array.from({ length: T }, (_, t) => T + 3 + t);
@@ -33,7 +35,8 @@ function tileBody(T: 1 | 2): number[] {
   for (let r = 0; r < 4; r++) {
     b.emit(op.get(wRow[r]!), op.get(i), op.i32Add, op.v128Load(), op.set(wv));
     for (let t = 0; t < T; t++) {
-      b.emit(op.get(acc[t]![r]!), op.get(xv[t]!), op.get(wv), op.f32x4Mul, op.f32x4Add, op.set(acc[t]![r]!));
+      if (fma) b.emit(op.get(xv[t]!), op.get(wv), op.get(acc[t]![r]!), op.f32x4RelaxedMadd, op.set(acc[t]![r]!));
+      else b.emit(op.get(acc[t]![r]!), op.get(xv[t]!), op.get(wv), op.f32x4Mul, op.f32x4Add, op.set(acc[t]![r]!));
     }
   }
   b.inc(i, 16);
@@ -60,10 +63,12 @@ function moduleBytes(shared: boolean): Uint8Array<ArrayBuffer> {
     weightArgs: (_b, r) => [op.get(2), op.get(r), op.get(3), op.i32Mul, op.i32Add, op.get(3), op.get(6)],
     tiles: [{ T: 2, fn: TILE2 }, { T: 1, fn: TILE1 }],
   });
+  // fused multiply-adds where relaxed SIMD is there (about a third fewer instructions per tile)
+  const fma = relaxedSimdAvailable();
   return kernelModuleBytes(
     [
-      { params: 7, body: tileBody(2) },
-      { params: 5, body: tileBody(1) },
+      { params: 7, body: tileBody(2, fma) },
+      { params: 5, body: tileBody(1, fma) },
       { name: 'mm_f32', params: 10, body: mm },
     ],
     shared,

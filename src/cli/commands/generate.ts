@@ -7,7 +7,7 @@
 
 import type { Command, ParsedArgs } from '../command.ts';
 import { UsageError, choiceOption, intOption, numberOption, optionalIntOption, stringOption } from '../command.ts';
-import { CpuBackend } from '../../backends/cpu/backend.ts';
+import { createNodeCpuBackend } from '../../backends/cpu/node-threads.ts';
 import type { WeightStorage } from '../../backends/cpu/weights.ts';
 import type { KvType } from '../../backends/llamacpp/ffi.ts';
 import { LlamaCppModel } from '../../backends/llamacpp/generator.ts';
@@ -46,7 +46,7 @@ export const command: Command = {
     seed: { type: 'string', valueName: '<n>', description: 'sampling seed' },
     stop: { type: 'string', valueName: '<text>', description: 'stop when the text contains this (repeatable)', multiple: true },
     ctx: { type: 'string', valueName: '<n>', description: 'context length (default: prompt + n)' },
-    threads: { type: 'string', valueName: '<n>', description: 'llamacpp: CPU threads (default: all cores but one)' },
+    threads: { type: 'string', valueName: '<n>', description: 'CPU threads (llamacpp default: all cores but one; cpu: every core)' },
     'flash-attn': { type: 'boolean', description: 'llamacpp: flash attention (default off)' },
     'kv-type': { type: 'string', valueName: '<f32|f16|q8_0|q4_0>', description: 'llamacpp: KV cache type', default: 'f32' },
     'weight-storage': { type: 'string', valueName: '<auto|f32|quantized>', description: 'cpu: auto = Q8_0/Q4_0 as int8 and the rest f32; f32; or as stored (smallest, slowest)', default: 'auto' },
@@ -163,7 +163,10 @@ async function openGenerator(opts: GenerateOptions, source: TensorSource, tokeni
   const stages: StageBackend[] = [];
   for (const shard of shards) {
     // webgpu: loaded lazily, so other backends never start Dawn
-    const stage = opts.backend === 'webgpu' ? await (await import('../../backends/webgpu/node.ts')).createNodeWebGpuBackend() : new CpuBackend({ weightStorage: opts.weightStorage });
+    const stage =
+      opts.backend === 'webgpu'
+        ? await (await import('../../backends/webgpu/node.ts')).createNodeWebGpuBackend()
+        : createNodeCpuBackend({ weightStorage: opts.weightStorage, ...(opts.threads ? { threads: opts.threads } : {}) });
     await stage.load(source, shard);
     stages.push(stage);
   }

@@ -3,7 +3,7 @@
 // assigns (only that shard's bytes), and serves frames until stopped or the server goes away.
 
 import type { Command } from '../command.ts';
-import { stringOption, UsageError } from '../command.ts';
+import { optionalIntOption, stringOption, UsageError } from '../command.ts';
 import type { ShardRange } from '../../gguf/types.ts';
 import { parseJoinUrl } from '../../protocol/control.ts';
 import { parseByteSize } from '../../units.ts';
@@ -33,6 +33,7 @@ export const command: Command = {
     name: { type: 'string', description: 'a name shown in the room', valueName: '<name>' },
     'cache-dir': { type: 'string', description: 'keep verified shards here (default: $GGUF_MESH_CACHE/shards, else ~/.cache/gguf-mesh/shards)', valueName: '<dir>' },
     'no-cache': { type: 'boolean', description: 'keep no shard cache (every load fetches)' },
+    threads: { type: 'string', description: 'cpu: threads the engine computes on (default: every core)', valueName: '<n>' },
   },
   async run(args) {
     const joinUrl = stringOption(args, 'join', true);
@@ -66,6 +67,7 @@ export const command: Command = {
       ...(stringOption(args, 'advertise') ? { advertise: stringOption(args, 'advertise')! } : {}),
       carrier,
       ...(stringOption(args, 'name') ? { name: stringOption(args, 'name')! } : {}),
+      ...(optionalIntOption(args, 'threads') ? { threads: optionalIntOption(args, 'threads')! } : {}),
       ...(args.values['no-cache'] ? { cacheDir: null } : stringOption(args, 'cache-dir') ? { cacheDir: stringOption(args, 'cache-dir')! } : {}),
       log: (line) => console.log(line),
     });

@@ -1,0 +1,181 @@
+// Worker threads for the CPU engine: each worker instantiates the same kernel modules over the
+// arena's shared WebAssembly.Memory, and a job is a list of kernel calls (row ranges of a
+// matmul, heads of attention) that the calling thread and the workers claim one at a time from
+// a shared counter. A thread that is descheduled (a busy machine) claims nothing and the others
+// finish its share, so a job never waits on a thread that has not started; the caller only
+// waits for calls already claimed. Idle workers spin briefly, then sleep in Atomics.wait.
+//
+// Workers are plain scripts built from WORKER_SOURCE (no modules, no imports), started by a
+// factory the host provides: node:worker_threads in Node (./node-threads.ts), Blob URLs in a
+// cross-origin-isolated page.
+
+import { MeshError } from '../../errors.ts';
+
+/** What the pool needs of a worker, in Node or in a browser. */
+export interface PoolWorker {
+  postMessage(message: unknown): void;
+  terminate(): unknown;
+  /** called once with an error message if the worker fails */
+  onError(handler: (message: string) => void): void;
+}
+
+export type WorkerFactory = (source: string) => PoolWorker;
+
+/** kernel ids a call names (the order of `fns` in WORKER_SOURCE and in ComputePool.run) */
+export const KERNEL_IDS = { mm_f32: 0, mm_q8: 1 } as const;
+export type KernelId = (typeof KERNEL_IDS)[keyof typeof KERNEL_IDS];
+
+/** one kernel call: its id and up to 12 i32 arguments */
+export interface KernelCall {
+  fn: KernelId;
+  args: number[];
+}
+
+/**
+ * Calls of `fn` over rows [0, rows) cut into `pieces` ranges, each a multiple of 4 rows apart
+ * from the start (the kernels take rows in fours); `args(r0, r1)` gives a range's arguments.
+ */
+export function rowCalls(fn: KernelId, rows: number, pieces: number, args: (r0: number, r1: number) => number[]): KernelCall[] {
+  const step = Math.max(4, Math.ceil(rows / pieces / 4) * 4);
+  const calls: KernelCall[] = [];
+  for (let r0 = 0; r0 < rows; r0 += step) calls.push({ fn, args: args(r0, Math.min(rows, r0 + step)) });
+  return calls;
+}
+
+/** pieces to cut a job into for `threads` threads: a few each, so a late thread's share is small */
+export function piecesFor(threads: number): number {
+  return threads === 1 ? 1 : 4 * threads;
+}
+
+const ARGS = 12;
+const CALL_INTS = 1 + ARGS;
+/** most calls one job holds */
+export const MAX_CALLS = 1024;
+
+// control words (Int32Array over a SharedArrayBuffer)
+const GEN = 0; // job generation; workers sleep on it
+const CLAIM = 1; // (generation & 0x7fff) << 16 | next call index
+const DONE = 2; // calls finished in this generation
+const TOTAL = 3; // calls in this generation
+const QUIT = 4;
+const FAILED = 5; // a worker's call threw (it still counts as done, so nobody waits forever)
+const CTL_INTS = 8;
+
+/** spins before sleeping: about 20–50 µs, so a decode's next matmul finds the worker awake */
+const SPINS = 20000;
+
+// The worker: instantiate, then claim calls until told to quit. Kept in plain JS, standalone.
+const WORKER_SOURCE = `
+const port = typeof require === 'function' ? require('node:worker_threads').parentPort : self;
+const onMessage = (f) => (port.on ? port.on('message', f) : (port.onmessage = (e) => f(e.data)));
+onMessage((m) => {
+  const env = { env: { mem: m.memory } };
+  const fns = m.modules.map((mod, i) => new WebAssembly.Instance(mod, env).exports[m.names[i]]);
+  const ctl = new Int32Array(m.ctl);
+  const jobs = new Int32Array(m.jobs);
+  let seen = Atomics.load(ctl, ${GEN});
+  for (;;) {
+    let spins = 0;
+    while (Atomics.load(ctl, ${GEN}) === seen && Atomics.load(ctl, ${QUIT}) === 0) {
+      if (++spins > ${SPINS}) { Atomics.wait(ctl, ${GEN}, seen); spins = 0; }
+    }
+    if (Atomics.load(ctl, ${QUIT}) !== 0) return;
+    seen = Atomics.load(ctl, ${GEN});
+    const tag = (seen & 0x7fff) << 16;
+    for (;;) {
+      const c = Atomics.load(ctl, ${CLAIM});
+      if ((c & 0x7fff0000) !== tag || (c & 0xffff) >= Atomics.load(ctl, ${TOTAL})) break;
+      if (Atomics.compareExchange(ctl, ${CLAIM}, c, c + 1) !== c) continue;
+      const o = (c & 0xffff) * ${CALL_INTS};
+      const a = jobs.subarray(o + 1, o + ${CALL_INTS});
+      try {
+        fns[jobs[o]](a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11]);
+      } catch {
+        Atomics.store(ctl, ${FAILED}, 1);
+      }
+      if (Atomics.add(ctl, ${DONE}, 1) + 1 === Atomics.load(ctl, ${TOTAL})) Atomics.notify(ctl, ${DONE});
+    }
+  }
+});
+`;
+
+export interface PoolKernels {
+  memory: WebAssembly.Memory;
+  /** the kernel modules (compiled for a shared memory), in KERNEL_IDS order, with their export names */
+  modules: WebAssembly.Module[];
+  names: string[];
+  /** the same kernels instantiated in this thread, in KERNEL_IDS order */
+  fns: ((...args: number[]) => void)[];
+}
+
+export class ComputePool {
+  private readonly ctl: Int32Array;
+  private readonly jobs: Int32Array;
+  private readonly workers: PoolWorker[] = [];
+  private failure: string | null = null;
+  private generation = 0;
+
+  /** `workers` threads beside the caller's, over `kernels.memory` (which must be shared) */
+  constructor(private readonly kernels: PoolKernels, workers: number, factory: WorkerFactory) {
+    this.ctl = new Int32Array(new SharedArrayBuffer(CTL_INTS * 4));
+    this.jobs = new Int32Array(new SharedArrayBuffer(MAX_CALLS * CALL_INTS * 4));
+    for (let i = 0; i < workers; i++) {
+      const w = factory(WORKER_SOURCE);
+      w.onError((message) => (this.failure ??= message));
+      w.postMessage({ memory: kernels.memory, modules: kernels.modules, names: kernels.names, ctl: this.ctl.buffer, jobs: this.jobs.buffer });
+      this.workers.push(w);
+    }
+  }
+
+  /** threads that run a job: the workers and the caller */
+  get threads(): number {
+    return this.workers.length + 1;
+  }
+
+  /** Runs every call, on this thread and the workers; returns when all are done. */
+  run(calls: readonly KernelCall[]): void {
+    if (this.failure) throw new MeshError('CPU_WORKER_FAILED', `a CPU engine worker failed: ${this.failure}`);
+    if (calls.length > MAX_CALLS) throw new MeshError('BAD_REQUEST', `a job of ${calls.length} kernel calls exceeds ${MAX_CALLS}`);
+    const { ctl, jobs } = this;
+    calls.forEach((c, i) => {
+      jobs[i * CALL_INTS] = c.fn;
+      for (let a = 0; a < c.args.length; a++) jobs[i * CALL_INTS + 1 + a] = c.args[a]!;
+    });
+    const gen = (this.generation = (this.generation + 1) | 0);
+    const tag = (gen & 0x7fff) << 16;
+    Atomics.store(ctl, DONE, 0);
+    Atomics.store(ctl, TOTAL, calls.length);
+    Atomics.store(ctl, CLAIM, tag);
+    Atomics.store(ctl, GEN, gen);
+    Atomics.notify(ctl, GEN);
+    const fns = this.kernels.fns;
+    for (;;) {
+      const c = Atomics.load(ctl, CLAIM);
+      if ((c & 0xffff) >= calls.length) break;
+      if (Atomics.compareExchange(ctl, CLAIM, c, c + 1) !== c) continue;
+      const call = calls[c & 0xffff]!;
+      try {
+        fns[call.fn]!(...call.args);
+      } catch {
+        Atomics.store(ctl, FAILED, 1);
+      }
+      Atomics.add(ctl, DONE, 1);
+    }
+    // wait only for calls a worker has claimed and not finished
+    let spins = 0;
+    for (let done = Atomics.load(ctl, DONE); done < calls.length; done = Atomics.load(ctl, DONE)) {
+      if (++spins > SPINS) Atomics.wait(ctl, DONE, done, 1);
+    }
+    if (Atomics.load(ctl, FAILED) !== 0) {
+      this.failure = 'a kernel call trapped (a pointer outside the memory)';
+      throw new MeshError('CPU_WORKER_FAILED', `a CPU engine worker failed: ${this.failure}`);
+    }
+  }
+
+  dispose(): void {
+    Atomics.store(this.ctl, QUIT, 1);
+    Atomics.notify(this.ctl, GEN);
+    for (const w of this.workers) w.terminate();
+    this.workers.length = 0;
+  }
+}
