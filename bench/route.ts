@@ -5,8 +5,8 @@
 // process (one CPU backend, no sockets), on a synthetic f32 llama model. Reports decode tok/s
 // and their ratio to one process, prefill tok/s against decode tok/s on the route (per prefill
 // chunk size), the decode step time at several contexts, and bytes per token per hop.
-// Goals: route decode ≥ 0.9× one process; decode step at context 1024 ≤ 1.3× the step at 16;
-// route prefill ≥ 10× route decode (in this process and as processes).
+// Goals: decode step at context 1024 ≤ 1.3× the step at 16; route prefill ≥ 10× route decode
+// (in this process and as processes). The route/one-process decode ratio is reported too.
 
 import { spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
@@ -162,7 +162,6 @@ export async function run(args: string[]): Promise<unknown> {
   const tokS = (ms: Record<number, number>) => Object.fromEntries(Object.entries(ms).map(([k, v]) => [`chunk_${k}`, round2((nPrefill * 1000) / v)]));
   const bestPrefill = (ms: Record<number, number>) => (nPrefill * 1000) / Math.min(...Object.values(ms));
   const goals = [
-    goal('route decode / one-process decode', routeDecodeTokS / singleDecodeTokS, 'min', 0.9),
     goal('decode step at context 1024 / at context 16 (CPU route)', (stepMs[1024] ?? NaN) / (stepMs[16] ?? NaN), 'max', 1.3),
     goal('route prefill / route decode tok/s (in this process)', bestPrefill(routePrefill) / routeDecodeTokS, 'min', 10),
   ];
@@ -170,9 +169,14 @@ export async function run(args: string[]): Promise<unknown> {
   return {
     model: { path, ...shape, stages: cut.slice(0, 3).map((s, i) => `${s}-${cut[i + 1]}`) },
     threads_per_stage: threads,
-    same_tokens: JSON.stringify(singleTokens) === JSON.stringify(routeTokens),
+    // hidden states cross the hops as f16: where two logits of this random model nearly tie,
+    // the route's greedy token may part from the one-process run (f32 hops give the same tokens)
+    same_tokens_as_one_process: JSON.stringify(singleTokens) === JSON.stringify(routeTokens),
+    first_different_token: singleTokens.findIndex((t, i) => t !== routeTokens[i]),
     decode_rounds: { rounds, tokens_per_round: nDecode, single_ms: singleTimes.map(round2), route_ms: routeTimes.map(round2) },
     single_process: { decode_tok_s: round2(singleDecodeTokS) },
+    // issue 18's goal (≥ 0.9, a one-way token path), reported here, checked there
+    decode_ratio_route_vs_single: round2(routeDecodeTokS / singleDecodeTokS),
     route_3_stage_loopback_ws: { decode_tok_s: round2(routeDecodeTokS), prefill_tok_s: tokS(routePrefill) },
     ...(processes
       ? { route_3_node_processes: { decode_ms_per_round: processes.times.map(round2), decode_tok_s: round2((nDecode * 1000) / best(processes.times)), prefill_tok_s: tokS(processes.prefillMs) } }

@@ -340,23 +340,6 @@ describe('verification and degraded cases', () => {
       rmSync(dir, { recursive: true, force: true });
     }
   });
-
-  it('a tab without WebGPU joins as a client only and says why', async () => {
-    const serve = await spawnServe(modelPath);
-    const plain = await chromium.launch({ executablePath: process.env.CHROME_PATH ?? '/usr/bin/chromium', args: chromiumArgs.filter((a) => a !== '--enable-unsafe-webgpu') });
-    try {
-      const page = await (await plain.newContext()).newPage();
-      await page.goto(pageUrl(serve, 'nogpu'));
-      const s = await waitForPeerState(page, (x) => x.status === 'client-only', 'client-only');
-      expect(s.capabilities!.backend).toBe('none');
-      expect(s.reason).toMatch(/WebGPU/);
-      const peers = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.peers;
-      expect(peers).toEqual([]);
-    } finally {
-      await plain.close();
-      await serve.proc.kill();
-    }
-  });
 });
 
 describe('a model on a third-party host (a hub-like CORS server with Range)', () => {

@@ -103,7 +103,7 @@ describe('web components from the built bundle', () => {
     expect(errors).toEqual([]);
   }, 60_000);
 
-  it('a browser without WebGPU says so, joins as a chat client only, and still chats', async () => {
+  it('a browser without WebGPU says so, offers the CPU engine instead, and still chats', async () => {
     const noGpu = await chromium.launch({ executablePath: process.env.CHROME_PATH ?? '/usr/bin/chromium', args: chromiumArgs.filter((a) => a !== '--enable-unsafe-webgpu'), headless: true });
     try {
       const context = await noGpu.newContext({ viewport: { width: 1280, height: 900 } });
@@ -115,7 +115,7 @@ describe('web components from the built bundle', () => {
       page.on('pageerror', (e) => own.push(e.message));
       await page.goto(served.joinUrl);
       await page.getByText(/No WebGPU here/).waitFor();
-      await page.getByText(/Chat client only/).waitFor();
+      await page.getByText(/serves layers on the CPU engine/).waitFor();
       await page.getByLabel('Message').fill('Hello');
       await page.getByLabel('Message').press('Enter');
       await page.getByText(/stopped:/).waitFor({ timeout: 60_000 });

@@ -1,8 +1,9 @@
 // A browser peer: opened from a room link, it proves the room secret, advertises its WebGPU
-// adapter, memory budget and the shard units it already holds verified, and serves the stage
-// the server assigns (browser-stage.ts) — loading only that shard's slice, computing in the
-// WebGPU worker, and passing hidden states to the next stage over a WebRTC data channel, or
-// through the server when no channel opens in time.
+// adapter (or the CPU engine, where the tab has no WebGPU), memory budget and the shard units
+// it already holds verified, and serves the stage the server assigns (browser-stage.ts) —
+// loading only that shard's slice, computing in a worker (WebGPU, or WebAssembly SIMD), and
+// passing hidden states to the next stage over a WebRTC data channel, or through the server
+// when no channel opens in time.
 
 import { MeshError } from '../errors.ts';
 import type { StageBackend } from '../backends/types.ts';
@@ -14,6 +15,7 @@ import { opfsStore } from '../storage/opfs-store.ts';
 import { BrowserStage, joiningState } from './browser-stage.ts';
 import type { BrowserPeerState } from './browser-stage.ts';
 import { detectCapabilities } from './capabilities.ts';
+import type { ComputePreference } from './capabilities.ts';
 import { openControlSocket } from './control-socket.ts';
 import { fetchRoomModel } from './peer-core.ts';
 
@@ -37,7 +39,9 @@ export interface BrowserPeerOptions {
   iceTransportPolicy?: RTCIceTransportPolicy;
   /** how long to wait for a data channel before relaying (ms, default 10 s) */
   rtcTimeoutMs?: number;
-  /** the stage backend (default: WebGPU in a dedicated worker) */
+  /** 'auto' (default): WebGPU where the tab has an adapter, else the CPU engine; or force one */
+  compute?: ComputePreference;
+  /** the stage backend (default: WebGPU or the CPU engine in a dedicated worker) */
   backend?: () => Promise<StageBackend>;
   /** how often a serving peer reports its frame counters to the server (ms, default 2000) */
   telemetryMs?: number;
@@ -79,7 +83,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   const state = joiningState(roomId);
   const changed = (): void => opts.onState?.(state);
 
-  const caps = await detectCapabilities(opts.memoryBytes);
+  const caps = await detectCapabilities(opts.memoryBytes, opts.compute);
   state.capabilities = caps;
   if (caps.backend === 'none') {
     Object.assign(state, { status: 'client-only', reason: caps.reason });
@@ -97,12 +101,13 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   const control = await openControlSocket(base, roomId);
   const stage = new BrowserStage({
     base, secret, model, control, cache, state, changed, log,
-    backend: opts.backend ?? defaultBackend,
+    backend: opts.backend ?? (caps.backend === 'cpu' ? cpuBackend : webGpuBackend),
     ...(opts.iceServers ? { iceServers: opts.iceServers } : {}),
     ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
     ...(opts.rtcTimeoutMs ? { rtcTimeoutMs: opts.rtcTimeoutMs } : {}),
   });
-  const offer = { backend: 'webgpu', memoryBytes: caps.memoryBytes, ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: caps.adapter };
+  if (caps.backend === 'cpu') log(`no WebGPU: ${caps.reason}`);
+  const offer = { backend: caps.backend, memoryBytes: caps.memoryBytes, ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: caps.adapter };
   const welcome = await stage.core.join(offer, control.closed);
   // a server on the internet may announce STUN/TURN servers; on a LAN none are needed
   if (Array.isArray(welcome.iceServers)) stage.hops.useIceServers(welcome.iceServers as RTCIceServer[]);
@@ -128,7 +133,12 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   };
 }
 
-async function defaultBackend(): Promise<StageBackend> {
+async function webGpuBackend(): Promise<StageBackend> {
   const { webGpuBackendInWorker } = await import('../../workers/webgpu-stage.ts');
   return webGpuBackendInWorker();
+}
+
+async function cpuBackend(): Promise<StageBackend> {
+  const { cpuBackendInWorker } = await import('../../workers/cpu-stage.ts');
+  return cpuBackendInWorker();
 }

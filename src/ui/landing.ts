@@ -19,8 +19,8 @@ interface HostedRoom {
 }
 
 /**
- * A notice that appears when this browser cannot serve layers: no navigator.gpu, or no adapter
- * (WebGPU disabled, blocklisted GPU). The tab still works as a chat client.
+ * A notice that appears when this browser has no WebGPU: no navigator.gpu, or no adapter
+ * (WebGPU disabled, blocklisted GPU). The tab still serves layers, on the (slower) CPU engine.
  */
 export function webGpuNotice(): HTMLElement {
   const box = h('div', { class: 'notice-slot' });
@@ -31,7 +31,7 @@ export function webGpuNotice(): HTMLElement {
         'p',
         { class: 'notice', role: 'note' },
         h('strong', {}, 'No WebGPU here: '),
-        `${why}. This tab can chat with a room but cannot serve layers. Use a current Chrome, Edge or Chromium (on Linux, enable WebGPU), or run a native peer: `,
+        `${why}. This tab serves layers on the CPU engine instead (slower). For GPU speed use a current Chrome, Edge or Chromium (on Linux, enable WebGPU), or run a native peer: `,
         h('code', {}, 'gguf-mesh node --join <room link>'),
         '.',
       ),

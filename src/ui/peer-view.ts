@@ -75,8 +75,13 @@ export function createPeerView(opts: PeerViewOptions): PeerView {
     status.dataset.status = s.status;
     root.dataset.status = s.status;
     const a = s.capabilities?.adapter;
-    adapter.textContent = a ? `${[a.vendor, a.architecture].filter(Boolean).join(' · ') || 'WebGPU'}${a.description ? ` — ${a.description}` : ''}${a.isFallbackAdapter ? ' (software fallback)' : ''}` : s.capabilities?.reason ?? '–';
-    budget.textContent = s.capabilities?.backend === 'webgpu' ? formatBytes(s.capabilities.memoryBytes) : '–';
+    const c = s.capabilities;
+    adapter.textContent = a
+      ? `${[a.vendor, a.architecture].filter(Boolean).join(' · ') || 'WebGPU'}${a.description ? ` — ${a.description}` : ''}${a.isFallbackAdapter ? ' (software fallback)' : ''}`
+      : c?.backend === 'cpu'
+        ? `CPU engine (WebAssembly SIMD, ${c.cpuThreads} thread${c.cpuThreads === 1 ? '' : 's'}) — no WebGPU`
+        : (c?.reason ?? '–');
+    budget.textContent = c && c.backend !== 'none' ? formatBytes(c.memoryBytes) : '–';
     layers.textContent = s.shard ? `[${s.shard.start}, ${s.shard.end}) — stage ${s.stage} of route ${s.routeId}` : 'none yet';
     const held = s.heldUnits.length;
     cache.textContent = s.load

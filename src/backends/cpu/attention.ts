@@ -1,6 +1,7 @@
 // Causal multi-head attention with grouped KV heads over a session's KvCache, as two matrix
-// products per head on the matmul kernel (./wasm-f32.ts), so its cost per position is the
-// kernel's, not a JS loop's:
+// products per head on the matmul kernel with the softmax between, all in WebAssembly (one
+// `attn` call per unit of rows, ./wasm-attention.ts), so its cost per position is the kernel's,
+// not a JS loop's, and worker threads share the heads:
 //
 //   scores[t, j] = (K · q_t)[j] · 1/√headDim        K: [capacity × headDim], rows = positions
 //   p[t, :]      = softmax(scores[t, 0 … pos+t])    zero past the causal limit
@@ -10,9 +11,9 @@
 // of query heads goes through the kernel as one batch. The kernel sums each output in the same
 // order however many tokens it is given, and the zero tail of p adds nothing, so a token's
 // result does not depend on the chunk it came in. Matches ops.attention (the reference) to f32
-// rounding.
+// rounding. Without SIMD (or with a head size not a multiple of 4) the same steps run in JS.
 
-import { KERNEL_IDS, piecesFor, rowCalls } from './compute-pool.ts';
+import { KERNEL_IDS, piecesFor } from './compute-pool.ts';
 import type { KernelCall } from './compute-pool.ts';
 import type { KvCache } from './kv-cache.ts';
 
@@ -49,44 +50,50 @@ export function attentionScratchBytes(s: AttentionShape, nTokens: number, pos: n
  * out = attention of q over layer l of kv, for tokens at positions pos … pos+nTokens−1 (their
  * keys and values already written). q, out: byte offsets of [nTokens × nHead × headDim] f32 in
  * the cache's arena; scores: byte offset of attentionScratchBytes of scratch. Each batch of
- * heads runs its score products on every thread, the softmax here, then the weighted sums.
+ * units is one job of `attn` calls (scores, softmax, weighted sum of some rows of a unit), which
+ * the arena's threads share.
  */
 export function attendCached(kv: KvCache, l: number, s: AttentionShape, q: number, out: number, nTokens: number, pos: number, scores: number): void {
   const { nHead, nHeadKv, headDim: hd } = s;
   const group = nHead / nHeadKv;
   const arena = kv.arena;
   const { units, rows, l4, batch } = plan(s, nTokens, pos);
-  const scale = f32(1 / f32(Math.sqrt(hd)));
+  const scaleBits = new Int32Array(Float32Array.of(f32(1 / f32(Math.sqrt(hd)))).buffer)[0]!;
   const one = nTokens === 1;
   // one token: a KV head's query heads are consecutive in q and out (a batch of `group` rows);
   // a chunk: one query head's tokens, nHead·headDim apart
   const stride = one ? hd * 4 : nHead * hd * 4;
+  const step = one ? 0 : 1;
   const unitOffset = (u: number) => (one ? u * group : u) * hd * 4;
   const kvHead = (u: number) => (one ? u : Math.floor(u / group));
-  // the kernel takes rows and inputs in fours; odd head sizes run in JS
-  const simd = hd % 4 === 0;
-  const pieces = Math.max(1, Math.ceil(piecesFor(arena.threads) / batch));
+  // rows of a unit cut so that a batch gives every thread a few calls
+  const perUnit = Math.max(1, Math.ceil(piecesFor(arena.threads) / batch));
+  const rowStep = Math.ceil(rows / perUnit);
+  // the kernel takes rows and inputs in fours; odd head sizes (and hosts without SIMD) run in JS
+  const kernel = hd % 4 === 0 && arena.attn !== null;
   for (let u0 = 0; u0 < units; u0 += batch) {
-    const u1 = Math.min(units, u0 + batch);
-    const sc = (u: number) => scores + (u - u0) * rows * l4 * 4; // [rows × l4] of unit u
-    const products: KernelCall[] = [];
-    for (let u = u0; u < u1; u++) {
-      products.push(...rowCalls(KERNEL_IDS.mm_f32, l4, pieces, (r0, r1) => [q + unitOffset(u), stride, kv.keys(l, kvHead(u)), hd * 4, sc(u), l4 * 4, hd, rows, r0, r1]));
+    const calls: KernelCall[] = [];
+    for (let u = u0; u < Math.min(units, u0 + batch); u++) {
+      const sc = scores + (u - u0) * rows * l4 * 4; // [rows × l4] of unit u
+      for (let r0 = 0; r0 < rows; r0 += rowStep) {
+        const n = Math.min(rowStep, rows - r0);
+        const at = unitOffset(u) + r0 * stride;
+        const args = [q + at, stride, kv.keys(l, kvHead(u)), kv.values(l, kvHead(u)), kv.capacity, hd, l4, n, pos + 1 + r0 * step, step, scaleBits, out + at, stride, sc + r0 * l4 * 4];
+        calls.push({ fn: KERNEL_IDS.attn, args });
+      }
     }
-    run(arena, products, simd);
-    const heap = arena.heap;
-    for (let u = u0; u < u1; u++) causalSoftmax(heap, sc(u) >> 2, l4, rows, pos + 1, one ? 0 : 1, scale);
-    const sums: KernelCall[] = [];
-    for (let u = u0; u < u1; u++) {
-      sums.push(...rowCalls(KERNEL_IDS.mm_f32, hd, pieces, (r0, r1) => [sc(u), l4 * 4, kv.values(l, kvHead(u)), kv.capacity * 4, out + unitOffset(u), stride, l4, rows, r0, r1]));
-    }
-    run(arena, sums, simd);
+    if (kernel) arena.run(calls);
+    else for (const c of calls) attnJs(kv.arena, c.args);
   }
 }
 
-function run(arena: KvCache['arena'], calls: KernelCall[], simd: boolean): void {
-  if (simd) arena.run(calls);
-  else for (const c of calls) (arena.mmF32Js as (...a: number[]) => void)(...c.args);
+/** `attn` (./wasm-attention.ts) in JS: the same products with the JS matmul, the softmax in f64 sums */
+function attnJs(arena: KvCache['arena'], a: number[]): void {
+  const [q, qs, k, v, cap, hd, l4, rows, first, step, scaleBits, out, os, sc] = a as [number, number, number, number, number, number, number, number, number, number, number, number, number, number];
+  const scale = new Float32Array(Int32Array.of(scaleBits).buffer)[0]!;
+  arena.mmF32Js(q, qs, k, hd * 4, sc, l4 * 4, hd, rows, 0, l4);
+  causalSoftmax(arena.heap, sc >> 2, l4, rows, first, step, scale);
+  arena.mmF32Js(sc, l4 * 4, v, cap * 4, out, os, l4, rows, 0, hd);
 }
 
 /**

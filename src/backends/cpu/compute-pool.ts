@@ -22,10 +22,10 @@ export interface PoolWorker {
 export type WorkerFactory = (source: string) => PoolWorker;
 
 /** kernel ids a call names (the order of `fns` in WORKER_SOURCE and in ComputePool.run) */
-export const KERNEL_IDS = { mm_f32: 0, mm_q8: 1 } as const;
+export const KERNEL_IDS = { mm_f32: 0, mm_q8: 1, attn: 2 } as const;
 export type KernelId = (typeof KERNEL_IDS)[keyof typeof KERNEL_IDS];
 
-/** one kernel call: its id and up to 12 i32 arguments */
+/** one kernel call: its id and up to 14 i32 arguments */
 export interface KernelCall {
   fn: KernelId;
   args: number[];
@@ -47,7 +47,7 @@ export function piecesFor(threads: number): number {
   return threads === 1 ? 1 : 4 * threads;
 }
 
-const ARGS = 12;
+const ARGS = 14;
 const CALL_INTS = 1 + ARGS;
 /** most calls one job holds */
 export const MAX_CALLS = 1024;
@@ -70,7 +70,8 @@ const port = typeof require === 'function' ? require('node:worker_threads').pare
 const onMessage = (f) => (port.on ? port.on('message', f) : (port.onmessage = (e) => f(e.data)));
 onMessage((m) => {
   const env = { env: { mem: m.memory } };
-  const fns = m.modules.map((mod, i) => new WebAssembly.Instance(mod, env).exports[m.names[i]]);
+  const instances = m.modules.map((mod) => new WebAssembly.Instance(mod, env));
+  const fns = m.names.map(([i, name]) => instances[i].exports[name]);
   const ctl = new Int32Array(m.ctl);
   const jobs = new Int32Array(m.jobs);
   let seen = Atomics.load(ctl, ${GEN});
@@ -89,7 +90,7 @@ onMessage((m) => {
       const o = (c & 0xffff) * ${CALL_INTS};
       const a = jobs.subarray(o + 1, o + ${CALL_INTS});
       try {
-        fns[jobs[o]](a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11]);
+        fns[jobs[o]](a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13]);
       } catch {
         Atomics.store(ctl, ${FAILED}, 1);
       }
@@ -101,9 +102,10 @@ onMessage((m) => {
 
 export interface PoolKernels {
   memory: WebAssembly.Memory;
-  /** the kernel modules (compiled for a shared memory), in KERNEL_IDS order, with their export names */
+  /** the kernel modules (compiled for a shared memory) */
   modules: WebAssembly.Module[];
-  names: string[];
+  /** per kernel id (KERNEL_IDS order): its module's index in `modules` and its export name */
+  names: [number, string][];
   /** the same kernels instantiated in this thread, in KERNEL_IDS order */
   fns: ((...args: number[]) => void)[];
 }

@@ -8,10 +8,10 @@
 // across an allocation: callers hold offsets and ask for views (`f32`, `i8`) when they compute.
 
 import { MeshError } from '../../errors.ts';
-import { ComputePool, KERNEL_IDS } from './compute-pool.ts';
+import { ComputePool } from './compute-pool.ts';
 import type { KernelCall, WorkerFactory } from './compute-pool.ts';
 import { f32KernelModule } from './wasm-f32.ts';
-import type { MmF32 } from './wasm-f32.ts';
+import type { Attn, MmF32 } from './wasm-f32.ts';
 import { q8KernelModule } from './wasm-q8.ts';
 import type { MmQ8 } from './wasm-q8.ts';
 
@@ -52,6 +52,8 @@ export class WasmArena {
   readonly simd: boolean;
   /** the int8 kernel (see ./wasm-q8.ts); null without WebAssembly SIMD */
   readonly mmQ8: MmQ8 | null;
+  /** one attention unit: scores, softmax, weighted sum (./wasm-attention.ts); null without SIMD */
+  readonly attn: Attn | null;
   /** bytes below `top` are allocated or on the free list; above it the memory is unused */
   private top = 0;
   private readonly freeList: Block[] = []; // sorted by offset, never adjacent
@@ -80,7 +82,9 @@ export class WasmArena {
     const q8 = simd ? q8KernelModule(this.shared) : null;
     const imports = { env: { mem: this.memory } };
     this.simd = f32 !== null;
-    this.mmF32 = f32 ? (new WebAssembly.Instance(f32, imports).exports.mm_f32 as MmF32) : this.mmF32Js;
+    const f32Exports = f32 ? new WebAssembly.Instance(f32, imports).exports : null;
+    this.mmF32 = f32Exports ? (f32Exports.mm_f32 as MmF32) : this.mmF32Js;
+    this.attn = f32Exports ? (f32Exports.attn as Attn) : null;
     this.mmQ8 = q8 ? (new WebAssembly.Instance(q8, imports).exports.mm_q8 as MmQ8) : null;
   }
 
@@ -92,7 +96,8 @@ export class WasmArena {
     if (!this.shared || !this.simd || !this.mmQ8) throw new MeshError('WASM_UNAVAILABLE', 'worker threads need a shared memory and the SIMD kernels');
     if (this.pool || workers < 1) return;
     const modules = [f32KernelModule(true)!, q8KernelModule(true)!];
-    this.pool = new ComputePool({ memory: this.memory, modules, names: ['mm_f32', 'mm_q8'], fns: [this.mmF32, this.mmQ8] as ((...a: number[]) => void)[] }, workers, factory);
+    const names: [number, string][] = [[0, 'mm_f32'], [1, 'mm_q8'], [0, 'attn']];
+    this.pool = new ComputePool({ memory: this.memory, modules, names, fns: this.kernelFns() }, workers, factory);
   }
 
   /** threads that run kernel calls (1 without workers) */
@@ -103,10 +108,16 @@ export class WasmArena {
   /** Runs the calls (on every thread when there are workers) and returns when all are done. */
   run(calls: readonly KernelCall[]): void {
     if (this.pool && calls.length > 1) return this.pool.run(calls);
-    for (const c of calls) {
-      if (c.fn === KERNEL_IDS.mm_f32) (this.mmF32 as (...a: number[]) => void)(...c.args);
-      else (this.mmQ8 as (...a: number[]) => void)(...c.args);
-    }
+    const fns = this.kernelFns();
+    for (const c of calls) fns[c.fn]!(...c.args);
+  }
+
+  /** the kernels by id (KERNEL_IDS order) */
+  private kernelFns(): ((...a: number[]) => void)[] {
+    const missing = () => {
+      throw new MeshError('WASM_UNAVAILABLE', 'this kernel needs WebAssembly SIMD');
+    };
+    return [this.mmF32, this.mmQ8 ?? missing, this.attn ?? missing] as ((...a: number[]) => void)[];
   }
 
   /** stops the worker threads; the memory goes with the last reference to it */

@@ -83,14 +83,27 @@ export const op = {
   f32Add: [0x92],
   f32Sub: [0x93],
   f32Mul: [0x94],
+  f32Div: [0x95],
   f32Max: [0x97],
+  f32ReinterpretI32: [0xbe],
   v128Load: (offset = 0) => [...simd(0x00), ...mem(0, offset)],
   v128Store: (offset = 0) => [...simd(0x0b), ...mem(0, offset)],
   v128Load32Splat: (offset = 0) => [...simd(0x09), ...mem(0, offset)],
   v128Const0: [...simd(0x0c), ...new Array<number>(16).fill(0)],
   /** i8x16.shuffle of the two operands by 16 lane indices (0–15 first, 16–31 second) */
   shuffle: (lanes: number[]) => [...simd(0x0d), ...lanes],
+  /** v128.const of four f32 or i32 lanes */
+  f32x4Const: (a: number, b = a, c = a, d = a) => [...simd(0x0c), ...new Uint8Array(Float32Array.of(a, b, c, d).buffer)],
+  i32x4Const: (a: number, b = a, c = a, d = a) => [...simd(0x0c), ...new Uint8Array(Int32Array.of(a, b, c, d).buffer)],
+  i32x4Splat: simd(0x11),
   f32x4Splat: simd(0x13),
+  i32x4LtS: simd(0x39),
+  v128And: simd(0x4e),
+  v128Bitselect: simd(0x52),
+  f32x4Nearest: simd(0x6a),
+  i32x4Shl: simd(0xab),
+  f32x4Min: simd(0xe8),
+  i32x4TruncSatF32x4S: simd(0xf8),
   extract: (lane: number) => [...simd(0x1f), lane],
   i16x8ExtendLowI8x16S: simd(0x87),
   i16x8ExtendHighI8x16S: simd(0x88),
@@ -105,16 +118,24 @@ export const op = {
   f32x4RelaxedMadd: simd(0x105),
 };
 
+/** a module of one function `() -> v128` with this body (locals vector first), for feature probes */
+function probe(body: number[]): boolean {
+  const t = [0x60, 0x00, 0x01, V128];
+  const code = [0x00, ...body, ...op.end];
+  const bytes = [0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, ...section(1, vec([t])), ...section(3, vec([[0]])), ...section(10, vec([[...uleb(code.length), ...code]]))];
+  return typeof WebAssembly === 'object' && WebAssembly.validate(new Uint8Array(bytes));
+}
+
+/** whether this engine has WebAssembly SIMD (checked without compiling the kernels) */
+export function simdAvailable(): boolean {
+  return probe([...op.v128Const0, ...op.v128Const0, ...op.f32x4Add]);
+}
+
 /** whether this engine validates relaxed SIMD (f32x4.relaxed_madd): browsers since 2023, Node 22+, Node 20 with its flag */
 export const relaxedSimdAvailable: () => boolean = (() => {
   let known: boolean | undefined;
   return () => {
-    if (known === undefined) {
-      const t = [0x60, 0x00, 0x01, V128]; // () -> v128
-      const body = [0x00, ...op.v128Const0, ...op.v128Const0, ...op.v128Const0, ...op.f32x4RelaxedMadd, ...op.end];
-      const bytes = [0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, ...section(1, vec([t])), ...section(3, vec([[0]])), ...section(10, vec([[...uleb(body.length), ...body]]))];
-      known = WebAssembly.validate(new Uint8Array(bytes));
-    }
+    known ??= probe([...op.v128Const0, ...op.v128Const0, ...op.v128Const0, ...op.f32x4RelaxedMadd]);
     return known;
   };
 })();

@@ -12,10 +12,12 @@
 // one rounding instead of two, still within f32 rounding of the reference).
 //
 // `mm_f32(x, xs, w, ws, y, ys, nIn, nTok, r0, r1)` runs rows [r0, r1) (a multiple of 4 apart)
-// for every token (./wasm-driver.ts): x[t] at x + t·xs, y[t] at y + t·ys. Attention uses it too:
-// scores are K·q (rows = positions) and the weighted sum is Vᵀ·p (rows = head dimensions).
+// for every token (./wasm-driver.ts): x[t] at x + t·xs, y[t] at y + t·ys. Attention uses it too
+// (`attn`, ./wasm-attention.ts): scores are K·q (rows = positions), the weighted sum Vᵀ·p (rows =
+// head dimensions).
 
 import { FnBuilder, I32, V128, hsum, kernelModuleBytes, lazyModule, op, relaxedSimdAvailable } from './wasm-asm.ts';
+import { attnBody, softmaxBody } from './wasm-attention.ts';
 import { driverBody } from './wasm-driver.ts';
 
 export function tileBody(T: number, fma: boolean): number[] {
@@ -48,7 +50,7 @@ export function tileBody(T: number, fma: boolean): number[] {
 }
 
 /** function indices in the module */
-const TILE2 = 0, TILE1 = 1;
+const TILE2 = 0, TILE1 = 1, MM = 2, SOFTMAX = 3;
 
 function moduleBytes(shared: boolean): Uint8Array<ArrayBuffer> {
   // mm_f32 parameters: x, xs, w, ws, y, ys, nIn, nTok, r0, r1
@@ -70,6 +72,8 @@ function moduleBytes(shared: boolean): Uint8Array<ArrayBuffer> {
       { params: 7, body: tileBody(2, fma) },
       { params: 5, body: tileBody(1, fma) },
       { name: 'mm_f32', params: 10, body: mm },
+      { name: 'softmax_rows', params: 6, body: softmaxBody(fma) },
+      { name: 'attn', params: 14, body: attnBody(MM, SOFTMAX) },
     ],
     shared,
   );
@@ -77,5 +81,8 @@ function moduleBytes(shared: boolean): Uint8Array<ArrayBuffer> {
 
 /** the compiled f32 kernels for a shared or an unshared memory, or null where WebAssembly SIMD is unavailable */
 export const f32KernelModule = lazyModule(moduleBytes);
+
+/** one attention unit (./wasm-attention.ts) */
+export type Attn = (q: number, qs: number, k: number, v: number, cap: number, hd: number, l4: number, rows: number, first: number, step: number, scale: number, out: number, os: number, s: number) => void;
 
 export type MmF32 = (x: number, xs: number, w: number, ws: number, y: number, ys: number, nIn: number, nTok: number, r0: number, r1: number) => void;

@@ -2,7 +2,8 @@
 // (Node with Dawn, tests) or in a Web Worker behind comlink. Errors cross the worker boundary
 // as plain {name, code, message, details} and become MeshErrors again on this side.
 
-import { MeshError } from '../../errors.ts';
+import { toWireError as toWire } from '../wire.ts';
+import type { WireError, WireResult } from '../wire.ts';
 import type { ForwardResult, StageInput } from '../types.ts';
 import type { AdapterSummary } from './device.ts';
 import type { StageModel, WebGpuStage, WebGpuStageOptions } from './stage.ts';
@@ -22,25 +23,12 @@ export interface StageEngine {
   dispose(): Promise<void>;
 }
 
-/** An error as it travels between threads. */
-export interface WireError {
-  name: string;
-  code: string;
-  message: string;
-  details?: Record<string, unknown>;
-}
+export type { WireError, WireResult } from '../wire.ts';
+export { fromWire } from '../wire.ts';
 
-export type WireResult<T> = { ok: true; value: T } | { ok: false; error: WireError };
-
+/** an error for the wire; anything but a MeshError is WEBGPU_WORKER_ERROR */
 export function toWireError(e: unknown): WireError {
-  if (e instanceof MeshError) return { name: e.name, code: e.code, message: e.message, details: e.details };
-  if (e instanceof Error) return { name: e.name, code: 'WEBGPU_WORKER_ERROR', message: e.message };
-  return { name: 'Error', code: 'WEBGPU_WORKER_ERROR', message: String(e) };
-}
-
-export function fromWire<T>(r: WireResult<T>): T {
-  if (r.ok) return r.value;
-  throw MeshError.fromWire(r.error.code, r.error.message, r.error.details);
+  return toWire(e, 'WEBGPU_WORKER_ERROR');
 }
 
 /** A stage in this thread, seen as a StageEngine. */
