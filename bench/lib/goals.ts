@@ -12,11 +12,18 @@ export interface Goal {
   kind: 'min' | 'max';
   target: number;
   met: boolean;
+  /** why this goal could not be checked in this run (it does not fail the bench) */
+  skipped?: string;
 }
 
 export function goal(figure: string, value: number, kind: Goal['kind'], target: number): Goal {
   const v = Math.round(value * 1000) / 1000;
   return { figure, value: v, kind, target, met: Number.isFinite(value) && (kind === 'min' ? value >= target : value <= target) };
+}
+
+/** a goal this run cannot check (say, a GPU goal on a software adapter): reported with the reason */
+export function skippedGoal(figure: string, value: number, kind: Goal['kind'], target: number, why: string): Goal {
+  return { ...goal(figure, value, kind, target), skipped: why };
 }
 
 /** the machine's load while a bench ran (1-minute load average, sampled at the start and end) */
