@@ -4,7 +4,9 @@
 import { describe, expect, it } from 'vitest';
 import { activationFormatFor, roundActivations } from '../src/backends/cpu/act-round.ts';
 import { attention, matmul, matmulRows, rmsnorm, rope, ropeCache, softmax, swiglu } from '../src/backends/cpu/ops.ts';
-import { DenseMatrix, Int8Matrix } from '../src/backends/cpu/matrices.ts';
+import { DenseMatrix, Int8Matrix, packInt8 } from '../src/backends/cpu/matrices.ts';
+import { dequantize } from '../src/gguf/dequant.ts';
+import { quantize } from '../src/gguf/quantize.ts';
 import { WasmArena, wasmSimdAvailable } from '../src/backends/cpu/wasm-arena.ts';
 import { parseLayerRanges, shardTensors } from '../src/backends/shard.ts';
 import { isMeshError } from '../src/errors.ts';
@@ -91,30 +93,34 @@ describe('ops', () => {
     }
   });
 
-  it('the int8 kernel equals dequantised weights times Q8_0-rounded activations, whatever the batch', () => {
-    for (const [nIn, nOut] of [[32, 4], [256, 12], [512, 36]] as const) {
-      const arena = new WasmArena(nIn * nOut * 2);
-      expect(arena.mmQ8).not.toBeNull();
-      const qo = arena.alloc(nIn * nOut);
-      const dOff = arena.alloc((nIn * nOut) / 8);
-      const q = arena.i8(qo, nIn * nOut);
-      const d = arena.f32(dOff, (nIn * nOut) / 32);
-      const p = new Prng(nIn);
-      for (let i = 0; i < q.length; i++) q[i] = Math.floor(p.next() * 255) - 127;
-      for (let i = 0; i < d.length; i++) d[i] = 0.001 + p.next() * 0.01;
-      const w = Float32Array.from(q, (v, i) => v * d[i >> 5]!); // [nOut × nIn]
-      const m = new Int8Matrix('w', nOut, nIn, qo, dOff, arena);
-      const x = rand(7 * nIn, 12);
-      const all = new Float32Array(7 * nOut);
-      m.matmul(all, x, 7);
-      for (const n of [1, 2, 3, 4, 7]) {
-        const y = new Float32Array(n * nOut);
-        m.matmul(y, x, n);
-        const ref = new Float32Array(n * nOut);
-        matmul(ref, roundActivations(x, n, nIn, 'q8_0'), w, n, nIn, nOut);
-        for (let i = 0; i < ref.length; i++) expect(Math.abs(y[i]! - ref[i]!)).toBeLessThan(1e-5 * Math.max(1, Math.abs(ref[i]!)));
-        // a token's result does not depend on the tile (4, 2 or 1 tokens) it was computed in
-        expect([...y]).toEqual([...all.subarray(0, n * nOut)]);
+  it('the int8 kernel (Q8_0 and Q4_0, repacked four rows at a time) equals dequantised weights times Q8_0-rounded activations, whatever the batch', () => {
+    for (const type of [GgmlType.Q8_0, GgmlType.Q4_0]) {
+      for (const [nIn, nOut] of [[32, 4], [256, 12], [512, 36]] as const) {
+        const raw = quantize(type, rand(nIn * nOut, nIn + type), nIn);
+        const w = dequantize(type, raw, nIn * nOut); // [nOut × nIn]
+        const arena = new WasmArena(nIn * nOut * 2);
+        expect(arena.mmQ8).not.toBeNull();
+        const at = arena.alloc((nIn * nOut * 9) / 8);
+        packInt8(type, raw, nOut, nIn, arena.bytes, arena.heap, at);
+        const m = new Int8Matrix('w', nOut, nIn, at, arena);
+        // rows read back as the dequantised weights
+        for (const r of [0, 1, nOut - 1]) {
+          const row = new Float32Array(nIn);
+          m.row(r, row, 0);
+          expect([...row]).toEqual([...w.subarray(r * nIn, (r + 1) * nIn)]);
+        }
+        const x = rand(7 * nIn, 12);
+        const all = new Float32Array(7 * nOut);
+        m.matmul(all, x, 7);
+        for (const n of [1, 2, 3, 4, 7]) {
+          const y = new Float32Array(n * nOut);
+          m.matmul(y, x, n);
+          const ref = new Float32Array(n * nOut);
+          matmul(ref, roundActivations(x, n, nIn, 'q8_0'), w, n, nIn, nOut);
+          for (let i = 0; i < ref.length; i++) expect(Math.abs(y[i]! - ref[i]!)).toBeLessThan(1e-5 * Math.max(1, Math.abs(ref[i]!)));
+          // a token's result does not depend on the batch it came in
+          expect([...y]).toEqual([...all.subarray(0, n * nOut)]);
+        }
       }
     }
   });

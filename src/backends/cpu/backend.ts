@@ -11,6 +11,7 @@ import { embed, forwardLayers, lastLogits } from './forward.ts';
 import { KvCache } from './kv-cache.ts';
 import type { WorkerFactory } from './compute-pool.ts';
 import { sharedMemoryAvailable } from './wasm-arena.ts';
+import type { MemoryAdvisor } from './wasm-arena.ts';
 import { loadShardWeights } from './weights.ts';
 import type { ActivationRounding, ShardWeights, WeightStorage } from './weights.ts';
 
@@ -28,6 +29,8 @@ export interface CpuBackendOptions {
   threads?: number;
   /** starts a worker thread (./node-threads.ts in Node; Blob URL workers in an isolated page) */
   workers?: WorkerFactory;
+  /** told of the engine's memory when it is made or grows (Node: asks for huge pages) */
+  adviseMemory?: MemoryAdvisor;
 }
 
 export class CpuBackend implements StageBackend {
@@ -44,7 +47,8 @@ export class CpuBackend implements StageBackend {
     await loadRopeFreqFactors(config, source);
     const { threads = 1, workers, simd = true } = this.options;
     const shared = threads > 1 && workers !== undefined && simd && sharedMemoryAvailable();
-    const weights = await loadShardWeights(source, config, shard, this.options.weightStorage ?? 'auto', this.options.activationRounding ?? 'ggml', simd, { shared });
+    const advise = this.options.adviseMemory;
+    const weights = await loadShardWeights(source, config, shard, this.options.weightStorage ?? 'auto', this.options.activationRounding ?? 'ggml', simd, { shared, ...(advise ? { advise } : {}) });
     if (shared && weights.arena.simd) weights.arena.startThreads(threads - 1, workers);
     this.loaded = { config, shard: { ...shard }, weights };
   }

@@ -4,12 +4,13 @@
 // views into the arena (the forward pass's activations) are used in place; others are staged.
 
 import { dequantizeRow } from '../../gguf/dequant.ts';
-import { TYPE_TRAITS } from '../../gguf/types.ts';
+import { F16_TABLE } from '../../gguf/fp16.ts';
+import { GgmlType, TYPE_TRAITS } from '../../gguf/types.ts';
 import { KERNEL_IDS, piecesFor, rowCalls } from './compute-pool.ts';
-import type { GgmlType } from '../../gguf/types.ts';
 import { quantizeRowsQ8_0, roundActivations } from './act-round.ts';
 import type { ActivationFormat } from './act-round.ts';
 import type { WasmArena } from './wasm-arena.ts';
+import { Q8X4_BLOCK_BYTES } from './wasm-q8.ts';
 
 /** A weight matrix of `rows` output features × `cols` input features (ggml shape [cols, rows]). */
 export interface Matrix {
@@ -129,20 +130,21 @@ export class QuantizedMatrix implements Matrix {
   }
 }
 
-/** int8 weights with an f32 scale per 32-block; activations quantised to Q8_0 (ggml's rounding). */
+/**
+ * int8 weights with an f32 scale per 32-block, repacked four rows at a time (Q8x4, see
+ * ./wasm-q8.ts); activations quantised to Q8_0 (ggml's rounding). rows: a multiple of 4.
+ */
 export class Int8Matrix implements Matrix {
   constructor(
     readonly name: string,
     readonly rows: number,
     readonly cols: number,
-    /** byte offset of [rows × cols] int8 */
-    readonly q: number,
-    /** byte offset of [rows × cols/32] f32 (the f16 block scales, widened) */
-    readonly d: number,
+    /** byte offset of the Q8x4 blocks: rows/4 groups × cols/32 blocks × 144 bytes */
+    readonly w: number,
     readonly arena: WasmArena,
   ) {}
   get bytes(): number {
-    return this.rows * this.cols + (this.rows * this.cols) / 8;
+    return (this.rows * this.cols * 9) / 8;
   }
   matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
     const { arena, cols, rows } = this;
@@ -152,12 +154,45 @@ export class Int8Matrix implements Matrix {
     const xq = p.extra; // [n × cols] int8
     const xd = xq + xqBytes; // [n × cols/32] f32
     quantizeRowsQ8_0(arena.f32(p.x, n * cols), n, cols, arena.bytes, xq, arena.heap, xd >> 2);
-    arena.run(rowCalls(KERNEL_IDS.mm_q8, rows, piecesFor(arena.threads), (r0, r1) => [xq, cols, xd, cols / 8, this.q, this.d, p.y, rows * 4, cols, n, r0, r1]));
+    arena.run(rowCalls(KERNEL_IDS.mm_q8, rows, piecesFor(arena.threads), (r0, r1) => [xq, cols, xd, cols / 8, this.w, p.y, rows * 4, cols, n, r0, r1]));
     p.finish();
   }
   row(r: number, out: Float32Array, outOffset: number): void {
-    const q = this.arena.i8(this.q + r * this.cols, this.cols);
-    const d = this.arena.f32(this.d + (r * this.cols) / 8, this.cols / 32);
-    for (let j = 0; j < this.cols; j++) out[outOffset + j] = q[j]! * d[j >> 5]!;
+    const nb = this.cols / 32;
+    const group = this.w + (r >> 2) * nb * Q8X4_BLOCK_BYTES;
+    const q = this.arena.bytes;
+    const d = this.arena.heap;
+    for (let b = 0; b < nb; b++) {
+      const block = group + b * Q8X4_BLOCK_BYTES;
+      const at = block + 32 * (r & 3);
+      const scale = d[(block + 128 + 4 * (r & 3)) >> 2]!;
+      for (let j = 0; j < 32; j++) out[outOffset + 32 * b + j] = q[at + j]! * scale;
+    }
+  }
+}
+
+/**
+ * Writes Q8_0 / Q4_0 bytes (rows × cols, ggml's blocks: an f16 scale, then 32 int8 or 16
+ * bytes of nibbles) into the Q8x4 layout at byte offset `w` of `bytes` (heap: the same memory as f32).
+ */
+export function packInt8(type: GgmlType, raw: Uint8Array, rows: number, cols: number, bytes: Int8Array, heap: Float32Array, w: number): void {
+  const blockBytes = type === GgmlType.Q8_0 ? 34 : 18;
+  const nb = cols / 32;
+  for (let r = 0; r < rows; r++) {
+    for (let b = 0; b < nb; b++) {
+      const o = (r * nb + b) * blockBytes;
+      const block = w + ((r >> 2) * nb + b) * Q8X4_BLOCK_BYTES;
+      const at = block + 32 * (r & 3);
+      heap[(block + 128 + 4 * (r & 3)) >> 2] = F16_TABLE[raw[o]! | (raw[o + 1]! << 8)]!;
+      if (type === GgmlType.Q8_0) {
+        for (let j = 0; j < 32; j++) bytes[at + j] = (raw[o + 2 + j]! << 24) >> 24;
+      } else {
+        for (let j = 0; j < 16; j++) {
+          const v = raw[o + 2 + j]!;
+          bytes[at + j] = (v & 0x0f) - 8;
+          bytes[at + j + 16] = (v >> 4) - 8;
+        }
+      }
+    }
   }
 }

@@ -36,9 +36,13 @@ interface Block {
   bytes: number;
 }
 
+/** told of the memory's bytes after it is made or grows (Node: huge pages, ./node-threads.ts) */
+export type MemoryAdvisor = (memory: ArrayBufferLike) => void;
+
 export interface ArenaOptions {
   /** a shared memory, for worker threads (default false) */
   shared?: boolean;
+  advise?: MemoryAdvisor;
   /** false: kernels in JS (for tests and hosts without WebAssembly SIMD) */
   simd?: boolean;
 }
@@ -64,6 +68,7 @@ export class WasmArena {
   /** every buffer the memory has had (a shared memory's views of older buffers stay valid) */
   private readonly buffers = new WeakSet<ArrayBufferLike>();
   private pool: ComputePool | null = null;
+  private readonly advise: MemoryAdvisor | null;
   private stagingOffset = -1;
   private stagingBytes = 0;
 
@@ -77,6 +82,8 @@ export class WasmArena {
     this.memory = this.shared
       ? new WebAssembly.Memory({ initial: pages, maximum: MAX_ARENA_BYTES / PAGE, shared: true })
       : new WebAssembly.Memory({ initial: pages });
+    this.advise = options.advise ?? null;
+    this.advise?.(this.memory.buffer);
     const simd = options.simd ?? true;
     const f32 = simd ? f32KernelModule(this.shared) : null;
     const q8 = simd ? q8KernelModule(this.shared) : null;
@@ -252,6 +259,7 @@ export class WasmArena {
     const want = Math.min(MAX_ARENA_BYTES, Math.max(bytes, have + have / 8));
     try {
       this.memory.grow(Math.ceil((want - have) / PAGE));
+      this.advise?.(this.memory.buffer);
     } catch (e) {
       throw new MeshError('WASM_ARENA_FULL', `the CPU engine's memory could not grow to ${want} bytes: ${(e as Error).message}`);
     }

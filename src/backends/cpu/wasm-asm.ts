@@ -89,6 +89,8 @@ export const op = {
   v128Load: (offset = 0) => [...simd(0x00), ...mem(0, offset)],
   v128Store: (offset = 0) => [...simd(0x0b), ...mem(0, offset)],
   v128Load32Splat: (offset = 0) => [...simd(0x09), ...mem(0, offset)],
+  /** 8 bytes loaded and sign-extended to i16x8 in one instruction */
+  v128Load8x8S: (offset = 0) => [...simd(0x01), ...mem(0, offset)],
   v128Const0: [...simd(0x0c), ...new Array<number>(16).fill(0)],
   /** i8x16.shuffle of the two operands by 16 lane indices (0–15 first, 16–31 second) */
   shuffle: (lanes: number[]) => [...simd(0x0d), ...lanes],

@@ -1,102 +1,91 @@
 // WebAssembly SIMD kernels for weights stored as 8-bit integers with one f32 scale per block
 // of 32 (Q8_0 as stored, Q4_0 widened to 8 bits): a quarter of the memory traffic of f32
 // weights. Activations come quantised the same way (as ggml does for these types), so each
-// block is an exact integer dot product (i32x4.dot_i16x8_s) times the two scales:
+// block is an exact integer dot product times the two scales:
 //
 //   y[t, r] = Σ_b dx[t, b] · dw[r, b] · Σ_{j<32} qx[t, 32b + j] · qw[r, 32b + j]
 //
-// Tile over T tokens (1, 2 or 4) × 4 weight rows:
-//   (param xq_0..T, xd_0..T, wq, wd, nIn, y_0..T)        ;; byte pointers; nIn a multiple of 32
-//   loop over blocks (i = 32·b bytes, s = 4·b bytes):
-//     per token: dx = f32.load(xd+s); x = the block's 32 int8 widened to four i16x8
-//     per row r: w = its 32 int8 widened; sw = f32.load(wd_r+s)
-//       per token: acc[t][r] += f32x4(Σ dot_i16x8(x, w)) · splat(sw · dx)
-//   y_t[r] = hsum(acc[t][r])
+// Weights are repacked at load four rows at a time (Q8x4), so the four rows of a block are one
+// stream and their scales one vector:
 //
-// `mm_q8(xq, xqs, xd, xds, wq, wd, y, ys, nIn, nTok, r0, r1)` runs rows [r0, r1) for every
-// token (./wasm-driver.ts); weight rows are nIn bytes (wq) and nIn/8 bytes (wd) apart.
+//   group g (rows 4g … 4g+3), block b: 144 bytes at w + (g·nb + b)·144
+//     [32 int8 of row 4g][… 4g+1][… 4g+2][… 4g+3][f32 scale × 4]
+//
+// Tile over one token × 4 rows, per block:
+//   x = the token's 32 int8 widened to four i16x8 (v128.load8x8_s: load and widen in one)
+//   per row r: s_r = Σ_k i32x4.dot_i16x8_s(x_k, w_rk)        (exact integers)
+//   S = [hsum s_0, hsum s_1, hsum s_2, hsum s_3]              (a 4 × 4 transpose-add)
+//   acc += f32x4(S) · (dw[4 rows] · dx)                       (fused where relaxed SIMD is there)
+//   y[t, 4g … 4g+3] = acc                                     (one store)
+// Every token runs the same arithmetic, so a token's result does not depend on its batch.
+//
+// `mm_q8(xq, xqs, xd, xds, w, y, ys, nIn, nTok, r0, r1)` runs rows [r0, r1) (a multiple of 4
+// apart, from a multiple of 4) for every token (./wasm-driver.ts).
 
-import { F32, FnBuilder, I32, V128, hsum, kernelModuleBytes, lazyModule, op } from './wasm-asm.ts';
+import { FnBuilder, I32, V128, kernelModuleBytes, lanes32, lazyModule, op, relaxedSimdAvailable } from './wasm-asm.ts';
 import { driverBody } from './wasm-driver.ts';
 
-function tileBody(T: 1 | 2 | 4): number[] {
-  const xq = Array.from({ length: T }, (_, t) => t);
-  const xd = Array.from({ length: T }, (_, t) => T + t);
-  const wq = 2 * T, wd = wq + 1, nIn = wd + 1;
-  const y = Array.from({ length: T }, (_, t) => nIn + 1 + t);
-  const b = new FnBuilder(3 * T + 3);
-  const rowScale = b.local(I32), i = b.local(I32), s = b.local(I32);
-  const wqRow = [wq, b.local(I32), b.local(I32), b.local(I32)];
-  const wdRow = [wd, b.local(I32), b.local(I32), b.local(I32)];
-  const xv = Array.from({ length: T }, () => b.locals(V128, 4)); // lo/hi of bytes 0..15, lo/hi of 16..31
-  const wv = b.locals(V128, 4);
-  const raw = b.local(V128);
-  const acc = Array.from({ length: T }, () => b.locals(V128, 4));
-  const dx = b.locals(F32, T);
-  const sw = b.local(F32);
-  // widen 32 int8 at (base + i) into four i16x8 locals
-  const widen = (base: number, into: number[]) => {
-    b.emit(op.get(base), op.get(i), op.i32Add, op.v128Load(0), op.set(raw));
-    b.emit(op.get(raw), op.i16x8ExtendLowI8x16S, op.set(into[0]!), op.get(raw), op.i16x8ExtendHighI8x16S, op.set(into[1]!));
-    b.emit(op.get(base), op.get(i), op.i32Add, op.v128Load(16), op.set(raw));
-    b.emit(op.get(raw), op.i16x8ExtendLowI8x16S, op.set(into[2]!), op.get(raw), op.i16x8ExtendHighI8x16S, op.set(into[3]!));
-  };
+/** bytes of one 4-row group of one block: 4 × 32 int8 + 4 f32 scales */
+export const Q8X4_BLOCK_BYTES = 144;
 
-  b.emit(op.get(nIn), op.i32Const(3), op.i32ShrU, op.set(rowScale));
-  for (let r = 1; r < 4; r++) {
-    b.emit(op.get(wqRow[r - 1]!), op.get(nIn), op.i32Add, op.set(wqRow[r]!));
-    b.emit(op.get(wdRow[r - 1]!), op.get(rowScale), op.i32Add, op.set(wdRow[r]!));
-  }
+/** i32x4 a, b on the stack → [a0 + a2, b0 + b2, a1 + a3, b1 + b3] */
+function pairAdd(b: FnBuilder, x: number, y: number): void {
+  b.emit(op.get(x), op.get(y), op.shuffle(lanes32(0, 4, 1, 5)), op.get(x), op.get(y), op.shuffle(lanes32(2, 6, 3, 7)), op.i32x4Add);
+}
+
+function tileBody(fma: boolean): number[] {
+  // parameters: xq, xd, w (the group's first block), nIn, y
+  const xq = 0, xd = 1, w = 2, nIn = 3, y = 4;
+  const b = new FnBuilder(5);
+  const i = b.local(I32), s4 = b.local(I32), wb = b.local(I32);
+  const x = b.locals(V128, 4);
+  const sums = b.locals(V128, 4);
+  const t01 = b.local(V128), t23 = b.local(V128), acc = b.local(V128);
+  b.emit(op.get(w), op.set(wb));
   b.emit(op.loop);
-  for (let t = 0; t < T; t++) {
-    b.emit(op.get(xd[t]!), op.get(s), op.i32Add, op.f32Load(), op.set(dx[t]!));
-    widen(xq[t]!, xv[t]!);
-  }
+  for (let k = 0; k < 4; k++) b.emit(op.get(xq), op.get(i), op.i32Add, op.v128Load8x8S(8 * k), op.set(x[k]!));
   for (let r = 0; r < 4; r++) {
-    widen(wqRow[r]!, wv);
-    b.emit(op.get(wdRow[r]!), op.get(s), op.i32Add, op.f32Load(), op.set(sw));
-    for (let t = 0; t < T; t++) {
-      const x = xv[t]!;
-      b.emit(op.get(x[0]!), op.get(wv[0]!), op.i32x4DotI16x8S);
-      for (let k = 1; k < 4; k++) b.emit(op.get(x[k]!), op.get(wv[k]!), op.i32x4DotI16x8S, op.i32x4Add);
-      b.emit(op.f32x4ConvertI32x4S, op.get(sw), op.get(dx[t]!), op.f32Mul, op.f32x4Splat, op.f32x4Mul);
-      b.emit(op.get(acc[t]![r]!), op.f32x4Add, op.set(acc[t]![r]!));
+    for (let k = 0; k < 4; k++) {
+      b.emit(op.get(x[k]!), op.get(wb), op.v128Load8x8S(32 * r + 8 * k), op.i32x4DotI16x8S);
+      if (k > 0) b.emit(op.i32x4Add);
     }
+    b.emit(op.set(sums[r]!));
   }
-  b.inc(i, 32).inc(s, 4);
+  // [hsum s0, hsum s1, hsum s2, hsum s3]
+  pairAdd(b, sums[0]!, sums[1]!);
+  b.emit(op.set(t01));
+  pairAdd(b, sums[2]!, sums[3]!);
+  b.emit(op.set(t23));
+  b.emit(op.get(t01), op.get(t23), op.shuffle(lanes32(0, 1, 4, 5)), op.get(t01), op.get(t23), op.shuffle(lanes32(2, 3, 6, 7)), op.i32x4Add);
+  // acc += f32(S) · dw4 · dx
+  b.emit(op.f32x4ConvertI32x4S, op.get(wb), op.v128Load(128), op.get(xd), op.get(s4), op.i32Add, op.f32Load(), op.f32x4Splat, op.f32x4Mul);
+  if (fma) b.emit(op.get(acc), op.f32x4RelaxedMadd, op.set(acc));
+  else b.emit(op.f32x4Mul, op.get(acc), op.f32x4Add, op.set(acc));
+  b.inc(i, 32).inc(s4, 4).inc(wb, Q8X4_BLOCK_BYTES);
   b.emit(op.get(i), op.get(nIn), op.i32LtS, op.brIf(0), op.end);
-  for (let t = 0; t < T; t++) {
-    for (let r = 0; r < 4; r++) b.emit(op.get(y[t]!), hsum(acc[t]![r]!), op.f32Store(4 * r));
-  }
+  b.emit(op.get(y), op.get(acc), op.v128Store());
   return b.body();
 }
 
-/** function indices in the module */
-const TILE4 = 0, TILE2 = 1, TILE1 = 2;
+const TILE = 0;
 
 function moduleBytes(shared: boolean): Uint8Array<ArrayBuffer> {
-  // mm_q8 parameters: xq, xqs, xd, xds, wq, wd, y, ys, nIn, nTok, r0, r1
+  // mm_q8 parameters: xq, xqs, xd, xds, w, y, ys, nIn, nTok, r0, r1
   const mm = driverBody({
-    params: 12,
+    params: 11,
     streams: [{ base: 0, stride: 1 }, { base: 2, stride: 3 }],
-    out: { base: 6, stride: 7 },
-    nTok: 9,
-    rowStart: 10,
-    rowEnd: 11,
-    // wq + r·nIn, wd + r·nIn/8, nIn
-    weightArgs: (_b, r) => [
-      op.get(4), op.get(r), op.get(8), op.i32Mul, op.i32Add,
-      op.get(5), op.get(r), op.get(8), op.i32Const(3), op.i32ShrU, op.i32Mul, op.i32Add,
-      op.get(8),
-    ],
-    tiles: [{ T: 4, fn: TILE4 }, { T: 2, fn: TILE2 }, { T: 1, fn: TILE1 }],
+    out: { base: 5, stride: 6 },
+    nTok: 8,
+    rowStart: 9,
+    rowEnd: 10,
+    // the row group's first block: w + (r/4)·(nIn/32)·144 = w + (r·nIn/8)·9; then nIn
+    weightArgs: (_b, r) => [op.get(4), op.get(r), op.get(7), op.i32Mul, op.i32Const(3), op.i32ShrU, op.i32Const(9), op.i32Mul, op.i32Add, op.get(7)],
+    tiles: [{ T: 1, fn: TILE }],
   });
   return kernelModuleBytes(
     [
-      { params: 15, body: tileBody(4) },
-      { params: 9, body: tileBody(2) },
-      { params: 6, body: tileBody(1) },
-      { name: 'mm_q8', params: 12, body: mm },
+      { params: 5, body: tileBody(relaxedSimdAvailable()) },
+      { name: 'mm_q8', params: 11, body: mm },
     ],
     shared,
   );
@@ -105,7 +94,7 @@ function moduleBytes(shared: boolean): Uint8Array<ArrayBuffer> {
 /** the compiled int8 kernels for a shared or an unshared memory, or null where they cannot be compiled */
 export const q8KernelModule = lazyModule(moduleBytes);
 
-export type MmQ8 = (xq: number, xqs: number, xd: number, xds: number, wq: number, wd: number, y: number, ys: number, nIn: number, nTok: number, r0: number, r1: number) => void;
+export type MmQ8 = (xq: number, xqs: number, xd: number, xds: number, w: number, y: number, ys: number, nIn: number, nTok: number, r0: number, r1: number) => void;
 
 /** compiles the module and returns the error, for tests */
 export function q8KernelError(): string | null {

@@ -4,14 +4,13 @@
 
 import { MeshError } from '../../errors.ts';
 import { canDequantize, dequantize, dequantizeRow } from '../../gguf/dequant.ts';
-import { F16_TABLE } from '../../gguf/fp16.ts';
 import { GgmlType, TYPE_TRAITS, typeName } from '../../gguf/types.ts';
 import type { TensorInfo, TensorSource } from '../../gguf/types.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { OUTPUT_NORM_TENSOR, OUTPUT_TENSOR, TOKEN_EMBD_TENSOR, shardHasEmbedding, shardHasHead, shardTensors } from '../shard.ts';
 import type { ShardRange } from '../types.ts';
 import { activationFormatFor } from './act-round.ts';
-import { DenseMatrix, Int8Matrix, QuantizedMatrix } from './matrices.ts';
+import { DenseMatrix, Int8Matrix, QuantizedMatrix, packInt8 } from './matrices.ts';
 import type { Matrix } from './matrices.ts';
 import { MAX_ARENA_BYTES, WasmArena, wasmSimdAvailable } from './wasm-arena.ts';
 import type { ArenaOptions } from './wasm-arena.ts';
@@ -34,24 +33,6 @@ const INT8_TYPES = new Set<GgmlType>([GgmlType.Q8_0, GgmlType.Q4_0]);
  * f16 weight (see ./act-round.ts), so results agree with it to ~1e-5; 'none': exact f32.
  */
 export type ActivationRounding = 'ggml' | 'none';
-
-/** Widens Q8_0 / Q4_0 bytes into int8 values and f32 block scales. */
-function unpackInt8(type: GgmlType, raw: Uint8Array, n: number, q: Int8Array, d: Float32Array): void {
-  const blockBytes = type === GgmlType.Q8_0 ? 34 : 18;
-  for (let b = 0; b < n / 32; b++) {
-    const o = b * blockBytes;
-    d[b] = F16_TABLE[raw[o]! | (raw[o + 1]! << 8)]!;
-    if (type === GgmlType.Q8_0) {
-      for (let j = 0; j < 32; j++) q[b * 32 + j] = (raw[o + 2 + j]! << 24) >> 24;
-    } else {
-      for (let j = 0; j < 16; j++) {
-        const v = raw[o + 2 + j]!;
-        q[b * 32 + j] = (v & 0x0f) - 8;
-        q[b * 32 + j + 16] = (v >> 4) - 8;
-      }
-    }
-  }
-}
 
 export interface LayerWeights {
   attnNorm: Float32Array; // [nEmbd]
@@ -132,7 +113,7 @@ export async function loadShardWeights(
   const arenaBytes = (s: WeightStorage) =>
     infos
       .filter((t) => t.shape.length === 2 && (s !== 'quantized' || t.type === GgmlType.F32))
-      .reduce((sum, t) => sum + (asInt8(t) ? t.nElements + t.nElements / 8 + 32 : t.nElements * 4 + 16), 0);
+      .reduce((sum, t) => sum + (asInt8(t) ? (t.nElements * 9) / 8 + 16 : t.nElements * 4 + 16), 0);
   // weights too large for one WebAssembly memory stay as the file's blocks, dequantised per tile
   if (storage !== 'quantized' && arenaBytes(storage) > MAX_ARENA_BYTES / 2) storage = 'quantized';
   const arena = new WasmArena(arenaBytes(storage) + (1 << 20), { ...arenaOptions, simd });
@@ -152,10 +133,9 @@ export async function loadShardWeights(
     if (storage === 'quantized' && t.type !== GgmlType.F32) {
       m = new QuantizedMatrix(name, rows, cols, t.type, raw, activation, arena);
     } else if (asInt8(t)) {
-      const q = arena.alloc(t.nElements); // [rows × cols] int8
-      const d = arena.alloc(t.nElements / 8); // [rows × cols/32] f32
-      unpackInt8(t.type, raw, t.nElements, arena.i8(q, t.nElements), arena.f32(d, t.nElements / 32));
-      m = new Int8Matrix(name, rows, cols, q, d, arena);
+      const w = arena.alloc((t.nElements * 9) / 8); // Q8x4: rows/4 × cols/32 blocks of 144 bytes
+      packInt8(t.type, raw, rows, cols, arena.bytes, arena.heap, w);
+      m = new Int8Matrix(name, rows, cols, w, arena);
     } else {
       const w = arena.alloc(t.nElements * 4); // [rows × cols] f32
       dequantizeRow(t.type, raw, 0, t.nElements, arena.heap, w >> 2);
