@@ -6,7 +6,8 @@ import { attendCached, attentionScratchBytes } from '../src/backends/cpu/attenti
 import { KERNEL_IDS } from '../src/backends/cpu/compute-pool.ts';
 import { createNodeCpuBackend, nodeWorkers } from '../src/backends/cpu/node-threads.ts';
 import { KvCache } from '../src/backends/cpu/kv-cache.ts';
-import { attention } from '../src/backends/cpu/ops.ts';
+import { attention, swiglu } from '../src/backends/cpu/ops.ts';
+import { swigluInArena } from '../src/backends/cpu/arena-ops.ts';
 import { relaxedSimdAvailable } from '../src/backends/cpu/wasm-asm.ts';
 import { WasmArena } from '../src/backends/cpu/wasm-arena.ts';
 import { isMeshError } from '../src/errors.ts';
@@ -140,5 +141,23 @@ function codeOf(f: () => void): string | undefined {
 describe('relaxed SIMD', () => {
   it('is on in Node (the fused multiply-add kernels run here as in production)', () => {
     expect(relaxedSimdAvailable()).toBe(true);
+  });
+});
+
+describe('elementwise kernels', () => {
+  it('swiglu in the arena equals the reference op to 2 ulp-ish (5e-7 relative), tail included', () => {
+    const arena = new WasmArena(1 << 16);
+    const n = 1003;
+    const g = rand(n, 21).map((v) => v * 100); // past exp's f32 range on both sides
+    const u = rand(n, 22);
+    const ref = new Float32Array(n);
+    swiglu(ref, g, u);
+    const go = arena.alloc(n * 4);
+    const uo = arena.alloc(n * 4);
+    arena.f32(go, n).set(g);
+    arena.f32(uo, n).set(u);
+    swigluInArena(arena, arena.f32(go, n), arena.f32(uo, n));
+    const got = arena.f32(go, n);
+    for (let i = 0; i < n; i++) expect(Math.abs(got[i]! - ref[i]!)).toBeLessThanOrEqual(5e-7 * Math.abs(ref[i]!) + 1e-30);
   });
 });

@@ -67,7 +67,7 @@ export function attendCached(kv: KvCache, l: number, s: AttentionShape, q: numbe
   const unitOffset = (u: number) => (one ? u * group : u) * hd * 4;
   const kvHead = (u: number) => (one ? u : Math.floor(u / group));
   // rows of a unit cut so that a batch gives every thread a few calls
-  const perUnit = Math.max(1, Math.ceil(piecesFor(arena.threads) / batch));
+  const perUnit = Math.max(1, Math.ceil(piecesFor(arena.threads, 2 * batch * rows * l4 * hd) / batch));
   const rowStep = Math.ceil(rows / perUnit);
   // the kernel takes rows and inputs in fours; odd head sizes (and hosts without SIMD) run in JS
   const kernel = hd % 4 === 0 && arena.attn !== null;

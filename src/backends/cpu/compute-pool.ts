@@ -22,7 +22,7 @@ export interface PoolWorker {
 export type WorkerFactory = (source: string) => PoolWorker;
 
 /** kernel ids a call names (the order of `fns` in WORKER_SOURCE and in ComputePool.run) */
-export const KERNEL_IDS = { mm_f32: 0, mm_q8: 1, attn: 2 } as const;
+export const KERNEL_IDS = { mm_f32: 0, mm_q8: 1, attn: 2, swiglu: 3 } as const;
 export type KernelId = (typeof KERNEL_IDS)[keyof typeof KERNEL_IDS];
 
 /** one kernel call: its id and up to 14 i32 arguments */
@@ -42,9 +42,17 @@ export function rowCalls(fn: KernelId, rows: number, pieces: number, args: (r0: 
   return calls;
 }
 
-/** pieces to cut a job into for `threads` threads: a few each, so a late thread's share is small */
-export function piecesFor(threads: number): number {
-  return threads === 1 ? 1 : 4 * threads;
+/** multiply-adds below which a piece of a job costs more to hand out than to run (~10 µs) */
+const MIN_PIECE_MACS = 1 << 18;
+
+/**
+ * Pieces to cut a job of `macs` multiply-adds into for `threads` threads: many each (up to 16),
+ * so the share left when one thread finishes first, or starts late, is small — but none so
+ * small that handing it out costs more than it saves.
+ */
+export function piecesFor(threads: number, macs = Infinity): number {
+  if (threads === 1) return 1;
+  return Math.max(threads, Math.min(16 * threads, Math.floor(macs / MIN_PIECE_MACS)));
 }
 
 const ARGS = 14;

@@ -6,7 +6,8 @@
 import type { ModelConfig } from '../../model/config.ts';
 import { attendCached, attentionScratchBytes } from './attention.ts';
 import type { KvCache } from './kv-cache.ts';
-import { addBias, addInPlace, rmsnorm, rope, swiglu } from './ops.ts';
+import { swigluInArena } from './arena-ops.ts';
+import { addBias, addInPlace, rmsnorm, rope } from './ops.ts';
 import type { WasmArena } from './wasm-arena.ts';
 import type { LayerWeights, Matrix, ShardWeights } from './weights.ts';
 
@@ -120,7 +121,7 @@ function forwardLayer(
   w.wGate.matmul(s.gate, s.xb, n);
   w.wUp.matmul(s.up, s.xb, n);
   // SwiGLU
-  swiglu(s.gate, s.gate, s.up);
+  swigluInArena(kv.arena, s.gate, s.up);
   // down projection
   w.wDown.matmul(s.out, s.gate, n);
   // residual

@@ -65,7 +65,7 @@ function io(arena: WasmArena, y: Float32Array, yFloats: number, x: Float32Array,
 /** y[:, 0 … rows) = x · wᵀ for f32 w at byte offset `w` (rows × cols): the kernel on groups of 4 rows, JS on the rest. */
 function mmDense(arena: WasmArena, w: number, rows: number, cols: number, yOff: number, ys: number, xOff: number, n: number): void {
   const rows4 = cols % 4 === 0 ? rows - (rows % 4) : 0;
-  if (rows4 > 0) arena.run(rowCalls(KERNEL_IDS.mm_f32, rows4, piecesFor(arena.threads), (r0, r1) => [xOff, cols * 4, w, cols * 4, yOff, ys, cols, n, r0, r1]));
+  if (rows4 > 0) arena.run(rowCalls(KERNEL_IDS.mm_f32, rows4, piecesFor(arena.threads, rows4 * cols * n), (r0, r1) => [xOff, cols * 4, w, cols * 4, yOff, ys, cols, n, r0, r1]));
   if (rows4 < rows) arena.mmF32Js(xOff, cols * 4, w, cols * 4, yOff, ys, cols, n, rows4, rows);
 }
 
@@ -154,7 +154,7 @@ export class Int8Matrix implements Matrix {
     const xq = p.extra; // [n × cols] int8
     const xd = xq + xqBytes; // [n × cols/32] f32
     quantizeRowsQ8_0(arena.f32(p.x, n * cols), n, cols, arena.bytes, xq, arena.heap, xd >> 2);
-    arena.run(rowCalls(KERNEL_IDS.mm_q8, rows, piecesFor(arena.threads), (r0, r1) => [xq, cols, xd, cols / 8, this.w, p.y, rows * 4, cols, n, r0, r1]));
+    arena.run(rowCalls(KERNEL_IDS.mm_q8, rows, piecesFor(arena.threads, rows * cols * n), (r0, r1) => [xq, cols, xd, cols / 8, this.w, p.y, rows * 4, cols, n, r0, r1]));
     p.finish();
   }
   row(r: number, out: Float32Array, outOffset: number): void {

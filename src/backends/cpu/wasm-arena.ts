@@ -58,6 +58,8 @@ export class WasmArena {
   readonly mmQ8: MmQ8 | null;
   /** one attention unit: scores, softmax, weighted sum (./wasm-attention.ts); null without SIMD */
   readonly attn: Attn | null;
+  /** g = silu(g) · u over n floats, a multiple of 4 (./wasm-elementwise.ts); null without SIMD */
+  readonly swigluKernel: ((g: number, u: number, n: number) => void) | null;
   /** bytes below `top` are allocated or on the free list; above it the memory is unused */
   private top = 0;
   private readonly freeList: Block[] = []; // sorted by offset, never adjacent
@@ -92,6 +94,7 @@ export class WasmArena {
     const f32Exports = f32 ? new WebAssembly.Instance(f32, imports).exports : null;
     this.mmF32 = f32Exports ? (f32Exports.mm_f32 as MmF32) : this.mmF32Js;
     this.attn = f32Exports ? (f32Exports.attn as Attn) : null;
+    this.swigluKernel = f32Exports ? (f32Exports.swiglu as (g: number, u: number, n: number) => void) : null;
     this.mmQ8 = q8 ? (new WebAssembly.Instance(q8, imports).exports.mm_q8 as MmQ8) : null;
   }
 
@@ -103,7 +106,7 @@ export class WasmArena {
     if (!this.shared || !this.simd || !this.mmQ8) throw new MeshError('WASM_UNAVAILABLE', 'worker threads need a shared memory and the SIMD kernels');
     if (this.pool || workers < 1) return;
     const modules = [f32KernelModule(true)!, q8KernelModule(true)!];
-    const names: [number, string][] = [[0, 'mm_f32'], [1, 'mm_q8'], [0, 'attn']];
+    const names: [number, string][] = [[0, 'mm_f32'], [1, 'mm_q8'], [0, 'attn'], [0, 'swiglu']];
     this.pool = new ComputePool({ memory: this.memory, modules, names, fns: this.kernelFns() }, workers, factory);
   }
 
@@ -124,7 +127,7 @@ export class WasmArena {
     const missing = () => {
       throw new MeshError('WASM_UNAVAILABLE', 'this kernel needs WebAssembly SIMD');
     };
-    return [this.mmF32, this.mmQ8 ?? missing, this.attn ?? missing] as ((...a: number[]) => void)[];
+    return [this.mmF32, this.mmQ8 ?? missing, this.attn ?? missing, this.swigluKernel ?? missing] as ((...a: number[]) => void)[];
   }
 
   /** stops the worker threads; the memory goes with the last reference to it */

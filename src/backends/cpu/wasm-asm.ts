@@ -114,6 +114,7 @@ export const op = {
   f32x4Add: simd(0xe4),
   f32x4Sub: simd(0xe5),
   f32x4Mul: simd(0xe6),
+  f32x4Div: simd(0xe7),
   f32x4Max: simd(0xe9),
   f32x4ConvertI32x4S: simd(0xfa),
   /** relaxed SIMD: a · b + c, fused where the hardware has FMA */

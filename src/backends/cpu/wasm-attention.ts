@@ -20,11 +20,15 @@ const C1 = 0.693359375; // ln 2, high part (few bits: n·C1 is exact)
 const C2 = -2.12194440e-4; // ln 2 − C1
 const P = [1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1];
 const EXP_MIN = -87.33654; // below this e^x leaves f32's normal range
+const EXP_MAX = 88.3762626647949; // above it e^x overflows f32
 
-/** emits code leaving exp(x) for the lanes of local x (all ≤ 0, or −∞) on the stack */
-function emitExp(b: FnBuilder, x: number, n: number, r: number, fma: boolean): void {
-  // r = max(x, EXP_MIN); n = nearest(r · log2 e); r = r − n·C1 − n·C2
-  b.emit(op.get(x), op.f32x4Const(EXP_MIN), op.f32x4Max, op.set(r));
+/**
+ * emits code leaving exp(x) for the lanes of local x on the stack (n, r: v128 temps); x is
+ * clamped to [EXP_MIN, EXP_MAX], so −∞ gives e^EXP_MIN and +∞ the largest finite power.
+ */
+export function emitExp(b: FnBuilder, x: number, n: number, r: number, fma: boolean): void {
+  // r = clamp(x); n = nearest(r · log2 e); r = r − n·C1 − n·C2
+  b.emit(op.get(x), op.f32x4Const(EXP_MIN), op.f32x4Max, op.f32x4Const(EXP_MAX), op.f32x4Min, op.set(r));
   b.emit(op.get(r), op.f32x4Const(LOG2E), op.f32x4Mul, op.f32x4Nearest, op.set(n));
   b.emit(op.get(r), op.get(n), op.f32x4Const(C1), op.f32x4Mul, op.f32x4Sub, op.get(n), op.f32x4Const(C2), op.f32x4Mul, op.f32x4Sub, op.set(r));
   // y = ((((P0·r + P1)·r + P2)·r + P3)·r + P4)·r + P5, kept on the stack
@@ -38,7 +42,7 @@ function emitExp(b: FnBuilder, x: number, n: number, r: number, fma: boolean): v
   if (fma) b.emit(op.get(r), op.f32x4RelaxedMadd);
   else b.emit(op.f32x4Mul, op.get(r), op.f32x4Add);
   b.emit(op.f32x4Const(1), op.f32x4Add);
-  // · 2ⁿ, built as the exponent bits (n + 127) << 23 (n ≥ −126 after the clamp)
+  // · 2ⁿ, built as the exponent bits (n + 127) << 23 (−126 ≤ n ≤ 127 after the clamp)
   b.emit(op.get(n), op.i32x4TruncSatF32x4S, op.i32x4Const(127), op.i32x4Add, op.i32Const(23), op.i32x4Shl, op.f32x4Mul);
 }
 

@@ -19,6 +19,7 @@
 import { FnBuilder, I32, V128, hsum, kernelModuleBytes, lazyModule, op, relaxedSimdAvailable } from './wasm-asm.ts';
 import { attnBody, softmaxBody } from './wasm-attention.ts';
 import { driverBody } from './wasm-driver.ts';
+import { swigluBody } from './wasm-elementwise.ts';
 
 export function tileBody(T: number, fma: boolean): number[] {
   const x = Array.from({ length: T }, (_, t) => t);
@@ -74,6 +75,7 @@ function moduleBytes(shared: boolean): Uint8Array<ArrayBuffer> {
       { name: 'mm_f32', params: 10, body: mm },
       { name: 'softmax_rows', params: 6, body: softmaxBody(fma) },
       { name: 'attn', params: 14, body: attnBody(MM, SOFTMAX) },
+      { name: 'swiglu', params: 3, body: swigluBody(fma) },
     ],
     shared,
   );
