@@ -65,8 +65,9 @@ describe('attention over the KV cache', () => {
   const n = 300; // past the cache's first 256 positions
 
   /** runs attendCached over the tokens in chunks of `chunk`; returns [n × qDim] */
-  function cached(q: Float32Array, k: Float32Array, v: Float32Array, chunk: number): Float32Array {
-    const arena = new WasmArena(1 << 16);
+  function cached(q: Float32Array, k: Float32Array, v: Float32Array, chunk: number, threads = 1): Float32Array {
+    const arena = new WasmArena(1 << 16, { shared: threads > 1 });
+    if (threads > 1) arena.startThreads(threads - 1, nodeWorkers);
     const kv = new KvCache(arena, 1, shape.nHeadKv, shape.headDim, 512);
     const out = new Float32Array(n * qDim);
     for (let pos = 0; pos < n; pos += chunk) {
@@ -82,6 +83,7 @@ describe('attention over the KV cache', () => {
       kv.length = pos + m;
       for (const o of [qo, oo, so]) arena.free(o);
     }
+    arena.dispose();
     return out;
   }
 
@@ -97,6 +99,8 @@ describe('attention over the KV cache', () => {
     expect(worst).toBeLessThan(1e-5);
     // decode (one token, a KV head's query heads batched), odd chunks crossing the cache's growth
     for (const chunk of [1, 7, 64]) expect(Buffer.from(cached(q, k, v, chunk).buffer).equals(Buffer.from(oneShot.buffer)), `chunk ${chunk}`).toBe(true);
+    // on two threads a chunk's rows are cut into pieces, the early ones reading fewer keys
+    for (const chunk of [n, 64]) expect(Buffer.from(cached(q, k, v, chunk, 2).buffer).equals(Buffer.from(oneShot.buffer)), `chunk ${chunk}, 2 threads`).toBe(true);
   });
 });
 

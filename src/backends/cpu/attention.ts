@@ -78,7 +78,9 @@ export function attendCached(kv: KvCache, l: number, s: AttentionShape, q: numbe
       for (let r0 = 0; r0 < rows; r0 += rowStep) {
         const n = Math.min(rowStep, rows - r0);
         const at = unitOffset(u) + r0 * stride;
-        const args = [q + at, stride, kv.keys(l, kvHead(u)), kv.values(l, kvHead(u)), kv.capacity, hd, l4, n, pos + 1 + r0 * step, step, scaleBits, out + at, stride, sc + r0 * l4 * 4];
+        // these rows see keys below pos + r0 + n at most (a chunk's early rows skip the later keys)
+        const keys = one ? l4 : Math.ceil((pos + r0 + n) / 4) * 4;
+        const args = [q + at, stride, kv.keys(l, kvHead(u)), kv.values(l, kvHead(u)), kv.capacity, hd, keys, n, pos + 1 + r0 * step, step, scaleBits, out + at, stride, sc + r0 * l4 * 4];
         calls.push({ fn: KERNEL_IDS.attn, args });
       }
     }
