@@ -58,6 +58,37 @@ function catchIt(f: () => void): unknown {
   }
 }
 
+describe('KvCache', () => {
+  it('keeps every key and value when it grows, in place at the end of the arena or moved elsewhere', () => {
+    for (const blocked of [false, true]) {
+      const arena = new WasmArena(1 << 16);
+      const kv = new KvCache(arena, 2, 2, 4, 1000);
+      const k = rand(300 * 8, 31);
+      const v = rand(300 * 8, 32);
+      kv.reserve(200);
+      for (let l = 0; l < 2; l++) kv.write(l, 0, k, v, 200);
+      kv.length = 200;
+      const after = blocked ? arena.alloc(64) : -1; // something after the cache: it must move
+      kv.reserve(100); // 256 → 512 positions
+      expect(kv.capacity).toBe(512);
+      for (let l = 0; l < 2; l++) kv.write(l, 200, k.subarray(200 * 8), v.subarray(200 * 8), 100);
+      const heap = arena.heap;
+      for (let l = 0; l < 2; l++) {
+        for (let h = 0; h < 2; h++) {
+          for (let p = 0; p < 512; p++) {
+            for (let d = 0; d < 4; d++) {
+              const want = (x: Float32Array) => (p < 300 ? x[p * 8 + h * 4 + d]! : 0);
+              expect(heap[(kv.keys(l, h) >> 2) + p * 4 + d]).toBe(want(k));
+              expect(heap[(kv.values(l, h) >> 2) + d * 512 + p]).toBe(want(v));
+            }
+          }
+        }
+      }
+      if (after >= 0) arena.free(after);
+    }
+  });
+});
+
 describe('attention over the KV cache', () => {
   const shape = { nHead: 4, nHeadKv: 2, headDim: 8 };
   const kvDim = shape.nHeadKv * shape.headDim;

@@ -7,7 +7,7 @@ import { configFromHeader, loadRopeFreqFactors } from '../../model/config.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { shardHasEmbedding, shardHasHead, validateShard } from '../shard.ts';
 import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput, StageOutput } from '../types.ts';
-import { embed, forwardLayers, lastLogits } from './forward.ts';
+import { MAX_BATCH, embed, forwardLayers, lastLogits } from './forward.ts';
 import { KvCache } from './kv-cache.ts';
 import type { WorkerFactory } from './compute-pool.ts';
 import { sharedMemoryAvailable } from './wasm-arena.ts';
@@ -29,7 +29,7 @@ export interface CpuBackendOptions {
   threads?: number;
   /** starts a worker thread (./node-threads.ts in Node; Blob URL workers in an isolated page) */
   workers?: WorkerFactory;
-  /** told of the engine's memory when it is made or grows (Node: asks for huge pages) */
+  /** told of the engine's memory when it is made for the weights (Node: asks for huge pages) */
   adviseMemory?: MemoryAdvisor;
 }
 
@@ -50,6 +50,9 @@ export class CpuBackend implements StageBackend {
     const advise = this.options.adviseMemory;
     const weights = await loadShardWeights(source, config, shard, this.options.weightStorage ?? 'auto', this.options.activationRounding ?? 'ggml', simd, { shared, ...(advise ? { advise } : {}) });
     if (shared && weights.arena.simd) weights.arena.startThreads(threads - 1, workers);
+    // the matmuls' staging sits beside the weights, so a session's KV cache ends the memory and
+    // grows where it is (./kv-cache.ts)
+    weights.arena.staging(weights.staging(MAX_BATCH));
     this.loaded = { config, shard: { ...shard }, weights };
   }
 

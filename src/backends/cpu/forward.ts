@@ -32,12 +32,11 @@ interface Scratch {
  * Reserves everything a forward of n tokens needs from the arena before taking views (growing an
  * unshared memory detaches older views): the kernels' staging, then one region for the scratch.
  */
-function scratchFor(cfg: ModelConfig, arena: WasmArena, n: number, pos: number): Scratch {
+function scratchFor(cfg: ModelConfig, weights: ShardWeights, arena: WasmArena, n: number, pos: number): Scratch {
   const qDim = cfg.nHead * cfg.headDim;
   const kvDim = cfg.nHeadKv * cfg.headDim;
-  const widest = Math.max(cfg.nEmbd, cfg.nFf, qDim);
-  // staging: a rounded copy of x (f32), its Q8_0 form (int8 + scales), a dequantised tile of 16 rows
-  arena.staging(n * widest * 6 + 16 * widest * 4 + 256);
+  // the matmuls' staging (a rounded copy of x, its Q8_0 form, a dequantised tile)
+  arena.staging(weights.staging(n));
   const sizes = { xb: n * cfg.nEmbd, q: n * qDim, k: n * kvDim, v: n * kvDim, att: n * qDim, out: n * cfg.nEmbd, gate: n * cfg.nFf, up: n * cfg.nFf };
   const floats = Object.values(sizes).reduce((a, b) => a + Math.ceil(b / 4) * 4, 0);
   const scoresBytes = attentionScratchBytes(cfg, n, pos);
@@ -60,13 +59,27 @@ export function embed(tokenEmbd: Matrix, tokens: Int32Array, nEmbd: number): Flo
 }
 
 /**
+ * Tokens run through the layers together at most: a longer input goes through in batches of this
+ * (each sees the keys of the ones before, so the result is the same bit for bit), which bounds
+ * the activations' memory while a batch this big still keeps every kernel busy.
+ */
+export const MAX_BATCH = 128;
+
+/**
  * Runs every layer of the shard over x (in place) for tokens at positions
  * [kv.length, kv.length + n), and advances the cache. x: [n × nEmbd]
  */
 export function forwardLayers(cfg: ModelConfig, weights: ShardWeights, kv: KvCache, x: Float32Array, n: number): void {
+  for (let t0 = 0; t0 < n; t0 += MAX_BATCH) {
+    const m = Math.min(MAX_BATCH, n - t0);
+    forwardBatch(cfg, weights, kv, x.subarray(t0 * cfg.nEmbd, (t0 + m) * cfg.nEmbd), m);
+  }
+}
+
+function forwardBatch(cfg: ModelConfig, weights: ShardWeights, kv: KvCache, x: Float32Array, n: number): void {
   const pos = kv.length;
   kv.reserve(n);
-  const s = scratchFor(cfg, kv.arena, n, pos);
+  const s = scratchFor(cfg, weights, kv.arena, n, pos);
   try {
     for (let l = 0; l < weights.layers.length; l++) {
       forwardLayer(cfg, weights.layers[l]!, kv, l, x, n, pos, s);

@@ -7,8 +7,9 @@
 //   V of layer l, KV head h:  [headDim × capacity]   (transposed: out = Vᵀ · p)
 //
 // Capacity grows by doubling up to the session's context length (a short chat does not reserve
-// the whole context up front); growing moves the cache to a new region, head by head. Capacity
-// is a multiple of 4, so kernels can read positions in fours; unused positions stay zero.
+// the whole context up front); growing moves the cache head by head, in place where the cache
+// ends the arena. Capacity is a multiple of 4, so kernels can read positions in fours; unused
+// positions stay zero.
 
 import { MeshError } from '../../errors.ts';
 import type { WasmArena } from './wasm-arena.ts';
@@ -71,22 +72,29 @@ export class KvCache {
     let capacity = this.capacity;
     while (capacity < needed) capacity *= 2;
     capacity = round4(Math.min(capacity, this.contextLength));
-    const next = this.arena.alloc(this.regionBytes(capacity), true);
+    // at the end of the arena the region grows where it is, and each (layer, K|V, head) run moves
+    // up from the last one down (a run's new place starts at or after its old one); elsewhere it
+    // moves to a new region
+    const inPlace = this.arena.growInPlace(this.base, this.regionBytes(capacity));
+    const next = inPlace ? this.base : this.arena.alloc(this.regionBytes(capacity), true);
     const heap = this.arena.heap;
     const old = this.base >> 2, now = next >> 2;
     const { headDim: hd, length: n } = this;
-    for (let l = 0; l < this.nLayers; l++) {
-      for (let h = 0; h < this.nHeadKv; h++) {
-        const k = (2 * l * this.nHeadKv + h) * hd;
-        heap.copyWithin(now + k * capacity, old + k * this.capacity, old + k * this.capacity + n * hd);
-        const v = ((2 * l + 1) * this.nHeadKv + h) * hd;
-        for (let d = 0; d < hd; d++) {
-          const from = old + (v + d) * this.capacity;
-          heap.copyWithin(now + (v + d) * capacity, from, from + n);
-        }
+    for (let run = 2 * this.nLayers * this.nHeadKv - 1; run >= 0; run--) {
+      const at = run * hd; // floats before this run, per position of capacity
+      const isV = Math.floor(run / this.nHeadKv) % 2 === 1;
+      if (!isV) {
+        heap.copyWithin(now + at * capacity, old + at * this.capacity, old + at * this.capacity + n * hd);
+        if (inPlace) heap.fill(0, now + at * capacity + n * hd, now + (at + hd) * capacity);
+        continue;
+      }
+      for (let d = hd - 1; d >= 0; d--) {
+        const from = old + (at + d) * this.capacity;
+        heap.copyWithin(now + (at + d) * capacity, from, from + n);
+        if (inPlace) heap.fill(0, now + (at + d) * capacity + n, now + (at + d + 1) * capacity);
       }
     }
-    this.arena.free(this.base);
+    if (!inPlace) this.arena.free(this.base);
     this.base = next;
     this.capacity = capacity;
   }

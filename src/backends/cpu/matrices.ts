@@ -23,6 +23,8 @@ export interface Matrix {
   matmul(y: Float32Array, x: Float32Array, nTokens: number): void;
   /** copies row r, as f32, into out[outOffset …]. out: [cols] */
   row(r: number, out: Float32Array, outOffset: number): void;
+  /** bytes of arena staging a matmul of nTokens needs when x and y are arena views */
+  staging(nTokens: number): number;
 }
 
 /** Weight rows dequantised per tile when multiplying a quantised matrix. */
@@ -92,6 +94,9 @@ export class DenseMatrix implements Matrix {
   row(r: number, out: Float32Array, outOffset: number): void {
     out.set(this.arena.f32(this.offset + r * this.cols * 4, this.cols), outOffset);
   }
+  staging(nTokens: number): number {
+    return this.activation === 'f32' ? 0 : nTokens * this.cols * 4 + 16; // the rounded copy of x
+  }
 }
 
 /** The file's quantised bytes (outside the arena), dequantised TILE_ROWS rows at a time into it. */
@@ -128,6 +133,9 @@ export class QuantizedMatrix implements Matrix {
   row(r: number, out: Float32Array, outOffset: number): void {
     dequantizeRow(this.type, this.data, r * this.rowBytes, this.cols, out, outOffset);
   }
+  staging(nTokens: number): number {
+    return (this.activation === 'f32' ? 0 : nTokens * this.cols * 4 + 16) + TILE_ROWS * this.cols * 4;
+  }
 }
 
 /**
@@ -156,6 +164,9 @@ export class Int8Matrix implements Matrix {
     quantizeRowsQ8_0(arena.f32(p.x, n * cols), n, cols, arena.bytes, xq, arena.heap, xd >> 2);
     arena.run(rowCalls(KERNEL_IDS.mm_q8, rows, piecesFor(arena.threads, rows * cols * n), (r0, r1) => [xq, cols, xd, cols / 8, this.w, p.y, rows * 4, cols, n, r0, r1]));
     p.finish();
+  }
+  staging(nTokens: number): number {
+    return Math.ceil((nTokens * this.cols) / 16) * 16 + (nTokens * this.cols) / 8; // x as Q8_0
   }
   row(r: number, out: Float32Array, outOffset: number): void {
     const nb = this.cols / 32;

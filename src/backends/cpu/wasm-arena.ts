@@ -36,7 +36,11 @@ interface Block {
   bytes: number;
 }
 
-/** told of the memory's bytes after it is made or grows (Node: huge pages, ./node-threads.ts) */
+/**
+ * told of the memory once it is made, sized for the weights (Node: huge pages, ./node-threads.ts);
+ * what it grows by later (KV caches, activations) keeps small pages, so what is resident stays
+ * close to what is used
+ */
 export type MemoryAdvisor = (memory: ArrayBufferLike) => void;
 
 export interface ArenaOptions {
@@ -230,6 +234,22 @@ export class WasmArena {
     return offset;
   }
 
+  /**
+   * Grows the region at `offset` to `bytes` where it ends the allocated memory (no copy, no
+   * hole left behind); returns false where it does not, and the caller moves it instead.
+   */
+  growInPlace(offset: number, bytes: number): boolean {
+    const size = this.sizes.get(offset);
+    if (size === undefined || offset + size !== this.top) return false;
+    const next = Math.ceil(bytes / ALIGN) * ALIGN;
+    if (next <= size) return true;
+    this.ensure(offset + next);
+    this.bytes.fill(0, offset + size, offset + next);
+    this.sizes.set(offset, next);
+    this.top = offset + next;
+    return true;
+  }
+
   /** Returns a region to the free list (merging it with free neighbours). */
   free(offset: number): void {
     const size = this.sizes.get(offset);
@@ -262,7 +282,6 @@ export class WasmArena {
     const want = Math.min(MAX_ARENA_BYTES, Math.max(bytes, have + have / 8));
     try {
       this.memory.grow(Math.ceil((want - have) / PAGE));
-      this.advise?.(this.memory.buffer);
     } catch (e) {
       throw new MeshError('WASM_ARENA_FULL', `the CPU engine's memory could not grow to ${want} bytes: ${(e as Error).message}`);
     }

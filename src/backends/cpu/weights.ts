@@ -34,6 +34,14 @@ const INT8_TYPES = new Set<GgmlType>([GgmlType.Q8_0, GgmlType.Q4_0]);
  */
 export type ActivationRounding = 'ggml' | 'none';
 
+/**
+ * The most staging any of the matrices needs. Made outside loadShardWeights on purpose: a closure
+ * made there would keep that scope's context, and with it every tensor's file bytes, alive.
+ */
+function stagingOf(matrices: readonly Matrix[]): (nTokens: number) => number {
+  return (n) => Math.max(0, ...matrices.map((m) => m.staging(n)));
+}
+
 export interface LayerWeights {
   attnNorm: Float32Array; // [nEmbd]
   wq: Matrix; // [nHead·headDim × nEmbd]
@@ -63,6 +71,8 @@ export interface ShardWeights {
   bytes: number;
   /** the memory the matrices, KV caches and activations live in */
   arena: WasmArena;
+  /** bytes of arena staging the layers' matmuls need for nTokens (the most any one needs) */
+  staging(nTokens: number): number;
 }
 
 /**
@@ -182,5 +192,5 @@ export async function loadShardWeights(
       ? (tokenEmbd ?? matrix(TOKEN_EMBD_TENSOR, nEmbd, config.nVocab))
       : matrix(OUTPUT_TENSOR, nEmbd, config.nVocab);
   }
-  return { tokenEmbd, layers, outputNorm, output, bytes, arena };
+  return { tokenEmbd, layers, outputNorm, output, bytes, arena, staging: stagingOf([...made.values()]) };
 }
