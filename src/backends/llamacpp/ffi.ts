@@ -339,7 +339,8 @@ export class LlamaContextFfi {
     if (this.position + tokens.length > this.contextLength) {
       throw new MeshError('CONTEXT_FULL', `llama.cpp context is full: ${this.position} + ${tokens.length} > ${this.contextLength}`);
     }
-    const ids = Int32Array.from(tokens);
+    // a stage's tokens come as an Int32Array already: passed as they are, not copied
+    const ids = tokens instanceof Int32Array ? tokens : Int32Array.from(tokens);
     this.capturedTensors.clear();
     const batch = this.b.fn.batch_get_one!(ids, ids.length);
     const rc = Number(this.b.fn.decode!(ctx, batch));
