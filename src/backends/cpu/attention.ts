@@ -16,6 +16,7 @@
 import { KERNEL_IDS, piecesFor } from './compute-pool.ts';
 import type { KernelCall } from './compute-pool.ts';
 import type { KvCache } from './kv-cache.ts';
+import { softmax } from './ops.ts';
 
 const f32 = Math.fround;
 
@@ -100,26 +101,14 @@ function attnJs(arena: KvCache['arena'], a: number[]): void {
 
 /**
  * Row r of the [nRows × width] scores at heap[at …] keeps keys j < first + r·step: scaled,
- * softmax over those (exp(x − max) / Σ, as ops.softmax), zero past them.
+ * softmaxed (ops.softmax), zero past them.
  */
 function causalSoftmax(heap: Float32Array, at: number, width: number, nRows: number, first: number, step: number, scale: number): void {
   for (let r = 0; r < nRows; r++) {
     const o = at + r * width;
     const n = first + r * step;
-    let max = -Infinity;
-    for (let j = 0; j < n; j++) {
-      const v = f32(heap[o + j]! * scale);
-      heap[o + j] = v;
-      if (v > max) max = v;
-    }
-    let sum = 0;
-    for (let j = 0; j < n; j++) {
-      const e = f32(Math.exp(heap[o + j]! - max));
-      heap[o + j] = e;
-      sum += e;
-    }
-    const inv = f32(1 / sum);
-    for (let j = 0; j < n; j++) heap[o + j] = heap[o + j]! * inv;
+    for (let j = 0; j < n; j++) heap[o + j] = f32(heap[o + j]! * scale);
+    softmax(heap, o, n);
     heap.fill(0, o + n, o + width);
   }
 }

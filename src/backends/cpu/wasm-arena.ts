@@ -9,6 +9,7 @@
 
 import { MeshError } from '../../errors.ts';
 import { ComputePool } from './compute-pool.ts';
+import { dot } from './ops.ts';
 import type { KernelCall, WorkerFactory } from './compute-pool.ts';
 import { f32KernelModule } from './wasm-f32.ts';
 import type { Attn, MmF32 } from './wasm-f32.ts';
@@ -185,20 +186,7 @@ export class WasmArena {
   readonly mmF32Js: MmF32 = (x, xs, w, ws, y, ys, nIn, nTok, r0, r1) => {
     const h = this.heap;
     for (let r = r0; r < r1; r++) {
-      const wo = (w + r * ws) >> 2;
-      for (let t = 0; t < nTok; t++) {
-        const xo = (x + t * xs) >> 2;
-        let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        let i = 0;
-        for (; i + 4 <= nIn; i += 4) {
-          s0 += h[xo + i]! * h[wo + i]!;
-          s1 += h[xo + i + 1]! * h[wo + i + 1]!;
-          s2 += h[xo + i + 2]! * h[wo + i + 2]!;
-          s3 += h[xo + i + 3]! * h[wo + i + 3]!;
-        }
-        for (; i < nIn; i++) s0 += h[xo + i]! * h[wo + i]!;
-        h[((y + t * ys) >> 2) + r] = s0 + s1 + s2 + s3;
-      }
+      for (let t = 0; t < nTok; t++) h[((y + t * ys) >> 2) + r] = dot(h, (x + t * xs) >> 2, h, (w + r * ws) >> 2, nIn);
     }
   };
 
