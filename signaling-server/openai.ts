@@ -165,6 +165,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     let unsubscribe: (() => void) | null = null;
     let firstToken = false;
     let lastStep: TelemetryEvent | null = null;
+    const repairs: TelemetryEvent[] = [];
     const result = await generateOnRoute(link, route.id, tokenizer, {
       promptTokens,
       maxTokens,
@@ -176,6 +177,11 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
         // progress from the session manager (prefill per chunk) reaches the stream too
         unsubscribe = ctx.sessions.subscribe(sid, (e) => {
           if (!firstToken && e.type === 'prefill_progress') progress(e);
+          // a stage lost and the route repaired under the session: the client sees it happen, but no error
+          if (e.type === 'stage_lost' || e.type === 'route_repairing' || e.type === 'route_repaired') {
+            repairs.push(e);
+            progress(e);
+          }
         });
       },
       onEvent: (e) => {
@@ -199,7 +205,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
         model,
         choices: [chat ? { index: 0, message: { role: 'assistant', content: result.text }, logprobs: null, finish_reason: finish(result) } : { index: 0, text: result.text, logprobs: null, finish_reason: finish(result) }],
         usage: usage(result),
-        gguf_mesh: { session_id: result.sessionId, summary: result.summary },
+        gguf_mesh: { session_id: result.sessionId, summary: result.summary, ...(repairs.length ? { repairs } : {}) },
       });
     }
   } catch (e) {

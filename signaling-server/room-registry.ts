@@ -32,6 +32,14 @@ export interface RoomRegistryOptions {
   sessionTtlMs?: number;
   /** STUN/TURN servers announced to every peer in welcome */
   iceServers?: IceServer[];
+  /** a route that loses a stage waits this long for a replacement (ms, default 30 s; 0 = no repair: sessions fail at once) */
+  repairTimeoutMs?: number;
+  /** a WebSocket ping to every peer this often (ms, default 2 s) */
+  heartbeatMs?: number;
+  /** a peer silent this long is lost (ms, default 6 s) */
+  heartbeatTimeoutMs?: number;
+  /** a step unanswered this long makes the server probe the route's stages for a stalled one (ms, default 30 s) */
+  stepTimeoutMs?: number;
   log: (line: string) => void;
 }
 
@@ -81,7 +89,7 @@ export class RoomRegistry {
         const r = this.findRoute(routeId);
         return r && r.status === 'ready' ? r : undefined;
       },
-      { idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => opts.log(`session ${id}: ${state}`) },
+      { idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => opts.log(`session ${id}: ${state}`), ...(opts.stepTimeoutMs ? { stepTimeoutMs: opts.stepTimeoutMs } : {}) },
     );
   }
 
@@ -118,6 +126,7 @@ export class RoomRegistry {
         sessions: this.sessions,
         log: this.opts.log,
         ...(this.opts.iceServers?.length ? { iceServers: this.opts.iceServers } : {}),
+        ...(this.opts.repairTimeoutMs !== undefined ? { repairTimeoutMs: this.opts.repairTimeoutMs } : {}),
       },
     );
     this.rooms.push(room);

@@ -1,6 +1,8 @@
 // A room: one model artifact, its secret, the peers that joined, and the route planned over
-// them. The route's status moves forming → loading → ready, to degraded when a stage's peer
-// leaves or fails to load, and to closed when a new route replaces it or the server stops.
+// them. The route's status moves forming → loading → ready; a ready route whose stage loses its
+// peer goes repairing and back to ready once a replacement serves the stage (route-repair.ts);
+// degraded when a stage is lost with no repair, fails to load, or the repair timed out; closed
+// when a new route replaces it or the server stops.
 
 import { randomBytes } from 'node:crypto';
 import type WebSocket from 'ws';
@@ -15,8 +17,14 @@ import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
+import { FrameType, makeFrame } from '../src/protocol/frame.ts';
+import { RouteKeeper } from './route-repair.ts';
+import type { RepairState } from './route-repair.ts';
 
-export type RouteStatus = 'forming' | 'loading' | 'ready' | 'degraded' | 'closed';
+export type RouteStatus = 'forming' | 'loading' | 'ready' | 'repairing' | 'degraded' | 'closed';
+
+/** How long a stage may take to answer a status probe before a stalled step blames it (ms). */
+const STALL_PROBE_MS = 2_000;
 
 export interface Peer {
   id: string;
@@ -28,6 +36,8 @@ export interface Peer {
   gone: boolean;
   /** refused its shard's bytes (hash mismatch): stays out of routes for this artifact */
   excluded?: string;
+  /** asked to leave gracefully: takes no new stage or standby */
+  leaving?: boolean;
 }
 
 export interface RouteStage {
@@ -62,6 +72,8 @@ export class Route implements RouteHandle {
   readonly history: RouteStatus[] = ['forming'];
   entryLink: FrameLink | null = null;
   readonly createdAt = Date.now();
+  /** the repair under way (route-repair.ts), if a stage lost its peer */
+  repairState: RepairState | null = null;
 
   constructor(
     readonly id: number,
@@ -94,6 +106,20 @@ export class Route implements RouteHandle {
     return this.stages.map((s) => s.peerId);
   }
 
+  stageBackends(): string[] {
+    return this.stages.map((s) => this.room.peers.get(s.peerId)?.hello.backend ?? '?');
+  }
+
+  /** What sessions wait on while a lost stage is replaced (a graceful leave: only once the swap begins). */
+  repair(): RepairState | null {
+    return this.status === 'repairing' ? this.repairState : null;
+  }
+
+  /** A step went unanswered: a stage that does not answer a status probe in time is treated as lost. */
+  async suspectStall(): Promise<void> {
+    await this.room.probeStages(this);
+  }
+
   summary(): Record<string, unknown> {
     return {
       id: this.id,
@@ -103,6 +129,8 @@ export class Route implements RouteHandle {
       reason: this.reason,
       history: this.history,
       stages: this.stages.map((s) => ({ ...s, peer: this.room.peerSummary(s.peerId) })),
+      repair: this.repairState ? { since: this.repairState.since, stages: this.repairState.stages, lost: [...this.repairState.lost.values()] } : null,
+      spares: this.room.keeper.summary(),
     };
   }
 }
@@ -117,6 +145,8 @@ export interface RoomOptions {
   log: (line: string) => void;
   /** STUN/TURN servers announced to peers in welcome (browser peers across the internet) */
   iceServers?: IceServer[];
+  /** how long a ready route waits for a replacement of a lost stage (ms; 0 = no repair, sessions fail at once) */
+  repairTimeoutMs?: number;
 }
 
 export class Room {
@@ -130,13 +160,25 @@ export class Room {
   private listeners = new Set<(e: TelemetryEvent) => void>();
   /** recent route events, replayed to a new subscriber */
   private recent: TelemetryEvent[] = [];
+  /** spares and repairs */
+  readonly keeper: RouteKeeper;
 
   constructor(
     readonly id: string,
     readonly secret: string,
     readonly model: ModelArtifact,
     private readonly opts: RoomOptions,
-  ) {}
+  ) {
+    this.keeper = new RouteKeeper(this, { repairTimeoutMs: opts.repairTimeoutMs ?? 30_000 });
+  }
+
+  get sessions(): SessionManager {
+    return this.opts.sessions;
+  }
+
+  get modelUrl(): string {
+    return this.opts.modelUrl;
+  }
 
   log(line: string): void {
     this.opts.log(`[room ${this.id}] ${line}`);
@@ -166,6 +208,9 @@ export class Room {
     this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}`);
     const ice = this.opts.iceServers?.length ? { iceServers: this.opts.iceServers } : {};
     this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief(), ...ice });
+    const r = this.route;
+    if (r?.repairState) this.keeper.fillWaiting(r);
+    else if (r?.status === 'ready') this.keeper.assignStandbys(r);
     this.schedulePlan();
     return peer;
   }
@@ -174,28 +219,77 @@ export class Room {
     if (peer.gone) return;
     peer.gone = true;
     this.peers.delete(peer.id);
+    this.keeper.spares.delete(peer.id);
     this.log(`peer ${peer.id} left: ${why}`);
     const r = this.route;
-    const st = r?.stages.find((s) => s.peerId === peer.id);
-    if (r && st && r.status !== 'closed') {
-      st.status = 'lost';
-      r.setStatus('degraded', `stage ${st.stage} (${peer.id}) left: ${why}`);
-      void this.opts.sessions.stageLost(r.id, st.stage, why);
+    if (!r || r.status === 'closed') return this.schedulePlan();
+    const st = r.stages.find((s) => s.peerId === peer.id);
+    const replacing = this.keeper.replacementStage(r, peer);
+    if (!st && replacing === null) return this.schedulePlan();
+    const stage = st?.stage ?? replacing!;
+    if (!peer.leaving) this.keeper.penalise(peer, `lost while serving stage ${stage}: ${why}`);
+    if (this.keeper.stageLost(r, stage, peer.id, why)) {
+      void this.opts.sessions.stageLost(r.id, stage, why, { peerId: peer.id, repairing: true });
+      return;
     }
+    st!.status = 'lost';
+    r.setStatus('degraded', `stage ${stage} (${peer.id}) left: ${why}`);
+    void this.opts.sessions.stageLost(r.id, stage, why, { peerId: peer.id });
     this.schedulePlan();
   }
 
-  onPeerMessage(peer: Peer, msg: PeerToServer): void {
+  /** A graceful leave: a stage is handed over first (same path as a repair), then the peer hears leave-ok. */
+  peerLeaving(peer: Peer): void {
+    peer.leaving = true;
+    this.keeper.spares.delete(peer.id);
     const r = this.route;
-    if (msg.t === 'hello' || !r || msg.routeId !== r.id) return;
+    const st = r?.stages.find((s) => s.peerId === peer.id);
+    if (!r || !st || r.status === 'closed' || !this.keeper.stageLost(r, st.stage, peer.id, 'left gracefully', true)) return this.leaveDone(peer.id, !st);
+    this.log(`peer ${peer.id} is leaving: handing stage ${st.stage} over`);
+    void this.opts.sessions.stageLost(r.id, st.stage, 'left gracefully (its sessions move to a replacement)', { peerId: peer.id, repairing: true });
+  }
+
+  /** Tells a leaving peer it may go (`moved`: its stage is served elsewhere). */
+  leaveDone(peerId: string, moved: boolean): void {
+    const p = this.peers.get(peerId);
+    if (p) this.send(p, { t: 'leave-ok', moved });
+  }
+
+  /** Asks every stage of `r` for its status; the first that does not answer in time is lost (stalled). */
+  async probeStages(r: Route): Promise<void> {
+    for (const st of r.stages) {
+      const p = this.peers.get(st.peerId);
+      if (!p || p.gone) continue;
+      const ok = await Promise.race([
+        p.control.request(makeFrame({ type: FrameType.Status })).then(() => true, () => true),
+        new Promise<boolean>((resolve) => setTimeout(() => resolve(false), STALL_PROBE_MS).unref()),
+      ]);
+      if (ok) continue;
+      this.peerGone(p, `stalled: no answer to a status probe within ${STALL_PROBE_MS} ms`);
+      p.ws.terminate();
+      return;
+    }
+  }
+
+  onPeerMessage(peer: Peer, msg: PeerToServer): void {
+    if (msg.t === 'hello') return;
+    if (msg.t === 'leave') return this.peerLeaving(peer);
+    if (msg.t === 'standby-ready' || msg.t === 'standby-failed') return this.keeper.onStandby(peer, msg.t === 'standby-ready', msg.t === 'standby-failed' ? `${msg.code} ${msg.message}` : '');
+    const r = this.route;
+    if (!r || msg.routeId !== r.id) return;
+    if (msg.t === 'rewired') return this.keeper.onRewired(peer, msg.routeId, msg.stage);
     const st = r.stages[msg.stage];
-    if (!st || st.peerId !== peer.id) return;
+    if (!st) return;
+    // a replacement taking over a stage (a graceful leave: the stage still names the leaving peer)
+    const replacing = this.keeper.replacementStage(r, peer) === msg.stage;
+    if (st.peerId !== peer.id && !replacing) return;
     if (msg.t === 'ready') {
-      st.status = 'ready';
       st.loadMs = msg.loadMs;
       st.bytesRead = msg.bytesRead;
       this.log(`route ${r.id}: stage ${st.stage} ready on ${peer.id} (${msg.bytesRead} bytes read in ${Math.round(msg.loadMs)} ms)`);
       this.emit({ type: 'stage_ready', routeId: r.id, stage: st.stage, loadMs: msg.loadMs, bytesRead: msg.bytesRead });
+      if (replacing) return void this.keeper.replacementReady(r, peer);
+      st.status = 'ready';
       if (r.stages.every((s) => s.status === 'ready')) void this.announceReady(r);
     } else if (msg.t === 'telemetry') {
       st.telemetry = msg; // browser peers: load progress, hop kind (webrtc | relay), frames per channel
@@ -203,18 +297,19 @@ export class Room {
       st.loading = { bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal };
       this.emit({ type: 'stage_loading', routeId: r.id, stage: st.stage, bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal });
     } else if (msg.t === 'load-failed') {
+      if (/HASH_MISMATCH/.test(msg.code)) peer.excluded = `${msg.code}: ${msg.message}`;
+      if (replacing) return this.keeper.replacementFailed(r, peer, `${msg.code} ${msg.message}`);
       st.status = 'failed';
       st.error = { code: msg.code, message: msg.message };
-      if (/HASH_MISMATCH/.test(msg.code)) peer.excluded = `${msg.code}: ${msg.message}`;
       r.setStatus('degraded', `stage ${st.stage} (${peer.id}) failed to load: ${msg.code} ${msg.message}`);
     }
   }
 
   /** Stage 0's data link: straight to its listen address, else over its control socket. */
-  private async announceReady(r: Route): Promise<void> {
+  async connectEntry(r: Route): Promise<void> {
     const first = r.stages[0]!;
     const peer = this.peers.get(first.peerId);
-    if (!peer) return;
+    if (!peer) throw new MeshError('STAGE_UNREACHABLE', `stage 0 (${first.peerId}) is not in the room`, { stage: 0 });
     let link: FrameLink = peer.control;
     if (first.listen) {
       try {
@@ -223,12 +318,25 @@ export class Room {
         this.log(`route ${r.id}: stage 0 not reachable at ${first.listen} (${(e as Error).message}); using its control socket`);
       }
     }
-    if (this.route !== r || r.status !== 'loading') {
-      if (link !== peer.control) void link.close();
-      return;
-    }
+    const old = r.entryLink;
     r.entryLink = link;
+    if (old && old !== link && !this.isControlLink(old)) void old.close();
+  }
+
+  private async announceReady(r: Route): Promise<void> {
+    await this.connectEntry(r).catch((e: Error) => this.log(`route ${r.id}: ${e.message}`));
+    if (this.route !== r || r.status !== 'loading') return;
     r.setStatus('ready');
+    this.keeper.assignStandbys(r);
+  }
+
+  /** Sends `peer` the assignment of stage `stage` of `r` (its neighbours as the route stands). */
+  assignStage(r: Route, stage: number, peer: Peer): void {
+    const st = r.stages[stage]!;
+    const next = r.stages[stage + 1];
+    const downstream = next ? (this.peers.get(next.peerId)?.hello.listen ?? null) : null;
+    const upstreamPeer = r.stages[stage - 1]?.peerId ?? null;
+    this.send(peer, { t: 'assign', routeId: r.id, stage, shard: { ...st.shard }, nLayer: this.model.nLayer, modelUrl: this.opts.modelUrl, downstream, downstreamPeer: next?.peerId ?? null, upstreamPeer });
   }
 
   schedulePlan(): void {
@@ -243,15 +351,15 @@ export class Room {
   /** Plans a new route when there is none or the current one cannot serve. */
   plan(): void {
     const current = this.route;
-    if (current && (current.status === 'ready' || current.status === 'loading')) return;
-    const peers = [...this.peers.values()].filter((p) => !p.gone && !p.excluded);
+    if (current && (current.status === 'ready' || current.status === 'loading' || current.status === 'repairing')) return;
+    const peers = [...this.peers.values()].filter((p) => this.keeper.eligible(p));
     if (peers.length < this.opts.minPeers) {
       if (current?.status === 'forming') current.reason = `waiting for peers: ${peers.length} of ${this.opts.minPeers}`;
       return;
     }
     const plan = planRoute({
       nLayer: this.model.nLayer,
-      peers: peers.map((p) => ({ id: p.id, memoryBytes: p.hello.memoryBytes, layers: p.hello.layers, held: this.heldRange(p) })),
+      peers: peers.map((p) => ({ id: p.id, memoryBytes: p.hello.memoryBytes, layers: p.hello.layers, held: this.heldRangeOf(p) })),
       shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer),
     });
     if (current && current.status === 'forming' && !plan.ok) {
@@ -274,22 +382,18 @@ export class Room {
     this.emit({ type: 'route_planned', routeId: route.id, stages: route.stages.map((st) => ({ stage: st.stage, peerId: st.peerId, start: st.shard.start, end: st.shard.end })) });
     route.setStatus('loading');
     // downstream first: the last stage starts loading before the ones that will send to it
-    for (const st of [...route.stages].reverse()) {
-      const next = route.stages[st.stage + 1];
-      const downstream = next ? (this.peers.get(next.peerId)?.hello.listen ?? null) : null;
-      const upstreamPeer = route.stages[st.stage - 1]?.peerId ?? null;
-      this.send(this.peers.get(st.peerId)!, { t: 'assign', routeId: route.id, stage: st.stage, shard: st.shard, nLayer: this.model.nLayer, modelUrl: this.opts.modelUrl, downstream, downstreamPeer: next?.peerId ?? null, upstreamPeer });
-    }
+    for (const st of [...route.stages].reverse()) this.assignStage(route, st.stage, this.peers.get(st.peerId)!);
   }
 
   /** The layer range a peer advertises holding verified for this room's artifact. */
-  private heldRange(p: Peer): ShardRange | undefined {
+  heldRangeOf(p: Peer): ShardRange | undefined {
     if (!this.artifactSha || p.hello.artifact !== this.artifactSha || !p.hello.units) return undefined;
     return unitsRange(p.hello.units) ?? undefined;
   }
 
   closeRoute(r: Route): void {
     if (r.status === 'closed') return;
+    if (r.repairState) this.keeper.giveUp(r, 'the route was replaced');
     r.setStatus('closed');
     if (r.entryLink && !this.isControlLink(r.entryLink)) void r.entryLink.close();
     for (const st of r.stages) {
@@ -320,6 +424,7 @@ export class Room {
 
   dispose(): void {
     if (this.planTimer) clearTimeout(this.planTimer);
+    if (this.route?.repairState) this.keeper.giveUp(this.route, 'the server is stopping');
     if (this.route) this.closeRoute(this.route);
     for (const p of this.peers.values()) p.ws.terminate();
   }

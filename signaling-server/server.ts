@@ -29,7 +29,7 @@ import { serveFrames } from '../src/transport/ws.ts';
 import { HttpApi } from './http-api.ts';
 import type { AppHook } from './http-api.ts';
 import type { FetchLog } from './model-host.ts';
-import { admitPeer } from './peer-admission.ts';
+import { admitPeer, DEFAULT_LIVENESS } from './peer-admission.ts';
 import type { Room } from './room.ts';
 import { RoomRegistry } from './room-registry.ts';
 
@@ -48,6 +48,14 @@ export interface SignalingServerOptions {
   sessionTtlMs?: number;
   /** STUN/TURN servers announced to every peer in welcome */
   iceServers?: IceServer[];
+  /** a route that loses a stage waits this long for a replacement (ms, default 30 s; 0 = no repair: sessions fail at once) */
+  repairTimeoutMs?: number;
+  /** a WebSocket ping to every peer this often (ms, default 2 s) */
+  heartbeatMs?: number;
+  /** a peer silent this long is lost (ms, default 6 s) */
+  heartbeatTimeoutMs?: number;
+  /** a step unanswered this long makes the server probe the route's stages for a stalled one (ms, default 30 s) */
+  stepTimeoutMs?: number;
   log?: (line: string) => void;
   /**
    * Answers requests before the API (the web app): resolves true when it answered, false to leave
@@ -103,7 +111,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
       refuseUpgrade(socket, 'AUTH_FAILED');
       return;
     }
-    wss.handleUpgrade(req, socket, head, (ws) => (m[2] === 'peer' ? admitPeer(room, ws, registry.relayLedger(room)) : serveClient(registry, room, ws)));
+    wss.handleUpgrade(req, socket, head, (ws) => (m[2] === 'peer' ? admitPeer(room, ws, registry.relayLedger(room), { heartbeatMs: opts.heartbeatMs ?? DEFAULT_LIVENESS.heartbeatMs, heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? DEFAULT_LIVENESS.heartbeatTimeoutMs }) : serveClient(registry, room, ws)));
   });
   for (const location of opts.models) await registry.addRoom(location);
 

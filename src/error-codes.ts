@@ -153,7 +153,8 @@ const ROUTE = {
   BAD_CHAIN: { status: 500, meaning: 'a chain of stages is empty, or its outputs do not chain (logits before the last stage, hidden states after it)' },
   STAGE_FAILED: { status: 502, meaning: 'a stage failed with an error that was not a MeshError' },
   STAGE_UNREACHABLE: { status: 502, meaning: 'the next stage has no peer, or the hop to it broke' },
-  STAGE_LOST: { status: 500, meaning: "a stage's peer left the room while sessions ran on it" },
+  STAGE_LOST: { status: 502, meaning: "a stage's peer left the room while sessions ran on it, and no replacement took over in time" },
+  STAGE_STALLED: { status: 502, meaning: 'a step got no answer within the step deadline: a stage stopped answering' },
   STAGE_NOT_LOADED: { status: 500, meaning: 'the peer serves no stage yet' },
   STAGE_INPUT_KIND: { status: 500, meaning: 'a stage got token ids where it takes hidden states, or back' },
 } as const satisfies Codes;

@@ -2,6 +2,7 @@
 // per session. CPU reference, WebGPU and llama.cpp backends all implement it, in-thread or
 // behind a worker proxy.
 
+import { MeshError } from '../errors.ts';
 import type { TensorSource } from '../gguf/types.ts';
 
 export type { ShardRange } from '../gguf/types.ts';
@@ -39,6 +40,13 @@ export interface SessionStats {
   processedTokens: number[];
 }
 
+/** Throws POSITION_MISMATCH unless 0 <= position <= current (what truncateSession accepts). */
+export function checkTruncate(sessionId: string, position: number, current: number): void {
+  if (!Number.isInteger(position) || position < 0 || position > current) {
+    throw new MeshError('POSITION_MISMATCH', `session ${sessionId} holds ${current} positions; cannot rewind it to ${position}`, { expected: current, got: position });
+  }
+}
+
 export interface StageBackend {
   readonly kind: 'cpu' | 'webgpu' | 'llamacpp' | 'stub';
   /** read only this shard's tensors from `source` and make them ready to compute */
@@ -46,6 +54,12 @@ export interface StageBackend {
   openSession(sessionId: string, options: SessionOptions): Promise<void>;
   /** free the session's KV cache; releasing an unknown session is an error */
   releaseSession(sessionId: string): Promise<void>;
+  /**
+   * Drops positions [position, current) from the session's KV cache, so the next forward starts
+   * at `position` (a repair rewinding a step that did not finish on every stage). `position`
+   * beyond the current one is POSITION_MISMATCH.
+   */
+  truncateSession(sessionId: string, position: number): Promise<void>;
   /**
    * Run the shard's layers over `input` at positions [position, position + nTokens).
    * `position` must equal the session's current position: a mismatch is an error, never a

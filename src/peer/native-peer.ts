@@ -14,7 +14,7 @@ import type { PeerToServer, RelayReply } from '../protocol/control.ts';
 import { startFrameServer } from '../transport/frame-server.ts';
 import type { FrameServer } from '../transport/frame-server.ts';
 import { serveFrames } from '../transport/ws.ts';
-import { loadNativeStage, nodeWebGpuBackend } from './native-stage.ts';
+import { linkNativeNext, loadNativeShard, nodeWebGpuBackend } from './native-stage.ts';
 import type { BackendKind, NativeStageEnv } from './native-stage.ts';
 import { fetchRoomModel, PeerCore } from './peer-core.ts';
 import { RelayLink } from './relay-link.ts';
@@ -48,6 +48,8 @@ export interface NodePeer {
   readonly service: StageService | null;
   /** resolves when the control connection ends */
   closed: Promise<string>;
+  /** a graceful leave: the server moves this peer's stage and sessions to a replacement first; resolves with whether they moved */
+  leave(timeoutMs?: number): Promise<boolean>;
   close(): Promise<void>;
 }
 
@@ -111,7 +113,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     // a browser next stage has no listen address: frames go through the server (peer/relay-link.ts)
     relayTo: (to) => (relay = new RelayLink(to, (r) => control!.send(JSON.stringify(r)))),
   };
-  const core = new PeerCore({ secret: opts.secret, send, log, loadStage: (ctx) => loadNativeStage(ctx, env) });
+  const core = new PeerCore({ secret: opts.secret, send, log, loadShard: (ctx) => loadNativeShard(ctx, env), linkNext: (next, ctx) => linkNativeNext(next, ctx, env) });
   const server = await startFrameServer({
     host: opts.listenHost ?? '127.0.0.1',
     port: opts.listenPort ?? 0,
@@ -160,6 +162,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       return core.service;
     },
     closed,
+    leave: (timeoutMs = 40_000) => core.leave(timeoutMs),
     async close() {
       ws.close();
       await core.close();

@@ -17,7 +17,7 @@ import type { FrameLink } from '../transport/link.ts';
 import { WsLink } from '../transport/ws.ts';
 import { localCopy } from './local-copy.ts';
 import { modelHeaders, progressGate } from './peer-core.ts';
-import type { Assignment, LoadContext, RoomModel, StageLoad } from './peer-core.ts';
+import type { Assignment, LoadContext, NextLink, NextStage, RoomModel, ShardLoad, Standby } from './peer-core.ts';
 import { RelayLink } from './relay-link.ts';
 import { VerifiedSource } from './verified-source.ts';
 
@@ -72,7 +72,7 @@ export interface NativeStageEnv {
 }
 
 /** Reads the shard's tensors: llama.cpp from a whole local copy, the others only the shard's ranges. */
-async function openShard(a: Assignment, env: NativeStageEnv, progress: (done: number, total: number) => void): Promise<{ source: TensorSource; fetched: () => number }> {
+async function openShard(a: Assignment | Standby, env: NativeStageEnv, progress: (done: number, total: number) => void): Promise<{ source: TensorSource; fetched: () => number }> {
   // the secret and peer id go only to the server's own model hosting, never to a third-party URL
   const headers = modelHeaders(a.modelUrl, env.base, env.secret, env.peerId());
   const manifest = env.model.manifest;
@@ -96,7 +96,7 @@ async function openShard(a: Assignment, env: NativeStageEnv, progress: (done: nu
 }
 
 /** The link to the next stage: null on the last stage; the relay when it has no listen address or is out of reach. */
-async function connectNext(a: Assignment, env: NativeStageEnv): Promise<FrameLink | null> {
+async function connectNext(a: NextStage, env: NativeStageEnv): Promise<FrameLink | null> {
   const auth = { authorization: `Bearer ${env.secret}` };
   if (!a.downstream) return a.downstreamPeer ? env.relayTo(a.downstreamPeer) : null;
   try {
@@ -114,8 +114,8 @@ function hopName(link: FrameLink | null): string {
   return link instanceof RelayLink ? 'next stage via server relay' : link instanceof HttpLink ? 'next stage over http' : 'next stage over ws';
 }
 
-/** PeerCore's `loadStage` for a native node. */
-export async function loadNativeStage(ctx: LoadContext, env: NativeStageEnv): Promise<StageLoad> {
+/** PeerCore's `loadShard` for a native node: the backend holding the verified shard. */
+export async function loadNativeShard(ctx: LoadContext, env: NativeStageEnv): Promise<ShardLoad> {
   const a = ctx.assignment;
   // loading progress for the room's telemetry, at most every 100 ms (and at the end)
   const due = progressGate(100);
@@ -127,8 +127,13 @@ export async function loadNativeStage(ctx: LoadContext, env: NativeStageEnv): Pr
   const { source, fetched } = await openShard(a, env, progress);
   ctx.keep(source, (s) => s.close());
   await backend.load(source, a.shard);
-  const downstream = await connectNext(a, env);
-  if (downstream) ctx.keep(downstream, (l) => l.close());
   const bytesRead = fetched();
-  return { backend, downstream, bytesRead, detail: `${bytesRead} bytes read; ${hopName(downstream)}` };
+  return { backend, bytesRead, detail: `${bytesRead} bytes read` };
+}
+
+/** PeerCore's `linkNext` for a native node. */
+export async function linkNativeNext(next: NextStage, ctx: LoadContext, env: NativeStageEnv): Promise<NextLink> {
+  const link = await connectNext(next, env);
+  if (link) ctx.keep(link, (l) => l.close());
+  return { link, detail: hopName(link) };
 }

@@ -57,6 +57,12 @@ export type ServerToPeer =
   | { t: 'welcome'; peerId: string; roomId: string; model: ModelBrief; iceServers?: IceServer[] }
   | { t: 'assign'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string; downstream: string | null; downstreamPeer?: string | null; upstreamPeer?: string | null }
   | { t: 'release'; routeId: number }
+  /** a spare: load and verify this shard now, serve nothing yet; a later `assign` of the same shard takes it over at once */
+  | { t: 'standby'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string }
+  /** a repair replaced a neighbour: send hidden states to a new next stage and/or accept them from a new previous one */
+  | { t: 'rewire'; routeId: number; stage: number; downstream?: string | null; downstreamPeer?: string | null; upstreamPeer?: string | null }
+  /** the answer to `leave`: the peer's sessions are served elsewhere now (or could not be moved: `moved: false`); it may go */
+  | { t: 'leave-ok'; moved: boolean }
   | { t: 'error'; code: string; message: string };
 
 export type PeerToServer =
@@ -65,6 +71,13 @@ export type PeerToServer =
   | { t: 'load-failed'; routeId: number; stage: number; code: string; message: string }
   /** native peers while loading: verified shard bytes so far */
   | { t: 'loading'; routeId: number; stage: number; bytesDone: number; bytesTotal: number }
+  /** a spare's standby shard is loaded and verified */
+  | { t: 'standby-ready'; routeId: number; stage: number; loadMs: number; bytesRead: number }
+  | { t: 'standby-failed'; routeId: number; stage: number; code: string; message: string }
+  /** the rewire is done: the new links are open */
+  | { t: 'rewired'; routeId: number; stage: number }
+  /** a graceful leave (SIGTERM, the page's Leave button): move my sessions, then answer leave-ok */
+  | { t: 'leave' }
   /** browser peers (below): signal/relay are routed before this union is consulted */
   | { t: 'telemetry'; routeId: number; stage: number; [k: string]: unknown };
 

@@ -89,6 +89,11 @@ export function jsonFrame(type: FrameType.SessionOpen | FrameType.Status | Frame
   return makeFrame({ type, ...at, flags, dtype: DType.Json, payload: encodeJson(value) });
 }
 
+/** A repair request to one stage: Rewind to `position`, or Resend from `position` (see frame.ts). */
+export function repairFrame(type: FrameType.Rewind | FrameType.Resend, at: Addressing, position: number, value: unknown): Frame {
+  return makeFrame({ type, ...at, position, dtype: DType.Json, payload: encodeJson(value) });
+}
+
 export interface ErrorBody {
   code: string;
   message: string;

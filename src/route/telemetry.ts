@@ -72,6 +72,24 @@ export type TelemetryEvent =
       stages: StageTiming[];
     }
   | { type: 'session_state'; sessionId: string; state: string }
+  /** a stage's peer was lost (left, stopped answering, failed); sessionId absent on the room's stream */
+  | { type: 'stage_lost'; sessionId?: string; routeId: number; stage: number; peerId: string; cause: string }
+  /** the route is getting a new peer for these stages; the session's steps wait */
+  | { type: 'route_repairing'; sessionId?: string; routeId: number; stages: number[]; replacementPeer?: string; warm?: boolean }
+  /** the session was rebuilt on the new peers: tokens replayed into them, and the time from the loss to now */
+  | {
+      type: 'route_repaired';
+      sessionId?: string;
+      routeId: number;
+      stages: number[];
+      peers: string[];
+      tokensReplayed: number;
+      bytesReplayed: number;
+      repairMs: number;
+      /** first position whose hidden state from a new stage differs from what the lost peer had sent (null: none) */
+      firstDivergentPosition: number | null;
+      divergenceChecked: boolean;
+    }
   | { type: 'error'; sessionId?: string; code: string; message: string; stage?: number };
 
 export type TelemetryListener = (e: TelemetryEvent) => void;

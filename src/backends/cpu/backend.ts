@@ -6,6 +6,7 @@ import type { TensorSource } from '../../gguf/types.ts';
 import { configFromHeader, loadRopeFreqFactors } from '../../model/config.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { shardHasEmbedding, shardHasHead, validateShard } from '../shard.ts';
+import { checkTruncate } from '../types.ts';
 import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput, StageOutput } from '../types.ts';
 import { embed, forwardLayers, lastLogits } from './forward.ts';
 import { KvCache } from './kv-cache.ts';
@@ -63,6 +64,12 @@ export class CpuBackend implements StageBackend {
   async releaseSession(sessionId: string): Promise<void> {
     this.session(sessionId).free();
     this.sessions.delete(sessionId);
+  }
+
+  async truncateSession(sessionId: string, position: number): Promise<void> {
+    const kv = this.session(sessionId);
+    checkTruncate(sessionId, position, kv.length);
+    kv.length = position;
   }
 
   async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {

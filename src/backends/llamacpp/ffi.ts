@@ -168,6 +168,7 @@ async function bind(): Promise<Bindings> {
     get_embeddings_ith: llama.func('float *llama_get_embeddings_ith(void *ctx, int32_t i)') as Fn,
     get_memory: llama.func('void *llama_get_memory(void *ctx)') as Fn,
     memory_clear: llama.func('void llama_memory_clear(void *mem, bool data)') as Fn,
+    memory_seq_rm: llama.func('bool llama_memory_seq_rm(void *mem, int seq_id, int p0, int p1)') as Fn,
     set_n_threads: llama.func('void llama_set_n_threads(void *ctx, int32_t n, int32_t n_batch)') as Fn,
     tensor_name: ggmlBase.func('const char *ggml_get_name(void *t)') as Fn,
     tensor_nbytes: ggmlBase.func('size_t ggml_nbytes(void *t)') as Fn,
@@ -358,6 +359,13 @@ export class LlamaContextFfi {
   /** the tensor named in `capture`, as computed by the last decode (row-major, all rows) */
   captured(name: string): Float32Array | undefined {
     return this.capturedTensors.get(name);
+  }
+
+  /** forgets positions [position, current) of the one sequence (its KV cells are freed) */
+  truncate(position: number): void {
+    const ok = this.b.fn.memory_seq_rm!(this.b.fn.get_memory!(this.live()), 0, position, -1);
+    if (!ok) throw new MeshError('LLAMACPP_DECODE_FAILED', `llama.cpp could not drop positions ${position}.. of its sequence`);
+    this.position = position;
   }
 
   /** forgets every position (the KV cache is emptied) */

@@ -8,6 +8,7 @@ import { isUrl } from '../../gguf/parse.ts';
 import type { TensorSource } from '../../gguf/types.ts';
 import { configFromHeader } from '../../model/config.ts';
 import type { ModelConfig } from '../../model/config.ts';
+import { checkTruncate } from '../types.ts';
 import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
 import { LlamaModelFfi } from './ffi.ts';
 import type { LlamaContextFfi, LlamaContextOptions } from './ffi.ts';
@@ -52,6 +53,12 @@ export class LlamaCppStage implements StageBackend {
   async releaseSession(sessionId: string): Promise<void> {
     this.session(sessionId).ctx.dispose();
     this.sessions.delete(sessionId);
+  }
+
+  async truncateSession(sessionId: string, position: number): Promise<void> {
+    const s = this.session(sessionId);
+    checkTruncate(sessionId, position, s.ctx.position);
+    s.ctx.truncate(position);
   }
 
   async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {

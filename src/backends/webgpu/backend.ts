@@ -125,6 +125,11 @@ export class WebGpuBackend implements StageBackend {
     this.sessions.delete(sessionId);
   }
 
+  async truncateSession(sessionId: string, position: number): Promise<void> {
+    await this.engine.truncateSession(sessionId, position);
+    this.sessions.get(sessionId)!.position = position;
+  }
+
   async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
     const result = await this.engine.forward(sessionId, input, position);
     const s = this.sessions.get(sessionId)!;
@@ -174,6 +179,7 @@ function workerEngine(remote: Comlink.Remote<WorkerApi>, adapter: AdapterSummary
     },
     openSession: (id, ctx) => call(remote.openSession(id, ctx)),
     releaseSession: (id) => call(remote.releaseSession(id)),
+    truncateSession: (id, position) => call(remote.truncateSession(id, position)),
     forward: (id, input, position) => call(remote.forward(id, input, position)),
     bufferStats: () => call(remote.bufferStats()),
     dispose: () => call(remote.dispose()),

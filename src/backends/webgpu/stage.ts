@@ -6,6 +6,7 @@
 // shard, device loss and the lifetimes of everything the stage holds.
 
 import { MeshError } from '../../errors.ts';
+import { checkTruncate } from '../types.ts';
 import type { ForwardResult, SessionStats, StageInput } from '../types.ts';
 import type { AdapterSummary } from './device.ts';
 import { withErrorScopes } from './error-scopes.ts';
@@ -127,6 +128,15 @@ export class WebGpuStage {
 
   sessionStats(sessionId: string): SessionStats {
     return this.session(sessionId).stats();
+  }
+
+  /** forgets positions [position, current): attention reads only the first `position` */
+  truncateSession(sessionId: string, position: number): Promise<void> {
+    return this.exclusive(async () => {
+      const kv = this.session(sessionId);
+      checkTruncate(sessionId, position, kv.position);
+      kv.position = position;
+    });
   }
 
   forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {

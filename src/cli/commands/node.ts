@@ -74,6 +74,13 @@ export const command: Command = {
       process.once('SIGTERM', () => resolve('terminated'));
     });
     const why = await Promise.race([peer.closed, stop]);
+    if (!why.startsWith('control')) {
+      // a graceful leave: the server hands this peer's stage (and its sessions) to a replacement first
+      console.log(`leaving (${why}): handing the stage over…`);
+      const forced = new Promise<boolean>((resolve) => process.once('SIGINT', () => resolve(false)));
+      const moved = await Promise.race([peer.leave(), forced, peer.closed.then(() => false)]);
+      console.log(moved ? 'stage handed over' : 'stage not handed over (no replacement in time)');
+    }
     console.log(`leaving: ${why}`);
     await peer.close();
     return why.startsWith('control') ? 1 : 0;
