@@ -88,15 +88,26 @@ export class RouteKeeper {
     return this.opts.repairTimeoutMs > 0;
   }
 
-  /** A peer failed (lost while serving, refused its shard): out of routes for a growing while. */
+  /**
+   * A peer failed (lost while serving, refused its shard). Once is forgiven (a reloaded tab, a
+   * restarted node); from the second time it stays out of routes and spares for a while that
+   * doubles with each failure, and the room looks again when the while is over.
+   */
   penalise(p: Peer, why: string): void {
     const key = identityOf(p);
     const f = this.failures.get(key) ?? { count: 0, until: 0 };
     f.count++;
-    const ms = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** (f.count - 1));
-    f.until = Date.now() + ms;
     this.failures.set(key, f);
+    if (f.count < 2) return;
+    const ms = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** (f.count - 2));
+    f.until = Date.now() + ms;
     this.room.log(`peer ${p.id} (${key}) kept out of routes for ${ms / 1000} s: ${why} (failure ${f.count})`);
+    setTimeout(() => {
+      const r = this.room.route;
+      if (r?.repairState) this.fillWaiting(r);
+      else if (r?.status === 'ready') this.assignStandbys(r);
+      this.room.schedulePlan();
+    }, ms + 10).unref();
   }
 
   /** Whether a peer may take a stage or a standby now. */
@@ -173,6 +184,11 @@ export class RouteKeeper {
       if (firstLoss || r.status === 'ready') r.setStatus('repairing', `stage ${stage} (${lostPeer}) ${graceful ? 'is leaving' : 'lost'}: ${cause}`);
     }
     this.room.emit({ type: 'stage_lost', routeId: r.id, stage, peerId: lostPeer, cause });
+    // every stage lost: nothing survives to rebuild from — plan a fresh route instead
+    if (r.stages.every((st) => st.status === 'lost' && !rep!.lost.get(st.stage)?.replacement)) {
+      this.giveUp(r, 'every stage was lost');
+      return true;
+    }
     this.fillWaiting(r);
     return true;
   }
@@ -257,8 +273,9 @@ export class RouteKeeper {
     const next = r.stages[stage + 1];
     const tell = (st: NonNullable<typeof prev>, fields: Record<string, unknown>): void => {
       const peer = this.room.peers.get(st.peerId);
-      if (!peer || st.status !== 'ready') return; // a neighbour still loading gets the right links in its own assignment
-      waits.push(this.awaitRewired(peer.id, r.id, st.stage));
+      if (!peer) return;
+      // a neighbour still loading (itself a replacement) applies the rewire when its load is done
+      if (st.status === 'ready') waits.push(this.awaitRewired(peer.id, r.id, st.stage));
       this.room.send(peer, { t: 'rewire', routeId: r.id, stage: st.stage, ...fields });
     };
     if (prev) tell(prev, { downstream: p.hello.listen ?? null, downstreamPeer: p.id });

@@ -6,6 +6,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { stories260K } from './support/models.ts';
 import { getJson, killAll, spawnMesh, spawnServe } from './support/mesh.ts';
 import type { MeshProcess, ServeInfo } from './support/mesh.ts';
+import { streamCompletion } from './support/sse.ts';
+import type { Streamed } from './support/sse.ts';
 
 /** stages of the 3-stage route and the --layers each peer asks for */
 const STAGES = ['0-2', '2-3', '3-5'];
@@ -47,44 +49,9 @@ async function stageProcess(stage: number): Promise<{ name: string; proc: MeshPr
   return { name, proc: nodes.get(name)!, peerId };
 }
 
-interface Streamed {
-  text: string;
-  events: any[];
-  errors: any[];
-  chunks: number;
-}
-
-/** A streamed /v1/completions; `onChunk(n)` is called after the n-th text chunk. */
-async function stream(sampling: Record<string, unknown>, onChunk: (n: number) => void = () => undefined): Promise<Streamed> {
-  const res = await fetch(`${serve.base}/v1/completions`, {
-    method: 'POST',
-    headers: { authorization: `Bearer ${serve.secret}`, 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: 300, stream: true, ...sampling }),
-  });
-  const out: Streamed = { text: '', events: [], errors: [], chunks: 0 };
-  const reader = res.body!.getReader();
-  let buf = '';
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return out;
-    buf += new TextDecoder().decode(value);
-    let i: number;
-    while ((i = buf.indexOf('\n\n')) >= 0) {
-      const block = buf.slice(0, i);
-      buf = buf.slice(i + 2);
-      const event = /^event: (.*)$/m.exec(block)?.[1];
-      const data = /^data: (.*)$/m.exec(block)?.[1] ?? '';
-      if (event === 'error') out.errors.push(JSON.parse(data));
-      if (event || data === '[DONE]') continue;
-      const chunk = JSON.parse(data);
-      if (chunk.gguf_mesh?.type) out.events.push(chunk.gguf_mesh);
-      const text = chunk.choices?.[0]?.text ?? '';
-      if (text) {
-        out.text += text;
-        onChunk(++out.chunks);
-      }
-    }
-  }
+/** A streamed /v1/completions of the test prompt; `onChunk(n)` is called after the n-th text chunk. */
+function stream(sampling: Record<string, unknown>, onChunk: (n: number) => void = () => undefined): Promise<Streamed> {
+  return streamCompletion(serve.base, serve.secret, { model: 'stories260K', prompt: 'Once upon a time', max_tokens: 300, ...sampling }, onChunk);
 }
 
 const GREEDY = { temperature: 0 };

@@ -12,7 +12,7 @@ import type { BrowserCapabilities } from './capabilities.ts';
 import type { ControlSocket } from './control-socket.ts';
 import { Hops } from './hops.ts';
 import { modelHeaders, PeerCore, progressGate } from './peer-core.ts';
-import type { LoadContext, NextLink, NextStage, RoomModel, ShardLoad } from './peer-core.ts';
+import type { Assignment, LoadContext, NextLink, NextStage, RoomModel, ShardLoad } from './peer-core.ts';
 import { loadSlice, sliceSource } from './slice-loader.ts';
 import type { LoadedSlice, SliceProgress } from './slice-loader.ts';
 
@@ -69,6 +69,7 @@ export class BrowserStage {
   readonly hops: Hops;
   /** the only peer whose data channel this stage answers: the assigned previous stage */
   private upstreamPeer: string | null = null;
+  private downstreamSeq = 0;
 
   constructor(private readonly o: BrowserStageOptions) {
     const { control, state } = o;
@@ -80,7 +81,7 @@ export class BrowserStage {
       linkNext: (next, ctx) => this.connectNext(next, ctx),
       onAssign: (a) => (this.upstreamPeer = a.upstreamPeer ?? null),
       onUpstream: (peerId) => (this.upstreamPeer = peerId),
-      onReady: () => this.ready(),
+      onReady: (a) => this.ready(a),
       onFailed: (_a, err) => this.update({ status: 'failed', error: { code: err.code, message: err.message } }),
       onRelease: () => this.update({ status: 'idle', routeId: null, stage: null, shard: null, hop: null }),
     });
@@ -142,13 +143,16 @@ export class BrowserStage {
   private async connectNext(a: NextStage, ctx: LoadContext): Promise<NextLink> {
     const last = a.shard.end >= a.nLayer;
     if (!last && !a.downstreamPeer) throw new MeshError('STAGE_UNREACHABLE', `stage ${a.stage}: the server named no next stage`);
+    // a rewire replaces the downstream link: only the newest one's changes are the stage's
+    const seq = ++this.downstreamSeq;
     const hop = await this.hops.connectDownstream(last ? null : a.downstreamPeer!, Boolean(a.downstream), (h) => {
-      if (!ctx.current) return;
+      if (!ctx.current || seq !== this.downstreamSeq) return;
       this.update({ hop: h.kind, relayed: h.relayed });
       this.fullTelemetry();
     });
     const { state } = this.o;
     Object.assign(state, { hop: hop.kind, downstreamChannel: hop.channel, relayed: hop.relayed });
+    if (state.status === 'ready') this.fullTelemetry(); // a rewire of a serving stage
     if (hop.link) ctx.keep(hop.link, (l) => l.close());
     return { link: hop.link, detail: `hop ${hop.kind}` };
   }
@@ -158,8 +162,10 @@ export class BrowserStage {
     return this.core.leave(timeoutMs);
   }
 
-  private ready(): void {
+  private ready(a: Assignment): void {
     const { state } = this.o;
+    // a spare taking over from its standby shard loaded nothing now: its standby load is the stage's
+    if (state.standby) this.update({ routeId: a.routeId, stage: a.stage, shard: { ...a.shard }, load: state.standby.load, progress: null, error: null });
     this.update({ status: 'ready', standby: null });
     this.telemetry('ready', { cache: { hit: state.load!.cachedUnits, fetched: state.load!.fetchedUnits, error: state.load!.cacheError }, ...(state.hop ? { hop: state.hop } : {}) });
   }

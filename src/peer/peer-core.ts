@@ -336,12 +336,17 @@ export class PeerCore {
       }
       if (!ctx.current) throw new MeshError('LOAD_FAILED', 'superseded');
       const rewire = this.pendingRewire as Rewire | null;
+      this.pendingRewire = null;
       const target: NextStage = rewire && ('downstream' in rewire || 'downstreamPeer' in rewire) ? { ...a, downstream: rewire.downstream ?? null, downstreamPeer: rewire.downstreamPeer ?? null } : a;
       if (rewire?.upstreamPeer !== undefined) this.opts.onUpstream?.(rewire.upstreamPeer);
       const link = await this.opts.linkNext(target, this.context(a, next, () => seq === this.seq));
       if (!ctx.current) throw new MeshError('LOAD_FAILED', 'superseded');
       const service = new StageService({ backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: link.link, samplerFactory: stageSampler });
       this.serving = { assignment: a, service, kept, next };
+      // a neighbour replaced while this stage was linking: link to it now
+      const late = this.pendingRewire as Rewire | null;
+      this.pendingRewire = null;
+      if (late) await this.rewire(late);
       this.opts.onReady?.(a, load, link);
       this.opts.log(`stage ${a.stage} of route ${a.routeId}: layers ${a.shard.start}-${a.shard.end} ready (${warm ? 'from the standby shard; ' : ''}${load.detail}; ${link.detail})`);
       this.opts.send({ t: 'ready', routeId: a.routeId, stage: a.stage, loadMs: performance.now() - t0, bytesRead: warm ? 0 : load.bytesRead });

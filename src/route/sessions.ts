@@ -286,9 +286,11 @@ export class SessionManager {
       } catch (e) {
         const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
         if (!LOSS_SYMPTOMS.has(err.code)) throw err;
-        if (!s.life.failure && !s.route.repair?.()) await this.failureWithin(s, LOSS_NEWS_GRACE_MS);
+        // a repair under way, or one that already finished (a warm spare can be faster than the step's error)
+        const repairing = (): boolean => !!s.route.repair?.() || replacedStages(s.peers, s.route.stagePeers()).length > 0;
+        if (!s.life.failure && !repairing()) await this.failureWithin(s, LOSS_NEWS_GRACE_MS);
         if (s.life.failure) throw failureError(s.life.failure);
-        if (!s.route.repair?.() || attempt >= MAX_REPAIR_ATTEMPTS) throw err;
+        if (!repairing() || attempt >= MAX_REPAIR_ATTEMPTS) throw err;
       }
     }
   }
