@@ -22,7 +22,7 @@ export class GgufMeshPeerElement extends HTMLElement {
     return this.view?.join() ?? Promise.resolve();
   }
 
-  /** leaves the room: the stage is released and the route re-plans without this tab */
+  /** leaves the room gracefully: the stage and its sessions move to a replacement first */
   leave(): Promise<void> {
     return this.view?.leave() ?? Promise.resolve();
   }

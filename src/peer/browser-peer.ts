@@ -48,6 +48,8 @@ export interface BrowserPeerOptions {
 
 export interface BrowserPeer {
   readonly state: BrowserPeerState;
+  /** a graceful leave: the server hands this tab's stage and its sessions to a replacement, then the tab closes; resolves with whether they moved */
+  leave(timeoutMs?: number): Promise<boolean>;
   close(): Promise<void>;
 }
 
@@ -85,7 +87,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     Object.assign(state, { status: 'client-only', reason: caps.reason });
     log(`joining as a client only: ${caps.reason}`);
     changed();
-    return { state, close: async () => undefined };
+    return { state, leave: async () => true, close: async () => undefined };
   }
 
   // the room's model, its manifest and header (JSON from the server: no model bytes)
@@ -118,13 +120,19 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     changed();
     void stage.close();
   });
+  const close = async (): Promise<void> => {
+    clearInterval(telemetryTimer);
+    control.close();
+    await stage.close();
+  };
   return {
     state,
-    async close() {
-      clearInterval(telemetryTimer);
-      control.close();
-      await stage.close();
+    async leave(timeoutMs) {
+      const moved = state.stage === null ? true : await stage.leave(timeoutMs);
+      await close();
+      return moved;
     },
+    close,
   };
 }
 
