@@ -21,7 +21,7 @@ export interface Liveness {
   heartbeatTimeoutMs: number;
 }
 
-export const DEFAULT_LIVENESS: Liveness = { heartbeatMs: 2_000, heartbeatTimeoutMs: 6_000 };
+export const DEFAULT_LIVENESS: Liveness = { heartbeatMs: 500, heartbeatTimeoutMs: 3_500 };
 
 /**
  * Pings the peer's socket; a peer that stops answering (a stopped process, a frozen tab, a

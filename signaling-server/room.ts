@@ -147,6 +147,8 @@ export interface RoomOptions {
   iceServers?: IceServer[];
   /** how long a ready route waits for a replacement of a lost stage (ms; 0 = no repair, sessions fail at once) */
   repairTimeoutMs?: number;
+  /** spares load their standby shard ahead of time (default true) */
+  standby?: boolean;
 }
 
 export class Room {
@@ -169,7 +171,7 @@ export class Room {
     readonly model: ModelArtifact,
     private readonly opts: RoomOptions,
   ) {
-    this.keeper = new RouteKeeper(this, { repairTimeoutMs: opts.repairTimeoutMs ?? 30_000 });
+    this.keeper = new RouteKeeper(this, { repairTimeoutMs: opts.repairTimeoutMs ?? 30_000, standby: opts.standby ?? true });
   }
 
   get sessions(): SessionManager {

@@ -21,6 +21,8 @@ export interface RepairOptions {
   repairTimeoutMs: number;
   /** how long a neighbour may take to rewire (ms) */
   rewireTimeoutMs?: number;
+  /** spares load their standby shard ahead of time (false: a replacement loads when it takes over) */
+  standby?: boolean;
 }
 
 export interface Spare {
@@ -133,7 +135,7 @@ export class RouteKeeper {
 
   /** Gives every idle peer a standby shard: the one it asked for or holds, else the stage with the fewest spares. */
   assignStandbys(r: Route): void {
-    if (!this.enabled || r.status !== 'ready') return;
+    if (!this.enabled || r.status !== 'ready' || this.opts.standby === false) return;
     for (const p of this.idlePeers(r)) {
       const current = this.spares.get(p.id);
       if (current && current.status !== 'failed') continue;

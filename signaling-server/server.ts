@@ -50,9 +50,11 @@ export interface SignalingServerOptions {
   iceServers?: IceServer[];
   /** a route that loses a stage waits this long for a replacement (ms, default 30 s; 0 = no repair: sessions fail at once) */
   repairTimeoutMs?: number;
-  /** a WebSocket ping to every peer this often (ms, default 2 s) */
+  /** spares load their standby shard ahead of time (default true) */
+  standby?: boolean;
+  /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
   heartbeatMs?: number;
-  /** a peer silent this long is lost (ms, default 6 s) */
+  /** a peer silent this long is lost (ms, default 3.5 s) */
   heartbeatTimeoutMs?: number;
   /** a step unanswered this long makes the server probe the route's stages for a stalled one (ms, default 30 s) */
   stepTimeoutMs?: number;

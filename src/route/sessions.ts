@@ -225,6 +225,8 @@ export class SessionManager {
   /** Sends a prefill chunk or decode step into stage 0 and returns stage n−1's answer (across a repair: sent again). */
   private async step(f: Frame): Promise<Frame> {
     const s = this.get(f.sessionId);
+    // an idle session being rebuilt on a repaired route: the step follows the rebuild
+    if (s.life.state === 'repairing') await s.lock;
     if (f.routeId !== s.route.id) throw new MeshError('FRAME_BAD_ROUTE', `frame route id: session ${f.sessionId} runs on route ${s.route.id}, not ${f.routeId}`, { field: 'route id' });
     if (f.type === FrameType.Decode && s.position === 0) throw new MeshError('SESSION_BAD_STATE', `session ${f.sessionId}: decode before any prefill`);
     if (s.life.state !== 'idle') {
@@ -323,8 +325,19 @@ export class SessionManager {
     await repair.done;
   }
 
-  /** Rebuilds the session on the stages whose peer changed, then sends again what the last stage never answered; returns the last reply. */
+  /** Rebuilds the session on the stages whose peer changed (state `repairing` meanwhile), then sends again what the last stage never answered; returns the last reply. */
   private async rebuild(s: Session): Promise<Frame | null> {
+    const was = s.life.state;
+    if (isTerminal(was)) return null;
+    this.move(s, 'repairing');
+    try {
+      return await this.rebuildNow(s);
+    } finally {
+      if (s.life.state === 'repairing') this.move(s, was);
+    }
+  }
+
+  private async rebuildNow(s: Session): Promise<Frame | null> {
     const since = s.repairSeen?.since ?? Date.now();
     const routePeers = s.route.stagePeers();
     const result: RebuildResult = await rebuildSession(

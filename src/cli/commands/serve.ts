@@ -22,6 +22,12 @@ function interfaceAddresses(): string[] {
     .map((a) => a.address);
 }
 
+function standbyOption(v: string | undefined): boolean {
+  if (v === undefined || v === 'on') return true;
+  if (v === 'off') return false;
+  throw new UsageError(`--standby must be on or off, got '${v}'`);
+}
+
 export const command: Command = {
   name: 'serve',
   summary: 'run the signaling server: host models, open a room per model, plan routes over joining peers',
@@ -36,8 +42,9 @@ export const command: Command = {
     'plan-delay': { type: 'string', description: 'wait after the last join before planning (ms)', default: '300', valueName: '<ms>' },
     'session-ttl': { type: 'string', description: 'idle sessions expire after this many seconds', default: '300', valueName: '<s>' },
     'repair-timeout': { type: 'string', description: 'a route that lost a stage waits this long for a replacement before its sessions fail (ms; 0 = never repair)', default: '30000', valueName: '<ms>' },
-    heartbeat: { type: 'string', description: 'ping every peer this often (ms)', default: '2000', valueName: '<ms>' },
-    'heartbeat-timeout': { type: 'string', description: 'a peer that answers no ping for this long is lost (ms)', default: '6000', valueName: '<ms>' },
+    heartbeat: { type: 'string', description: 'ping every peer this often (ms)', default: '500', valueName: '<ms>' },
+    'heartbeat-timeout': { type: 'string', description: 'a peer that answers no ping for this long is lost (ms)', default: '3500', valueName: '<ms>' },
+    standby: { type: 'string', description: 'spares load the shard they would take over ahead of time (on), or only when they take it over (off)', default: 'on', valueName: '<on|off>' },
     'step-timeout': { type: 'string', description: 'a step unanswered this long makes the server look for a stalled stage (ms)', default: '30000', valueName: '<ms>' },
     quiet: { type: 'boolean', description: 'print only the join URLs, not room events' },
     ui: { type: 'string', description: 'the web app: dist (the production build, made on install and rebuilt when sources changed), dev (vite from the sources with HMR, 127.0.0.1 only), or off', default: 'dist', valueName: '<mode>' },
@@ -66,8 +73,9 @@ export const command: Command = {
       planDelayMs: intOption(args, 'plan-delay', 300),
       sessionTtlMs: intOption(args, 'session-ttl', 300) * 1000,
       repairTimeoutMs: intOption(args, 'repair-timeout', 30_000),
-      heartbeatMs: intOption(args, 'heartbeat', 2_000),
-      heartbeatTimeoutMs: intOption(args, 'heartbeat-timeout', 6_000),
+      heartbeatMs: intOption(args, 'heartbeat', 500),
+      heartbeatTimeoutMs: intOption(args, 'heartbeat-timeout', 3_500),
+      standby: standbyOption(stringOption(args, 'standby')),
       stepTimeoutMs: intOption(args, 'step-timeout', 30_000),
       ...(iceServers.length ? { iceServers } : {}),
       log: args.values.quiet ? () => undefined : (line) => console.log(line),
