@@ -98,6 +98,7 @@ const BACKENDS = {
   NOT_INITIALISED: { status: 500, meaning: 'the WebGPU worker has no device yet' },
   SHADER_MISSING: { status: 500, meaning: 'no WGSL source has the asked name' },
   LLAMACPP_UNAVAILABLE: { status: 500, meaning: "node-llama-cpp's prebuilt libllama is not installed" },
+  TORCH_UNAVAILABLE: { status: 500, meaning: 'no Python here imports torch and numpy (Debian: python3-torch, python3-numpy), or torch sees no CUDA device for --device cuda' },
   LLAMACPP_LOAD_FAILED: { status: 500, meaning: 'llama.cpp could not load the model file' },
   LLAMACPP_LOCAL_ONLY: { status: 500, meaning: 'llama.cpp loads local files only, not URLs' },
   LLAMACPP_EVAL_FAILED: { status: 500, meaning: 'llama.cpp failed while evaluating a batch' },

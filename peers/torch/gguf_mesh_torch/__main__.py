@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 
 from .errors import MeshError
@@ -14,8 +16,24 @@ def _device(name: str):
     import torch
 
     if name == "cuda" and not torch.cuda.is_available():
-        raise MeshError("DEVICE_UNAVAILABLE", "--device cuda: torch sees no CUDA device here (Debian's python3-torch is CPU-only); use --device cpu")
+        raise MeshError("TORCH_UNAVAILABLE", "--device cuda: torch sees no CUDA device here (Debian's python3-torch is CPU-only); use --device cpu")
     return torch.device(name)
+
+
+def _exit_with_parent() -> None:
+    """Spawned by `gguf-mesh node --backend torch` (which sets GGUF_MESH_PARENT_PID): die with
+    that process, so a killed node never leaves its PyTorch peer serving (Linux prctl)."""
+    parent = os.environ.get("GGUF_MESH_PARENT_PID")
+    if not parent:
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != int(parent):  # the parent was gone before prctl took effect
+        sys.exit(1)
 
 
 def _layers(text: str | None):
@@ -38,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     j.add_argument("--name")
     j.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     j.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    j.add_argument("--cache-dir")
-    j.add_argument("--no-cache", action="store_true")
+    j.add_argument("--carrier", default="ws", choices=["ws", "http"], help="hidden states to the next stage over ws or http")
+    j.add_argument("--cache-dir", help="keep verified shards here (default: $GGUF_MESH_CACHE/shards, else ~/.cache/gguf-mesh/shards)")
+    j.add_argument("--no-cache", action="store_true", help="keep no shard cache (every load fetches)")
     g = sub.add_parser("generate", help="greedy tokens from a local GGUF (prints JSON)")
     g.add_argument("--model", required=True)
     g.add_argument("--tokens", required=True, help="prompt token ids, comma-separated")
@@ -76,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 _, hidden, _ = stage.forward("h", 0, tokens=tokens)
                 sys.stdout.buffer.write(hidden.astype("<f4").tobytes())
             return 0
+        _exit_with_parent()
         from .peer import run_peer
 
         return run_peer(args, _device(args.device))
