@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     j.add_argument("--carrier", default="ws", choices=["ws", "http"], help="hidden states to the next stage over ws or http")
     j.add_argument("--cache-dir", help="keep verified shards here (default: $GGUF_MESH_CACHE/shards, else ~/.cache/gguf-mesh/shards)")
     j.add_argument("--no-cache", action="store_true", help="keep no shard cache (every load fetches)")
-    g = sub.add_parser("generate", help="greedy tokens from a local GGUF (prints JSON)")
-    g.add_argument("--model", required=True)
+    g = sub.add_parser("generate", help="greedy tokens from local GGUFs (one JSON line per --model)")
+    g.add_argument("--model", required=True, action="append")
+    g.add_argument("--logits", action="store_true", help="also print the logits after the prompt")
     g.add_argument("--tokens", required=True, help="prompt token ids, comma-separated")
     g.add_argument("--n", type=int, default=16)
     g.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -86,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(1)
             tokens = [int(t) for t in args.tokens.split(",")]
             if args.cmd == "generate":
-                stage = load_local(args.model, None, None, _device(args.device))
-                print(json.dumps({"tokens": greedy(stage, tokens, args.n)}))
+                for path in args.model:
+                    stage = load_local(path, None, None, _device(args.device))
+                    out, logits = greedy(stage, tokens, args.n)
+                    print(json.dumps({"model": path, "tokens": out, **({"logits": logits.tolist()} if args.logits else {})}), flush=True)
             else:
                 a, b = _layers(args.layers)
                 stage = load_local(args.model, a, b, torch.device("cpu"))

@@ -126,8 +126,31 @@ def _q2_k(b):  # scales[16], qs[64], d f16, dmin f16
     return (dl[..., None] * q - ml[..., None]).reshape(-1, 256)
 
 
-_KERNELS = {2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0, 10: _q2_k, 12: _q4_k, 13: _q5_k, 14: _q6_k}
-SUPPORTED = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q4_K", "Q5_K", "Q6_K")
+def _q3_k(b):  # hmask[32], qs[64], scales[12] (sixteen 6-bit scales), d f16
+    hm = b[:, 0:32]
+    qs = b[:, 32:96].reshape(-1, 2, 32)
+    aux = np.ascontiguousarray(b[:, 96:108]).view("<u4")  # [n, 3]
+    k1, k2 = np.uint32(0x03030303), np.uint32(0x0F0F0F0F)
+    a0, a1, tmp = aux[:, 0], aux[:, 1], aux[:, 2]
+    words = np.stack([
+        (a0 & k2) | (((tmp >> 0) & k1) << 4),
+        (a1 & k2) | (((tmp >> 2) & k1) << 4),
+        ((a0 >> 4) & k2) | (((tmp >> 4) & k1) << 4),
+        ((a1 >> 4) & k2) | (((tmp >> 6) & k1) << 4),
+    ], axis=1).astype("<u4")
+    scales = np.ascontiguousarray(words).view(np.int8).astype(np.int16) - 32  # [n, 16]
+    d = _half(b[:, 108:110])[:, None]
+    dl = (d * scales.astype(f32)).reshape(-1, 2, 4, 2)  # [n, half, shift, l//16]
+    shifts = np.arange(0, 8, 2, dtype=np.uint8)[None, None, :, None]
+    low = ((qs[:, :, None, :] >> shifts) & 3).astype(np.int16)  # [n, half, shift, 32]
+    bit = (np.arange(2)[:, None] * 4 + np.arange(4)[None, :]).astype(np.uint8)  # hmask bit 4·half + shift
+    high = ((hm[:, None, None, :] >> bit[None, :, :, None]) & 1).astype(np.int16)
+    q = (low - np.where(high == 1, 0, 4)).astype(f32).reshape(-1, 2, 4, 2, 16)
+    return (dl[..., None] * q).reshape(-1, 256)
+
+
+_KERNELS = {2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0, 10: _q2_k, 11: _q3_k, 12: _q4_k, 13: _q5_k, 14: _q6_k}
+SUPPORTED = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 def dequantize(data: bytes, type_id: int, n: int) -> np.ndarray:

@@ -31,14 +31,16 @@ def load_local(path: str, start: int | None, end: int | None, device: torch.devi
     return TorchStage(header.metadata, start, end, store, embd.shape[1] if embd else None)
 
 
-def greedy(stage: TorchStage, prompt: list[int], n: int) -> list[int]:
+def greedy(stage: TorchStage, prompt: list[int], n: int) -> tuple[list[int], np.ndarray]:
+    """n greedy tokens after `prompt`, and the logits after the prompt."""
     stage.open_session("local", len(prompt) + n)
-    kind, logits, _ = stage.forward("local", 0, tokens=np.asarray(prompt))
+    _, logits, _ = stage.forward("local", 0, tokens=np.asarray(prompt))
+    first = logits
     out: list[int] = []
     while True:
         out.append(int(np.argmax(logits)))
         if len(out) == n:
             break
-        kind, logits, _ = stage.forward("local", len(prompt) + len(out) - 1, tokens=np.asarray(out[-1:]))
+        _, logits, _ = stage.forward("local", len(prompt) + len(out) - 1, tokens=np.asarray(out[-1:]))
     stage.release_session("local")
-    return out
+    return out, first
