@@ -3,14 +3,15 @@
 // blocks and on ggml-quantised data; its layers on synthetic quantised models against
 // llama.cpp (greedy tokens, prompt logits), under the rule test/cpu-synthetic.test.ts states
 // for ggml-rounded activations; and finding a Python that imports torch.
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
 import { GgmlType, TYPE_TRAITS, typeName } from '../src/gguf/types.ts';
 import { findTorchPython, TORCH_PEER_DIR } from '../src/peer/torch-process.ts';
 import { ggmlDequantize, ggmlQuantize } from './support/ggml-ffi.ts';
-import { LlamaModelFfi, maxAbsDiff, oracleGreedy } from './support/llamacpp-oracle.ts';
+import { FLIP_BOUND, LlamaModelFfi, maxAbsDiff, oracleGreedy, top2Gap } from './support/llamacpp-oracle.ts';
 import { mulberry32 } from './support/prng.ts';
 import { expectBitwiseEqual, randomBlocks } from './support/random-blocks.ts';
+import { runCli } from './support/cli.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
 const TYPES = [GgmlType.F16, GgmlType.BF16, GgmlType.Q4_0, GgmlType.Q4_1, GgmlType.Q5_0, GgmlType.Q5_1, GgmlType.Q8_0, GgmlType.Q2_K, GgmlType.Q3_K, GgmlType.Q4_K, GgmlType.Q5_K, GgmlType.Q6_K];
@@ -53,19 +54,6 @@ describe('PyTorch peer: dequantisation matches ggml bit for bit', () => {
     await expect(torchDequant(GgmlType.IQ4_NL, new Uint8Array(18 * 4), 128)).rejects.toThrow(/UNSUPPORTED_TENSOR_TYPE/);
   });
 });
-
-/** the largest logit change one 8-bit rounding flip causes on these models (test/cpu-synthetic.test.ts) */
-const FLIP_BOUND = 5e-2;
-
-function top2Gap(x: Float32Array): number {
-  let a = -Infinity;
-  let b = -Infinity;
-  for (const v of x) {
-    if (v > a) [a, b] = [v, a];
-    else if (v > b) b = v;
-  }
-  return a - b;
-}
 
 describe('PyTorch peer: layers on synthetic quantised models agree with llama.cpp', () => {
   const CASES = [
@@ -116,6 +104,14 @@ describe('finding a Python for --backend torch', () => {
     const found = findTorchPython(['/nonexistent/python3', '/usr/bin/python3']);
     expect(found.python).toBe('/usr/bin/python3');
     expect(found.torchVersion).toMatch(/^\d+\.\d+/);
+  });
+
+  it('--device cuda runs on a GPU only where torch sees one, and says so where it does not', async () => {
+    const probe = spawnSync(findTorchPython().python, ['-c', 'import torch; print(torch.cuda.is_available())'], { encoding: 'utf8' });
+    const r = await runCli(['node', '--join', 'http://127.0.0.1:9/room/nowhere#secret=s', '--backend', 'torch', '--device', 'cuda'], { timeoutMs: 60_000 });
+    expect(r.code).toBe(1);
+    if (probe.stdout.trim() === 'True') expect(r.stderr).toContain('JOIN_FAILED'); // the device is fine; the room is not there
+    else expect(r.stderr).toContain('TORCH_UNAVAILABLE: --device cuda: torch sees no CUDA device');
   });
 
   it('names the Debian packages when none does', () => {

@@ -1,6 +1,7 @@
 // Routes with PyTorch peers (peers/torch/, the protocol's second implementation, started as
 // `gguf-mesh node --backend torch`): PyTorch stages only, and PyTorch mixed with the CPU
-// reference (over WebSocket and binary HTTP, both directions), give llama.cpp's greedy tokens
+// reference (PyTorch → TypeScript over binary HTTP and WebSocket, TypeScript → PyTorch over
+// WebSocket), give llama.cpp's greedy tokens
 // on stories260K and on synthetic llama/qwen2/qwen3 models; the hidden state a PyTorch stage
 // sends equals the CPU reference's; no stage recomputes the prompt while decoding.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -71,8 +72,8 @@ describe('stories260K on two PyTorch peers', () => {
 
   beforeAll(async () => {
     serve = await spawnServe(storiesPath, ['--min-peers', '2']);
-    await node(serve, 'torch', 't0', '1GiB');
-    await node(serve, 'torch', 't1', '1GiB');
+    // both stages are PyTorch peers, so their join order does not matter: start them together
+    await Promise.all([node(serve, 'torch', 't0', '1GiB'), node(serve, 'torch', 't1', '1GiB')]);
     await waitForRoute(serve, 'ready', 120_000);
     joined = await joinRoom(serve.joinUrl, serve.secret);
   });
@@ -116,15 +117,15 @@ describe('stories260K on two PyTorch peers', () => {
   });
 });
 
-describe('stories260K on a mixed route: PyTorch → CPU reference → PyTorch, over WebSocket and binary HTTP', () => {
+describe('stories260K on a mixed route: PyTorch → CPU reference over binary HTTP, CPU reference → PyTorch over WebSocket', () => {
   let serve: ServeInfo;
   let joined: JoinedRoom;
 
   beforeAll(async () => {
     serve = await spawnServe(storiesPath, ['--min-peers', '3']);
-    // memory 1 : 2 : 1 → layers [0,1) [1,4) [4,5); t0 sends over binary HTTP, the cpu node too
+    // memory 1 : 2 : 1 → layers [0,1) [1,4) [4,5); m0 sends to the cpu node over binary HTTP
     await node(serve, 'torch', 'm0', '1GiB', ['--carrier', 'http']);
-    await node(serve, 'cpu', 'm1', '2GiB', ['--carrier', 'http']);
+    await node(serve, 'cpu', 'm1', '2GiB');
     await node(serve, 'torch', 'm2', '1GiB');
     await waitForRoute(serve, 'ready', 120_000);
     joined = await joinRoom(serve.joinUrl, serve.secret);

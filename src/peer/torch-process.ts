@@ -27,6 +27,12 @@ export interface TorchPeerOptions {
   threads?: number;
 }
 
+const FIND_TORCH = [
+  'import importlib.util as u, importlib.metadata as m, sys',
+  "missing = [p for p in ('torch', 'numpy') if u.find_spec(p) is None]",
+  "sys.exit('No module named ' + ', '.join(missing)) if missing else print(m.version('torch'))",
+].join('\n');
+
 /** Pythons to try, in order (an explicit $GGUF_MESH_PYTHON first). */
 function candidates(): string[] {
   const env = process.env.GGUF_MESH_PYTHON;
@@ -37,7 +43,8 @@ function candidates(): string[] {
 export function findTorchPython(tried: string[] = candidates()): { python: string; torchVersion: string } {
   const failures: string[] = [];
   for (const python of tried) {
-    const r = spawnSync(python, ['-c', 'import torch, numpy; print(torch.__version__)'], { encoding: 'utf8', timeout: 120_000 });
+    // find_spec, not import: importing torch takes seconds, and the peer imports it anyway
+    const r = spawnSync(python, ['-c', FIND_TORCH], { encoding: 'utf8', timeout: 60_000 });
     if (r.status === 0) return { python, torchVersion: r.stdout.trim() };
     failures.push(`${python}: ${r.error ? r.error.message : (r.stderr.trim().split('\n').at(-1) ?? `exit ${r.status}`)}`);
   }
