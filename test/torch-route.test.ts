@@ -102,6 +102,20 @@ describe('stories260K on two PyTorch peers', () => {
     }
   });
 
+  it('a 300-token prompt in one chunk (KV caches grow past 256 positions, attention runs in query blocks) gives llama.cpp\'s tokens', async () => {
+    const text = 'Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her dog. ';
+    const prompt = tokenize(llama, text.repeat(12)).slice(0, 300);
+    expect(prompt).toHaveLength(300);
+    const expected = await greedyGenerate(llama, prompt, 8, 320);
+    const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: 320 });
+    const tokens = [await c.prefill(prompt, 300)];
+    while (tokens.length < 8) tokens.push(await c.decode(tokens.at(-1)!));
+    const info = (await getJson(`${serve.base}/v1/sessions/${c.sessionId}`, serve.secret)).body;
+    await c.close();
+    expect(tokens).toEqual(expected);
+    expect(info.stages[0].processedTokens[0]).toBe(307);
+  });
+
   it('f32 hidden states and client-side sampling from Logits frames give the same tokens', async () => {
     const expected = await greedyGenerate(llama, STORIES_PROMPT_TOKENS, 12);
     expect((await generateOnRoute(joined, serve, STORIES_PROMPT_TOKENS, 12, { hiddenDtype: 'f32' })).tokens).toEqual(expected);

@@ -33,7 +33,7 @@ class TensorStore:
     def vector(self, name: str) -> torch.Tensor:
         type_id, shape, data = self._get(name)
         n = int(np.prod(shape))
-        return torch.from_numpy(dequantize(data, type_id, n).copy()).to(self.device)
+        return torch.from_numpy(dequantize(data, type_id, n)).to(self.device)
 
     def matrix(self, name: str, rows: int, cols: int) -> Matrix:
         """A GGUF matrix of shape [cols (inner), rows] as torch [rows, cols]."""
@@ -41,7 +41,7 @@ class TensorStore:
         if tuple(shape) != (cols, rows):
             raise MeshError("BAD_TENSOR_SHAPE", f"tensor '{name}' has shape {list(shape)}, expected [{cols}, {rows}]")
         w = dequantize(data, type_id, rows * cols).reshape(rows, cols)
-        return Matrix(torch.from_numpy(w.copy()).to(self.device), type_id)
+        return Matrix(torch.from_numpy(w).to(self.device), type_id)
 
     def _get(self, name: str):
         if name not in self.raw:

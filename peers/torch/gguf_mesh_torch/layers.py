@@ -84,20 +84,25 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_rot: int, neox
     return torch.cat([rotated, x[..., n_rot:]], dim=-1)
 
 
+QUERY_CHUNK = 256  # queries per score matrix: a long prefill chunk needs [h, 256, T] at a time, not [h, n, T]
+
+
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
     """Causal attention of queries q [n, h, e] at positions [start, start+n) over the cached
     keys/values [start+n, g, e] with grouped KV heads; → [n, h·e]."""
     n, h, e = q.shape
-    g = keys.shape[1]
+    g, t = keys.shape[1], keys.shape[0]
     k = keys.repeat_interleave(h // g, dim=1).permute(1, 2, 0)  # [h, e, T]
     v = values.repeat_interleave(h // g, dim=1).permute(1, 0, 2)  # [h, T, e]
-    scores = torch.bmm(q.permute(1, 0, 2), k) * (1.0 / math.sqrt(e))  # [h, n, T]
-    t = keys.shape[0]
-    qpos = torch.arange(start, start + n, device=q.device)[:, None]
     kpos = torch.arange(t, device=q.device)[None, :]
-    scores = scores.masked_fill(kpos > qpos, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.bmm(probs, v).permute(1, 0, 2).reshape(n, h * e)
+    out = []
+    for a in range(0, n, QUERY_CHUNK):
+        qc = q[a : a + QUERY_CHUNK].permute(1, 0, 2)  # [h, c, e]
+        scores = torch.bmm(qc, k) * (1.0 / math.sqrt(e))  # [h, c, T]
+        qpos = torch.arange(start + a, start + a + qc.shape[1], device=q.device)[:, None]
+        probs = torch.softmax(scores.masked_fill(kpos > qpos, float("-inf")), dim=-1)
+        out.append(torch.bmm(probs, v).permute(1, 0, 2))  # [c, h, e]
+    return torch.cat(out).reshape(n, h * e)
 
 
 def block(cfg: ModelConfig, w: BlockWeights, x: torch.Tensor, start: int, cos, sin, kv_write) -> torch.Tensor:
