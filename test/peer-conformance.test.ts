@@ -137,6 +137,7 @@ async function frameProbes(sock: RawSocket): Promise<Record<string, unknown>> {
   await probe('open, not JSON', encodeFrame(makeFrame({ type: FrameType.SessionOpen, ...at(25), dtype: DType.Json, payload: new TextEncoder().encode('{nope') })));
   await probe('open', encodeFrame(jsonFrame(FrameType.SessionOpen, at(26), { contextLength: 8 })));
   await probe('open again', encodeFrame(jsonFrame(FrameType.SessionOpen, at(27), { contextLength: 8 })));
+  await probe('stage status', encodeFrame(makeFrame({ type: FrameType.Status, ...at(40, '0'.repeat(32)) })));
   await probe('prefill at position 3', encodeFrame(prefill(28, 3, [1])));
   await probe('hidden into stage 0', encodeFrame(hiddenFrame(at(29), 0, new Float32Array(64), 1, DType.F16)));
   await probe('a token frame', encodeFrame(tokensFrame(FrameType.Token, at(30), 0, [1])));
@@ -169,6 +170,8 @@ async function httpProbes(httpUrl: string, wsUrl: string, secret: string): Promi
   out['POST prefill'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}/prefill`, { method: 'POST', headers: auth, body: encodeFrame(tokensFrame(FrameType.Prefill, at(6, sid), 0, STORIES_PROMPT_TOKENS, FrameFlag.Sample)) }));
   out['POST decode at 9'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}/decode`, { method: 'POST', headers: auth, body: encodeFrame(tokensFrame(FrameType.Decode, at(7, sid), 9, [432])) }));
   out['DELETE'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}`, { method: 'DELETE', headers: auth }));
+  const status = (await (await fetch(`${httpUrl}/v1/status`, { headers: auth })).json()) as Record<string, unknown>;
+  out['node status'] = { keys: Object.keys(status).sort(), backend: typeof status.backend, stage: status.stage, shard: status.shard, sessions: status.sessions };
   out['status, wrong secret'] = (await fetch(`${httpUrl}/v1/status`, { headers: { authorization: 'Bearer wrong' } })).status;
   out['unknown path'] = (await fetch(`${httpUrl}/v1/nothing`, { headers: auth })).status;
   out['upgrade, wrong secret'] = await new Promise((resolve) => {
@@ -226,6 +229,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'open, not JSON': stageErr(25, 'FRAME_BAD_PAYLOAD', { field: 'payload' }),
       open: { status: { stage: 0, state: 'open', position: 0 }, seq: 26 },
       'open again': stageErr(27, 'SESSION_EXISTS'),
+      'stage status': { status: { stage: 0, shard, sessions: [{ sessionId: SID, position: 0, kvBytes: kv, processedTokens: [0, 0, 0, 0, 0] }] }, backend: 'string', seq: 40 },
       'prefill at position 3': stageErr(28, 'POSITION_MISMATCH', { expected: 0, got: 3 }),
       'hidden into stage 0': stageErr(29, 'STAGE_INPUT_KIND'),
       'a token frame': stageErr(30, 'FRAME_BAD_TYPE', { field: 'type' }),
@@ -249,6 +253,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'POST prefill': { http: 200, token: 432, position: 5, seq: 6 },
       'POST decode at 9': { http: 409, ...stageErr(7, 'POSITION_MISMATCH', { expected: 5, got: 9 }) },
       DELETE: { http: 200, status: { stage: 0, state: 'closed' }, seq: 0 },
+      'node status': { keys: ['backend', 'memoryBytes', 'peerId', 'routeId', 'sessions', 'shard', 'stage'], backend: 'string', stage: 0, shard, sessions: [] },
       'status, wrong secret': 401,
       'unknown path': 404,
       'upgrade, wrong secret': 401,
