@@ -26,6 +26,8 @@ export interface Peer {
   control: WsLink;
   joinedAt: number;
   gone: boolean;
+  /** the origin the peer reached the server at (https://host:port), when known */
+  origin?: string;
   /** refused its shard's bytes (hash mismatch): stays out of routes for this artifact */
   excluded?: string;
 }
@@ -112,11 +114,13 @@ export interface RoomOptions {
   planDelayMs: number;
   /** URL peers use to read the model (already absolute) */
   modelUrl: string;
+  /** a hosted model's path on this server: each peer reads it at the origin it joined by */
+  modelPath?: string;
   nextRouteId: () => number;
   sessions: SessionManager;
   log: (line: string) => void;
   /** STUN/TURN servers announced to peers in welcome (browser peers across the internet) */
-  iceServers?: IceServer[];
+  iceServers?: IceServer[] | ((peerId: string) => IceServer[]);
 }
 
 export class Room {
@@ -155,17 +159,23 @@ export class Room {
     return () => this.listeners.delete(listener);
   }
 
-  brief(): ModelBrief {
-    return { id: this.model.id, url: this.opts.modelUrl, nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes, files: this.model.files };
+  /** Where `peer` reads the model: a hosted one at the peer's own origin for this server. */
+  modelUrlFor(peer: Peer | undefined): string {
+    return this.opts.modelPath && peer?.origin ? `${peer.origin}${this.opts.modelPath}` : this.opts.modelUrl;
   }
 
-  addPeer(hello: PeerHello, ws: WebSocket): Peer {
+  brief(peer?: Peer): ModelBrief {
+    return { id: this.model.id, url: this.modelUrlFor(peer), nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes, files: this.model.files };
+  }
+
+  addPeer(hello: PeerHello, ws: WebSocket, origin?: string): Peer {
     const id = `${hello.name ? hello.name.replace(/[^A-Za-z0-9_.-]/g, '').slice(0, 24) + '-' : 'peer-'}${++this.peerCounter}${randomBytes(2).toString('hex')}`;
-    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`), joinedAt: Date.now(), gone: false };
+    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`), joinedAt: Date.now(), gone: false, ...(origin ? { origin } : {}) };
     this.peers.set(id, peer);
     this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}`);
-    const ice = this.opts.iceServers?.length ? { iceServers: this.opts.iceServers } : {};
-    this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief(), ...ice });
+    const servers = typeof this.opts.iceServers === 'function' ? this.opts.iceServers(id) : this.opts.iceServers;
+    const ice = servers?.length ? { iceServers: servers } : {};
+    this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief(peer), ...ice });
     this.schedulePlan();
     return peer;
   }
@@ -278,7 +288,8 @@ export class Room {
       const next = route.stages[st.stage + 1];
       const downstream = next ? (this.peers.get(next.peerId)?.hello.listen ?? null) : null;
       const upstreamPeer = route.stages[st.stage - 1]?.peerId ?? null;
-      this.send(this.peers.get(st.peerId)!, { t: 'assign', routeId: route.id, stage: st.stage, shard: st.shard, nLayer: this.model.nLayer, modelUrl: this.opts.modelUrl, downstream, downstreamPeer: next?.peerId ?? null, upstreamPeer });
+      const peer = this.peers.get(st.peerId)!;
+      this.send(peer, { t: 'assign', routeId: route.id, stage: st.stage, shard: st.shard, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), downstream, downstreamPeer: next?.peerId ?? null, upstreamPeer });
     }
   }
 

@@ -17,6 +17,7 @@
 //   POST /v1/chat/completions, /v1/completions; GET /v1/models   OpenAI-compatible (./openai.ts)
 
 import { createServer } from 'node:http';
+import { createServer as createHttpsServer } from 'node:https';
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { randomBytes } from 'node:crypto';
@@ -43,6 +44,9 @@ import { headerToWire } from '../src/protocol/header-wire.ts';
 import { handleBrowserPeerMessage } from './browser-peers.ts';
 import type { RelayLedger } from './browser-peers.ts';
 import { Room } from './room.ts';
+import { serveTrustFiles } from './tls.ts';
+import { iceServersMinting } from './turn.ts';
+import type { ServerTls } from './tls.ts';
 import type { Route } from './room.ts';
 
 export interface SignalingServerOptions {
@@ -60,7 +64,11 @@ export interface SignalingServerOptions {
   sessionTtlMs?: number;
   /** STUN/TURN servers announced to every peer in welcome */
   iceServers?: IceServer[];
+  /** mint each peer a short-lived credential for the TURN servers in `iceServers` that name none (./turn.ts) */
+  turn?: { secret: string; ttlS: number };
   log?: (line: string) => void;
+  /** HTTPS and WSS on the same port with this certificate (./tls.ts); absent: plain HTTP */
+  tls?: ServerTls;
   /**
    * Answers requests before the API (the web app): resolves true when it answered, false to leave
    * the request to the API. Never sees WebSocket upgrades.
@@ -116,14 +124,15 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     { idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => log(`session ${id}: ${state}`) },
   );
 
-  const server: Server = createServer((req, res) => void handle(req, res));
+  const onRequest = (req: IncomingMessage, res: ServerResponse): void => void handle(req, res);
+  const server: Server = opts.tls ? createHttpsServer({ cert: opts.tls.cert, key: opts.tls.key }, onRequest) : createServer(onRequest);
   const wss = new WebSocketServer({ noServer: true, maxPayload: 64 * 1024 * 1024 });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(opts.port ?? 8080, opts.host ?? '127.0.0.1', () => resolve());
   });
   const addr = server.address() as AddressInfo;
-  const url = `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`;
+  const url = `${opts.tls ? 'https' : 'http'}://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`;
 
   const taken = new Set<string>();
   async function addRoom(location: string): Promise<Room> {
@@ -149,10 +158,12 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
         planDelayMs: opts.planDelayMs ?? 300,
         // peers read the first part's URL; the other parts' URLs follow from its name
         modelUrl: remote ? artifactFiles(location)[0]! : `${url}/models/${hostedNames[0]}.gguf`,
+        // each peer reads a hosted model at the origin it reached this server by (a wildcard bind has many)
+        ...(remote ? {} : { modelPath: `/models/${hostedNames[0]}.gguf` }),
         nextRouteId: () => ++routeCounter,
         sessions,
         log,
-        ...(opts.iceServers?.length ? { iceServers: opts.iceServers } : {}),
+        ...(opts.iceServers?.length ? { iceServers: opts.turn ? iceServersMinting(opts.iceServers, opts.turn.secret, opts.turn.ttlS) : opts.iceServers } : {}),
       },
     );
     rooms.push(room);
@@ -190,6 +201,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     try {
+      if (serveTrustFiles(opts.tls ?? null, req, res)) return; // the CA certificate: public, before the app and the secret
       if (opts.app && (await opts.app(req, res))) return;
       const path = new URL(req.url ?? '/', 'http://x').pathname;
       const method = req.method ?? 'GET';
@@ -290,7 +302,10 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
       socket.end('HTTP/1.1 401 Unauthorized\r\nconnection: close\r\ncontent-length: 0\r\n\r\n');
       return;
     }
-    wss.handleUpgrade(req, socket, head, (ws) => (m[2] === 'peer' ? admitPeer(room, ws) : serveClient(room, ws)));
+    // the origin this peer reached us at (its Host header, when it is a plain host[:port])
+    const host = /^[A-Za-z0-9.:[\]-]+$/.test(req.headers.host ?? '') ? req.headers.host : null;
+    const origin = host ? `${opts.tls ? 'https' : 'http'}://${host}` : undefined;
+    wss.handleUpgrade(req, socket, head, (ws) => (m[2] === 'peer' ? admitPeer(room, ws, origin) : serveClient(room, ws)));
   });
 
   function serveClient(room: Room, ws: WebSocket): void {
@@ -302,7 +317,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     ws.on('close', () => void sessions.ownerGone(owner));
   }
 
-  function admitPeer(room: Room, ws: WebSocket): void {
+  function admitPeer(room: Room, ws: WebSocket, origin: string | undefined): void {
     const nonce = randomBytes(16).toString('hex');
     const expectedProof = helloProof(room.secret, nonce);
     let peer: ReturnType<Room['addPeer']> | null = null;
@@ -350,7 +365,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
         ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
         ...(msg.adapter ? { adapter: msg.adapter } : {}),
       };
-      peer = room.addPeer(hello, ws);
+      peer = room.addPeer(hello, ws, origin);
     }
 
     function onPeerMessage(p: NonNullable<typeof peer>, msg: PeerToServer): void {
@@ -384,7 +399,8 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     rooms,
     sessions,
     fetchLogs,
-    joinUrl: (room) => `${url}/room/${room.id}#secret=${encodeURIComponent(room.secret)}`,
+    // a local CA's fingerprint rides in the fragment too: native nodes pin it (src/transport/tls-trust.ts)
+    joinUrl: (room) => `${url}/room/${room.id}#secret=${encodeURIComponent(room.secret)}${opts.tls?.ca ? `&ca=${opts.tls.ca.fingerprint}` : ''}`,
     addRoom,
     async close() {
       await sessions.dispose();

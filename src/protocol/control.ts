@@ -81,17 +81,21 @@ export async function helloProof(secret: string, nonce: string): Promise<string>
 /**
  * Parses an ICE server as `serve --ice-server` takes it: `stun:host[:port]`, or
  * `turn:user:pass@host[:port][?transport=udp|tcp]` (also `stuns:` / `turns:`). TURN needs a
- * user and password (browsers refuse a TURN server without them); they may be %-encoded.
+ * user and password (browsers refuse a TURN server without them); they may be %-encoded —
+ * unless `minted`: the server mints each peer a short-lived credential (`serve --turn-secret`),
+ * so the URL names none.
  */
-export function parseIceServer(text: string): IceServer {
+export function parseIceServer(text: string, opts: { minted?: boolean } = {}): IceServer {
   const m = /^(stuns?|turns?):(?:([^:@/?]*):([^@/?]*)@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::(\d{1,5}))?(\?transport=(?:udp|tcp))?$/.exec(text.trim());
   if (!m) throw new MeshError('BAD_ICE_SERVER', `'${text}' is not an ICE server (stun:host:port or turn:user:pass@host:port)`);
   const [, scheme, user, pass, host, port, query] = m;
   const isTurn = scheme!.startsWith('turn');
   if (port !== undefined && (Number(port) < 1 || Number(port) > 65535)) throw new MeshError('BAD_ICE_SERVER', `'${text}': port ${port} is out of range`);
-  if (isTurn && (user === undefined || user === '' || pass === undefined)) throw new MeshError('BAD_ICE_SERVER', `'${text}': a TURN server needs user:password@ before the host`);
+  if (isTurn && opts.minted && user !== undefined) throw new MeshError('BAD_ICE_SERVER', `'${text}': --turn-secret mints the TURN credentials, so the URL names no user:password`);
+  if (isTurn && !opts.minted && (user === undefined || user === '' || pass === undefined)) throw new MeshError('BAD_ICE_SERVER', `'${text}': a TURN server needs user:password@ before the host`);
   if (!isTurn && (user !== undefined || query)) throw new MeshError('BAD_ICE_SERVER', `'${text}': a STUN server takes no user, password or transport`);
   const urls = `${scheme}:${host}${port ? `:${port}` : ''}${query ?? ''}`;
+  if (isTurn && opts.minted) return { urls };
   return isTurn ? { urls, username: decodeURIComponent(user!), credential: decodeURIComponent(pass!) } : { urls };
 }
 
