@@ -29,6 +29,7 @@ import { startFrameServer } from '../transport/frame-server.ts';
 import type { FrameServer } from '../transport/frame-server.ts';
 import { serveFrames, WsLink } from '../transport/ws.ts';
 import { HttpLink } from '../transport/http.ts';
+import { tlsOptions } from '../transport/tls-trust.ts';
 import { helloProof, parseJoinUrl } from '../protocol/control.ts';
 import { fetchJson } from '../route/remote.ts';
 import type { RoomSummary } from '../route/remote.ts';
@@ -223,7 +224,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     status: () => ({ peerId: peer.peerId, backend: opts.backend, memoryBytes: opts.memoryBytes, routeId: current?.routeId ?? null, ...(current ? current.service.status() : {}) }),
   });
 
-  const ws = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`);
+  const ws = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`, tlsOptions()); // a pinned local CA (tls-trust.ts)
   const send = (m: PeerToServer): void => {
     if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(m));
   };

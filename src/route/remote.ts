@@ -39,7 +39,9 @@ export async function fetchJson<T>(url: string, secret: string): Promise<T> {
   try {
     res = await fetch(url, { headers: { authorization: `Bearer ${secret}` } });
   } catch (e) {
-    throw new MeshError('JOIN_FAILED', `cannot reach ${url}: ${(e as Error).message}`);
+    // fetch says only 'fetch failed'; the cause names the refused certificate or the refused connection
+    const cause = (e as Error & { cause?: Error }).cause?.message;
+    throw new MeshError('JOIN_FAILED', `cannot reach ${url}: ${(e as Error).message}${cause ? ` (${cause})` : ''}`);
   }
   const body = (await res.json().catch(() => ({}))) as T & { error?: { code: string; message: string } };
   if (!res.ok) throw new MeshError(body.error?.code ?? 'HTTP_ERROR', body.error?.message ?? `${url}: HTTP ${res.status}`);

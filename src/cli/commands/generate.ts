@@ -23,6 +23,7 @@ import { Tokenizer } from '../../model/tokenizer/tokenizer.ts';
 import { ChainGenerator, InProcessChain } from '../../route/generation.ts';
 import type { GenerationResult, TextGenerator } from '../../model/generation-output.ts';
 import { joinRoom, RemoteChain, timingTable } from '../../route/remote.ts';
+import { trustRoomServer } from '../../transport/tls-trust.ts';
 
 const BACKENDS = ['cpu', 'llamacpp', 'webgpu'] as const;
 type Backend = (typeof BACKENDS)[number];
@@ -53,11 +54,14 @@ export const command: Command = {
     join: { type: 'string', valueName: '<room url>', description: 'generate over the route of a room instead of a local model (see `serve`)' },
     secret: { type: 'string', valueName: '<secret>', description: '--join: the room secret (default: the URL\'s #secret=)' },
     wait: { type: 'string', valueName: '<s>', description: '--join: wait this long for the route to be ready', default: '30' },
+    'ca-fingerprint': { type: 'string', description: "an https room server's local CA: its sha256 fingerprint (default: the link's #ca=)", valueName: '<sha256>' },
+    'ca-file': { type: 'string', description: "an https room server's CA certificate (PEM), trusted beside the system's", valueName: '<file>' },
     telemetry: { type: 'boolean', description: '--join: print a per-stage timing table at the end (stderr)' },
   },
   async run(args: ParsedArgs): Promise<number> {
     const opts = readOptions(args);
     const joinUrl = stringOption(args, 'join');
+    if (joinUrl) await trustRoomServer(joinUrl, { fingerprint: stringOption(args, 'ca-fingerprint'), caFile: stringOption(args, 'ca-file') });
     const joined = joinUrl ? await joinRoom(joinUrl, stringOption(args, 'secret'), intOption(args, 'wait', 30) * 1000) : null;
     const source = joined ? null : await openTensorSource(opts.model);
     let generator: TextGenerator | null = null;
