@@ -32,9 +32,11 @@ export function testShardCache(): string {
   return shardCacheDir;
 }
 
-export function spawnMesh(args: string[]): MeshProcess {
+/** `prefix`: a command the process runs under (e.g. `ip netns exec <ns>`, test/support/netns.ts). */
+export function spawnMesh(args: string[], opts: { prefix?: string[]; env?: NodeJS.ProcessEnv } = {}): MeshProcess {
   if (args[0] === 'node' && !args.includes('--cache-dir') && !args.includes('--no-cache')) args = [...args, '--cache-dir', testShardCache()];
-  const child = spawn(process.execPath, [CLI, ...args], { cwd: REPO_ROOT, stdio: ['pipe', 'pipe', 'pipe'] });
+  const [cmd, ...argv] = [...(opts.prefix ?? []), process.execPath, CLI, ...args];
+  const child = spawn(cmd!, argv, { cwd: REPO_ROOT, stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, ...opts.env } });
   let out = '';
   const waiters: Array<() => void> = [];
   const onData = (d: Buffer): void => {
