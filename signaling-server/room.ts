@@ -288,8 +288,11 @@ export class Room {
       const next = route.stages[st.stage + 1];
       const downstream = next ? (this.peers.get(next.peerId)?.hello.listen ?? null) : null;
       const upstreamPeer = route.stages[st.stage - 1]?.peerId ?? null;
+      // tabs always answer data channels; a native node says so in its hello
+      const nextHello = next ? this.peers.get(next.peerId)?.hello : undefined;
+      const downstreamRtc = nextHello ? nextHello.rtc === true || !nextHello.listen : false;
       const peer = this.peers.get(st.peerId)!;
-      this.send(peer, { t: 'assign', routeId: route.id, stage: st.stage, shard: st.shard, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), downstream, downstreamPeer: next?.peerId ?? null, upstreamPeer });
+      this.send(peer, { t: 'assign', routeId: route.id, stage: st.stage, shard: st.shard, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), downstream, downstreamPeer: next?.peerId ?? null, upstreamPeer, downstreamRtc });
     }
   }
 

@@ -364,6 +364,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
         ...(typeof msg.artifact === 'string' ? { artifact: msg.artifact } : {}),
         ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
         ...(msg.adapter ? { adapter: msg.adapter } : {}),
+        ...(msg.rtc === true ? { rtc: true } : {}),
       };
       peer = room.addPeer(hello, ws, origin);
     }

@@ -24,7 +24,7 @@ import { openControlSocket } from './control-socket.ts';
 import { helloProof, parseJoinUrl } from '../protocol/control.ts';
 import type { ControlSocket } from './control-socket.ts';
 import { headerFromWire } from '../protocol/header-wire.ts';
-import type { HopKind, PeerTelemetry, RelayReply, SignalFromPeer } from '../protocol/control.ts';
+import type { CandidatePair, HopKind, PeerTelemetry, RelayReply, SignalFromPeer } from '../protocol/control.ts';
 import { Hops } from './hops.ts';
 import { loadSlice, sliceSource } from './slice-loader.ts';
 import type { LoadedSlice, SliceProgress } from './slice-loader.ts';
@@ -73,6 +73,7 @@ export interface BrowserPeerState {
   load: Omit<LoadedSlice, 'tensors' | 'cacheError'> & { cacheError: string | null } | null;
   error: { code: string; message: string } | null;
   hop: HopKind | null;
+  candidatePair: CandidatePair | null;
   downstreamChannel: PipeCounters | null;
   upstreamChannels: Record<string, PipeCounters>;
   relayed: { frames: number; bytes: number } | null;
@@ -92,6 +93,8 @@ interface Assignment {
   downstream: string | null;
   downstreamPeer?: string | null;
   upstreamPeer?: string | null;
+  /** the next stage answers data channels (a native node with WebRTC; tabs always do) */
+  downstreamRtc?: boolean;
 }
 
 interface Current {
@@ -123,7 +126,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   const state: BrowserPeerState = {
     status: 'joining', reason: null, peerId: null, roomId, capabilities: null, artifact: null, heldUnits: [],
     routeId: null, stage: null, shard: null, progress: null, load: null, error: null,
-    hop: null, downstreamChannel: null, upstreamChannels: {}, relayed: null,
+    hop: null, candidatePair: null, downstreamChannel: null, upstreamChannels: {}, relayed: null,
   };
   const changed = (): void => opts.onState?.(state);
 
@@ -190,6 +193,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   const fullTelemetry = (): void => {
     telemetry(state.status === 'ready' ? 'ready' : state.status === 'failed' ? 'failed' : 'loading', {
       ...(state.hop ? { hop: state.hop } : {}),
+      candidatePair: state.candidatePair,
       downstreamChannel: state.downstreamChannel,
       upstreamChannels: state.upstreamChannels,
       ...(state.relayed ? { relayed: state.relayed } : {}),
@@ -210,7 +214,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     const t0 = performance.now();
     upstreamPeer = a.upstreamPeer ?? null; // the only peer whose data channel this stage answers
     await release();
-    Object.assign(state, { status: 'loading', routeId: a.routeId, stage: a.stage, shard: { ...a.shard }, progress: null, load: null, error: null, hop: null, downstreamChannel: null, relayed: null });
+    Object.assign(state, { status: 'loading', routeId: a.routeId, stage: a.stage, shard: { ...a.shard }, progress: null, load: null, error: null, hop: null, candidatePair: null, downstreamChannel: null, relayed: null });
     changed();
     let backend: StageBackend | null = null;
     try {
@@ -238,13 +242,13 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       backend = await (opts.backend ?? defaultBackend)();
       await backend.load(sliceSource(await headerOnce(), manifest, tensors, a.modelUrl), a.shard);
       if (a.shard.end < a.nLayer && !a.downstreamPeer) throw new MeshError('STAGE_UNREACHABLE', `stage ${a.stage}: the server named no next stage`);
-      const hop = await hops.connectDownstream(a.shard.end < a.nLayer ? a.downstreamPeer! : null, Boolean(a.downstream), (h) => {
+      const hop = await hops.connectDownstream(a.shard.end < a.nLayer ? a.downstreamPeer! : null, Boolean(a.downstream) && !a.downstreamRtc, (h) => {
         if (mySeq !== assignSeq) return;
-        Object.assign(state, { hop: h.kind, relayed: h.relayed });
+        Object.assign(state, { hop: h.kind, relayed: h.relayed, candidatePair: h.candidatePair });
         changed();
         fullTelemetry();
       });
-      Object.assign(state, { hop: hop.kind, downstreamChannel: hop.channel, relayed: hop.relayed });
+      Object.assign(state, { hop: hop.kind, downstreamChannel: hop.channel, relayed: hop.relayed, candidatePair: hop.candidatePair });
       const downstream = hop.link;
       if (mySeq !== assignSeq) {
         await downstream?.close();
@@ -257,7 +261,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       changed();
       log(`stage ${a.stage} of route ${a.routeId}: layers ${a.shard.start}-${a.shard.end} ready (${slice.fetchedBytes} bytes fetched, ${slice.cachedBytes} from cache, hop ${state.hop})`);
       control.sendJson({ t: 'ready', routeId: a.routeId, stage: a.stage, loadMs: performance.now() - t0, bytesRead: slice.fetchedBytes });
-      telemetry('ready', { cache: { hit: slice.cachedUnits, fetched: slice.fetchedUnits, error: state.load.cacheError }, ...(state.hop ? { hop: state.hop } : {}) });
+      telemetry('ready', { cache: { hit: slice.cachedUnits, fetched: slice.fetchedUnits, error: state.load.cacheError }, ...(state.hop ? { hop: state.hop } : {}), candidatePair: state.candidatePair });
     } catch (e) {
       await backend?.dispose().catch(() => undefined);
       if (mySeq !== assignSeq) return; // released or superseded meanwhile

@@ -40,6 +40,8 @@ import type { RelayReply } from '../protocol/control.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { StageService } from './stage-service.ts';
 import type { SamplerFactory } from './stage-service.ts';
+import { NativeRtc } from './native-rtc.ts';
+import type { CandidatePair, HopKind } from '../protocol/control.ts';
 
 export type BackendKind = 'cpu' | 'llamacpp' | 'webgpu';
 
@@ -58,6 +60,8 @@ export interface NodePeerOptions {
   name?: string;
   /** where verified shards (cpu) and whole model copies (llama.cpp) are kept; null = no cache */
   cacheDir?: string | null;
+  /** WebRTC data channels to and from tabs (default true; off: those hops use the server relay) */
+  webrtc?: boolean;
   log?: (line: string) => void;
 }
 
@@ -224,6 +228,9 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     status: () => ({ peerId: peer.peerId, backend: opts.backend, memoryBytes: opts.memoryBytes, routeId: current?.routeId ?? null, ...(current ? current.service.status() : {}) }),
   });
 
+  // data channels to and from tabs (./native-rtc.ts); null where WebRTC is off or will not load
+  // (loaded before the control socket opens: its challenge must find the listener below)
+  const rtc = opts.webrtc === false ? null : await NativeRtc.start({ sendJson: (m) => ws.readyState === WebSocket.OPEN && ws.send(JSON.stringify(m)), handler, log });
   const ws = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`, tlsOptions()); // a pinned local CA (tls-trust.ts)
   const send = (m: PeerToServer): void => {
     if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(m));
@@ -234,6 +241,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     if (!current) return;
     const c = current;
     current = null;
+    rtc?.released();
     await c.service.releaseAll();
     await c.downstream?.close();
     await c.source?.close();
@@ -293,6 +301,9 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       // a browser next stage has no listen address: frames go through the server (src/peer/relay.ts)
       const viaRelay = (to: string): RelayLink => (relay = new RelayLink(to, (r) => ws.send(JSON.stringify(r))));
       let downstream: FrameLink | null = null;
+      let hopKind: HopKind = 'none';
+      let candidatePair: CandidatePair | null = null;
+      rtc?.setUpstream(m.upstreamPeer ?? null);
       if (m.downstream) {
         try {
           downstream = opts.carrier === 'http' ? await httpLinkTo(m.downstream, auth) : await WsLink.connect(m.downstream, { headers: auth, connectTimeoutMs: 5000 });
@@ -302,13 +313,19 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
           log(`next stage ${m.downstream} not reachable (${(e as Error).message}); relaying through the server`);
           downstream = viaRelay(m.downstreamPeer);
         }
+      } else if (m.downstreamPeer && rtc) {
+        // a tab: a data channel from here (the relay when none opens)
+        const hop = await rtc.connectDownstream(m.downstreamPeer);
+        ({ link: downstream, kind: hopKind, candidatePair } = hop);
       } else if (m.downstreamPeer) downstream = viaRelay(m.downstreamPeer);
+      if (downstream && hopKind === 'none') hopKind = downstream instanceof RelayLink ? 'relay' : downstream instanceof HttpLink ? 'http' : 'ws';
       const service = new StageService({ backend, stage: m.stage, shard: m.shard, nLayer: m.nLayer, downstream, samplerFactory: stageSampler });
       current = { routeId: m.routeId, shard: m.shard, backend, service, downstream, source };
       const bytesRead = fetched();
-      const hop = !downstream ? 'last stage' : downstream instanceof RelayLink ? 'next stage via server relay' : downstream instanceof HttpLink ? 'next stage over http' : 'next stage over ws';
+      const hop = { none: 'last stage', relay: 'next stage via server relay', http: 'next stage over http', ws: 'next stage over ws', webrtc: 'next stage over a WebRTC data channel' }[hopKind];
       log(`stage ${m.stage} of route ${m.routeId}: layers ${m.shard.start}-${m.shard.end} ready (${bytesRead} bytes read; ${hop})`);
       send({ t: 'ready', routeId: m.routeId, stage: m.stage, loadMs: performance.now() - t0, bytesRead });
+      rtc?.serving(m.routeId, m.stage, hopKind, candidatePair);
     } catch (e) {
       const err = e instanceof MeshError ? e : new MeshError('LOAD_FAILED', (e as Error).message);
       if (loading && current?.backend !== loading) await loading.dispose().catch(() => undefined);
@@ -329,6 +346,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     async close() {
       ws.close();
       await release();
+      await rtc?.close();
       await spareGpu?.dispose();
       spareGpu = null;
       await server.close();
@@ -353,9 +371,11 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
           ...(opts.name ? { name: opts.name } : {}),
           ...(opts.layers ? { layers: opts.layers } : {}),
           ...(adapter ? { adapter } : {}),
+          ...(rtc ? { rtc: true } : {}),
         }));
       } else if (m.t === 'welcome') {
         peer.peerId = m.peerId;
+        if (m.iceServers?.length) rtc?.useIceServers(m.iceServers);
         log(`joined room ${m.roomId} as ${m.peerId} (model ${m.model.id}, ${m.model.nLayer} layers); listening at ${server.url}`);
         resolve();
       } else if (m.t === 'assign') {
@@ -365,7 +385,9 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       } else if (m.t === 'error') {
         reject(new MeshError(m.code, m.message));
       } else if ((m as { t: string }).t === 'relay-reply') {
-        relay?.deliver(m as unknown as RelayReply);
+        if (!relay?.deliver(m as unknown as RelayReply)) rtc?.onControl(m as { t: string });
+      } else if ((m as { t: string }).t === 'signal') {
+        rtc?.onControl(m as { t: string });
       }
     });
     ws.on('close', (code, reason) => {
@@ -378,6 +400,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     await joined;
   } catch (e) {
     ws.terminate();
+    await rtc?.close();
     await spareGpu?.dispose();
     await server.close();
     throw e;

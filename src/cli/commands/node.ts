@@ -34,6 +34,7 @@ export const command: Command = {
     name: { type: 'string', description: 'a name shown in the room', valueName: '<name>' },
     'cache-dir': { type: 'string', description: 'keep verified shards here (default: $GGUF_MESH_CACHE/shards, else ~/.cache/gguf-mesh/shards)', valueName: '<dir>' },
     'no-cache': { type: 'boolean', description: 'keep no shard cache (every load fetches)' },
+    'no-webrtc': { type: 'boolean', description: 'no WebRTC data channels to and from tabs: those hops go through the server relay' },
     'ca-fingerprint': { type: 'string', description: "an https room server's local CA: its sha256 fingerprint (default: the link's #ca=)", valueName: '<sha256>' },
     'ca-file': { type: 'string', description: "an https room server's CA certificate (PEM), trusted beside the system's", valueName: '<file>' },
   },
@@ -71,6 +72,7 @@ export const command: Command = {
       ...(stringOption(args, 'advertise') ? { advertise: stringOption(args, 'advertise')! } : {}),
       carrier,
       ...(stringOption(args, 'name') ? { name: stringOption(args, 'name')! } : {}),
+      ...(args.values['no-webrtc'] ? { webrtc: false } : {}),
       ...(args.values['no-cache'] ? { cacheDir: null } : stringOption(args, 'cache-dir') ? { cacheDir: stringOption(args, 'cache-dir')! } : {}),
       log: (line) => console.log(line),
     });
