@@ -10,10 +10,10 @@ import type { GgufHeader } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
 import { planRoute } from '../src/route/planner.ts';
 import { unitsRange } from '../src/peer/verified-source.ts';
-import type { IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/protocol/control.ts';
+import type { CandidatePair, IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/protocol/control.ts';
 import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
-import type { TelemetryEvent } from '../src/route/telemetry.ts';
+import type { HopLink, TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
 
 export type RouteStatus = 'forming' | 'loading' | 'ready' | 'degraded' | 'closed';
@@ -96,6 +96,15 @@ export class Route implements RouteHandle {
     return this.stages.map((s) => s.peerId);
   }
 
+  /** How each hop is carried, from the stages' own reports (a native node without WebRTC reports none: ws to a listen address, else the relay). */
+  hops(): HopLink[] {
+    return this.stages.slice(0, -1).map((st) => {
+      const next = this.stages[st.stage + 1]!;
+      const t = st.telemetry as { hop?: string; candidatePair?: CandidatePair | null } | undefined;
+      return { from: st.stage, to: next.stage, fromPeer: st.peerId, toPeer: next.peerId, kind: t?.hop ?? (next.listen ? 'ws' : 'relay'), candidatePair: t?.candidatePair ?? null };
+    });
+  }
+
   summary(): Record<string, unknown> {
     return {
       id: this.id,
@@ -105,6 +114,7 @@ export class Route implements RouteHandle {
       reason: this.reason,
       history: this.history,
       stages: this.stages.map((s) => ({ ...s, peer: this.room.peerSummary(s.peerId) })),
+      hops: this.hops(),
     };
   }
 }

@@ -24,6 +24,7 @@ import { ChainGenerator, InProcessChain } from '../../route/generation.ts';
 import type { GenerationResult, TextGenerator } from '../../model/generation-output.ts';
 import { joinRoom, RemoteChain, timingTable } from '../../route/remote.ts';
 import { trustRoomServer } from '../../transport/tls-trust.ts';
+import type { HopTelemetry } from '../../route/telemetry.ts';
 
 const BACKENDS = ['cpu', 'llamacpp', 'webgpu'] as const;
 type Backend = (typeof BACKENDS)[number];
@@ -79,7 +80,7 @@ export const command: Command = {
         contextLength,
         ...(opts.json ? {} : { onDelta: (d: string) => process.stdout.write(d) }),
       });
-      printResult(result, opts.json);
+      printResult(result, opts.json, remote?.lastInfo?.hops);
       if (remote?.lastInfo && args.values.telemetry) process.stderr.write(`${timingTable(remote.lastInfo)}\n`);
       return 0;
     } finally {
@@ -172,7 +173,7 @@ async function openGenerator(opts: GenerateOptions, source: TensorSource, tokeni
   return new ChainGenerator(new InProcessChain(stages), tokenizer);
 }
 
-function printResult(result: GenerationResult, json: boolean): void {
+function printResult(result: GenerationResult, json: boolean, hops?: HopTelemetry[]): void {
   if (json) {
     process.stdout.write(
       JSON.stringify({
@@ -180,6 +181,8 @@ function printResult(result: GenerationResult, json: boolean): void {
         tokens: result.tokens,
         text: result.text,
         timings: result.timings,
+        // --join: each hop of the route with its carrier, candidate pair, bytes and wire time
+        ...(hops ? { hops } : {}),
       }) + '\n',
     );
     return;
