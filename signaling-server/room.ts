@@ -218,7 +218,9 @@ export class Room {
       this.emit({ type: 'stage_ready', routeId: r.id, stage: st.stage, loadMs: msg.loadMs, bytesRead: msg.bytesRead });
       if (r.stages.every((s) => s.status === 'ready')) void this.announceReady(r);
     } else if (msg.t === 'telemetry') {
-      st.telemetry = msg; // browser peers: load progress, hop kind (webrtc | relay), frames per channel
+      // load progress, hop kind and candidate pair, frames per channel; merged, so the cache facts
+      // of the 'ready' report survive the periodic counter reports that follow it
+      st.telemetry = { ...st.telemetry, ...msg };
     } else if (msg.t === 'loading') {
       st.loading = { bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal };
       this.emit({ type: 'stage_loading', routeId: r.id, stage: st.stage, bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal });
