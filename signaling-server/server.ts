@@ -21,6 +21,7 @@ import { createServer as createHttpsServer } from 'node:https';
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { randomBytes } from 'node:crypto';
+import { networkInterfaces } from 'node:os';
 import { basename } from 'node:path';
 import { WebSocketServer } from 'ws';
 import type WebSocket from 'ws';
@@ -88,6 +89,13 @@ export interface SignalingServer {
   close(): Promise<void>;
 }
 
+/** This machine's first non-loopback IPv4 address, if it has one. */
+function lanAddress(): string | undefined {
+  return Object.values(networkInterfaces())
+    .flat()
+    .find((a) => a && a.family === 'IPv4' && !a.internal)?.address;
+}
+
 /** The file name a location ends in (a URL's path, a local path's base name). */
 function fileNameOf(location: string): string {
   return basename(isUrl(location) ? new URL(location).pathname : location);
@@ -132,7 +140,9 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     server.listen(opts.port ?? 8080, opts.host ?? '127.0.0.1', () => resolve());
   });
   const addr = server.address() as AddressInfo;
-  const url = `${opts.tls ? 'https' : 'http'}://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`;
+  // bound to every interface: links name one address other devices can use, not 0.0.0.0
+  const shown = addr.address === '0.0.0.0' || addr.address === '::' ? (lanAddress() ?? '127.0.0.1') : addr.address;
+  const url = `${opts.tls ? 'https' : 'http'}://${shown.includes(':') ? `[${shown}]` : shown}:${addr.port}`;
 
   const taken = new Set<string>();
   async function addRoom(location: string): Promise<Room> {
@@ -201,7 +211,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     try {
-      if (serveTrustFiles(opts.tls ?? null, req, res)) return; // the CA certificate: public, before the app and the secret
+      if (serveTrustFiles(opts.tls ?? null, req, res, url)) return; // the CA certificate: public, before the app and the secret
       if (opts.app && (await opts.app(req, res))) return;
       const path = new URL(req.url ?? '/', 'http://x').pathname;
       const method = req.method ?? 'GET';

@@ -154,7 +154,7 @@ export function formatFingerprint(hex: string): string {
  * phones install), /tls/ca.pem, /tls/ca.json (fingerprint and links, for the landing page).
  * True when it answered.
  */
-export function serveTrustFiles(tls: ServerTls | null, req: IncomingMessage, res: ServerResponse): boolean {
+export function serveTrustFiles(tls: ServerTls | null, req: IncomingMessage, res: ServerResponse, publicBase = ''): boolean {
   const path = new URL(req.url ?? '/', 'http://x').pathname;
   if (!path.startsWith('/tls/') || (req.method !== 'GET' && req.method !== 'HEAD')) return false;
   const send = (status: number, type: string, body: Uint8Array | string, extra: Record<string, string> = {}): true => {
@@ -163,7 +163,7 @@ export function serveTrustFiles(tls: ServerTls | null, req: IncomingMessage, res
     return true;
   };
   const ca = tls?.ca;
-  if (path === '/tls/ca.json') return send(200, 'application/json', JSON.stringify(ca ? { fingerprint: ca.fingerprint, display: formatFingerprint(ca.fingerprint), crt: '/tls/ca.crt', pem: '/tls/ca.pem' } : { fingerprint: null }));
+  if (path === '/tls/ca.json') return send(200, 'application/json', JSON.stringify(ca ? { fingerprint: ca.fingerprint, display: formatFingerprint(ca.fingerprint), crt: '/tls/ca.crt', pem: '/tls/ca.pem', crtUrl: `${publicBase}/tls/ca.crt` } : { fingerprint: null }));
   if (!ca) return send(404, 'application/json', JSON.stringify({ error: { code: 'NOT_FOUND', message: 'this server uses no local CA' } }));
   if (path === '/tls/ca.crt') return send(200, 'application/x-x509-ca-cert', certDer(ca.pem), { 'content-disposition': 'attachment; filename="gguf-mesh-ca.crt"' });
   if (path === '/tls/ca.pem') return send(200, 'application/x-pem-file', ca.pem, { 'content-disposition': 'attachment; filename="gguf-mesh-ca.pem"' });

@@ -25,7 +25,7 @@ import { killAll, spawnCommand, spawnMesh } from './support/mesh.ts';
 import type { MeshProcess } from './support/mesh.ts';
 import { greedyGenerate, loadModel } from './support/llama.ts';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
-import { ensureBuilt } from './fixtures/ui/harness.ts';
+import { artifactPath, ensureBuilt } from './fixtures/ui/harness.ts';
 import { certFingerprint, issueServerCert, makeLocalCa } from '../signaling-server/local-ca.ts';
 import { parseJoinUrl } from '../src/protocol/control.ts';
 import { REPO_ROOT } from './support/cli.ts';
@@ -202,6 +202,29 @@ describe('a LAN of namespaces: serve, two tabs and a native node on four hosts',
       expect(st.telemetry.cache.hit.length).toBeGreaterThan(0);
     }
     expect((await generateIn(lab, 'cli', served.joinUrl)).tokens).toEqual(expected);
+  });
+
+  it('the landing page offers the CA certificate and its fingerprint; plain HTTP beyond loopback needs --insecure-http and leaves tabs without WebGPU', async () => {
+    const page = await (await browsers[0]!.browser.newContext()).newPage();
+    await page.goto(`${served.origin}/`);
+    await page.waitForSelector('.trust:not([hidden]) .fingerprint');
+    const shown = await page.evaluate(() => document.querySelector('.trust .fingerprint')!.textContent);
+    expect(shown!.replace(/:/g, '').toLowerCase()).toBe(certFingerprint(served.ca));
+    const der = await page.evaluate(async () => {
+      const href = document.querySelector<HTMLAnchorElement>('.trust a[download]')!.href;
+      return [...new Uint8Array(await crypto.subtle.digest('SHA-256', await (await fetch(href)).arrayBuffer()))].map((b) => b.toString(16).padStart(2, '0')).join('');
+    });
+    expect(der).toBe(certFingerprint(served.ca));
+    await page.screenshot({ path: artifactPath('lan-landing.png'), fullPage: true });
+
+    const plain = spawnMesh(['serve', '--host', lab.host('srv').ip, '--port', '0', '--ui', 'dist', '--insecure-http', '--model', modelPath], { prefix: lab.exec('srv', []), env: { GGUF_MESH_CACHE: serveCache } });
+    const [, plainJoin] = await plain.waitFor(/join:\s+(\S+)/);
+    expect(plainJoin).toMatch(/^http:\/\//);
+    expect(plain.output()).toMatch(/plain HTTP on 10\.\d+\.\d+\.\d+: other devices get no WebGPU/);
+    await page.goto(plainJoin!);
+    await page.waitForSelector('.trust:not([hidden])');
+    expect(await page.evaluate(() => ({ secure: isSecureContext, gpu: 'gpu' in navigator, title: document.querySelector('.trust h2')!.textContent }))).toEqual({ secure: false, gpu: false, title: 'This page is not secure' });
+    await plain.kill();
   });
 
   it('another site\'s HTTPS page loads <gguf-mesh-peer> by one script tag from the room server and serves layers after a native node', async () => {

@@ -56,13 +56,13 @@ export const command: Command = {
     } catch (e) {
       throw new UsageError(`--ice-server: ${(e as Error).message}`);
     }
+    const host = stringOption(args, 'host') ?? '127.0.0.1';
+    const tls = await serverTls(args, host);
     // no --model: $GGUF_MESH_MODEL, else the default synthetic model (made once, cached)
     const { models, describe, made } = await modelsToServe((args.values.model as string[] | undefined) ?? []);
     const ui = stringOption(args, 'ui') ?? 'auto';
     if (!['auto', 'dist', 'dev', 'off'].includes(ui)) throw new UsageError(`--ui must be auto, dist, dev or off, got '${ui}'`);
     if (made) console.log(`made the default model ${models[0]}`);
-    const host = stringOption(args, 'host') ?? '127.0.0.1';
-    const tls = await serverTls(args, host);
     const turnSecret = stringOption(args, 'turn-secret');
     const serverOptions: SignalingServerOptions = {
       host,
@@ -86,7 +86,7 @@ export const command: Command = {
     if (tls?.ca) console.log(`trust:    ${server.url}/tls/ca.crt  (install once on each device; the landing page says how)`);
     if (!tls && !isLoopbackHost(host)) console.log(`plain HTTP on ${host}: other devices get no WebGPU, SubtleCrypto or OPFS there (browsers give them to https:// pages only); they can chat but not serve layers`);
     // bound to every interface: also print the join URL for each address others can use
-    const otherAddresses = host === '0.0.0.0' || host === '::' ? interfaceAddresses() : [];
+    const otherAddresses = host === '0.0.0.0' || host === '::' ? interfaceAddresses().filter((a) => a !== new URL(server.url).hostname) : [];
     for (const room of server.rooms) {
       console.log(`room ${room.id} model ${room.model.id} (${room.model.nLayer} layers)${describe.has(room.model.location) ? `: ${describe.get(room.model.location)}` : ''}`);
       console.log(`  join:   ${server.joinUrl(room)}`);
