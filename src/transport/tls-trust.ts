@@ -55,7 +55,7 @@ function presentedChain(base: string, timeoutMs = 10_000): Promise<DetailedPeerC
   return new Promise((resolve, reject) => {
     // only to read the presented chain: the pinned CA found in it is verified against below
     const socket = connect({ ...hostPort(base), rejectUnauthorized: false });
-    const timer = setTimeout(() => socket.destroy(new Error(`no TLS handshake within ${timeoutMs} ms`)), timeoutMs);
+    const timer = setTimeout(() => socket.destroy(new MeshError('JOIN_FAILED', `no TLS handshake within ${timeoutMs} ms`)), timeoutMs);
     socket.once('secureConnect', () => {
       clearTimeout(timer);
       const chain: DetailedPeerCertificate[] = [];

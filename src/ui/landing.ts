@@ -5,6 +5,7 @@
 import { MeshError } from '../errors.ts';
 import { field, h, replace } from './dom.ts';
 import { formatBytes } from './format.ts';
+import { jsonReply } from '../transport/server-json.ts';
 import { createTrustCard } from './trust.ts';
 
 /** ggml-org's copy of Karpathy's 260K-parameter TinyStories model (llama, 5 layers, MIT). */
@@ -16,12 +17,6 @@ interface HostedRoom {
   peers: number;
   route: { id: number; status: string } | null;
   joinUrl?: string;
-}
-
-async function jsonOf<T>(res: Response): Promise<T> {
-  const body = (await res.json().catch(() => ({}))) as T & { error?: { code: string; message: string } };
-  if (!res.ok) throw new MeshError(body.error?.code ?? `HTTP_${res.status}`, body.error?.message ?? `HTTP ${res.status}`);
-  return body;
 }
 
 /**
@@ -73,7 +68,7 @@ export function createLanding(go: (joinUrl: string) => void): HTMLElement {
   };
 
   void fetch('/app/rooms')
-    .then((r) => jsonOf<{ local: boolean; rooms: HostedRoom[] }>(r))
+    .then((r) => jsonReply<{ local: boolean; rooms: HostedRoom[] }>(r, '/app/rooms'))
     .then((body) => {
       rooms = body.rooms;
       local = body.local;
@@ -98,7 +93,7 @@ export function createLanding(go: (joinUrl: string) => void): HTMLElement {
 
   const showError = (e: unknown): void => {
     error.hidden = false;
-    replace(error, h('strong', {}, (e as { code?: string }).code ?? 'ERROR'), ` ${(e as Error).message}`);
+    replace(error, h('strong', {}, (e as { code?: string }).code ?? 'INTERNAL'), ` ${(e as Error).message}`);
   };
 
   const form = h(
@@ -120,7 +115,7 @@ export function createLanding(go: (joinUrl: string) => void): HTMLElement {
     try {
       const url = urlInput.value.trim();
       if (url) {
-        const body = await jsonOf<{ joinUrl: string }>(await fetch('/app/rooms', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: url }) }));
+        const body = await jsonReply<{ joinUrl: string }>(await fetch('/app/rooms', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: url }) }), 'POST /app/rooms');
         go(body.joinUrl);
         return;
       }

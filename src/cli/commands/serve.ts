@@ -29,7 +29,7 @@ function interfaceAddresses(): string[] {
 export const command: Command = {
   name: 'serve',
   summary: 'run the signaling server: host models, open a room per model, plan routes over joining peers',
-  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S] [--tls | --tls-cert F --tls-key F | --insecure-http] [--ice-server <url> … [--turn-secret S]] [--ui auto|dist|dev|off]',
+  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S] [--tls | --tls-cert F --tls-key F | --insecure-http] [--ice-server <url> … [--turn-secret S]] [--ui dist|dev|off]',
   options: {
     host: { type: 'string', description: 'interface to bind', default: '127.0.0.1', valueName: '<host>' },
     port: { type: 'string', description: 'TCP port (0 = any free port)', default: '8080', valueName: '<port>' },
@@ -46,7 +46,7 @@ export const command: Command = {
     'plan-delay': { type: 'string', description: 'wait after the last join before planning (ms)', default: '300', valueName: '<ms>' },
     'session-ttl': { type: 'string', description: 'idle sessions expire after this many seconds', default: '300', valueName: '<s>' },
     quiet: { type: 'boolean', description: 'print only the join URLs, not room events' },
-    ui: { type: 'string', description: 'the web app: dist (built), dev (vite from sources), auto, or off', default: 'auto', valueName: '<mode>' },
+    ui: { type: 'string', description: 'the web app: dist (the production build, made on install and rebuilt when sources changed), dev (vite from the sources with HMR, 127.0.0.1 only), or off', default: 'dist', valueName: '<mode>' },
   },
   async run(args) {
     let iceServers: IceServer[];
@@ -56,12 +56,14 @@ export const command: Command = {
     } catch (e) {
       throw new UsageError(`--ice-server: ${(e as Error).message}`);
     }
+    const ui = stringOption(args, 'ui') ?? 'dist';
+    if (!['dist', 'dev', 'off'].includes(ui)) throw new UsageError(`--ui must be dist, dev or off, got '${ui}'`);
     const host = stringOption(args, 'host') ?? '127.0.0.1';
+    // vite's dev server answers for every file of the repository (sources, node_modules, models)
+    if (ui === 'dev' && !isLoopbackHost(host)) throw new UsageError(`--ui dev serves the whole source tree, so it binds 127.0.0.1 only (got --host ${host}); other devices get the build (--ui dist)`);
     const tls = await serverTls(args, host);
     // no --model: $GGUF_MESH_MODEL, else the default synthetic model (made once, cached)
     const { models, describe, made } = await modelsToServe((args.values.model as string[] | undefined) ?? []);
-    const ui = stringOption(args, 'ui') ?? 'auto';
-    if (!['auto', 'dist', 'dev', 'off'].includes(ui)) throw new UsageError(`--ui must be auto, dist, dev or off, got '${ui}'`);
     if (made) console.log(`made the default model ${models[0]}`);
     const turnSecret = stringOption(args, 'turn-secret');
     const serverOptions: SignalingServerOptions = {
@@ -81,7 +83,7 @@ export const command: Command = {
       ui === 'off' ? { server: await startSignalingServer(serverOptions), app: null } : await startServerWithApp(serverOptions, { mode: ui as WebAppMode, describe, log: serverOptions.log! });
     console.log(`gguf-mesh signaling server listening on ${server.url}`);
     if (app) console.log(`page:     ${server.url}/  (web app: ${app.mode})`);
-    if (host !== '127.0.0.1' && host !== 'localhost') console.log(`bound to ${host}: every room still requires its secret`);
+    if (!isLoopbackHost(host)) console.log(`bound to ${host}: every room still requires its secret`);
     if (tls) console.log(`tls:      ${tls.description}`);
     if (tls?.ca) console.log(`trust:    ${server.url}/tls/ca.crt  (install once on each device; the landing page says how)`);
     if (!tls && !isLoopbackHost(host)) console.log(`plain HTTP on ${host}: other devices get no WebGPU, SubtleCrypto or OPFS there (browsers give them to https:// pages only); they can chat but not serve layers`);
