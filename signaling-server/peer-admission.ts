@@ -29,6 +29,7 @@ function cleanHello(msg: PeerHello): PeerHello {
     ...(typeof msg.artifact === 'string' ? { artifact: msg.artifact } : {}),
     ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
     ...(msg.adapter ? { adapter: msg.adapter } : {}),
+    ...(msg.rtc === true ? { rtc: true } : {}),
   };
 }
 
@@ -50,8 +51,11 @@ function browserPeerView(room: Room): BrowserPeerRoom {
   };
 }
 
-/** Runs the challenge on a new peer socket of `room`, then serves the admitted peer's messages. */
-export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger): void {
+/**
+ * Runs the challenge on a new peer socket of `room`, then serves the admitted peer's messages.
+ * `origin`: where the peer reached this server (it reads a hosted model there).
+ */
+export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger, origin?: string): void {
   const nonce = randomBytes(16).toString('hex');
   const expectedProof = helloProof(room.secret, nonce);
   const view = browserPeerView(room);
@@ -84,7 +88,7 @@ export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger): void 
       if (!secretMatches(hello.proof, proof)) return refuse('AUTH_FAILED', 'wrong room secret');
       if (ws.readyState !== ws.OPEN) return;
       clearTimeout(helloTimer);
-      peer = room.addPeer(cleanHello(hello), ws);
+      peer = room.addPeer(cleanHello(hello), ws, origin);
     });
   });
   ws.on('close', () => {

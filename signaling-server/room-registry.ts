@@ -19,6 +19,7 @@ import { bearerOf, secretMatches } from '../src/transport/frame-server.ts';
 import type { RelayLedger } from './browser-peers.ts';
 import { FetchLog } from './model-host.ts';
 import { Room } from './room.ts';
+import { iceServersMinting } from './turn.ts';
 import type { Route } from './room.ts';
 
 export interface RoomRegistryOptions {
@@ -32,6 +33,8 @@ export interface RoomRegistryOptions {
   sessionTtlMs?: number;
   /** STUN/TURN servers announced to every peer in welcome */
   iceServers?: IceServer[];
+  /** mint each peer a short-lived credential for the TURN servers in `iceServers` that name none (./turn.ts) */
+  turn?: { secret: string; ttlS: number };
   log: (line: string) => void;
 }
 
@@ -105,6 +108,7 @@ export class RoomRegistry {
       art.files.forEach((f, k) => this.hostedFiles.set(hostedNames[k]!, { modelId: id, path: f.location, size: f.header.fileBytes, file: k }));
       this.fetchLogs.set(id, new FetchLog());
     }
+    const iceServers = this.iceServers();
     const room = new Room(
       randomBytes(6).toString('hex'),
       this.opts.secret ?? randomBytes(18).toString('base64url'),
@@ -114,10 +118,12 @@ export class RoomRegistry {
         planDelayMs: this.opts.planDelayMs ?? 300,
         // peers read the first part's URL; the other parts' URLs follow from its name
         modelUrl: remote ? artifactFiles(location)[0]! : `${this.url}/models/${hostedNames[0]}.gguf`,
+        // each peer reads a hosted model at the origin it reached this server by (a wildcard bind has many)
+        ...(remote ? {} : { modelPath: `/models/${hostedNames[0]}.gguf` }),
         nextRouteId: () => ++this.routeCounter,
         sessions: this.sessions,
         log: this.opts.log,
-        ...(this.opts.iceServers?.length ? { iceServers: this.opts.iceServers } : {}),
+        ...(iceServers ? { iceServers } : {}),
       },
     );
     this.rooms.push(room);
@@ -132,6 +138,13 @@ export class RoomRegistry {
       (e) => this.opts.log(`[room ${room.id}] manifest failed: ${(e as Error).message}`),
     );
     return room;
+  }
+
+  /** What peers are told in welcome: the configured servers, or per peer with a minted TURN credential. */
+  private iceServers(): IceServer[] | ((peerId: string) => IceServer[]) | undefined {
+    const servers = this.opts.iceServers;
+    if (!servers?.length) return undefined;
+    return this.opts.turn ? iceServersMinting(servers, this.opts.turn.secret, this.opts.turn.ttlS) : servers;
   }
 
   /** The room's manifest; one that failed to build is tried again on the next request. */

@@ -10,10 +10,10 @@ import type { GgufHeader } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
 import { planRoute } from '../src/route/planner.ts';
 import { unitsRange } from '../src/peer/verified-source.ts';
-import type { IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/protocol/control.ts';
+import type { CandidatePair, IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/protocol/control.ts';
 import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
-import type { TelemetryEvent } from '../src/route/telemetry.ts';
+import type { HopLink, TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
 
 export type RouteStatus = 'forming' | 'loading' | 'ready' | 'degraded' | 'closed';
@@ -26,6 +26,8 @@ export interface Peer {
   control: WsLink;
   joinedAt: number;
   gone: boolean;
+  /** the origin the peer reached the server at (https://host:port), when known */
+  origin?: string;
   /** refused its shard's bytes (hash mismatch): stays out of routes for this artifact */
   excluded?: string;
 }
@@ -94,6 +96,15 @@ export class Route implements RouteHandle {
     return this.stages.map((s) => s.peerId);
   }
 
+  /** How each hop is carried, from the stages' own reports (a native node without WebRTC reports none: ws to a listen address, else the relay). */
+  hops(): HopLink[] {
+    return this.stages.slice(0, -1).map((st) => {
+      const next = this.stages[st.stage + 1]!;
+      const t = st.telemetry as { hop?: string; candidatePair?: CandidatePair | null } | undefined;
+      return { from: st.stage, to: next.stage, fromPeer: st.peerId, toPeer: next.peerId, kind: t?.hop ?? (next.listen ? 'ws' : 'relay'), candidatePair: t?.candidatePair ?? null };
+    });
+  }
+
   summary(): Record<string, unknown> {
     return {
       id: this.id,
@@ -103,6 +114,7 @@ export class Route implements RouteHandle {
       reason: this.reason,
       history: this.history,
       stages: this.stages.map((s) => ({ ...s, peer: this.room.peerSummary(s.peerId) })),
+      hops: this.hops(),
     };
   }
 }
@@ -112,11 +124,13 @@ export interface RoomOptions {
   planDelayMs: number;
   /** URL peers use to read the model (already absolute) */
   modelUrl: string;
+  /** a hosted model's path on this server: each peer reads it at the origin it joined by */
+  modelPath?: string;
   nextRouteId: () => number;
   sessions: SessionManager;
   log: (line: string) => void;
   /** STUN/TURN servers announced to peers in welcome (browser peers across the internet) */
-  iceServers?: IceServer[];
+  iceServers?: IceServer[] | ((peerId: string) => IceServer[]);
 }
 
 export class Room {
@@ -155,17 +169,23 @@ export class Room {
     return () => this.listeners.delete(listener);
   }
 
-  brief(): ModelBrief {
-    return { id: this.model.id, url: this.opts.modelUrl, nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes, files: this.model.files };
+  /** Where `peer` reads the model: a hosted one at the peer's own origin for this server. */
+  modelUrlFor(peer: Peer | undefined): string {
+    return this.opts.modelPath && peer?.origin ? `${peer.origin}${this.opts.modelPath}` : this.opts.modelUrl;
   }
 
-  addPeer(hello: PeerHello, ws: WebSocket): Peer {
+  brief(peer?: Peer): ModelBrief {
+    return { id: this.model.id, url: this.modelUrlFor(peer), nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes, files: this.model.files };
+  }
+
+  addPeer(hello: PeerHello, ws: WebSocket, origin?: string): Peer {
     const id = `${hello.name ? hello.name.replace(/[^A-Za-z0-9_.-]/g, '').slice(0, 24) + '-' : 'peer-'}${++this.peerCounter}${randomBytes(2).toString('hex')}`;
-    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`), joinedAt: Date.now(), gone: false };
+    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`), joinedAt: Date.now(), gone: false, ...(origin ? { origin } : {}) };
     this.peers.set(id, peer);
     this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}`);
-    const ice = this.opts.iceServers?.length ? { iceServers: this.opts.iceServers } : {};
-    this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief(), ...ice });
+    const servers = typeof this.opts.iceServers === 'function' ? this.opts.iceServers(id) : this.opts.iceServers;
+    const ice = servers?.length ? { iceServers: servers } : {};
+    this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief(peer), ...ice });
     this.schedulePlan();
     return peer;
   }
@@ -198,7 +218,9 @@ export class Room {
       this.emit({ type: 'stage_ready', routeId: r.id, stage: st.stage, loadMs: msg.loadMs, bytesRead: msg.bytesRead });
       if (r.stages.every((s) => s.status === 'ready')) void this.announceReady(r);
     } else if (msg.t === 'telemetry') {
-      st.telemetry = msg; // browser peers: load progress, hop kind (webrtc | relay), frames per channel
+      // load progress, hop kind and candidate pair, frames per channel; merged, so the cache facts
+      // of the 'ready' report survive the periodic counter reports that follow it
+      st.telemetry = { ...st.telemetry, ...msg };
     } else if (msg.t === 'loading') {
       st.loading = { bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal };
       this.emit({ type: 'stage_loading', routeId: r.id, stage: st.stage, bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal });
@@ -278,7 +300,11 @@ export class Room {
       const next = route.stages[st.stage + 1];
       const downstream = next ? (this.peers.get(next.peerId)?.hello.listen ?? null) : null;
       const upstreamPeer = route.stages[st.stage - 1]?.peerId ?? null;
-      this.send(this.peers.get(st.peerId)!, { t: 'assign', routeId: route.id, stage: st.stage, shard: st.shard, nLayer: this.model.nLayer, modelUrl: this.opts.modelUrl, downstream, downstreamPeer: next?.peerId ?? null, upstreamPeer });
+      // tabs always answer data channels; a native node says so in its hello
+      const nextHello = next ? this.peers.get(next.peerId)?.hello : undefined;
+      const downstreamRtc = nextHello ? nextHello.rtc === true || !nextHello.listen : false;
+      const peer = this.peers.get(st.peerId)!;
+      this.send(peer, { t: 'assign', routeId: route.id, stage: st.stage, shard: st.shard, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), downstream, downstreamPeer: next?.peerId ?? null, upstreamPeer, downstreamRtc });
     }
   }
 

@@ -143,6 +143,10 @@ const TRANSPORT = {
   WEBRTC_FAILED: { status: 500, meaning: 'a WebRTC data channel failed' },
   WEBRTC_TIMEOUT: { status: 500, meaning: 'no WebRTC data channel opened in time' },
   NOT_FOUND: { status: 404, meaning: 'the HTTP path is not served here' },
+  BAD_CA_FINGERPRINT: { status: 500, meaning: 'a CA fingerprint (#ca=, --ca-fingerprint) is not 64 hex digits of a sha256' },
+  BAD_CA_CERT: { status: 500, meaning: 'a CA certificate to trust (--ca-file) cannot be read or is not a PEM certificate' },
+  TLS_FINGERPRINT_MISMATCH: { status: 500, meaning: 'the https server presented no CA certificate with the pinned sha256 fingerprint' },
+  TLS_UNTRUSTED: { status: 500, meaning: "the https server's certificate does not verify against the pinned or named CA" },
 } as const satisfies Codes;
 
 const ROUTE = {
@@ -185,6 +189,9 @@ const SERVER = {
   UI_NOT_BUILT: { status: 500, meaning: 'the web app is not built and vite is not installed' },
   UI_BUILD_LOCKED: { status: 500, meaning: 'another process has been building the web app for too long (a stale lock in dist/)' },
   UI_BUILD_FAILED: { status: 500, meaning: 'building the web app with vite failed' },
+  TLS_BAD_OPTIONS: { status: 400, meaning: 'the TLS options of serve contradict each other (--tls-cert without --tls-key, --insecure-http with --tls…)' },
+  TLS_BAD_CERT: { status: 500, meaning: "the operator's certificate or key (--tls-cert/--tls-key) cannot be read or do not make a TLS context" },
+  TLS_BAD_KEY: { status: 500, meaning: "the cached local CA's private key is not a PKCS#8 ECDSA P-256 key" },
   UI_DEV_UNAVAILABLE: { status: 500, meaning: '--ui dev needs vite (a development install) and a loopback host' },
 } as const satisfies Codes;
 

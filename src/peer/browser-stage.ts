@@ -5,7 +5,7 @@
 
 import { MeshError } from '../errors.ts';
 import type { ShardRange, StageBackend } from '../backends/types.ts';
-import type { HopKind, PeerTelemetry, PipeCounters, RelayReply, SignalFromPeer } from '../protocol/control.ts';
+import type { CandidatePair, HopKind, PeerTelemetry, PipeCounters, RelayReply, SignalFromPeer } from '../protocol/control.ts';
 import { servePipe } from '../transport/webrtc-link.ts';
 import type { ShardCache } from '../storage/shard-cache.ts';
 import type { BrowserCapabilities } from './capabilities.ts';
@@ -33,6 +33,8 @@ export interface BrowserPeerState {
   load: Omit<LoadedSlice, 'tensors' | 'cacheError'> & { cacheError: string | null } | null;
   error: { code: string; message: string } | null;
   hop: HopKind | null;
+  /** the data channel's selected ICE candidate pair, when the hop is WebRTC */
+  candidatePair: CandidatePair | null;
   downstreamChannel: PipeCounters | null;
   upstreamChannels: Record<string, PipeCounters>;
   relayed: { frames: number; bytes: number } | null;
@@ -42,7 +44,7 @@ export function joiningState(roomId: string): BrowserPeerState {
   return {
     status: 'joining', reason: null, peerId: null, roomId, capabilities: null, artifact: null, heldUnits: [],
     routeId: null, stage: null, shard: null, progress: null, load: null, error: null,
-    hop: null, downstreamChannel: null, upstreamChannels: {}, relayed: null,
+    hop: null, candidatePair: null, downstreamChannel: null, upstreamChannels: {}, relayed: null,
   };
 }
 
@@ -107,7 +109,7 @@ export class BrowserStage {
   private async load(ctx: LoadContext): Promise<StageLoad> {
     const { state, cache, model } = this.o;
     const a = ctx.assignment;
-    this.update({ status: 'loading', routeId: a.routeId, stage: a.stage, shard: { ...a.shard }, progress: null, load: null, error: null, hop: null, downstreamChannel: null, relayed: null });
+    this.update({ status: 'loading', routeId: a.routeId, stage: a.stage, shard: { ...a.shard }, progress: null, load: null, error: null, hop: null, candidatePair: null, downstreamChannel: null, relayed: null });
     const due = progressGate(250);
     const slice = await loadSlice({
       manifest: model.manifest,
@@ -128,19 +130,19 @@ export class BrowserStage {
     const backend = ctx.keep(await this.o.backend(), (b) => b.dispose());
     await backend.load(sliceSource(await model.header(), model.manifest, tensors, a.modelUrl), a.shard);
     const hop = await this.connectNext(ctx);
-    Object.assign(state, { hop: hop.kind, downstreamChannel: hop.channel, relayed: hop.relayed });
+    Object.assign(state, { hop: hop.kind, downstreamChannel: hop.channel, relayed: hop.relayed, candidatePair: hop.candidatePair });
     if (hop.link) ctx.keep(hop.link, (l) => l.close());
     return { backend, downstream: hop.link, bytesRead: slice.fetchedBytes, detail: `${slice.fetchedBytes} bytes fetched, ${slice.cachedBytes} from cache, hop ${hop.kind}` };
   }
 
-  /** A data channel to the next browser stage; the relay to a native one, or when none opens. */
+  /** A data channel to the next stage (a tab, or a native node with WebRTC); the relay, or its listen address, when none opens. */
   private connectNext(ctx: LoadContext): ReturnType<Hops['connectDownstream']> {
     const a: Assignment = ctx.assignment;
     const last = a.shard.end >= a.nLayer;
     if (!last && !a.downstreamPeer) throw new MeshError('STAGE_UNREACHABLE', `stage ${a.stage}: the server named no next stage`);
-    return this.hops.connectDownstream(last ? null : a.downstreamPeer!, Boolean(a.downstream), (h) => {
+    return this.hops.connectDownstream(last ? null : a.downstreamPeer!, Boolean(a.downstream) && !a.downstreamRtc, (h) => {
       if (!ctx.current) return;
-      this.update({ hop: h.kind, relayed: h.relayed });
+      this.update({ hop: h.kind, relayed: h.relayed, candidatePair: h.candidatePair });
       this.fullTelemetry();
     });
   }
@@ -148,7 +150,7 @@ export class BrowserStage {
   private ready(): void {
     const { state } = this.o;
     this.update({ status: 'ready' });
-    this.telemetry('ready', { cache: { hit: state.load!.cachedUnits, fetched: state.load!.fetchedUnits, error: state.load!.cacheError }, ...(state.hop ? { hop: state.hop } : {}) });
+    this.telemetry('ready', { cache: { hit: state.load!.cachedUnits, fetched: state.load!.fetchedUnits, error: state.load!.cacheError }, ...(state.hop ? { hop: state.hop } : {}), candidatePair: state.candidatePair });
   }
 
   private telemetry(phase: PeerTelemetry['phase'], extra: Partial<PeerTelemetry> = {}): void {
@@ -162,6 +164,7 @@ export class BrowserStage {
     const { state } = this.o;
     this.telemetry(state.status === 'ready' ? 'ready' : state.status === 'failed' ? 'failed' : 'loading', {
       ...(state.hop ? { hop: state.hop } : {}),
+      candidatePair: state.candidatePair,
       downstreamChannel: state.downstreamChannel,
       upstreamChannels: state.upstreamChannels,
       ...(state.relayed ? { relayed: state.relayed } : {}),

@@ -1,7 +1,8 @@
 // Loading an assigned stage in a native node: a backend (cpu, llama.cpp, or WebGPU on Dawn),
 // the shard's bytes (only its byte ranges, verified and cached by artifact sha256; llama.cpp:
 // a whole local copy), and the link to the next stage — WebSocket or binary HTTP to its listen
-// address, or the server relay when it has none (a browser) or cannot be reached from here.
+// address; to a tab (no listen address) a WebRTC data channel (native-rtc.ts); the server relay
+// when WebRTC is off or opens no channel, or the listen address cannot be reached from here.
 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -11,11 +12,12 @@ import type { WebGpuBackend } from '../backends/webgpu/backend.ts';
 import { openArtifactReader, openTensorSource, tensorSourceOver } from '../gguf/source.ts';
 import { artifactFiles } from '../gguf/split.ts';
 import type { TensorSource } from '../gguf/types.ts';
-import type { PeerToServer } from '../protocol/control.ts';
+import type { CandidatePair, HopKind, PeerToServer } from '../protocol/control.ts';
 import { HttpLink } from '../transport/http.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { WsLink } from '../transport/ws.ts';
 import { localCopy } from './local-copy.ts';
+import type { NativeRtc } from './native-rtc.ts';
 import { modelHeaders, progressGate } from './peer-core.ts';
 import type { Assignment, LoadContext, RoomModel, StageLoad } from './peer-core.ts';
 import { RelayLink } from './relay-link.ts';
@@ -69,6 +71,15 @@ export interface NativeStageEnv {
   takeSpareGpu: () => WebGpuBackend | null;
   /** a link to peer `to` through the server */
   relayTo: (to: string) => RelayLink;
+  /** this node's WebRTC, or null (off, or it did not load) */
+  rtc: () => NativeRtc | null;
+}
+
+/** The link to the next stage and how it is carried. */
+interface NextHop {
+  link: FrameLink | null;
+  kind: HopKind;
+  candidatePair: CandidatePair | null;
 }
 
 /** Reads the shard's tensors: llama.cpp from a whole local copy, the others only the shard's ranges. */
@@ -95,24 +106,39 @@ async function openShard(a: Assignment, env: NativeStageEnv, progress: (done: nu
   return { source: verified, fetched: () => verified.bytesFetched };
 }
 
-/** The link to the next stage: null on the last stage; the relay when it has no listen address or is out of reach. */
-async function connectNext(a: Assignment, env: NativeStageEnv): Promise<FrameLink | null> {
+const relayed = (link: RelayLink): NextHop => ({ link, kind: 'relay', candidatePair: null });
+
+/**
+ * The link to the next stage: none on the last stage; to a tab (no listen address) a data
+ * channel, else the relay; to a native node its listen address, the relay when out of reach.
+ */
+async function connectNext(a: Assignment, env: NativeStageEnv): Promise<NextHop> {
   const auth = { authorization: `Bearer ${env.secret}` };
-  if (!a.downstream) return a.downstreamPeer ? env.relayTo(a.downstreamPeer) : null;
+  if (!a.downstream) {
+    if (!a.downstreamPeer) return { link: null, kind: 'none', candidatePair: null };
+    const rtc = env.rtc();
+    // a data channel from here; Hops falls back to the relay when none opens
+    if (rtc) return rtc.connectDownstream(a.downstreamPeer);
+    return relayed(env.relayTo(a.downstreamPeer));
+  }
   try {
-    return env.carrier === 'http' ? await httpLinkTo(a.downstream, auth) : await WsLink.connect(a.downstream, { headers: auth, connectTimeoutMs: 5000 });
+    if (env.carrier === 'http') return { link: await httpLinkTo(a.downstream, auth), kind: 'http', candidatePair: null };
+    return { link: await WsLink.connect(a.downstream, { headers: auth, connectTimeoutMs: 5000 }), kind: 'ws', candidatePair: null };
   } catch (e) {
     // reachable by the server but not by us (NAT, firewall): relay rather than fail
     if (!a.downstreamPeer) throw e;
     env.log(`next stage ${a.downstream} not reachable (${(e as Error).message}); relaying through the server`);
-    return env.relayTo(a.downstreamPeer);
+    return relayed(env.relayTo(a.downstreamPeer));
   }
 }
 
-function hopName(link: FrameLink | null): string {
-  if (!link) return 'last stage';
-  return link instanceof RelayLink ? 'next stage via server relay' : link instanceof HttpLink ? 'next stage over http' : 'next stage over ws';
-}
+const HOP_NAMES: Record<HopKind, string> = {
+  none: 'last stage',
+  relay: 'next stage via server relay',
+  http: 'next stage over http',
+  ws: 'next stage over ws',
+  webrtc: 'next stage over a WebRTC data channel',
+};
 
 /** PeerCore's `loadStage` for a native node. */
 export async function loadNativeStage(ctx: LoadContext, env: NativeStageEnv): Promise<StageLoad> {
@@ -127,8 +153,8 @@ export async function loadNativeStage(ctx: LoadContext, env: NativeStageEnv): Pr
   const { source, fetched } = await openShard(a, env, progress);
   ctx.keep(source, (s) => s.close());
   await backend.load(source, a.shard);
-  const downstream = await connectNext(a, env);
-  if (downstream) ctx.keep(downstream, (l) => l.close());
+  const hop = await connectNext(a, env);
+  if (hop.link) ctx.keep(hop.link, (l) => l.close());
   const bytesRead = fetched();
-  return { backend, downstream, bytesRead, detail: `${bytesRead} bytes read; ${hopName(downstream)}` };
+  return { backend, downstream: hop.link, bytesRead, detail: `${bytesRead} bytes read; ${HOP_NAMES[hop.kind]}`, hop: { kind: hop.kind, candidatePair: hop.candidatePair } };
 }

@@ -13,7 +13,7 @@ import type { Manifest } from '../gguf/verify.ts';
 import { parseManifest } from '../gguf/verify.ts';
 import { Sampler } from '../model/sampler.ts';
 import { helloProof } from '../protocol/control.ts';
-import type { PeerHello, PeerToServer, ServerToPeer } from '../protocol/control.ts';
+import type { CandidatePair, HopKind, PeerHello, PeerToServer, ServerToPeer } from '../protocol/control.ts';
 import { headerFromWire } from '../protocol/header-wire.ts';
 import type { Frame } from '../protocol/frame.ts';
 import type { FrameLink } from '../transport/link.ts';
@@ -86,6 +86,8 @@ export interface StageLoad {
   bytesRead: number;
   /** for the log: what was read, how the next stage is reached */
   detail: string;
+  /** how the next stage is reached, for telemetry (native nodes report it; tabs keep it in their state) */
+  hop?: { kind: HopKind; candidatePair: CandidatePair | null };
 }
 
 export interface PeerCoreOptions {

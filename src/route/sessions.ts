@@ -12,7 +12,8 @@ import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
 import type { SessionOpenBody } from '../protocol/session.ts';
-import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
+import type { HopLink, HopTelemetry, TelemetryEvent, TelemetryListener } from './telemetry.ts';
+import { hopTelemetry } from './telemetry.ts';
 
 /** What the session manager needs from a route. */
 export interface RouteHandle {
@@ -23,6 +24,8 @@ export interface RouteHandle {
   stageLinks(): Array<FrameLink | null>;
   /** who serves each stage, for status and error messages */
   stagePeers(): string[];
+  /** how each hop is carried (webrtc, relay, ws, …), when the route knows */
+  hops?(): HopLink[];
 }
 
 export interface SessionInfo {
@@ -35,6 +38,8 @@ export interface SessionInfo {
   failure: SessionFailure | null;
   history: SessionState[];
   stages: Array<Record<string, unknown>>;
+  /** each hop named with its carrier, bytes and wire time (routes that report their hops) */
+  hops?: HopTelemetry[];
 }
 
 interface Session {
@@ -241,7 +246,7 @@ export class SessionManager {
         }
       }),
     );
-    return { ...brief, stages };
+    return { ...brief, stages, ...(s.route.hops ? { hops: hopTelemetry(stages, s.route.hops()) } : {}) };
   }
 
   brief(sessionId: string): Omit<SessionInfo, 'stages'> {

@@ -24,6 +24,8 @@ import { ChainGenerator, InProcessChain } from '../../route/generation.ts';
 import { StepperGenerator } from '../../route/generation-loop.ts';
 import type { GenerationResult, TextGenerator } from '../../model/generation-output.ts';
 import { joinRoom, RemoteChain, timingTable } from '../../route/remote.ts';
+import { trustRoomServer } from '../../transport/tls-trust.ts';
+import type { HopTelemetry } from '../../route/telemetry.ts';
 
 const BACKENDS = ['cpu', 'llamacpp', 'webgpu'] as const;
 type Backend = (typeof BACKENDS)[number];
@@ -54,11 +56,14 @@ export const command: Command = {
     join: { type: 'string', valueName: '<room url>', description: 'generate over the route of a room instead of a local model (see `serve`)' },
     secret: { type: 'string', valueName: '<secret>', description: '--join: the room secret (default: the URL\'s #secret=)' },
     wait: { type: 'string', valueName: '<s>', description: '--join: wait this long for the route to be ready', default: '30' },
+    'ca-fingerprint': { type: 'string', description: "an https room server's local CA: its sha256 fingerprint (default: the link's #ca=)", valueName: '<sha256>' },
+    'ca-file': { type: 'string', description: "an https room server's CA certificate (PEM), trusted beside the system's", valueName: '<file>' },
     telemetry: { type: 'boolean', description: '--join: print a per-stage timing table at the end (stderr)' },
   },
   async run(args: ParsedArgs): Promise<number> {
     const opts = readOptions(args);
     const joinUrl = stringOption(args, 'join');
+    if (joinUrl) await trustRoomServer(joinUrl, { fingerprint: stringOption(args, 'ca-fingerprint'), caFile: stringOption(args, 'ca-file') });
     const joined = joinUrl ? await joinRoom(joinUrl, stringOption(args, 'secret'), intOption(args, 'wait', 30) * 1000) : null;
     const source = joined ? null : await openTensorSource(opts.model);
     let generator: TextGenerator | null = null;
@@ -76,7 +81,7 @@ export const command: Command = {
         contextLength,
         ...(opts.json ? {} : { onDelta: (d: string) => process.stdout.write(d) }),
       });
-      printResult(result, opts.json);
+      printResult(result, opts.json, remote?.lastInfo?.hops);
       if (remote?.lastInfo && args.values.telemetry) process.stderr.write(`${timingTable(remote.lastInfo)}\n`);
       return 0;
     } finally {
@@ -170,7 +175,7 @@ async function openGenerator(opts: GenerateOptions, source: TensorSource, tokeni
   return new ChainGenerator(new InProcessChain(stages), tokenizer);
 }
 
-function printResult(result: GenerationResult, json: boolean): void {
+function printResult(result: GenerationResult, json: boolean, hops?: HopTelemetry[]): void {
   if (json) {
     process.stdout.write(
       JSON.stringify({
@@ -178,6 +183,8 @@ function printResult(result: GenerationResult, json: boolean): void {
         tokens: result.tokens,
         text: result.text,
         timings: result.timings,
+        // --join: each hop of the route with its carrier, candidate pair, bytes and wire time
+        ...(hops ? { hops } : {}),
       }) + '\n',
     );
     return;

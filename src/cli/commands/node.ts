@@ -8,6 +8,7 @@ import type { ShardRange } from '../../gguf/types.ts';
 import { parseJoinUrl } from '../../protocol/control.ts';
 import { parseByteSize } from '../../units.ts';
 import { startNodePeer } from '../../peer/native-peer.ts';
+import { trustRoomServer } from '../../transport/tls-trust.ts';
 import type { BackendKind } from '../../peer/native-peer.ts';
 import { runTorchPeer } from '../../peer/torch-process.ts';
 
@@ -21,7 +22,7 @@ function parseLayerRange(text: string): ShardRange {
 export const command: Command = {
   name: 'node',
   summary: 'join a room as a native peer and serve the layers the route planner assigns',
-  usage: '--join <room url> [--secret S] [--backend cpu|llamacpp|webgpu|torch] [--layers a-b] [--memory 4GiB] [--listen host:port]',
+  usage: '--join <room url> [--secret S] [--ca-fingerprint SHA256 | --ca-file F] [--backend cpu|llamacpp|webgpu|torch] [--layers a-b] [--memory 4GiB] [--listen host:port]',
   options: {
     join: { type: 'string', description: 'room URL printed by `serve` (the #secret= fragment is read too)', valueName: '<url>' },
     secret: { type: 'string', description: 'room secret (default: from the URL fragment)', valueName: '<secret>' },
@@ -36,6 +37,9 @@ export const command: Command = {
     name: { type: 'string', description: 'a name shown in the room', valueName: '<name>' },
     'cache-dir': { type: 'string', description: 'keep verified shards here (default: $GGUF_MESH_CACHE/shards, else ~/.cache/gguf-mesh/shards)', valueName: '<dir>' },
     'no-cache': { type: 'boolean', description: 'keep no shard cache (every load fetches)' },
+    'no-webrtc': { type: 'boolean', description: 'no WebRTC data channels to and from tabs: those hops go through the server relay' },
+    'ca-fingerprint': { type: 'string', description: "an https room server's local CA: its sha256 fingerprint (default: the link's #ca=)", valueName: '<sha256>' },
+    'ca-file': { type: 'string', description: "an https room server's CA certificate (PEM), trusted beside the system's", valueName: '<file>' },
   },
   async run(args) {
     const joinUrl = stringOption(args, 'join', true);
@@ -58,6 +62,8 @@ export const command: Command = {
     const listen = stringOption(args, 'listen') ?? '127.0.0.1:0';
     const lm = /^(.*):(\d+)$/.exec(listen);
     if (!lm) throw new UsageError(`--listen must be host:port, got '${listen}'`);
+    // an https server with a local CA: pin it (the link's #ca= or the flags) before any request
+    await trustRoomServer(joinUrl, { fingerprint: stringOption(args, 'ca-fingerprint'), caFile: stringOption(args, 'ca-file') });
     const cacheDir = args.values['no-cache'] ? null : stringOption(args, 'cache-dir');
     if (backend === 'torch') {
       const device = stringOption(args, 'device') ?? 'cpu';
@@ -86,6 +92,7 @@ export const command: Command = {
       ...(stringOption(args, 'advertise') ? { advertise: stringOption(args, 'advertise')! } : {}),
       carrier,
       ...(stringOption(args, 'name') ? { name: stringOption(args, 'name')! } : {}),
+      ...(args.values['no-webrtc'] ? { webrtc: false } : {}),
       ...(cacheDir !== undefined ? { cacheDir } : {}),
       log: (line) => console.log(line),
     });
