@@ -60,3 +60,24 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   for (let i = 0; i < a.length; i++) d = Math.max(d, Math.abs(a[i]! - b[i]!));
   return d;
 }
+
+/** the gap between the largest and second-largest logit */
+export function top2Gap(x: Float32Array): number {
+  let a = -Infinity;
+  let b = -Infinity;
+  for (const v of x) {
+    if (v > a) [a, b] = [v, a];
+    else if (v > b) b = v;
+  }
+  return a - b;
+}
+
+/** llama.cpp's top-two logit gap after `prompt` + `tokens` (how near a tie its greedy pick there was) */
+export function oracleGapAfter(model: LlamaModelFfi, prompt: readonly number[], tokens: readonly number[]): number {
+  const ctx = model.createContext({ ...EXACT, contextLength: prompt.length + tokens.length + 1 });
+  try {
+    return top2Gap(ctx.decode([...prompt, ...tokens]));
+  } finally {
+    ctx.dispose();
+  }
+}

@@ -77,11 +77,12 @@ export class LlamaCppRangeStage implements StageBackend {
 
   async load(source: TensorSource, shard: ShardRange): Promise<void> {
     if (this.loaded) throw new MeshError('ALREADY_LOADED', 'this backend already holds a shard; dispose it first');
+    const arch = String(source.header.metadata['general.architecture']);
+    if (!LLAMACPP_RANGE_ARCHITECTURES.includes(arch)) {
+      throw new MeshError('UNSUPPORTED_SHARD', `the llama.cpp range path serves ${LLAMACPP_RANGE_ARCHITECTURES.join(', ')}, not '${arch}' layers [${shard.start}, ${shard.end}) (a whole '${arch}' model runs on llama.cpp as one stage)`);
+    }
     const config = configFromHeader(source.header);
     validateShard(shard, config.nLayer);
-    if (!LLAMACPP_RANGE_ARCHITECTURES.includes(config.architecture)) {
-      throw new MeshError('UNSUPPORTED_SHARD', `the llama.cpp range path serves ${LLAMACPP_RANGE_ARCHITECTURES.join(', ')}, not '${config.architecture}' layers [${shard.start}, ${shard.end})`);
-    }
     const b = (this.b = await llamaBindings());
     const plan = planShardGguf(source.header, shard, config.nLayer);
     const wanted = plan.tensors.flatMap((t) => (t.from ? [t.from] : [])).concat(plan.embedding ? [plan.embedding] : []);
