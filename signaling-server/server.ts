@@ -26,7 +26,8 @@ import type WebSocket from 'ws';
 import { MeshError } from '../src/errors.ts';
 import { isUrl } from '../src/gguf/parse.ts';
 import { artifactFiles, readArtifactHeader, splitName } from '../src/gguf/split.ts';
-import { configFromHeader } from '../src/model/config.ts';
+import { hyperParameters } from '../src/gguf/summary.ts';
+import { isServeCapability } from '../src/model/serve-capability.ts';
 import { helloProof } from '../src/protocol/control.ts';
 import type { IceServer, PeerHello, PeerToServer } from '../src/protocol/control.ts';
 import { SessionManager } from '../src/route/sessions.ts';
@@ -130,7 +131,8 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     // a split GGUF (any part named) is one model: the joined header addresses its parts concatenated
     const art = await readArtifactHeader(location);
     const header = art.header;
-    const config = configFromHeader(header);
+    // any architecture opens a room: what each peer can serve of it is the planner's question
+    const { n_layer: nLayer } = hyperParameters(header, location);
     const id = modelIdFor(location, taken);
     const remote = isUrl(location);
     const split = art.files.length > 1;
@@ -143,7 +145,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     const room = new Room(
       randomBytes(6).toString('hex'),
       opts.secret ?? randomBytes(18).toString('base64url'),
-      { id, location, header, nLayer: config.nLayer, files: art.files.length },
+      { id, location, header, nLayer, files: art.files.length },
       {
         minPeers: opts.minPeers ?? 1,
         planDelayMs: opts.planDelayMs ?? 300,
@@ -349,6 +351,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
         ...(typeof msg.artifact === 'string' ? { artifact: msg.artifact } : {}),
         ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
         ...(msg.adapter ? { adapter: msg.adapter } : {}),
+        ...(isServeCapability(msg.serves) ? { serves: msg.serves } : {}),
       };
       peer = room.addPeer(hello, ws);
     }

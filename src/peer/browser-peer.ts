@@ -26,6 +26,7 @@ import type { ControlSocket } from './control-socket.ts';
 import { headerFromWire } from '../protocol/header-wire.ts';
 import type { HopKind, PeerTelemetry, RelayReply, SignalFromPeer } from '../protocol/control.ts';
 import { Hops } from './hops.ts';
+import { backendCapability } from '../backends/capabilities.ts';
 import { loadSlice, sliceSource } from './slice-loader.ts';
 import type { LoadedSlice, SliceProgress } from './slice-loader.ts';
 
@@ -291,6 +292,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
           proof: await helloProof(secret, String(m.nonce)),
           backend: 'webgpu',
           memoryBytes: caps.memoryBytes,
+          ...(caps.backend === 'webgpu' ? { serves: backendCapability('webgpu') } : {}),
           ...(opts.name ? { name: opts.name } : {}),
           artifact: manifest.artifact.sha256,
           units: state.heldUnits,

@@ -38,6 +38,7 @@ import { RelayLink } from './relay-link.ts';
 import type { RelayReply } from '../protocol/control.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { StageService } from './stage-service.ts';
+import { backendCapability } from '../backends/capabilities.ts';
 import type { SamplerFactory } from './stage-service.ts';
 
 export type BackendKind = 'cpu' | 'llamacpp' | 'webgpu';
@@ -70,11 +71,16 @@ async function nodeWebGpuBackend(): Promise<WebGpuBackend> {
   return (await import('../backends/webgpu/node.ts')).createNodeWebGpuBackend();
 }
 
-async function makeBackend(kind: BackendKind): Promise<StageBackend> {
+async function makeBackend(kind: BackendKind, wholeModel: boolean, memoryBytes: number): Promise<StageBackend> {
   if (kind === 'webgpu') return nodeWebGpuBackend();
   if (kind === 'cpu') {
     const { CpuBackend } = await import('../backends/cpu/backend.ts');
     return new CpuBackend();
+  }
+  // llama.cpp: the whole model from its own file (any architecture llama.cpp loads), a layer range from a shard GGUF
+  if (!wholeModel) {
+    const { LlamaCppRangeStage } = await import('../backends/llamacpp/range-stage.ts');
+    return new LlamaCppRangeStage({ kvType: 'f32', flashAttention: false, memoryBytes });
   }
   const { LlamaCppStage } = await import('../backends/llamacpp/stage.ts');
   return new LlamaCppStage({ kvType: 'f32', flashAttention: false });
@@ -254,13 +260,14 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       await release();
       const spare = spareGpu;
       spareGpu = null;
-      const backend = (loading = spare ?? (await makeBackend(opts.backend)));
+      const wholeModel = m.shard.start === 0 && m.shard.end === m.nLayer;
+      const backend = (loading = spare ?? (await makeBackend(opts.backend, wholeModel, opts.memoryBytes)));
       // the secret and peer id go only to the server's own model hosting, never to a third-party URL
       const ownHost = new URL(m.modelUrl).origin === new URL(base).origin;
       const headers: Record<string, string> = ownHost ? { ...auth, 'x-mesh-peer': peer.peerId ?? 'unknown' } : {};
       let source: TensorSource;
       let fetched: () => number;
-      if (opts.backend === 'llamacpp') {
+      if (opts.backend === 'llamacpp' && wholeModel) {
         const copy = await localCopy(m.modelUrl, headers, cacheDir ?? join(tmpdir(), 'gguf-mesh-cache'), manifest, progress);
         source = await openTensorSource(copy.path);
         fetched = () => copy.bytesFetched;
@@ -345,6 +352,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
           proof,
           backend: opts.backend,
           memoryBytes: opts.memoryBytes,
+          serves: backendCapability(opts.backend),
           listen: opts.advertise ?? server.wsUrl,
           httpUrl: opts.advertise ? opts.advertise.replace(/^ws/, 'http').replace(/\/v1\/frames$/, '') : server.url,
           artifact: manifest.artifact.sha256,
