@@ -214,9 +214,9 @@ async function bind(): Promise<Bindings> {
 
 /**
  * Runs `f` and returns, besides its result, the buffers llama.cpp allocated meanwhile as it
- * logs them ("CPU KV buffer size = 1.00 MiB", "CPU compute buffer size = …"): bytes by kind
- * ('model', 'KV', 'compute', 'output'). llama.cpp has no API that reports a context's memory;
- * its log lines are its own accounting.
+ * logs them ("CPU KV buffer size = 1.00 MiB", "AMX model buffer size = …"): bytes by kind
+ * ('model', 'KV', 'compute', 'output') and by buffer ('AMX model', 'CPU_Mapped model', …).
+ * llama.cpp has no API that reports a context's memory; its log lines are its own accounting.
  */
 export function loggedBuffers<T>(b: Bindings, f: () => T): { result: T; buffers: Record<string, number> } {
   const sink: string[] = [];
@@ -231,8 +231,11 @@ export function loggedBuffers<T>(b: Bindings, f: () => T): { result: T; buffers:
   }
   const buffers: Record<string, number> = {};
   for (const line of sink.join('').split('\n')) {
-    const m = /\s(model|KV|compute|output) buffer size =\s+([\d.]+) MiB/.exec(line);
-    if (m) buffers[m[1]!] = (buffers[m[1]!] ?? 0) + Math.round(Number(m[2]) * 1024 * 1024);
+    const m = /\s(\S+)\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB/.exec(line);
+    if (!m) continue;
+    const bytes = Math.round(Number(m[3]) * 1024 * 1024);
+    buffers[m[2]!] = (buffers[m[2]!] ?? 0) + bytes;
+    buffers[`${m[1]} ${m[2]}`] = (buffers[`${m[1]} ${m[2]}`] ?? 0) + bytes;
   }
   return { result, buffers };
 }
@@ -307,11 +310,18 @@ export class LlamaModelFfi {
     const vocab = b.fn.get_vocab!(ptr);
     const model = new LlamaModelFfi(b, ptr, path, Number(b.fn.vocab_n_tokens!(vocab)), Number(b.fn.model_n_embd!(ptr)));
     model.bufferBytes = buffers.model ?? 0;
+    model.buffers = Object.fromEntries(Object.entries(buffers).filter(([k]) => k.endsWith(' model')));
     return model;
   }
 
   /** bytes of the model's weight buffers, as llama.cpp logged them at load (mapped or copied) */
   bufferBytes = 0;
+  /**
+   * the same by buffer: 'CPU_Mapped model' is the file mapped in place, 'AMX model' /
+   * 'CPU_REPACK model' copies of the matrices in the layout the CPU kernels want (their mapped
+   * source pages were read once and are clean page cache afterwards)
+   */
+  buffers: Record<string, number> = {};
 
   /** bytes of every weight tensor llama.cpp holds (llama_model_size) */
   get tensorBytes(): number {

@@ -56,6 +56,8 @@ export class LlamaRangeContext {
   private readonly pos: Int32Array;
   private readonly outputs: Int8Array;
   private callback: unknown = null;
+  /** graph nodes llama.cpp offered the eval callback during the last decode (what the capture costs: one JS call each) */
+  nodesOffered = 0;
   /** where the running decode's captured rows go */
   private sink: { rows: EncodedRows; offset: number; count: number; done: boolean } | null = null;
 
@@ -117,6 +119,7 @@ export class LlamaRangeContext {
         this.batch.n_tokens = count;
         this.sink = out ? { rows: out, offset: first * this.opts.nEmbd, count: count * this.opts.nEmbd, done: false } : null;
         this.b.recentErrors.length = 0;
+        this.nodesOffered = 0;
         const rc = Number(this.b.fn.decode!(ctx, this.batch));
         if (rc !== 0) throw new MeshError('LLAMACPP_DECODE_FAILED', `llama_decode returned ${rc}: ${this.b.recentErrors.join(' | ')}`);
         if (this.sink && !this.sink.done) {
@@ -152,6 +155,7 @@ export class LlamaRangeContext {
 
   /** The eval callback: asks for the last block's output only, copies it out, and stops the graph. */
   private onTensor(t: unknown, ask: boolean): boolean {
+    if (ask) this.nodesOffered++;
     const name = this.b.fn.tensor_name!(t) as string;
     if (name !== `l_out-${this.opts.nBlocks - 1}`) return false;
     if (ask) return true;

@@ -107,10 +107,19 @@ export class LlamaCppRangeStage implements StageBackend {
     this.loaded = { config, shard: { ...shard }, model, embedding, hasHead: shardHasHead(shard, config.nLayer) };
   }
 
-  /** bytes of weights this stage holds: llama.cpp's model buffers and stage 0's embedding table */
+  /**
+   * bytes of weights this stage holds: llama.cpp's model buffers (the mapped file and the
+   * kernels' repacked copies, both counted) and stage 0's embedding table
+   */
   get weightBytes(): number {
     const l = this.live();
     return l.model.bufferBytes + (l.embedding?.bytes.byteLength ?? 0);
+  }
+
+  /** the weight bytes by buffer ('CPU_Mapped model', 'AMX model', …, 'embedding table') */
+  get weightBuffers(): Record<string, number> {
+    const l = this.live();
+    return { ...l.model.buffers, ...(l.embedding ? { 'embedding table': l.embedding.bytes.byteLength } : {}) };
   }
 
   /** bytes held for every open session: KV caches, and the compute and output buffers llama.cpp reported */
@@ -217,6 +226,11 @@ export class LlamaCppRangeStage implements StageBackend {
     const ctx = this.session(sessionId);
     const l = this.live();
     return { position: ctx.position, kvBytes: this.kvBytes(ctx.contextLength), processedTokens: new Array<number>(l.shard.end - l.shard.start).fill(ctx.position) };
+  }
+
+  /** Graph nodes llama.cpp offered the eval callback in the session's last step (0 on the last stage, which captures nothing). */
+  nodesOffered(sessionId: string): number {
+    return this.session(sessionId).nodesOffered;
   }
 
   /** Forgets a session's positions from `position` on (its KV cache keeps [0, position)). */
