@@ -1,6 +1,8 @@
 // `gguf-mesh node --join <room url>`: a native peer. Joins the room, advertises its backend (cpu,
-// llama.cpp, or WebGPU through Dawn, with its adapter) and memory, loads the shard the planner
-// assigns (only that shard's bytes), and serves frames until stopped or the server goes away.
+// llama.cpp, or WebGPU through Dawn, with its adapter), what that backend can serve and its
+// memory, loads the shard the planner assigns (only that shard's bytes; llama.cpp runs a layer
+// range from a shard GGUF, a whole model from the artifact's own file), and serves frames
+// until stopped or the server goes away.
 
 import type { Command } from '../command.ts';
 import { stringOption, UsageError } from '../command.ts';
