@@ -19,6 +19,7 @@ import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support
 import type { ServeInfo } from './support/mesh.ts';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
 import { qwen3MoeModel } from './support/moe-model.ts';
+import { syntheticModel } from './support/synthetic.ts';
 
 const N = 24;
 const work = mkdtempSync(join(tmpdir(), 'gguf-mesh-llamarange-'));
@@ -80,6 +81,20 @@ describe('llama.cpp nodes serving layer ranges', () => {
       expect(fetched).toBeLessThanOrEqual(1.02 * shardBytes(header, st.shard, 5) + 65536);
       expect(fetched).toBeLessThan(statSync(model).size);
     }
+    await serve.proc.kill();
+  });
+
+  it('two llama.cpp nodes on a synthetic qwen3 Q4_K_M model: llama.cpp\'s tokens with f32 hops', async () => {
+    const model = await syntheticModel({ arch: 'qwen3', type: 'q4_k_m', layers: 3, embd: 256, heads: 4, kvHeads: 2, ffn: 512 });
+    const serve = await spawnServe(model, ['--min-peers', '2']);
+    await spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'llamacpp', '--layers', '0-1']).waitFor(/joined room/);
+    await spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'llamacpp', '--layers', '1-3']).waitFor(/joined room/);
+    await waitForRoute(serve, 'ready');
+    const oracle = await LlamaModelFfi.load(model);
+    const prompt = oracle.tokenize('The quick brown fox jumps over the lazy dog. It was');
+    const expected = oracleGreedy(oracle, prompt, N).tokens;
+    oracle.dispose();
+    expect((await routeGreedy(serve, prompt, N, 'f32')).tokens).toEqual(expected);
     await serve.proc.kill();
   });
 
