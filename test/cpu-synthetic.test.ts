@@ -20,7 +20,7 @@ import type { TensorSource } from '../src/gguf/types.ts';
 import { configFromHeader } from '../src/model/config.ts';
 import { ARCHS, MODEL_TYPES } from '../src/model/synthetic-model.ts';
 import { InProcessChain } from '../src/route/generation.ts';
-import { LlamaModelFfi, argmax, maxAbsDiff, oracleGreedy, oracleHidden } from './support/llamacpp-oracle.ts';
+import { LlamaModelFfi, argmax, maxAbsDiff, oracleGreedy, oracleHidden, top2Gap } from './support/llamacpp-oracle.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
 const N = 32;
@@ -48,16 +48,6 @@ function rmsDiff(a: Float32Array, b: Float32Array): number {
   return Math.sqrt(s / a.length);
 }
 
-/** the gap between the largest and second-largest logit */
-function top2Gap(x: Float32Array): number {
-  let a = -Infinity;
-  let b = -Infinity;
-  for (const v of x) {
-    if (v > a) [a, b] = [v, a];
-    else if (v > b) b = v;
-  }
-  return a - b;
-}
 
 describe.each(ARCHS)('%s with GQA (4 heads, 2 KV heads)', (arch) => {
   it.each(MODEL_TYPES)('%s: greedy 32 tokens and last-position logits agree with llama.cpp', async (type) => {

@@ -5,11 +5,10 @@
 // and capabilities decide before any download: a qwen3moe model (which llama.cpp runs only
 // whole) is never given to a CPU node, and runs whole on a llama.cpp node — as `audit` says.
 import { afterAll, describe, expect, it } from 'vitest';
-import { copyFileSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { shardBytes, shardTensors } from '../src/backends/shard.ts';
-import { buildManifest, manifestJson } from '../src/gguf/manifest.ts';
 import { readHeader } from '../src/gguf/parse.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { joinRoom } from '../src/route/remote.ts';
@@ -19,6 +18,7 @@ import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support
 import type { ServeInfo } from './support/mesh.ts';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
 import { qwen3MoeModel } from './support/moe-model.ts';
+import { tamperedCopy } from './support/tampered.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
 const N = 24;
@@ -111,21 +111,13 @@ describe('llama.cpp nodes serving layer ranges', () => {
 
   it('a shard whose bytes fail verification is refused naming the tensor, and the node stays up', async () => {
     const model = await stories260K();
-    const copy = join(work, 'tampered.gguf');
-    copyFileSync(model, copy);
-    const header = await readHeader(copy);
-    const victim = header.tensors.find((t) => t.name.startsWith('blk.3.'))!;
-    const bytes = readFileSync(copy);
-    bytes[victim.offset + 5] ^= 0x10;
-    writeFileSync(copy, bytes);
-    writeFileSync(`${copy}.manifest.json`, manifestJson(await buildManifest(model)));
+    const { path: copy, victim } = await tamperedCopy(model, work, 'tampered.gguf', (name) => name.startsWith('blk.3.'), 5, 0x10);
     const serve = await spawnServe(copy, ['--min-peers', '2']);
     await spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'llamacpp', '--layers', '0-2', '--no-cache']).waitFor(/joined room/);
     const b = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'llamacpp', '--layers', '2-5', '--no-cache']);
     await b.waitFor(/joined room/);
     await b.waitFor(/load failed: TENSOR_HASH_MISMATCH/);
-    const route = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}`, serve.secret)).body.route;
-    expect(route.status).toBe('degraded');
+    const route = await waitForRoute(serve, 'degraded');
     expect(route.reason).toContain(victim.name);
     // the node is still there, answering on its frame server
     const listen = /listening at (\S+)/.exec(b.output())![1]!;
