@@ -160,7 +160,7 @@ describe('a llama.cpp range stage given bad input', () => {
     const probe = new LlamaCppRangeStage({ threads: 1 });
     await probe.load(source, { start: 2, end: 5 });
     await probe.openSession('p', { contextLength: 256 });
-    const weights = probe.weightBytes;
+    const weights = probe.shardBytes;
     const perSession = probe.sessionBytes;
     await probe.dispose();
     expect(perSession).toBeGreaterThan(2 * 3 * 256 * 32 * 4); // at least K and V of 3 blocks × 256 cells × 32 floats

@@ -7,8 +7,8 @@
 // Stage 0 looks its token rows up in the real embedding table, kept here, with ggml's own
 // to_float (what llama.cpp's get_rows runs), straight into the batch's embedding input;
 // later stages take hidden states there. Sessions are admitted while the stage's memory
-// budget holds the weights plus every session's KV, compute and output buffers as llama.cpp
-// allocates them.
+// budget holds the shard's weights plus every session's KV, compute and output buffers as
+// llama.cpp allocates them.
 
 import { randomBytes } from 'node:crypto';
 import { mkdir, unlink } from 'node:fs/promises';
@@ -47,6 +47,8 @@ interface Loaded {
   /** stage 0: the token embedding table's bytes and a row converter */
   embedding: { bytes: Uint8Array; rowBytes: number; toFloat: (src: Uint8Array, dst: Float32Array, n: number) => void } | null;
   hasHead: boolean;
+  /** bytes of the shard's tensors (what the planner counted against the node's memory) */
+  tensorBytes: number;
 }
 
 let traitsType: unknown = null;
@@ -104,7 +106,8 @@ export class LlamaCppRangeStage implements StageBackend {
       embedding = { bytes: bytes.get(t.name)!, rowBytes: t.byteLength / t.shape[1]!, toFloat: ggmlToFloat(b, t.type) };
       if (!TYPE_TRAITS[t.type]) throw new MeshError('UNSUPPORTED_TYPE', `token embedding type ${t.type} is unknown`);
     }
-    this.loaded = { config, shard: { ...shard }, model, embedding, hasHead: shardHasHead(shard, config.nLayer) };
+    const tensorBytes = wanted.reduce((a, t) => a + t.byteLength, 0);
+    this.loaded = { config, shard: { ...shard }, model, embedding, hasHead: shardHasHead(shard, config.nLayer), tensorBytes };
   }
 
   /**
@@ -114,6 +117,11 @@ export class LlamaCppRangeStage implements StageBackend {
   get weightBytes(): number {
     const l = this.live();
     return l.model.bufferBytes + (l.embedding?.bytes.byteLength ?? 0);
+  }
+
+  /** bytes of the shard's tensors as read from the artifact */
+  get shardBytes(): number {
+    return this.live().tensorBytes;
   }
 
   /** the weight bytes by buffer ('CPU_Mapped model', 'AMX model', …, 'embedding table') */
@@ -135,9 +143,11 @@ export class LlamaCppRangeStage implements StageBackend {
     if (!Number.isSafeInteger(options.contextLength) || options.contextLength <= 0) {
       throw new MeshError('BAD_CONTEXT_LENGTH', `context length must be a positive integer, got ${options.contextLength}`);
     }
+    // the budget is the node's --memory; its weights count as the planner counted them (the
+    // shard's tensor bytes: llama.cpp's mapped file and repacked copies hold the same data)
     const budget = this.options.memoryBytes ?? Infinity;
     const needs = this.kvBytes(options.contextLength) + this.sessionOverhead;
-    const held = this.weightBytes + this.sessionBytes;
+    const held = l.tensorBytes + this.sessionBytes;
     if (held + needs > budget) {
       throw new MeshError(
         'STAGE_MEMORY_FULL',

@@ -28,7 +28,7 @@ export const command: Command = {
     secret: { type: 'string', description: 'room secret (default: from the URL fragment)', valueName: '<secret>' },
     backend: { type: 'string', description: 'cpu, llamacpp, or webgpu (Dawn in this process; exits if it finds no adapter)', default: 'cpu', valueName: '<kind>' },
     layers: { type: 'string', description: 'serve exactly layers [a, b) instead of what the planner picks', valueName: '<a-b>' },
-    memory: { type: 'string', description: 'memory offered for weights', default: '4GiB', valueName: '<size>' },
+    memory: { type: 'string', description: 'memory offered for weights (a llama.cpp range also admits sessions only while their KV fits beside them)', default: '4GiB', valueName: '<size>' },
     listen: { type: 'string', description: 'where other stages reach this node', default: '127.0.0.1:0', valueName: '<host:port>' },
     carrier: { type: 'string', description: 'hidden states to the next stage over ws or http', default: 'ws', valueName: '<ws|http>' },
     advertise: { type: 'string', description: 'the ws://host:port/v1/frames address to tell others, when not the listen address', valueName: '<url>' },
