@@ -32,24 +32,23 @@ interface Speed {
 }
 
 const round = (x: number, d = 2): number => Math.round(x * 10 ** d) / 10 ** d;
-const best = (a: Speed, b: Speed): Speed => ({ prompt_tok_s: Math.max(a.prompt_tok_s, b.prompt_tok_s), decode_tok_s: Math.max(a.decode_tok_s, b.decode_tok_s) });
-const ZERO: Speed = { prompt_tok_s: 0, decode_tok_s: 0 };
+const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
 
-/** bare llama.cpp: one batched decode of the prompt, then one token at a time; `capture` sets an eval callback asking for those tensors */
-function timeBare(model: LlamaModelFfi, prompt: number[], n: number, threads: number, capture?: string[]): Speed & { tokens: number[] } {
-  const ctx = model.createContext({ contextLength: prompt.length + n + 1, threads, flashAttention: false, kvType: 'f32', ...(capture ? { capture } : {}) });
-  try {
-    let t0 = performance.now();
-    let logits = ctx.decode(prompt);
-    const promptMs = performance.now() - t0;
-    const tokens = [argmax(logits)];
-    t0 = performance.now();
-    for (let i = 0; i < n - 1; i++) tokens.push(argmax((logits = ctx.decode([tokens.at(-1)!]))));
-    const decodeMs = performance.now() - t0;
-    return { prompt_tok_s: (prompt.length * 1000) / promptMs, decode_tok_s: ((n - 1) * 1000) / decodeMs, tokens };
-  } finally {
-    ctx.dispose();
-  }
+/** One way to generate: prefill a prompt, then one token per step. */
+interface Runner {
+  prefill(prompt: number[]): Promise<number>;
+  step(token: number): Promise<number>;
+  close(): Promise<void>;
+}
+
+/** bare llama.cpp through FFI; `capture` sets an eval callback asking for those tensors */
+function bareRunner(model: LlamaModelFfi, contextLength: number, threads: number, capture?: string[]): Runner {
+  const ctx = model.createContext({ contextLength, threads, flashAttention: false, kvType: 'f32', ...(capture ? { capture } : {}) });
+  return {
+    prefill: async (prompt) => argmax(ctx.decode(prompt)),
+    step: async (token) => argmax(ctx.decode([token])),
+    close: async () => ctx.dispose(),
+  };
 }
 
 /** a 2-stage route of `make()` backends over loopback WebSockets */
@@ -64,23 +63,54 @@ async function route2(make: () => StageBackend, source: Awaited<ReturnType<typeo
   return { route, backends: stages.map((s) => s.backend) };
 }
 
-/** prefill (one frame) and decode over the route; the decode steps' per-stage breakdown */
-async function timeRoute(r: Awaited<ReturnType<typeof route2>>, prompt: number[], n: number, during?: (sessionId: string) => void) {
-  const c = await RouteSessionClient.open(r.route.clientLink, r.route.route.id, { contextLength: prompt.length + n + 1, hiddenDtype: 'f16' });
-  let t0 = performance.now();
-  const tokens = [await c.prefill(prompt, prompt.length)];
-  const promptMs = performance.now() - t0;
-  c.wantTimings = true;
-  const steps: StepStageTiming[][] = [];
-  t0 = performance.now();
-  for (let i = 0; i < n - 1; i++) {
-    tokens.push(await c.decode(tokens.at(-1)!));
-    steps.push(stepBreakdown(c.lastTimings));
+/** a session on the route: the prompt in one frame, then decode steps (with per-stage timings) */
+async function routeRunner(r: Awaited<ReturnType<typeof route2>>, contextLength: number, steps: StepStageTiming[][] | null): Promise<Runner & { sessionId: string }> {
+  const c = await RouteSessionClient.open(r.route.clientLink, r.route.route.id, { contextLength, hiddenDtype: 'f16' });
+  c.wantTimings = steps !== null;
+  return {
+    sessionId: c.sessionId,
+    prefill: (prompt) => c.prefill(prompt, prompt.length),
+    step: async (token) => {
+      const next = await c.decode(token);
+      steps?.push(stepBreakdown(c.lastTimings));
+      return next;
+    },
+    close: () => c.close(),
+  };
+}
+
+/** what one round measured of each runner: prompt ms, step ms, tokens */
+interface Measured {
+  promptMs: number[];
+  stepMs: number[];
+  tokens: number[];
+}
+
+/**
+ * One round: every runner prefills, then they take turns step by step, so a machine that is
+ * busier one moment than the next slows all of them alike.
+ */
+async function interleaved(runners: Runner[], prompt: number[], n: number, into: Measured[]): Promise<void> {
+  const last: number[] = [];
+  for (const [i, r] of runners.entries()) {
+    const t0 = performance.now();
+    last[i] = await r.prefill(prompt);
+    into[i]!.promptMs.push(performance.now() - t0);
+    into[i]!.tokens = [last[i]!];
   }
-  const decodeMs = performance.now() - t0;
-  during?.(c.sessionId);
-  await c.close();
-  return { speed: { prompt_tok_s: (prompt.length * 1000) / promptMs, decode_tok_s: ((n - 1) * 1000) / decodeMs }, tokens, steps };
+  for (let k = 0; k < n - 1; k++) {
+    for (const [i, r] of runners.entries()) {
+      const t0 = performance.now();
+      last[i] = await r.step(last[i]!);
+      into[i]!.stepMs.push(performance.now() - t0);
+      into[i]!.tokens.push(last[i]!);
+    }
+  }
+}
+
+/** prefill: the best round; decode: the median step */
+function speedOf(m: Measured, promptTokens: number): Speed {
+  return { prompt_tok_s: round((promptTokens * 1000) / Math.min(...m.promptMs)), decode_tok_s: round(1000 / median(m.stepMs)) };
 }
 
 /** koffi's cost of one call into libllama (a trivial getter), in ns: the floor under building a graph op by op through FFI */
@@ -114,38 +144,37 @@ export async function run(args: string[]): Promise<unknown> {
   const bareBuffers = bare.buffers;
   const llama = await route2(() => new LlamaCppRangeStage({ threads }), source);
   const cpu = await route2(() => new CpuBackend(), source);
+  const ctxLen = prompt.length + nDecode + 1;
 
-  // warm-up, then interleaved rounds (best of each): a shared machine slows all alike
-  timeBare(bare, prompt.slice(0, 8), 2, threads);
-  await timeRoute(llama, prompt.slice(0, 8), 2);
-  let bareSpeed = ZERO;
-  let llamaSpeed = ZERO;
-  let cpuSpeed = ZERO;
-  let callbackSpeed = ZERO;
-  let bareTokens: number[] = [];
-  let routeTokens: number[] = [];
-  let steps: StepStageTiming[][] = [];
+  // warm-up, then rounds in which bare llama.cpp, bare llama.cpp with an eval callback offered
+  // every node (what the capture costs alone), the llama.cpp route and the CPU route take turns
+  // step by step
+  const warm = [bareRunner(bare, 16, threads), await routeRunner(llama, 16, null)];
+  await interleaved(warm, prompt.slice(0, 8), 2, warm.map(() => ({ promptMs: [], stepMs: [], tokens: [] })));
+  for (const r of warm) await r.close();
+  const fresh = (): Measured => ({ promptMs: [], stepMs: [], tokens: [] });
+  const [bareM, callbackM, llamaM, cpuM] = [fresh(), fresh(), fresh(), fresh()];
+  const steps: StepStageTiming[][] = [];
   const memory: Array<Record<string, number>> = [];
   const nodes: number[] = [];
   for (let r = 0; r < rounds; r++) {
-    const b = timeBare(bare, prompt, nDecode, threads);
-    bareSpeed = best(bareSpeed, b);
-    bareTokens = b.tokens;
-    // the capture's cost alone: the whole model with an eval callback that is offered every node
-    callbackSpeed = best(callbackSpeed, timeBare(bare, prompt, nDecode, threads, ['no-such-tensor']));
-    const l = await timeRoute(llama, prompt, nDecode, (id) => {
-      if (memory.length > 0) return;
+    const route = await routeRunner(llama, ctxLen, steps);
+    const runners = [bareRunner(bare, ctxLen, threads), bareRunner(bare, ctxLen, threads, ['no-such-tensor']), route];
+    // the CPU reference route (~10× slower) joins the first rounds' turns
+    if (r < Number(values['cpu-rounds'])) runners.push(await routeRunner(cpu, ctxLen, null));
+    await interleaved(runners, prompt, nDecode, [bareM, callbackM, llamaM, cpuM]);
+    if (memory.length === 0) {
       llama.backends.forEach((s, i) => {
         const st = s as LlamaCppRangeStage;
-        memory.push({ stage: i, shard_bytes: shardBytes(source.header, CUT[i]!, SHAPE.layers), weight_bytes: st.weightBytes, ...st.weightBuffers, kv_bytes: st.sessionStats(id).kvBytes, session_bytes: st.sessionBytes });
-        nodes.push(st.nodesOffered(id));
+        memory.push({ stage: i, shard_bytes: shardBytes(source.header, CUT[i]!, SHAPE.layers), weight_bytes: st.weightBytes, ...st.weightBuffers, kv_bytes: st.sessionStats(route.sessionId).kvBytes, session_bytes: st.sessionBytes });
+        nodes.push(st.nodesOffered(route.sessionId));
       });
-    });
-    if (l.speed.decode_tok_s > llamaSpeed.decode_tok_s) steps = l.steps;
-    llamaSpeed = best(llamaSpeed, l.speed);
-    routeTokens = l.tokens;
-    if (r < Number(values['cpu-rounds'])) cpuSpeed = best(cpuSpeed, (await timeRoute(cpu, prompt, nDecode)).speed);
+    }
+    for (const x of runners) await x.close();
   }
+  const [bareSpeed, callbackSpeed, llamaSpeed, cpuSpeed] = [bareM, callbackM, llamaM, cpuM].map((m) => speedOf(m, prompt.length)) as [Speed, Speed, Speed, Speed];
+  const bareTokens = bareM.tokens;
+  const routeTokens = llamaM.tokens;
   const callNs = ffiCallNs(bare);
   load.push(loadavg()[0]!);
   await llama.route.close();
@@ -167,10 +196,10 @@ export async function run(args: string[]): Promise<unknown> {
     ratios.prefill_vs_cpu_route < GOALS.vs_cpu_route && `prefill ${ratios.prefill_vs_cpu_route}× the CPU route < ${GOALS.vs_cpu_route}`,
   ].filter((x): x is string => typeof x === 'string');
   if (missed.length) process.exitCode = 1;
-  const avg = (k: 0 | 1, f: keyof StepStageTiming): number => round(steps.reduce((a, s) => a + (s[k]![f] as number), 0) / Math.max(1, steps.length), 3);
-  const r2 = (s: Speed): Speed => ({ prompt_tok_s: round(s.prompt_tok_s), decode_tok_s: round(s.decode_tok_s) });
+  const avg = (k: 0 | 1, f: keyof StepStageTiming): number => round(median(steps.map((x) => x[k]![f] as number)), 3);
+  const r2 = (x: Speed): Speed => x;
   return {
-    note: `tok/s, best of ${rounds} interleaved rounds (CPU route: ${values['cpu-rounds']}); prompt in one frame; ${threads} thread(s) for bare llama.cpp and for each llama.cpp stage; the CPU engine is single-threaded; hidden states f16 over loopback WebSockets`,
+    note: `tok/s: prefill from the best of ${rounds} rounds, decode from the median step; bare llama.cpp, bare llama.cpp with an eval callback, the llama.cpp route and (in the first ${values['cpu-rounds']} rounds) the CPU route take turns step by step; prompt in one frame; ${threads} thread(s) for bare llama.cpp and for each llama.cpp stage; the CPU engine is single-threaded; hidden states f16 over loopback WebSockets`,
     model: { path, ...SHAPE, stages: CUT.map((c) => `${c.start}-${c.end}`) },
     threads,
     prompt_tokens: prompt.length,
@@ -185,6 +214,7 @@ export async function run(args: string[]): Promise<unknown> {
     missed,
     // f16 hops round the residual stream: on a random model greedy tokens may part from bare llama.cpp's (f32 hops do not: test/llamacpp-range-route.test.ts)
     tokens_equal_bare_until: ((i) => (i < 0 ? routeTokens.length : i))(routeTokens.findIndex((t, i) => t !== bareTokens[i])),
+    // medians over the route's decode steps
     decode_step_ms: [0, 1].map((k) => ({ stage: k, compute: avg(k as 0 | 1, 'computeMs'), transfer_to_next: avg(k as 0 | 1, 'transferMs'), overhead: avg(k as 0 | 1, 'overheadMs') })),
     memory_per_stage: memory,
     eval_callback: {
