@@ -6,12 +6,13 @@
 import { parseArgs } from 'node:util';
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
 import { LlamaModelFfi } from '../src/backends/llamacpp/ffi.ts';
-import { LlamaCppGenerator } from '../src/backends/llamacpp/generator.ts';
+import { LlamaCppModel } from '../src/backends/llamacpp/generator.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import { configFromHeader } from '../src/model/config.ts';
 import { argmax } from '../src/model/sampler.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { ChainGenerator, InProcessChain } from '../src/route/generation.ts';
+import { StepperGenerator } from '../src/route/generation-loop.ts';
 import type { GenerationTimings, TextGenerator } from '../src/model/generation-output.ts';
 import { stories260K } from '../test/support/models.ts';
 import { syntheticModel } from '../test/support/synthetic.ts';
@@ -84,7 +85,7 @@ async function benchModel(c: ModelCase, threads: number): Promise<Record<string,
   const prompt = promptOf(tokenizer, c.promptTokens);
 
   const bareModel = await LlamaModelFfi.load(c.path);
-  const llama = await LlamaCppGenerator.load(c.path, tokenizer, { threads, contextLength: prompt.length + c.decodeTokens });
+  const llama = new StepperGenerator(await LlamaCppModel.load(c.path, { threads, contextLength: prompt.length + c.decodeTokens }), tokenizer);
   const loadStart = performance.now();
   const stage = new CpuBackend();
   await stage.load(source, { start: 0, end: cfg.nLayer });

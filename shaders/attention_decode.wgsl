@@ -3,6 +3,7 @@
 // takes their local max and exp-sum and the exp-weighted sum of their values; `combine` merges
 // the chunks of each head with the usual max-rescaling. Grouped-query attention: head h reads
 // KV head h / (n_head / n_head_kv). Supports head_dim up to any size (threads stride over it).
+// `workgroup_max` / `workgroup_sum` come from shaders/reduce/shared.wgsl.
 
 struct Params {
   n_head: u32,
@@ -20,39 +21,10 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> partial: array<f32>;   // [n_head × n_chunks × (head_dim + 2)]: o, max, sum
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;       // [n_head × head_dim]
 
-const CHUNK: u32 = 64u; // = workgroup size: one cached position per thread
+const CHUNK: u32 = 64u; // = workgroup size (the width of workgroup_max/sum): one cached position per thread
 const NEG_BIG: f32 = -3.0e38;
 
 var<workgroup> weight: array<f32, CHUNK>;
-var<workgroup> red: array<f32, CHUNK>;
-
-fn reduce_max(v: f32, lid: u32) -> f32 {
-  red[lid] = v;
-  workgroupBarrier();
-  for (var stride = CHUNK / 2u; stride > 0u; stride /= 2u) {
-    if (lid < stride) {
-      red[lid] = max(red[lid], red[lid + stride]);
-    }
-    workgroupBarrier();
-  }
-  let r = red[0];
-  workgroupBarrier();
-  return r;
-}
-
-fn reduce_sum(v: f32, lid: u32) -> f32 {
-  red[lid] = v;
-  workgroupBarrier();
-  for (var stride = CHUNK / 2u; stride > 0u; stride /= 2u) {
-    if (lid < stride) {
-      red[lid] += red[lid + stride];
-    }
-    workgroupBarrier();
-  }
-  let r = red[0];
-  workgroupBarrier();
-  return r;
-}
 
 @compute @workgroup_size(CHUNK)
 fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -75,10 +47,10 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     }
     s = dot_qk * p.scale;
   }
-  let m = reduce_max(s, lid);
+  let m = workgroup_max(s, lid);
   let e = select(0.0, exp(s - m), valid);
   weight[lid] = e;
-  let sum = reduce_sum(e, lid); // its barriers also publish `weight`
+  let sum = workgroup_sum(e, lid); // its barriers also publish `weight`
 
   // exp-weighted sum of this chunk's values, one output dimension per thread
   let n_here = min(CHUNK, p.n_kv - c * CHUNK);

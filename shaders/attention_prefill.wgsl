@@ -3,6 +3,7 @@
 // the keys in tiles of TILE positions with an online softmax (running max and exp-sum, the
 // accumulator rescaled when the max grows), so scores never leave the workgroup.
 // Query t sits at position pos0 + t and attends to positions [0, pos0 + t].
+// `workgroup_max` / `workgroup_sum` come from shaders/reduce/shared.wgsl.
 
 struct Params {
   n_head: u32,
@@ -18,40 +19,11 @@ struct Params {
 // bindings 2 and 3: the KV cache and its k_at / v_at readers, from shaders/kv/ (f32 or packed f16)
 @group(0) @binding(4) var<storage, read_write> out: array<f32>; // [n_tokens × n_head × head_dim]
 
-const TILE: u32 = 64u; // = workgroup size: one key position per thread
+const TILE: u32 = 64u; // = workgroup size (the width of workgroup_max/sum): one key position per thread
 const MAX_D_PER_THREAD: u32 = 4u;
 const NEG_BIG: f32 = -3.0e38;
 
 var<workgroup> weight: array<f32, TILE>;
-var<workgroup> red: array<f32, TILE>;
-
-fn reduce_max(v: f32, lid: u32) -> f32 {
-  red[lid] = v;
-  workgroupBarrier();
-  for (var stride = TILE / 2u; stride > 0u; stride /= 2u) {
-    if (lid < stride) {
-      red[lid] = max(red[lid], red[lid + stride]);
-    }
-    workgroupBarrier();
-  }
-  let r = red[0];
-  workgroupBarrier();
-  return r;
-}
-
-fn reduce_sum(v: f32, lid: u32) -> f32 {
-  red[lid] = v;
-  workgroupBarrier();
-  for (var stride = TILE / 2u; stride > 0u; stride /= 2u) {
-    if (lid < stride) {
-      red[lid] += red[lid + stride];
-    }
-    workgroupBarrier();
-  }
-  let r = red[0];
-  workgroupBarrier();
-  return r;
-}
 
 @compute @workgroup_size(TILE)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -79,10 +51,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
       s = dot_qk * p.scale;
     }
-    let m_new = max(m, reduce_max(s, lid));
+    let m_new = max(m, workgroup_max(s, lid));
     let e = select(0.0, exp(s - m_new), valid);
     weight[lid] = e;
-    let tile_sum = reduce_sum(e, lid); // its barriers also publish `weight`
+    let tile_sum = workgroup_sum(e, lid); // its barriers also publish `weight`
     let alpha = exp(m - m_new);
     l = l * alpha + tile_sum;
     let n_here = min(TILE, n_kv - tile0);

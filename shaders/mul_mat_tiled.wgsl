@@ -4,22 +4,7 @@
 // accumulates a 4-row × 4-token block from it, so each weight byte is read once per 64 tokens.
 // Needs k to be a multiple of TK (32; true of every quantised row). On software adapters,
 // where barriers are slow, mul_mat.wgsl is used instead.
-
-struct Params {
-  k: u32,          // elements per weight row (= columns of x), a multiple of TK
-  rows: u32,       // weight rows in this chunk
-  row_bytes: u32,  // bytes per weight row
-  n_tokens: u32,   // rows of x
-  x_offset: u32,   // elements: start of x row 0 (multiple of 4)
-  x_stride: u32,   // elements between consecutive x rows (multiple of 4)
-  out_offset: u32, // elements: where (token 0, chunk row 0) lands in out
-  out_stride: u32, // elements between consecutive out rows
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> weights: array<u32>;   // [rows × row_bytes] GGUF blocks
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;   // [n_tokens × x_stride] f32
-@group(0) @binding(3) var<storage, read_write> out: array<f32>; // [n_tokens × out_stride] f32
+// Params and bindings (p, weights, x, out): shaders/matmul/batched_io.wgsl.
 
 const TM: u32 = 64u;  // weight rows per tile
 const TN: u32 = 64u;  // tokens per tile

@@ -1,5 +1,6 @@
 // Softmax over each row, in place: x[r, :] = exp(x - max) / sum(exp(x - max)).
-// One workgroup per row (2-D dispatch past 65,535 rows), shared-memory reductions.
+// One workgroup per row (2-D dispatch past 65,535 rows); `workgroup_max` and `workgroup_sum`
+// from shaders/reduce/shared.wgsl.
 
 struct Params {
   n: u32,      // elements per row
@@ -10,36 +11,7 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>; // [n_rows × n]
 
-const WG: u32 = 64u;
-var<workgroup> partial: array<f32, WG>;
-
-fn reduce_max(v: f32, lid: u32) -> f32 {
-  partial[lid] = v;
-  workgroupBarrier();
-  for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-    if (lid < stride) {
-      partial[lid] = max(partial[lid], partial[lid + stride]);
-    }
-    workgroupBarrier();
-  }
-  let r = partial[0];
-  workgroupBarrier();
-  return r;
-}
-
-fn reduce_sum(v: f32, lid: u32) -> f32 {
-  partial[lid] = v;
-  workgroupBarrier();
-  for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-    if (lid < stride) {
-      partial[lid] += partial[lid + stride];
-    }
-    workgroupBarrier();
-  }
-  let r = partial[0];
-  workgroupBarrier();
-  return r;
-}
+const WG: u32 = 64u; // = the width workgroup_max/sum expect
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -52,7 +24,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       m = max(m, x[base + i]);
     }
   }
-  m = reduce_max(m, lid);
+  m = workgroup_max(m, lid);
   var s = 0.0;
   if (live) {
     for (var i = lid; i < p.n; i += WG) {
@@ -61,7 +33,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       s += e;
     }
   }
-  s = reduce_sum(s, lid);
+  s = workgroup_sum(s, lid);
   if (live) {
     for (var i = lid; i < p.n; i += WG) {
       x[base + i] = x[base + i] / s;

@@ -8,7 +8,7 @@
 
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { randomBytes } from 'node:crypto';
-import { MeshError } from '../src/errors.ts';
+import { httpStatusFor, MeshError } from '../src/errors.ts';
 import { ChatTemplate } from '../src/model/chat-template.ts';
 import type { ChatMessage } from '../src/model/chat-template.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
@@ -18,7 +18,7 @@ import type { RouteGenerationResult } from '../src/route/route-generation.ts';
 import type { SessionManager } from '../src/route/sessions.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { LocalLink } from '../src/transport/link.ts';
-import { httpStatusFor, sendJson } from '../src/transport/http.ts';
+import { readJsonBody, sendJson } from '../src/transport/http.ts';
 import type { Room } from './room.ts';
 
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
@@ -52,24 +52,15 @@ function tokenizerOf(room: Room): Tokenizer {
 
 function openAiError(res: ServerResponse, e: unknown): void {
   const err = e instanceof MeshError ? e : new MeshError('INTERNAL', String(e));
-  sendJson(res, err.code === 'BAD_REQUEST' ? 400 : httpStatusFor(err.code), {
+  sendJson(res, httpStatusFor(err.code), {
     error: { message: err.message, type: err.code === 'AUTH_FAILED' ? 'authentication_error' : 'invalid_request_error', code: err.code, ...err.details },
   });
 }
 
-async function readJson(req: IncomingMessage): Promise<CompletionBody> {
-  let size = 0;
-  const chunks: Buffer[] = [];
-  for await (const c of req) {
-    size += (c as Buffer).length;
-    if (size > MAX_BODY_BYTES) throw new MeshError('BAD_REQUEST', `request body exceeds ${MAX_BODY_BYTES} bytes`);
-    chunks.push(c as Buffer);
-  }
-  try {
-    return JSON.parse(Buffer.concat(chunks).toString('utf8')) as CompletionBody;
-  } catch {
-    throw new MeshError('BAD_REQUEST', 'the request body is not JSON');
-  }
+async function readCompletionBody(req: IncomingMessage): Promise<CompletionBody> {
+  const body = await readJsonBody(req, MAX_BODY_BYTES, 'an OpenAI request object');
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new MeshError('BAD_REQUEST', 'the request body must be a JSON object');
+  return body as CompletionBody;
 }
 
 function pickRoom(body: CompletionBody, allowed: Room[]): Room {
@@ -107,7 +98,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
   let streaming = false;
   let stopLoading: (() => void) | null = null;
   try {
-    const body = await readJson(req);
+    const body = await readCompletionBody(req);
     const room = pickRoom(body, allowed);
     const tokenizer = tokenizerOf(room);
     let promptText: string;

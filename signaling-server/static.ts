@@ -2,10 +2,12 @@
 // web-component bundle, beside the API. The API owns /v1/** and /models/**; every other GET is
 // the app's. Two ways to serve it:
 //
-//   dist  the vite build (dist/app, dist/components) as static files — what `npm run build` makes
-//   dev   vite in middleware mode, straight from the sources (no build step; slower first load)
-//
-// `auto` takes dist when it is at least as new as the sources, else dev.
+//   dist  (what `npm start` serves) the production build, dist/app and dist/components, as
+//         static files; built at install time and rebuilt on start where older than the sources
+//         (app-build.ts). Nothing outside those two folders is ever served.
+//   dev   vite in middleware mode, straight from the sources, for development: it serves every
+//         file of the repository, so `serve` allows it on 127.0.0.1 only; its HMR WebSocket
+//         listens on 127.0.0.1 at a free port.
 //
 // It also answers two small app endpoints the landing page needs:
 //   GET  /app/rooms   the hosted models and their rooms; join URLs (with secrets) only for
@@ -16,22 +18,23 @@
 // The signaling server calls the app first for every request (its `app` option); the app
 // answers its own paths and leaves /v1/** and /models/** to the API.
 
-import { createReadStream, existsSync, readdirSync, statSync } from 'node:fs';
+import { createReadStream, existsSync, statSync } from 'node:fs';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { dirname, extname, join, normalize, sep } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { createServer as createNetServer } from 'node:net';
+import type { AddressInfo } from 'node:net';
+import { extname, join, normalize, sep } from 'node:path';
 import { MeshError } from '../src/errors.ts';
 import { isUrl } from '../src/gguf/parse.ts';
-import { sendError, sendJson } from '../src/transport/http.ts';
+import { readJsonBody, sendError, sendJson } from '../src/transport/http.ts';
+import { ensureAppBuilt, REPO_ROOT } from './app-build.ts';
 import { startSignalingServer } from './server.ts';
 import type { SignalingServer, SignalingServerOptions } from './server.ts';
 
-export const REPO_ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
-
-export type WebAppMode = 'auto' | 'dist' | 'dev';
+export type WebAppMode = 'dist' | 'dev';
 
 export interface WebAppOptions {
   server: SignalingServer;
+  /** default 'dist' */
   mode?: WebAppMode;
   /** where dist/ and the sources live (default: this repository) */
   root?: string;
@@ -42,12 +45,14 @@ export interface WebAppOptions {
   log?: (line: string) => void;
 }
 
+/** POST /app/rooms carries one URL */
+const ROOM_BODY_BYTES = 64 * 1024;
+
 /** npm packages the browser code imports (pre-bundled by vite in dev mode). */
 const DEV_DEPS = ['comlink', 'simple-peer', 'buffer', 'process', 'events', 'qrcode', 'idb-keyval', '@huggingface/gguf', '@huggingface/jinja'];
 
 export interface WebApp {
-  /** 'dist' or 'dev', after resolving 'auto' */
-  mode: 'dist' | 'dev';
+  mode: WebAppMode;
   /** serves the request when it is the app's; false leaves it to the API */
   handle(req: IncomingMessage, res: ServerResponse): Promise<boolean>;
   close(): Promise<void>;
@@ -83,63 +88,49 @@ function isLoopback(req: IncomingMessage): boolean {
   return fromHere && (host === '127.0.0.1' || host === 'localhost' || host === '[::1]');
 }
 
-export function newestMtime(paths: string[]): number {
-  let newest = 0;
-  const visit = (p: string): void => {
-    if (!existsSync(p)) return;
-    const s = statSync(p);
-    if (s.isDirectory()) for (const e of readdirSync(p)) visit(join(p, e));
-    else newest = Math.max(newest, s.mtimeMs);
-  };
-  for (const p of paths) visit(p);
-  return newest;
-}
-
-/** What the bundles are built from (a change in any of them makes dist stale). */
-export const APP_SOURCES = ['index.html', 'src', 'workers', 'shaders', 'vite.config.ts'];
-
-/** dist when it exists and no app source is newer than it, else dev. */
-export function resolveMode(mode: WebAppMode, root: string): 'dist' | 'dev' {
-  if (mode !== 'auto') return mode;
-  const built = join(root, 'dist', 'app', 'index.html');
-  if (!existsSync(built)) return 'dev';
-  const sources = newestMtime(APP_SOURCES.map((p) => join(root, p)));
-  return statSync(built).mtimeMs >= sources ? 'dist' : 'dev';
-}
-
-async function readBody(req: IncomingMessage, limit = 64 * 1024): Promise<string> {
-  let size = 0;
-  const parts: Buffer[] = [];
-  for await (const c of req) {
-    size += (c as Buffer).length;
-    if (size > limit) throw new MeshError('BAD_REQUEST', `request body over ${limit} bytes`);
-    parts.push(c as Buffer);
-  }
-  return Buffer.concat(parts).toString('utf8');
+/** A free TCP port on 127.0.0.1 (for vite's HMR WebSocket, which wants a port of its own). */
+function freeLoopbackPort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const probe = createNetServer();
+    probe.once('error', reject);
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address() as AddressInfo;
+      probe.close(() => resolve(port));
+    });
+  });
 }
 
 export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
   const root = opts.root ?? REPO_ROOT;
-  const mode = resolveMode(opts.mode ?? 'auto', root);
+  const mode = opts.mode ?? 'dist';
   const log = opts.log ?? (() => undefined);
+  if (mode === 'dist') await ensureAppBuilt(root, log);
   // dev: vite starts on the first page request, so a server nobody opens in a browser pays nothing
   let vite: Promise<import('vite').ViteDevServer> | null = null;
+  const startDevServer = async (): Promise<import('vite').ViteDevServer> => {
+    const { createServer } = await import('vite').catch(() => {
+      throw new MeshError('UI_DEV_UNAVAILABLE', '--ui dev needs vite (a dev dependency): install it, or serve the build (--ui dist)');
+    });
+    const hmrPort = await freeLoopbackPort();
+    const dev = await createServer({
+      root,
+      configFile: join(root, 'vite.config.ts'),
+      appType: 'spa',
+      logLevel: 'warn',
+      // HMR over a WebSocket of vite's own, on this machine only
+      server: { middlewareMode: true, ws: { host: '127.0.0.1', port: hmrPort } },
+      // pre-bundle what the page and its worker import, so no dependency is discovered late
+      // (a late one makes vite re-optimise and fail the modules already loaded with 504)
+      optimizeDeps: { entries: ['index.html', 'workers/*.ts', 'src/components/index.ts'], include: DEV_DEPS },
+    });
+    log(`web app from the sources (vite dev server, HMR on ws://127.0.0.1:${hmrPort})`);
+    return dev;
+  };
   const devServer = (): Promise<import('vite').ViteDevServer> =>
-    (vite ??= import('vite').catch(() => {
+    (vite ??= startDevServer().catch((e: unknown) => {
       vite = null;
-      throw new MeshError('UI_NOT_BUILT', 'the web app is not built and vite is not installed: run `npm run build`, or serve with --ui off');
-    }).then(({ createServer }) =>
-      createServer({
-        root,
-        configFile: join(root, 'vite.config.ts'),
-        appType: 'spa',
-        logLevel: 'warn',
-        server: { middlewareMode: true }, // HMR over vite's own WebSocket port (24678)
-        // pre-bundle what the page and its worker import, so no dependency is discovered late
-        // (a late one makes vite re-optimise and fail the modules already loaded with 504)
-        optimizeDeps: { entries: ['index.html', 'workers/*.ts', 'src/components/index.ts'], include: DEV_DEPS },
-      }),
-    ));
+      throw e;
+    }));
 
   const roomsJson = (req: IncomingMessage): unknown => {
     const local = isLoopback(req);
@@ -161,13 +152,8 @@ export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
     if (opts.openRooms === false) throw new MeshError('NOT_SUPPORTED', 'this server cannot open rooms for other models');
     // JSON only: another site's page cannot send it without a CORS preflight, which this path never grants
     if (!(req.headers['content-type'] ?? '').startsWith('application/json')) throw new MeshError('BAD_REQUEST', 'POST /app/rooms takes application/json');
-    let body: { model?: unknown };
-    try {
-      body = JSON.parse(await readBody(req)) as { model?: unknown };
-    } catch {
-      throw new MeshError('BAD_REQUEST', 'the body must be JSON: {"model": "<GGUF URL>"}');
-    }
-    const model = typeof body.model === 'string' ? body.model.trim() : '';
+    const body = (await readJsonBody(req, ROOM_BODY_BYTES, '{"model": "<GGUF URL>"}')) as { model?: unknown } | null;
+    const model = typeof body?.model === 'string' ? body.model.trim() : '';
     if (!isUrl(model)) throw new MeshError('BAD_REQUEST', `model must be an http(s) URL of a GGUF file, got '${model}'`);
     const room = await opts.server.addRoom(model);
     log(`room ${room.id} opened for ${model}`);

@@ -3,7 +3,7 @@
 // KV bookkeeping and the session errors.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
-import { LlamaCppGenerator } from '../src/backends/llamacpp/generator.ts';
+import { LlamaCppModel } from '../src/backends/llamacpp/generator.ts';
 import { LlamaCppStage } from '../src/backends/llamacpp/stage.ts';
 import { shardTensors } from '../src/backends/shard.ts';
 import type { ShardRange, StageBackend } from '../src/backends/types.ts';
@@ -13,6 +13,7 @@ import { GgmlType } from '../src/gguf/types.ts';
 import type { TensorInfo, TensorSource } from '../src/gguf/types.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { InProcessChain, generate } from '../src/route/generation.ts';
+import { StepperGenerator } from '../src/route/generation-loop.ts';
 import type { StageChain } from '../src/route/generation.ts';
 import { LlamaModelFfi, argmax, maxAbsDiff, oracleGreedy, oracleHidden } from './support/llamacpp-oracle.ts';
 import { STORIES_CONTINUATION_PREFIX, STORIES_PROMPT_TOKENS, stories260K } from './support/models.ts';
@@ -102,7 +103,7 @@ describe('stories260K: CPU engine and llama.cpp backends agree with llama.cpp', 
   });
 
   it('llama.cpp generator (node-llama-cpp) and llama.cpp stage give llama.cpp\'s greedy tokens', async () => {
-    const gen = await LlamaCppGenerator.load(path, tokenizer, { contextLength: 256, threads: 1 });
+    const gen = new StepperGenerator(await LlamaCppModel.load(path, { contextLength: 256, threads: 1 }), tokenizer);
     toDispose.push(gen);
     const stage = new LlamaCppStage({ threads: 1 });
     await stage.load(source, { start: 0, end: N_LAYER });

@@ -85,6 +85,20 @@ describe('web app on the signaling server', () => {
     for (const sneaky of ['/assets/%2e%2e/%2e%2e/package.json', '/components/..%2f..%2fpackage.json']) expect((await get(sneaky)).status).toBe(404);
   });
 
+  it('POST /app/rooms: a body over 64 KiB is BODY_TOO_LARGE (413), a malformed one BODY_NOT_JSON (400); no room opens', async () => {
+    const post = (body: string): Promise<Response> => get('/app/rooms', { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+    const huge = await post(JSON.stringify({ model: `https://example.org/${'m'.repeat(100_000)}.gguf` }));
+    expect(huge.status).toBe(413);
+    expect(((await huge.json()) as { error: { code: string; limitBytes: number } }).error).toMatchObject({ code: 'BODY_TOO_LARGE', limitBytes: 64 * 1024 });
+    const broken = await post('{"model": ');
+    expect(broken.status).toBe(400);
+    const error = ((await broken.json()) as { error: { code: string; message: string } }).error;
+    expect(error.code).toBe('BODY_NOT_JSON');
+    expect(error.message).toContain('{"model": "<GGUF URL>"}');
+    expect((await post('null')).status).toBe(400);
+    expect(((await (await get('/app/rooms')).json()) as { rooms: unknown[] }).rooms).toHaveLength(1);
+  });
+
   it('describes the default model in /app/rooms', async () => {
     const body = (await (await get('/app/rooms')).json()) as { rooms: Array<{ model: { id: string; description: string } }> };
     expect(body.rooms[0]!.model.id).toBe('gguf-mesh-default');

@@ -3,14 +3,15 @@
 // honours its options and agrees with the CPU route.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
-import { LlamaCppGenerator } from '../src/backends/llamacpp/generator.ts';
+import { LlamaCppModel } from '../src/backends/llamacpp/generator.ts';
 import { LlamaCppStage } from '../src/backends/llamacpp/stage.ts';
-import { isMeshError } from '../src/errors.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import type { TensorSource } from '../src/gguf/types.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { ChainGenerator, InProcessChain } from '../src/route/generation.ts';
+import { StepperGenerator } from '../src/route/generation-loop.ts';
 import { maxAbsDiff } from './support/llamacpp-oracle.ts';
+import { errorCode } from './support/errors.ts';
 import { STORIES_PROMPT_TOKENS, stories260K } from './support/models.ts';
 
 let path: string;
@@ -26,19 +27,10 @@ afterAll(async () => {
   await source?.close();
 });
 
-async function code(p: Promise<unknown>): Promise<string | undefined> {
-  try {
-    await p;
-    return undefined;
-  } catch (e) {
-    return isMeshError(e) ? e.code : String(e);
-  }
-}
-
 describe('llama.cpp stage (whole model, FFI)', () => {
   it('serves whole models only, keeps positions per session, and matches the CPU engine\'s logits', async () => {
     const partial = new LlamaCppStage({ threads: 1 });
-    expect(await code(partial.load(source, { start: 0, end: 3 }))).toBe('UNSUPPORTED_SHARD');
+    expect(await errorCode(partial.load(source, { start: 0, end: 3 }))).toBe('UNSUPPORTED_SHARD');
 
     const stage = new LlamaCppStage({ threads: 1 });
     const cpu = new CpuBackend();
@@ -49,7 +41,7 @@ describe('llama.cpp stage (whole model, FFI)', () => {
       await stage.openSession('b', { contextLength: 32 });
       await cpu.openSession('a', { contextLength: 32 });
       const tokens = Int32Array.from(STORIES_PROMPT_TOKENS);
-      expect(await code(stage.forward('a', { kind: 'tokens', tokens }, 3))).toBe('POSITION_MISMATCH');
+      expect(await errorCode(stage.forward('a', { kind: 'tokens', tokens }, 3))).toBe('POSITION_MISMATCH');
       const ours = await cpu.forward('a', { kind: 'tokens', tokens }, 0);
       const theirs = await stage.forward('a', { kind: 'tokens', tokens }, 0);
       if (ours.output.kind !== 'logits' || theirs.output.kind !== 'logits') throw new Error('expected logits');
@@ -59,9 +51,9 @@ describe('llama.cpp stage (whole model, FFI)', () => {
       expect(stage.sessionStats('b').position).toBe(0);
       expect(stage.sessionStats('a').processedTokens).toEqual([5, 5, 5, 5, 5]);
       expect(stage.sessionStats('a').kvBytes).toBe(2 * 5 * 32 * 32 * 4);
-      expect(await code(stage.forward('a', { kind: 'hidden', hidden: new Float32Array(64), nTokens: 1 }, 5))).toBe('BAD_STAGE_INPUT');
+      expect(await errorCode(stage.forward('a', { kind: 'hidden', hidden: new Float32Array(64), nTokens: 1 }, 5))).toBe('BAD_STAGE_INPUT');
       await stage.releaseSession('a');
-      expect(await code(stage.forward('a', { kind: 'tokens', tokens }, 0))).toBe('SESSION_UNKNOWN');
+      expect(await errorCode(stage.forward('a', { kind: 'tokens', tokens }, 0))).toBe('SESSION_UNKNOWN');
     } finally {
       await stage.dispose();
       await cpu.dispose();
@@ -78,7 +70,7 @@ describe('llama.cpp generator (node-llama-cpp)', () => {
     const ref = await cpuGen.generate(request);
     await cpuGen.dispose();
 
-    const exact = await LlamaCppGenerator.load(path, tokenizer, { threads: 1, contextLength: 128 });
+    const exact = new StepperGenerator(await LlamaCppModel.load(path, { threads: 1, contextLength: 128 }), tokenizer);
     try {
       const r = await exact.generate(request);
       expect(r.tokens).toEqual(ref.tokens);
@@ -92,7 +84,7 @@ describe('llama.cpp generator (node-llama-cpp)', () => {
     }
 
     // llama.cpp's defaults (flash attention, f16 KV) agree to ~2e-3: on this model the greedy text holds
-    const fast = await LlamaCppGenerator.load(path, tokenizer, { threads: 1, contextLength: 128, flashAttention: true, kvType: 'f16' });
+    const fast = new StepperGenerator(await LlamaCppModel.load(path, { threads: 1, contextLength: 128, flashAttention: true, kvType: 'f16' }), tokenizer);
     try {
       const r = await fast.generate({ ...request, maxTokens: 24 });
       expect(r.tokens).toEqual(ref.tokens.slice(0, 24));

@@ -11,7 +11,7 @@ import { createHmac } from 'node:crypto';
 import { helloProof, parseJoinUrl } from '../src/protocol/control.ts';
 import { LocalLink } from '../src/transport/link.ts';
 import type { FrameLink } from '../src/transport/link.ts';
-import { modelHeaders } from '../src/peer/browser-peer.ts';
+import { modelHeaders } from '../src/peer/peer-core.ts';
 import type { RelayReply, RelayRequest } from '../src/protocol/control.ts';
 import { RelayLink } from '../src/peer/relay-link.ts';
 import { handleBrowserPeerMessage } from '../signaling-server/browser-peers.ts';

@@ -36,7 +36,7 @@ describe('session state machine', () => {
       expect(isMeshError(e, 'SESSION_FAILED')).toBe(true);
       expect((e as { details: { stage: number } }).details.stage).toBe(1);
     }
-    s.fail({ code: 'X', message: 'again' }); // failing twice keeps the first failure
+    s.fail({ code: 'STAGE_FAILED', message: 'again' }); // failing twice keeps the first failure
     expect(s.failure?.code).toBe('STAGE_LOST');
     expect(s.history).toEqual(['opening', 'idle', 'prefilling', 'idle', 'failed']);
   });

@@ -172,6 +172,22 @@ describe('OpenAI-compatible API over a two-node route', () => {
     await expect(bad.models.list()).rejects.toMatchObject({ status: 401 });
   });
 
+  it('a body over 4 MiB is BODY_TOO_LARGE (413), one that is not a JSON object a named 400, and the API goes on', async () => {
+    const post = (body: string): Promise<Response> =>
+      fetch(`${serve.base}/v1/completions`, { method: 'POST', headers: { authorization: `Bearer ${serve.secret}`, 'content-type': 'application/json' }, body });
+    const huge = await post(JSON.stringify({ model: 'stories260K', prompt: 'x'.repeat(5 * 1024 * 1024) }));
+    expect(huge.status).toBe(413);
+    expect(((await huge.json()) as any).error).toMatchObject({ code: 'BODY_TOO_LARGE', limitBytes: 4 * 1024 * 1024 });
+    const broken = await post('{"model": "stories260K", "prompt": ');
+    expect(broken.status).toBe(400);
+    expect(((await broken.json()) as any).error.code).toBe('BODY_NOT_JSON');
+    const notObject = await post('null');
+    expect(notObject.status).toBe(400);
+    expect(((await notObject.json()) as any).error.code).toBe('BAD_REQUEST');
+    const ok = await openai.completions.create({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: 2, temperature: 0 });
+    expect(ok.usage?.completion_tokens).toBe(2);
+  });
+
   it('a node killed mid-stream produces an error event naming its stage', async () => {
     const stream = await openai.completions.create({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: 2000, temperature: 1, seed: 3, stream: true });
     let n = 0;

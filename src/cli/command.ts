@@ -2,6 +2,8 @@
 // exports `command`; main.ts finds them by listing that folder, so adding a command touches
 // no shared file.
 
+import { MeshError } from '../errors.ts';
+
 export interface OptionSpec {
   type: 'string' | 'boolean';
   short?: string;
@@ -33,9 +35,10 @@ export interface Command {
 }
 
 /** An error in how a command was called: printed as one line, exit code 2. */
-export class UsageError extends Error {
+/** A malformed option or argument: `main` prints it with the usage and exits with status 2. */
+export class UsageError extends MeshError {
   constructor(message: string) {
-    super(message);
+    super('BAD_USAGE', message);
     this.name = 'UsageError';
   }
 }

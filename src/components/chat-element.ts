@@ -2,6 +2,7 @@
 // answers it with CORS). See docs/web-components.md for attributes, properties and events.
 
 import { fetchRoom } from '../ui/room-api.ts';
+import { MeshError } from '../errors.ts';
 import { createChatView } from '../ui/chat-view.ts';
 import type { ChatView } from '../ui/chat-view.ts';
 import type { ChatMessage, SamplerChoice } from '../ui/chat-engine.ts';
@@ -32,7 +33,7 @@ export class GgufMeshChatElement extends HTMLElement {
 
   /** sends a user message; resolves with the full reply */
   send(text: string): Promise<string> {
-    if (!this.view) return Promise.reject(new Error('<gguf-mesh-chat> is not connected to a room'));
+    if (!this.view) return Promise.reject(new MeshError('NO_ROOM', '<gguf-mesh-chat> is not connected to a room'));
     return this.view.send(text);
   }
 

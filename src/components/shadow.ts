@@ -30,7 +30,7 @@ export function emit<T>(host: HTMLElement, type: string, detail: T): void {
 }
 
 export function errorDetail(e: unknown, stage: number | null = null): { code: string; message: string; stage: number | null } {
-  return { code: (e as { code?: string }).code ?? 'ERROR', message: (e as Error).message ?? String(e), stage };
+  return { code: (e as { code?: string }).code ?? 'INTERNAL', message: (e as Error).message ?? String(e), stage };
 }
 
 /**

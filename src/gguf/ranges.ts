@@ -3,6 +3,7 @@
 // long as the merged read stays under `maxLength`.
 
 import type { ByteRange } from './types.ts';
+import { MeshError } from '../errors.ts';
 
 /** One read that covers several requested ranges. */
 export interface CoalescedRange extends ByteRange {
@@ -32,7 +33,7 @@ export function coalesceRanges(ranges: readonly ByteRange[], opts: CoalesceOptio
   let curEnd = 0;
   for (const r of order) {
     if (r.offset < 0 || r.length < 0 || !Number.isSafeInteger(r.offset + r.length)) {
-      throw new RangeError(`invalid byte range [${r.offset}, +${r.length})`);
+      throw new MeshError('BAD_BYTE_RANGE', `invalid byte range [${r.offset}, +${r.length})`);
     }
     const end = r.offset + r.length;
     const mergedEnd = Math.max(curEnd, end);

@@ -1,6 +1,8 @@
 // Shared shapes of a parsed GGUF artifact. Everything that reads, writes or computes with
 // GGUF tensors speaks in these types.
 
+import { MeshError } from '../errors.ts';
+
 /** ggml tensor type ids, as stored in a GGUF tensor info (ggml.h `enum ggml_type`). */
 export enum GgmlType {
   F32 = 0,
@@ -90,9 +92,9 @@ export function typeName(type: number): string {
 /** Bytes a tensor of `type` with `nElements` elements occupies. Throws on a partial block. */
 export function tensorBytes(type: GgmlType, nElements: number): number {
   const t = TYPE_TRAITS[type];
-  if (!t) throw new Error(`unknown tensor type ${type}`);
+  if (!t) throw new MeshError('GGUF_UNKNOWN_TYPE', `unknown tensor type ${type}`);
   if (nElements % t.blockSize !== 0) {
-    throw new Error(`${nElements} elements is not a whole number of ${t.name} blocks of ${t.blockSize}`);
+    throw new MeshError('BAD_TENSOR_SIZE', `${nElements} elements is not a whole number of ${t.name} blocks of ${t.blockSize}`);
   }
   return (nElements / t.blockSize) * t.typeSize;
 }

@@ -1,7 +1,7 @@
-// The text side of generation, shared by every generation loop (local chains, routes,
-// llama.cpp): what a request asks for, what a result holds, and the output state — generated
-// tokens decoded into text deltas that never split a character, stop strings held back and
-// cut, the stop reason, and prefill/decode timings.
+// The text side of generation, for the one generation loop (route/generation-loop.ts) over
+// every engine (local chains, routes, llama.cpp): what a request asks for, what a result
+// holds, and the output state — generated tokens decoded into text deltas that never split a
+// character, stop strings held back and cut, the stop reason, and prefill/decode timings.
 
 import type { SamplerOptions } from './sampler.ts';
 import { StreamingDecoder } from './tokenizer/stream.ts';
@@ -51,7 +51,7 @@ export interface GenerationResult {
   timings: GenerationTimings;
 }
 
-/** Anything that generates from prompt tokens: a StageChain with our sampler, or llama.cpp. */
+/** Anything that generates from prompt tokens: a StageChain with our sampler, or llama.cpp (route/generation-loop.ts runs both). */
 export interface TextGenerator {
   generate(request: GenerationRequest): Promise<GenerationResult>;
   dispose(): Promise<void>;
@@ -71,7 +71,7 @@ function round(x: number): number {
 }
 
 /**
- * What a generation loop produces, shared by local and on-route generation: the generated tokens,
+ * What the generation loop produces, whatever the engine: the generated tokens,
  * their text (streamed through `decoder` into `text`, stop strings applied), why it stopped, and
  * the time spent in prefill and decode.
  */
@@ -81,12 +81,23 @@ export class GenerationOutput {
   readonly decoder: StreamingDecoder;
   stopReason: StopReason = 'max_tokens';
   promptMs = 0;
+  /** wall time of each decode step, in ms */
+  readonly stepMs: number[] = [];
   decodeMs = 0;
-  decodeSteps = 0;
 
   constructor(tokenizer: Tokenizer, stopStrings: readonly string[] | undefined, onDelta: ((delta: string) => void) | undefined) {
     this.text = new TextCollector(stopStrings ?? [], onDelta);
     this.decoder = new StreamingDecoder(tokenizer);
+  }
+
+  get decodeSteps(): number {
+    return this.stepMs.length;
+  }
+
+  /** records one decode step's wall time */
+  addStep(ms: number): void {
+    this.stepMs.push(ms);
+    this.decodeMs += ms;
   }
 
   /** after the loop: the decoder's held-back bytes join the text unless a stop string ended it */

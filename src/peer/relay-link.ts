@@ -52,7 +52,7 @@ export class RelayLink implements FrameLink {
     const w = this.waiting.get(m.id);
     if (!w) return false;
     this.waiting.delete(m.id);
-    if (m.error) w.reject(new MeshError(m.error.code, m.error.message));
+    if (m.error) w.reject(MeshError.fromWire(m.error.code, m.error.message));
     else if (m.frame) {
       try {
         w.resolve(decodeFrame(fromBase64(m.frame)));

@@ -16,6 +16,7 @@
 // gap, a changed total, or a message that outgrows its total is an error.
 
 import { MeshError } from '../errors.ts';
+import type { ErrorCode } from '../errors.ts';
 import { decodeFrame, HEADER_BYTES, MAX_PAYLOAD_BYTES } from './frame.ts';
 import type { Frame } from './frame.ts';
 
@@ -29,7 +30,7 @@ export const MIN_MESSAGE_LIMIT = 64;
  * direction, a few in flight at most; more means a misbehaving peer. */
 const MAX_PENDING = 16;
 
-function fail(code: string, field: string, message: string): never {
+function fail(code: ErrorCode, field: string, message: string): never {
   throw new MeshError(code, `fragment ${field}: ${message}`, { field });
 }
 

@@ -19,6 +19,7 @@
 //    52    … payload
 
 import { MeshError } from '../errors.ts';
+import type { ErrorCode } from '../errors.ts';
 
 export const FRAME_MAGIC = 0x48534d47; // "GMSH" read as a little-endian u32
 export const FRAME_VERSION = 1;
@@ -108,7 +109,7 @@ export type FrameHeader = Omit<Frame, 'payload'> & { payloadLength: number };
 
 export const NIL_SESSION = '0'.repeat(32);
 
-function fail(code: string, field: string, message: string): never {
+function fail(code: ErrorCode, field: string, message: string): never {
   throw new MeshError(code, `frame ${field}: ${message}`, { field });
 }
 

@@ -112,7 +112,7 @@ export function errorFromFrame(f: Frame): MeshError {
   const body = decodeJson<Partial<ErrorBody>>(f.payload);
   const details: Record<string, unknown> = { ...(body.details ?? {}) };
   if (body.stage !== undefined) details.stage = body.stage;
-  return new MeshError(String(body.code ?? 'REMOTE_ERROR'), String(body.message ?? 'remote error'), details);
+  return MeshError.fromWire(body.code, String(body.message ?? 'remote error'), details);
 }
 
 /** The answer to `req`: same route, session and sequence, Reply flag set. */

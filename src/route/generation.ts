@@ -1,14 +1,16 @@
-// The generation loop: prefill the prompt through a chain of stages, then sample one token at
-// a time and feed it back, streaming text deltas, until EOS/EOG, a stop string, the token
-// limit or the context limit. The chain is anything that turns token ids into last-position
-// logits: in-process stages here, a remote route over the network elsewhere.
+// Generation over a chain of stages, sampled here: the chain is anything that turns token ids
+// into last-position logits (in-process stages here, a remote route over the network in
+// remote.ts), and ChainStepper puts our Sampler beside it, so the one generation loop
+// (generation-loop.ts) runs it like any other engine.
 
 import { MeshError } from '../errors.ts';
 import type { StageBackend } from '../backends/types.ts';
 import { Sampler } from '../model/sampler.ts';
+import type { SamplerOptions } from '../model/sampler.ts';
 import type { Tokenizer } from '../model/tokenizer/tokenizer.ts';
-import { GenerationOutput } from '../model/generation-output.ts';
 import type { GenerationRequest, GenerationResult, TextGenerator } from '../model/generation-output.ts';
+import type { TokenStepper } from '../model/token-stepper.ts';
+import { generateWith } from './generation-loop.ts';
 
 /**
  * The smallest thing generation needs from a route: per-session KV state on every stage and
@@ -65,6 +67,56 @@ export class InProcessChain implements StageChain {
 
 const DEFAULT_PREFILL_CHUNK = 512;
 
+/** One session on a StageChain as a TokenStepper: logits come from the chain, tokens from our Sampler. */
+export class ChainStepper implements TokenStepper {
+  position = 0;
+  /** prompt and fed tokens, for the sampler's repetition penalty */
+  private readonly history: number[] = [];
+  private readonly sampler: Sampler;
+  private closed = false;
+
+  private constructor(
+    private readonly chain: StageChain,
+    readonly sessionId: string,
+    readonly contextLength: number,
+    sampler: SamplerOptions | undefined,
+    private readonly prefillChunk: number,
+  ) {
+    this.sampler = new Sampler(sampler);
+  }
+
+  /** opens `sessionId` on every stage of `chain` with a KV cache of `contextLength` positions */
+  static async open(chain: StageChain, sessionId: string, contextLength: number, sampler?: SamplerOptions, prefillChunk = DEFAULT_PREFILL_CHUNK): Promise<ChainStepper> {
+    await chain.openSession(sessionId, contextLength);
+    return new ChainStepper(chain, sessionId, contextLength, sampler, prefillChunk);
+  }
+
+  async prefill(prompt: readonly number[], onProgress?: (done: number, total: number) => void): Promise<number> {
+    let logits!: Float32Array;
+    for (let at = 0; at < prompt.length; at += this.prefillChunk) {
+      const part = prompt.slice(at, at + this.prefillChunk);
+      logits = await this.chain.forward(this.sessionId, Int32Array.from(part), at);
+      onProgress?.(at + part.length, prompt.length);
+    }
+    this.position = prompt.length;
+    this.history.push(...prompt);
+    return this.sampler.sample(logits, this.history);
+  }
+
+  async decode(token: number): Promise<number> {
+    this.history.push(token);
+    const logits = await this.chain.forward(this.sessionId, Int32Array.of(token), this.position);
+    this.position++;
+    return this.sampler.sample(logits, this.history);
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.chain.releaseSession(this.sessionId);
+  }
+}
+
 /** Generation over a StageChain, sampled and decoded here. */
 export class ChainGenerator implements TextGenerator {
   constructor(
@@ -81,76 +133,8 @@ export class ChainGenerator implements TextGenerator {
   }
 }
 
-/**
- * Checks a generation request's prompt and token budget (EMPTY_PROMPT, BAD_REQUEST for
- * maxTokens, CONTEXT_FULL) and returns the context length it runs in: the one asked for, or
- * exactly room for the prompt and maxTokens. Local and route generation both start here.
- */
-export function generationContextLength(prompt: readonly number[], maxTokens: number, contextLength?: number): number {
-  if (prompt.length === 0) throw new MeshError('EMPTY_PROMPT', 'the prompt has no tokens');
-  if (!Number.isInteger(maxTokens) || maxTokens < 0) {
-    throw new MeshError('BAD_REQUEST', `maxTokens must be a non-negative integer, got ${maxTokens}`);
-  }
-  const n = contextLength ?? prompt.length + maxTokens;
-  if (prompt.length > n) {
-    throw new MeshError('CONTEXT_FULL', `the prompt has ${prompt.length} tokens, more than the context length ${n}`);
-  }
-  return n;
-}
-
-/** Runs one generation over `chain` (see GenerationRequest). */
-export async function generate(chain: StageChain, tokenizer: Tokenizer, request: GenerationRequest): Promise<GenerationResult> {
-  const prompt = [...request.promptTokens];
-  const contextLength = generationContextLength(prompt, request.maxTokens, request.contextLength);
-  const sampler = new Sampler(request.sampler);
+/** Runs one generation over `chain` (see GenerationRequest); the session is released at the end. */
+export function generate(chain: StageChain, tokenizer: Tokenizer, request: GenerationRequest): Promise<GenerationResult> {
   const sessionId = request.sessionId ?? `gen-${Math.random().toString(36).slice(2)}`;
-  const out = new GenerationOutput(tokenizer, request.stopStrings, request.onDelta);
-  const { text, decoder, tokens } = out;
-
-  await chain.openSession(sessionId, contextLength);
-  try {
-    // prefill, in chunks when asked
-    const chunk = request.prefillChunk ?? DEFAULT_PREFILL_CHUNK;
-    let t0 = performance.now();
-    let logits!: Float32Array;
-    for (let at = 0; at < prompt.length; at += chunk) {
-      logits = await chain.forward(sessionId, Int32Array.from(prompt.slice(at, at + chunk)), at);
-    }
-    out.promptMs = performance.now() - t0;
-
-    let position = prompt.length;
-    while (tokens.length < request.maxTokens) {
-      if (request.signal?.aborted) {
-        out.stopReason = 'aborted';
-        break;
-      }
-      const token = sampler.sample(logits, prompt.concat(tokens));
-      tokens.push(token);
-      if (tokenizer.isEog(token) && !request.ignoreEog) {
-        out.stopReason = 'eog';
-        break;
-      }
-      if (text.push(decoder.push(token))) {
-        out.stopReason = 'stop_string';
-        break;
-      }
-      if (tokens.length === request.maxTokens) break;
-      if (position >= contextLength) {
-        out.stopReason = 'context_full';
-        break;
-      }
-      // decode: one token through the chain
-      t0 = performance.now();
-      logits = await chain.forward(sessionId, Int32Array.of(token), position);
-      out.decodeMs += performance.now() - t0;
-      out.decodeSteps++;
-      position++;
-    }
-    out.finish();
-  } finally {
-    await chain.releaseSession(sessionId);
-  }
-
-  return out.result(prompt);
+  return generateWith(tokenizer, request, (contextLength) => ChainStepper.open(chain, sessionId, contextLength, request.sampler, request.prefillChunk));
 }
-

@@ -6,6 +6,7 @@ import { MeshError } from '../errors.ts';
 import { readHeader } from '../gguf/parse.ts';
 import type { GgufHeader } from '../gguf/types.ts';
 import { WsLink } from '../transport/ws.ts';
+import { fetchJson } from '../transport/server-json.ts';
 import { RouteSessionClient } from './client.ts';
 import { parseJoinUrl } from '../protocol/control.ts';
 import type { ModelBrief } from '../protocol/control.ts';
@@ -32,18 +33,6 @@ export interface JoinedRoom {
   /** reads the model's header through the server (tokenizer, config) */
   header(): Promise<GgufHeader>;
   close(): Promise<void>;
-}
-
-export async function fetchJson<T>(url: string, secret: string): Promise<T> {
-  let res: Response;
-  try {
-    res = await fetch(url, { headers: { authorization: `Bearer ${secret}` } });
-  } catch (e) {
-    throw new MeshError('JOIN_FAILED', `cannot reach ${url}: ${(e as Error).message}`);
-  }
-  const body = (await res.json().catch(() => ({}))) as T & { error?: { code: string; message: string } };
-  if (!res.ok) throw new MeshError(body.error?.code ?? 'HTTP_ERROR', body.error?.message ?? `${url}: HTTP ${res.status}`);
-  return body;
 }
 
 /** Waits (up to `waitMs`) for the room's route to be ready, then connects. */

@@ -1,19 +1,62 @@
 // Generation where the route samples: the prompt goes to stage 0 in chunks, the last stage
-// samples each token (temperature, top-p, seed travel in the session's open frame), and this
-// loop only decodes text, watches for end-of-generation and stop strings, and reports
-// telemetry. The signaling server's OpenAI-compatible API runs on it.
+// samples each token (temperature, top-p, seed travel in the session's open frame), and the
+// one generation loop (generation-loop.ts) only decodes text, watches for end-of-generation
+// and stop strings, and reports telemetry. RouteStepper is a route session as a TokenStepper
+// over any FrameLink; the signaling server's OpenAI-compatible API runs generateOnRoute on
+// it, the page's chat (ui/chat-engine.ts) runs the loop on it over HTTP.
 
 import { MeshError } from '../errors.ts';
 import type { Tokenizer } from '../model/tokenizer/tokenizer.ts';
+import type { TokenStepper } from '../model/token-stepper.ts';
 import type { FrameLink } from '../transport/link.ts';
-import { RouteSessionClient } from './client.ts';
-import { generationContextLength } from './generation.ts';
-import { GenerationOutput } from '../model/generation-output.ts';
+import { DEFAULT_PREFILL_CHUNK, RouteSessionClient } from './client.ts';
+import { generationContextLength, runGeneration } from './generation-loop.ts';
+import type { TimedStepper } from './generation-loop.ts';
 import type { GenerationResult } from '../model/generation-output.ts';
 import type { SessionInfo } from './sessions.ts';
-import type { SamplerSettings } from '../protocol/session.ts';
-import { stepBreakdown } from './telemetry.ts';
+import type { SamplerSettings, SessionOpenBody } from '../protocol/session.ts';
+import type { StepTiming } from '../protocol/payload.ts';
 import type { StageTiming, TelemetryEvent } from './telemetry.ts';
+
+/** A session on a route as a TokenStepper: every step asks the stages for their timings. */
+export class RouteStepper implements TimedStepper {
+  private constructor(
+    readonly client: RouteSessionClient,
+    readonly contextLength: number,
+    private readonly prefillChunk: number,
+  ) {
+    client.wantTimings = true;
+  }
+
+  /** opens a session on route `routeId` through `link` */
+  static async open(link: FrameLink, routeId: number, body: SessionOpenBody, prefillChunk = DEFAULT_PREFILL_CHUNK): Promise<RouteStepper> {
+    return new RouteStepper(await RouteSessionClient.open(link, routeId, body), body.contextLength, prefillChunk);
+  }
+
+  get sessionId(): string {
+    return this.client.sessionId;
+  }
+
+  get position(): number {
+    return this.client.position;
+  }
+
+  get lastTimings(): readonly StepTiming[] {
+    return this.client.lastTimings;
+  }
+
+  prefill(prompt: readonly number[], onProgress?: (done: number, total: number) => void): Promise<number> {
+    return this.client.prefill(prompt, this.prefillChunk, onProgress);
+  }
+
+  decode(token: number): Promise<number> {
+    return this.client.decode(token);
+  }
+
+  close(): Promise<void> {
+    return this.client.close();
+  }
+}
 
 export interface RouteGenerationRequest {
   promptTokens: readonly number[];
@@ -34,66 +77,35 @@ export interface RouteGenerationResult extends GenerationResult {
   summary: Extract<TelemetryEvent, { type: 'session_summary' }> | null;
 }
 
+/**
+ * One generation on route `routeId`, announced (session_opened), run by the loop, summed up
+ * from the stages' own timings (session_summary) and closed; a failure is an `error` event
+ * and a MeshError naming the stage where it can.
+ */
 export async function generateOnRoute(link: FrameLink, routeId: number, tokenizer: Tokenizer, req: RouteGenerationRequest): Promise<RouteGenerationResult> {
   const prompt = [...req.promptTokens];
   // the OpenAI API passes maxTokens already clamped to [0, n_ctx], so its check never fires there
   const contextLength = generationContextLength(prompt, req.maxTokens, req.contextLength);
   const emit = req.onEvent ?? (() => undefined);
-  const client = await RouteSessionClient.open(link, routeId, { contextLength, promptLength: prompt.length, ...(req.sampler ? { sampler: req.sampler } : {}) });
-  const sessionId = client.sessionId;
-  client.wantTimings = true;
+  const stepper = await RouteStepper.open(link, routeId, { contextLength, promptLength: prompt.length, ...(req.sampler ? { sampler: req.sampler } : {}) }, req.prefillChunk);
+  const sessionId = stepper.sessionId;
   req.onSession?.(sessionId);
   emit({ type: 'session_opened', sessionId, routeId });
-  const out = new GenerationOutput(tokenizer, req.stopStrings, req.onDelta);
-  const { text, decoder, tokens } = out;
   let summary: RouteGenerationResult['summary'] = null;
-  let closed = false;
   try {
-    const t0 = performance.now();
-    let token = await client.prefill(prompt, req.prefillChunk ?? 64, (done, total) => emit({ type: 'prefill_progress', sessionId, tokensDone: done, tokensTotal: total }));
-    out.promptMs = performance.now() - t0;
-    while (req.maxTokens > 0) {
-      tokens.push(token);
-      const piece = decoder.push(token);
-      // the step that produced this token, stage by stage (the last stage's reply carried it)
-      if (client.lastTimings.length) emit({ type: 'step_timing', sessionId, position: client.lastTimings[0]!.position, stages: stepBreakdown(client.lastTimings) });
-      emit({ type: 'token', sessionId, id: token, text: piece, position: client.position });
-      if (tokenizer.isEog(token)) {
-        out.stopReason = 'eog';
-        break;
-      }
-      if (text.push(piece)) {
-        out.stopReason = 'stop_string';
-        break;
-      }
-      if (tokens.length >= req.maxTokens) break;
-      if (client.position >= contextLength) {
-        out.stopReason = 'context_full';
-        break;
-      }
-      if (req.signal?.aborted) {
-        out.stopReason = 'aborted';
-        break;
-      }
-      const t1 = performance.now();
-      token = await client.decode(token);
-      out.decodeMs += performance.now() - t1;
-      out.decodeSteps++;
-    }
-    out.finish();
-    const info = await client.info().catch(() => null);
-    if (info) summary = summarize(info, out.promptMs, prompt.length, out.decodeMs, out.decodeSteps, tokens.length);
+    const out = await runGeneration(stepper, tokenizer, prompt, { ...req, onEvent: emit, sessionId });
+    const info = await stepper.client.info().catch(() => null);
+    if (info) summary = summarize(info, out.promptMs, prompt.length, out.decodeMs, out.decodeSteps, out.tokens.length);
     if (summary) emit(summary);
-    await client.close();
-    closed = true;
+    await stepper.close();
+    return { ...out.result(prompt), sessionId, summary };
   } catch (e) {
     const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
     emit({ type: 'error', sessionId, code: err.code, message: err.message, ...(typeof err.details?.stage === 'number' ? { stage: err.details.stage } : {}) });
     throw err;
   } finally {
-    if (!closed) await client.close().catch(() => undefined);
+    await stepper.close().catch(() => undefined);
   }
-  return { ...out.result(prompt), sessionId, summary };
 }
 
 function summarize(info: SessionInfo, promptMs: number, promptTokens: number, decodeMs: number, decodeSteps: number, generated: number): Extract<TelemetryEvent, { type: 'session_summary' }> {

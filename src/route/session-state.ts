@@ -9,6 +9,7 @@
 //   any live state ──▶ closed (close/cancel) | failed (a stage failed); idle ──▶ expired (TTL)
 
 import { MeshError } from '../errors.ts';
+import type { ErrorCode } from '../errors.ts';
 
 export type SessionState = 'opening' | 'prefilling' | 'decoding' | 'idle' | 'closed' | 'expired' | 'failed';
 
@@ -31,7 +32,7 @@ export function canTransition(from: SessionState, to: SessionState): boolean {
 }
 
 export interface SessionFailure {
-  code: string;
+  code: ErrorCode;
   message: string;
   /** the stage that failed, when one did */
   stage?: number;

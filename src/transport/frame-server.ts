@@ -2,13 +2,15 @@
 // session paths, `GET /v1/status`, and WebSocket frame links at `/v1/frames`. Every request
 // must carry the room secret (`Authorization: Bearer <secret>`), compared in constant time.
 
-import { createServer } from 'node:http';
+import { createServer, STATUS_CODES } from 'node:http';
 import type { IncomingMessage, Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import type { Duplex } from 'node:stream';
 import { timingSafeEqual, createHash } from 'node:crypto';
 import { WebSocketServer } from 'ws';
 import type WebSocket from 'ws';
-import { MeshError } from '../errors.ts';
+import { httpStatusFor, MeshError } from '../errors.ts';
+import type { ErrorCode } from '../errors.ts';
 import { handleFrameHttp, sendError, sendJson } from './http.ts';
 import type { FrameHandler } from './link.ts';
 import { serveFrames } from './ws.ts';
@@ -69,7 +71,7 @@ export async function startFrameServer(opts: FrameServerOptions): Promise<FrameS
   server.on('upgrade', (req, socket, head) => {
     const path = new URL(req.url ?? '/', 'http://x').pathname;
     if (path !== FRAMES_PATH || !secretMatches(bearerOf(req), opts.secret)) {
-      socket.end(`HTTP/1.1 ${path !== FRAMES_PATH ? '404 Not Found' : '401 Unauthorized'}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
+      refuseUpgrade(socket, path !== FRAMES_PATH ? 'NOT_FOUND' : 'AUTH_FAILED');
       return;
     }
     wss.handleUpgrade(req, socket, head, (ws) => {
@@ -96,4 +98,10 @@ export async function startFrameServer(opts: FrameServerOptions): Promise<FrameS
       await new Promise<void>((resolve) => server.close(() => resolve()));
     },
   };
+}
+
+/** Refuses a WebSocket upgrade with the status `code` has in the registry, and no body. */
+export function refuseUpgrade(socket: Duplex, code: ErrorCode): void {
+  const status = httpStatusFor(code);
+  socket.end(`HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nconnection: close\r\ncontent-length: 0\r\n\r\n`);
 }

@@ -8,10 +8,12 @@
 //   DELETE /v1/sessions/{session}           → reply to a SessionClose
 //   GET    /v1/sessions/{session}           → reply to a Status request, as JSON
 //
-// A reply that is an Error frame carries an HTTP status derived from its code.
+// A reply that is an Error frame carries the HTTP status its code has in the registry
+// (src/error-codes.ts).
 
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { MeshError } from '../errors.ts';
+import { codeForRefusal, httpStatusFor, MeshError } from '../errors.ts';
+import type { ErrorCode } from '../errors.ts';
 import { DType, encodeFrame, FrameType, makeFrame, NIL_SESSION } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { FrameDecoder } from '../protocol/decoder.ts';
@@ -22,15 +24,6 @@ import type { FrameHandler, FrameLink } from './link.ts';
 export const FRAME_CONTENT_TYPE = 'application/octet-stream';
 const SESSION_PATH = /^\/v1\/sessions\/([0-9a-f]{32})(?:\/(prefill|decode))?$/;
 
-/** HTTP status for an error code: the client's fault (4xx) or ours (5xx). */
-export function httpStatusFor(code: string): number {
-  if (code === 'AUTH_FAILED') return 401;
-  if (code === 'SESSION_UNKNOWN' || code === 'ROUTE_UNKNOWN' || code === 'NOT_FOUND') return 404;
-  if (code.startsWith('FRAME_') || code.startsWith('FRAGMENT_') || code === 'BAD_REQUEST' || code === 'FRAME_SESSION_MISMATCH') return 400;
-  if (code === 'POSITION_MISMATCH' || code.startsWith('SESSION_') || code === 'CONTEXT_FULL' || code === 'ROUTE_NOT_READY') return 409;
-  if (code === 'STAGE_UNREACHABLE' || code === 'LINK_CLOSED' || code === 'LINK_FAILED' || code === 'STAGE_FAILED') return 502;
-  return 500;
-}
 
 export function sendJson(res: ServerResponse, status: number, body: unknown): void {
   const text = JSON.stringify(body);
@@ -41,6 +34,42 @@ export function sendJson(res: ServerResponse, status: number, body: unknown): vo
 export function sendError(res: ServerResponse, e: unknown): void {
   const err = e instanceof MeshError ? e : new MeshError('INTERNAL', String(e));
   sendJson(res, httpStatusFor(err.code), { error: { code: err.code, message: err.message, ...err.details } });
+}
+
+/**
+ * A JSON request body of at most `limitBytes`. Over the limit: `BODY_TOO_LARGE` as soon as the
+ * limit is passed (the rest is read and dropped, so the error reply still reaches the client);
+ * not UTF-8 JSON: `BODY_NOT_JSON`, with `expected` (e.g. `{"model": "<GGUF URL>"}`) in the message.
+ */
+export function readJsonBody(req: IncomingMessage, limitBytes: number, expected = 'a JSON value'): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    const parts: Buffer[] = [];
+    let size = 0;
+    let failed = false;
+    req.on('data', (chunk: Buffer) => {
+      if (failed) return;
+      size += chunk.length;
+      if (size > limitBytes) {
+        failed = true;
+        parts.length = 0;
+        reject(new MeshError('BODY_TOO_LARGE', `request body: over the limit of ${limitBytes} bytes`, { limitBytes }));
+        return;
+      }
+      parts.push(chunk);
+    });
+    req.on('end', () => {
+      if (failed) return;
+      try {
+        resolve(JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(Buffer.concat(parts))));
+      } catch {
+        reject(new MeshError('BODY_NOT_JSON', `request body: not JSON (expected ${expected})`));
+      }
+    });
+    req.on('error', (e) => {
+      if (!failed) reject(new MeshError('LINK_FAILED', `request body: ${e.message}`));
+      failed = true;
+    });
+  });
 }
 
 function sendFrameResponse(res: ServerResponse, reply: Frame): void {
@@ -167,13 +196,13 @@ export class HttpLink implements FrameLink {
     }
     if (res.headers.get('content-type') !== FRAME_CONTENT_TYPE) {
       const text = await res.text();
-      let code = res.status === 401 ? 'AUTH_FAILED' : 'LINK_FAILED';
+      let code: unknown;
       try {
-        code = (JSON.parse(text) as { error: { code: string } }).error.code;
+        code = (JSON.parse(text) as { error?: { code?: unknown } }).error?.code;
       } catch {
-        // not JSON: keep the code from the status
+        // not JSON: the code comes from the status
       }
-      throw new MeshError(code, `${method} ${url}: HTTP ${res.status} ${text.slice(0, 200)}`);
+      throw MeshError.fromWire(code ?? codeForRefusal(res.status), `${method} ${url}: HTTP ${res.status} ${text.slice(0, 200)}`);
     }
     const decoder = new FrameDecoder();
     const frames = decoder.push(new Uint8Array(await res.arrayBuffer()));

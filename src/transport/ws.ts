@@ -3,7 +3,7 @@
 // signaling server's JSON control messages share the socket).
 
 import WebSocket from 'ws';
-import { MeshError } from '../errors.ts';
+import { codeForRefusal, MeshError } from '../errors.ts';
 import { encodeFrame, FrameFlag, NIL_SESSION } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { Fragmenter, Reassembler } from '../protocol/fragment.ts';
@@ -59,7 +59,7 @@ export class WsLink implements FrameLink {
       const onError = (e: Error): void => reject(new MeshError('LINK_FAILED', `cannot connect to ${url}: ${e.message}`));
       ws.once('error', onError);
       ws.once('unexpected-response', (_req, res) => {
-        reject(new MeshError(res.statusCode === 401 ? 'AUTH_FAILED' : 'LINK_FAILED', `${url} refused the WebSocket upgrade with HTTP ${res.statusCode}`));
+        reject(new MeshError(codeForRefusal(res.statusCode ?? 0), `${url} refused the WebSocket upgrade with HTTP ${res.statusCode}`));
         ws.terminate();
       });
       ws.once('open', () => {

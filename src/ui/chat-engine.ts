@@ -1,23 +1,21 @@
 // Chat generation from the page, straight over the room's route: the prompt is rendered with
 // the model's own chat template and tokenised here (the tokenizer comes from the GGUF header,
 // read by Range through the server), then the route runs it — prefill in chunks, one decode
-// frame per token, sampling on the last stage — and text deltas stream as tokens arrive. The
-// frames go over HTTP (POST /v1/sessions/…), the carrier a browser can authenticate with the
-// room secret; the server forwards them to stage 0.
+// frame per token, sampling on the last stage — through the same generation loop as every
+// other client (route/generation-loop.ts over a RouteStepper), and text deltas stream as tokens
+// arrive. The frames go over HTTP (POST /v1/sessions/…), the carrier a browser can
+// authenticate with the room secret; the server forwards them to stage 0.
 
 import { MeshError } from '../errors.ts';
 import { readHeader } from '../gguf/parse.ts';
 import { ChatTemplate } from '../model/chat-template.ts';
 import type { ChatMessage } from '../model/chat-template.ts';
-import { StreamingDecoder } from '../model/tokenizer/stream.ts';
+import type { StopReason } from '../model/generation-output.ts';
 import { Tokenizer } from '../model/tokenizer/tokenizer.ts';
-import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
-import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, jsonFrame, payloadBody, timingsOf, tokensFrame } from '../protocol/payload.ts';
-import { stepBreakdown } from '../route/telemetry.ts';
-import type { StepStageTiming } from '../route/telemetry.ts';
-import { TextCollector } from '../model/generation-output.ts';
 import type { SessionOpenBody } from '../protocol/session.ts';
+import { runGeneration } from '../route/generation-loop.ts';
+import { RouteStepper } from '../route/route-generation.ts';
+import type { StepStageTiming, TelemetryEvent } from '../route/telemetry.ts';
 import { HttpLink } from '../transport/http.ts';
 import type { RoomLink } from './room-api.ts';
 import { fetchRoom } from './room-api.ts';
@@ -46,7 +44,7 @@ export interface GenerationStats {
   stepMs: number[];
   /** per stage, averaged over the decode steps: compute, transfer, queue (ms) and bytes out per token */
   stages: StepStageTiming[];
-  stopReason: 'eog' | 'stop_string' | 'max_tokens' | 'context_full' | 'aborted';
+  stopReason: StopReason;
   /** the prompt exactly as the model saw it (chat template applied) */
   promptText: string;
 }
@@ -68,13 +66,6 @@ function meanBreakdown(steps: StepStageTiming[][]): StepStageTiming[] {
     const mean = (k: keyof StepStageTiming): number => col.reduce((a, s) => a + s[k], 0) / n;
     return { stage: first.stage, computeMs: mean('computeMs'), transferMs: mean('transferMs'), queueMs: mean('queueMs'), overheadMs: mean('overheadMs'), bytesIn: mean('bytesIn'), bytesOut: mean('bytesOut') };
   });
-}
-
-const PREFILL_CHUNK = 64;
-
-function randomSessionId(): string {
-  const b = crypto.getRandomValues(new Uint8Array(16));
-  return Array.from(b, (x) => x.toString(16).padStart(2, '0')).join('');
 }
 
 /** Model pieces a chat needs, read once per room. */
@@ -119,68 +110,39 @@ export async function chatOverRoute(link: RoomLink, model: ChatModel, messages: 
   if (prompt.length >= model.contextLength) throw new MeshError('CONTEXT_FULL', `the conversation has ${prompt.length} tokens, the model's context is ${model.contextLength}`);
   const routeId = await readyRoute(link);
   const httpLink = new HttpLink(link.base, { authorization: `Bearer ${link.secret}` });
-  const at = { routeId, sessionId: randomSessionId() };
   const open: SessionOpenBody = { contextLength, sampler: sampler.temperature > 0 ? { temperature: sampler.temperature, topK: sampler.topK, topP: sampler.topP, seed: sampler.seed } : { temperature: 0 } };
   const decodeSteps: StepStageTiming[][] = [];
-  const tokenOf = (f: Frame, position: number, prefill: boolean): number => {
-    if (f.type !== FrameType.Token) throw new MeshError('FRAME_BAD_TYPE', `expected a Token frame, got ${FrameType[f.type]}`);
-    const timings = timingsOf(f);
-    if (timings.length > 0) {
-      const stages = stepBreakdown(timings);
-      if (!prefill) decodeSteps.push(stages);
-      events.onStep?.(stages, { position, prefill });
+  let lastToken = -1;
+  const onEvent = (e: TelemetryEvent): void => {
+    if (e.type === 'prefill_progress') events.onPrefill?.(e.tokensDone, e.tokensTotal ?? prompt.length);
+    else if (e.type === 'token') lastToken = e.id;
+    else if (e.type === 'step_timing') {
+      // the prefill's reply is the one for a position inside the prompt
+      const prefill = e.position < prompt.length;
+      if (!prefill) decodeSteps.push(e.stages);
+      events.onStep?.(e.stages, { position: e.position, prefill });
     }
-    return decodeI32(payloadBody(f))[0]!;
   };
 
   const t0 = performance.now();
-  await httpLink.request(jsonFrame(FrameType.SessionOpen, at, open));
-  const decoder = new StreamingDecoder(model.tokenizer);
-  const generated: number[] = [];
-  const stepMs: number[] = [];
-  let stopReason: GenerationStats['stopReason'] = 'max_tokens';
-  let ttftMs = 0;
-  let text: TextCollector | null = null;
+  const stepper = await RouteStepper.open(httpLink, routeId, open);
+  const openMs = performance.now() - t0;
   try {
-    let token = -1;
-    for (let i = 0; i < prompt.length; i += PREFILL_CHUNK) {
-      const part = prompt.slice(i, i + PREFILL_CHUNK);
-      const last = i + part.length >= prompt.length;
-      const reply = await httpLink.request(tokensFrame(FrameType.Prefill, at, i, part, (last ? FrameFlag.Sample : 0) | FrameFlag.WantTimings));
-      events.onPrefill?.(i + part.length, prompt.length);
-      if (last) token = tokenOf(reply, i, true);
-    }
-    ttftMs = performance.now() - t0;
-    text = new TextCollector([], (delta) => events.onToken?.(delta, generated[generated.length - 1]!));
-    let position = prompt.length;
-    for (;;) {
-      generated.push(token);
-      if (model.tokenizer.isEog(token)) {
-        stopReason = 'eog';
-        break;
-      }
-      text.push(decoder.push(token));
-      if (generated.length >= sampler.maxTokens) break;
-      if (position >= contextLength) {
-        stopReason = 'context_full';
-        break;
-      }
-      if (signal?.aborted) {
-        stopReason = 'aborted';
-        break;
-      }
-      const s0 = performance.now();
-      token = tokenOf(await httpLink.request(tokensFrame(FrameType.Decode, at, position, [token], FrameFlag.Sample | FrameFlag.WantTimings)), position, false);
-      stepMs.push(performance.now() - s0);
-      position++;
-    }
-    text.push(decoder.flush(), true);
+    const out = await runGeneration(stepper, model.tokenizer, prompt, { maxTokens: sampler.maxTokens, onDelta: (delta) => events.onToken?.(delta, lastToken), onEvent, ...(signal ? { signal } : {}) });
+    return {
+      text: out.text.text,
+      stats: {
+        promptTokens: prompt.length,
+        generatedTokens: out.tokens.length,
+        ttftMs: openMs + out.promptMs,
+        tokPerS: out.decodeMs > 0 ? (out.decodeSteps * 1000) / out.decodeMs : 0,
+        stepMs: out.stepMs,
+        stages: meanBreakdown(decodeSteps),
+        stopReason: out.stopReason,
+        promptText,
+      },
+    };
   } finally {
-    await httpLink.request(makeFrame({ type: FrameType.SessionClose, ...at })).catch(() => undefined);
+    await stepper.close().catch(() => undefined);
   }
-  const decodeMs = stepMs.reduce((a, b) => a + b, 0);
-  return {
-    text: text?.text ?? '',
-    stats: { promptTokens: prompt.length, generatedTokens: generated.length, ttftMs, tokPerS: decodeMs > 0 ? (stepMs.length * 1000) / decodeMs : 0, stepMs, stages: meanBreakdown(decodeSteps), stopReason, promptText },
-  };
 }

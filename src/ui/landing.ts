@@ -5,6 +5,7 @@
 import { MeshError } from '../errors.ts';
 import { field, h, replace } from './dom.ts';
 import { formatBytes } from './format.ts';
+import { jsonReply } from '../transport/server-json.ts';
 
 /** ggml-org's copy of Karpathy's 260K-parameter TinyStories model (llama, 5 layers, MIT). */
 export const SUGGESTED_MODEL_URL = 'https://huggingface.co/ggml-org/models/resolve/main/tinyllamas/stories260K.gguf';
@@ -15,12 +16,6 @@ interface HostedRoom {
   peers: number;
   route: { id: number; status: string } | null;
   joinUrl?: string;
-}
-
-async function jsonOf<T>(res: Response): Promise<T> {
-  const body = (await res.json().catch(() => ({}))) as T & { error?: { code: string; message: string } };
-  if (!res.ok) throw new MeshError(body.error?.code ?? `HTTP_${res.status}`, body.error?.message ?? `HTTP ${res.status}`);
-  return body;
 }
 
 /**
@@ -72,7 +67,7 @@ export function createLanding(go: (joinUrl: string) => void): HTMLElement {
   };
 
   void fetch('/app/rooms')
-    .then((r) => jsonOf<{ local: boolean; rooms: HostedRoom[] }>(r))
+    .then((r) => jsonReply<{ local: boolean; rooms: HostedRoom[] }>(r, '/app/rooms'))
     .then((body) => {
       rooms = body.rooms;
       local = body.local;
@@ -97,7 +92,7 @@ export function createLanding(go: (joinUrl: string) => void): HTMLElement {
 
   const showError = (e: unknown): void => {
     error.hidden = false;
-    replace(error, h('strong', {}, (e as { code?: string }).code ?? 'ERROR'), ` ${(e as Error).message}`);
+    replace(error, h('strong', {}, (e as { code?: string }).code ?? 'INTERNAL'), ` ${(e as Error).message}`);
   };
 
   const form = h(
@@ -119,7 +114,7 @@ export function createLanding(go: (joinUrl: string) => void): HTMLElement {
     try {
       const url = urlInput.value.trim();
       if (url) {
-        const body = await jsonOf<{ joinUrl: string }>(await fetch('/app/rooms', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: url }) }));
+        const body = await jsonReply<{ joinUrl: string }>(await fetch('/app/rooms', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: url }) }), 'POST /app/rooms');
         go(body.joinUrl);
         return;
       }

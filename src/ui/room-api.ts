@@ -3,6 +3,7 @@
 
 import { MeshError } from '../errors.ts';
 import { parseJoinUrl } from '../protocol/control.ts';
+import { fetchJson } from '../transport/server-json.ts';
 
 export interface RoomLink {
   /** http(s)://host:port of the signaling server */
@@ -57,17 +58,7 @@ export function roomLink(url: string, secret?: string | null): RoomLink {
   return { base: p.base, roomId: p.roomId, secret: key, joinUrl: `${p.base}/room/${p.roomId}#secret=${encodeURIComponent(key)}` };
 }
 
-export async function getJson<T>(link: RoomLink, path: string, signal?: AbortSignal): Promise<T> {
-  let res: Response;
-  try {
-    res = await fetch(`${link.base}${path}`, { headers: { authorization: `Bearer ${link.secret}` }, ...(signal ? { signal } : {}) });
-  } catch (e) {
-    throw new MeshError('SERVER_UNREACHABLE', `cannot reach the signaling server at ${link.base}: ${(e as Error).message}`);
-  }
-  const body = (await res.json().catch(() => ({}))) as T & { error?: { code: string; message: string } };
-  if (!res.ok) throw new MeshError(body.error?.code ?? `HTTP_${res.status}`, body.error?.message ?? `${path}: HTTP ${res.status}`);
-  return body;
-}
+const getJson = <T>(link: RoomLink, path: string): Promise<T> => fetchJson<T>(`${link.base}${path}`, link.secret, { unreachableCode: 'SERVER_UNREACHABLE' });
 
 export const fetchRoom = (link: RoomLink): Promise<RoomSummary> => getJson<RoomSummary>(link, `/v1/rooms/${link.roomId}`);
 export const fetchPeers = (link: RoomLink): Promise<{ peers: PeerSummary[] }> => getJson(link, `/v1/rooms/${link.roomId}/peers`);

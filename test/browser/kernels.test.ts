@@ -342,6 +342,33 @@ describe.each(['f32', 'f16'] as const)('attention over a %s KV cache (GQA: 6 que
   });
 });
 
+describe('softmax and attention reduce in one order on every adapter', () => {
+  it('give the same bits from a subgroup library and a shared-memory one (both take reduce/shared)', async () => {
+    const shape = { nHead: 4, nHeadKv: 2, headDim: 32 };
+    const n = 9;
+    const pos0 = 100;
+    const kvDim = shape.nHeadKv * shape.headDim;
+    const k = storage(randomArray((pos0 + n) * kvDim, 71));
+    const v = storage(randomArray((pos0 + n) * kvDim, 72));
+    const q = storage(randomArray(n * shape.nHead * shape.headDim, 73, 4));
+    const rows = randomArray(3 * 300, 74, 20);
+    const outputs: { attention: Float32Array; softmax: Float32Array }[] = [];
+    for (const l of [lib, sharedLib]) {
+      const att = storage(n * shape.nHead * shape.headDim);
+      let rec = new Recorder(l, resources);
+      gpu.attentionPrefill(rec, shape, q, k, v, att, n, pos0);
+      const attention = await run(rec, att, n * shape.nHead * shape.headDim);
+      const x = storage(rows);
+      rec = new Recorder(l, resources);
+      gpu.softmax(rec, x, 300, 3);
+      outputs.push({ attention, softmax: await run(rec, x, rows.length) });
+    }
+    expect(lib.reduce).toBe('subgroup');
+    expect(new Uint32Array(outputs[0]!.attention.buffer)).toEqual(new Uint32Array(outputs[1]!.attention.buffer));
+    expect(new Uint32Array(outputs[0]!.softmax.buffer)).toEqual(new Uint32Array(outputs[1]!.softmax.buffer));
+  });
+});
+
 describe('pack_f16 into an f16 KV cache at an offset', () => {
   it('writes whole f16 pairs where the cache rows of a position start', async () => {
     const n = 64;

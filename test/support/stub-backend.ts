@@ -31,7 +31,7 @@ export class StubBackend implements StageBackend {
 
   async load(_source: TensorSource | null, shard: ShardRange): Promise<void> {
     if (shard.start < 0 || shard.end > this.model.nLayer || shard.start >= shard.end) {
-      throw new MeshError('SHARD_BAD_RANGE', `shard [${shard.start}, ${shard.end}) is not inside [0, ${this.model.nLayer})`);
+      throw new MeshError('BAD_SHARD', `shard [${shard.start}, ${shard.end}) is not inside [0, ${this.model.nLayer})`);
     }
     this.shard = { ...shard };
   }
@@ -73,7 +73,7 @@ export class StubBackend implements StageBackend {
       if (shard.start === 0) throw new MeshError('STAGE_INPUT_KIND', 'the first stage takes token ids, got hidden states');
       nTokens = input.nTokens;
       if (input.hidden.length !== nTokens * nEmbd) {
-        throw new MeshError('HIDDEN_BAD_SHAPE', `hidden states hold ${input.hidden.length} values, expected ${nTokens} × ${nEmbd}`);
+        throw new MeshError('BAD_STAGE_INPUT', `hidden states hold ${input.hidden.length} values, expected ${nTokens} × ${nEmbd}`);
       }
       rows = input.hidden.slice();
     }

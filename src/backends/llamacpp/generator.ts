@@ -1,14 +1,14 @@
-// Full-model generation with llama.cpp through node-llama-cpp's public API, behind the same
-// TextGenerator interface as the CPU route. Sampling is llama.cpp's own (greedy is identical
-// to ours; seeded sampling draws differently). Text deltas come from our tokenizer, so both
-// routes stream the same way.
+// Full-model generation with llama.cpp through node-llama-cpp's public API: LlamaCppModel
+// opens one TokenStepper per generation (a context sequence evaluating the prompt, then one
+// token at a time), so the one generation loop (route/generation-loop.ts, through
+// StepperGenerator) runs it like the CPU route — same stop rules, same streamed text from our
+// tokenizer. Sampling is llama.cpp's own (greedy is identical to ours; seeded sampling draws
+// differently).
 
-import type { Llama, LlamaContext, LlamaModel, Token } from 'node-llama-cpp';
+import type { Llama, LlamaContext, LlamaContextSequence, LlamaModel, Token } from 'node-llama-cpp';
 import { MeshError } from '../../errors.ts';
-import { StreamingDecoder } from '../../model/tokenizer/stream.ts';
-import type { Tokenizer } from '../../model/tokenizer/tokenizer.ts';
-import { TextCollector, makeTimings } from '../../model/generation-output.ts';
-import type { GenerationRequest, GenerationResult, StopReason, TextGenerator } from '../../model/generation-output.ts';
+import type { SamplerOptions } from '../../model/sampler.ts';
+import type { StepperOptions, StepperSource, TokenStepper } from '../../model/token-stepper.ts';
 import { defaultLlamaThreads } from './ffi.ts';
 import type { KvType } from './ffi.ts';
 
@@ -40,15 +40,16 @@ export function getLlamaRuntime(): Promise<Llama> {
   return llamaInstance;
 }
 
-export class LlamaCppGenerator implements TextGenerator {
+/** A whole model in llama.cpp, one context, one generation (sequence) at a time. */
+export class LlamaCppModel implements StepperSource {
   private constructor(
     readonly model: LlamaModel,
     private readonly context: LlamaContext,
-    readonly tokenizer: Tokenizer,
+    /** KV positions of the context */
     readonly contextLength: number,
   ) {}
 
-  static async load(modelPath: string, tokenizer: Tokenizer, options: LlamaCppOptions = {}): Promise<LlamaCppGenerator> {
+  static async load(modelPath: string, options: LlamaCppOptions = {}): Promise<LlamaCppModel> {
     const llama = await getLlamaRuntime();
     let model: LlamaModel;
     try {
@@ -66,76 +67,86 @@ export class LlamaCppGenerator implements TextGenerator {
       experimentalKvCacheValueType: kv,
       threads: options.threads ?? defaultLlamaThreads(),
     });
-    return new LlamaCppGenerator(model, context, tokenizer, contextLength);
+    return new LlamaCppModel(model, context, contextLength);
   }
 
-  async generate(request: GenerationRequest): Promise<GenerationResult> {
-    const prompt = [...request.promptTokens];
-    if (prompt.length === 0) throw new MeshError('EMPTY_PROMPT', 'the prompt has no tokens');
-    if (prompt.length > this.contextLength) {
-      throw new MeshError('CONTEXT_FULL', `the prompt has ${prompt.length} tokens, more than the context length ${this.contextLength}`);
-    }
-    const s = request.sampler ?? {};
-    const text = new TextCollector(request.stopStrings ?? [], request.onDelta);
-    const decoder = new StreamingDecoder(this.tokenizer);
-    const tokens: number[] = [];
-    let stopReason: StopReason = 'max_tokens';
-    const sequence = this.context.getSequence();
-    const started = performance.now();
-    let firstAt = 0;
-    let lastAt = 0;
-    try {
-      if (request.maxTokens > 0) {
-        const lastN = s.repeatLastN ?? 64;
-        const evaluation = sequence.evaluate(prompt as Token[], {
-          temperature: s.temperature ?? 0,
-          ...(s.topK ? { topK: s.topK } : {}),
-          ...(s.topP !== undefined ? { topP: s.topP } : {}),
-          ...(s.minP !== undefined ? { minP: s.minP } : {}),
-          ...(s.seed !== undefined ? { seed: s.seed } : {}),
-          ...(s.repeatPenalty !== undefined && s.repeatPenalty !== 1
-            ? { repeatPenalty: { penalty: s.repeatPenalty, punishTokens: () => prompt.concat(tokens).slice(-lastN) as Token[], maxPunishTokens: lastN } }
-            : {}),
-        });
-        for await (const token of evaluation) {
-          lastAt = performance.now();
-          if (tokens.length === 0) firstAt = lastAt;
-          tokens.push(token);
-          if (this.tokenizer.isEog(token) && !request.ignoreEog) {
-            stopReason = 'eog';
-            break;
-          }
-          if (text.push(decoder.push(token))) {
-            stopReason = 'stop_string';
-            break;
-          }
-          if (tokens.length >= request.maxTokens) break;
-          if (request.signal?.aborted) {
-            stopReason = 'aborted';
-            break;
-          }
-          if (prompt.length + tokens.length >= this.contextLength) {
-            stopReason = 'context_full';
-            break;
-          }
-        }
-      }
-      if (stopReason !== 'stop_string') text.push(decoder.flush(), true);
-    } finally {
-      sequence.dispose();
-    }
-    const promptMs = tokens.length > 0 ? firstAt - started : 0;
-    return {
-      promptTokens: prompt,
-      tokens,
-      text: text.text,
-      stopReason,
-      timings: makeTimings(promptMs, prompt.length, tokens.length > 1 ? lastAt - firstAt : 0, Math.max(0, tokens.length - 1)),
-    };
+  /** a fresh sequence of the context, holding at most the context's positions */
+  async openStepper(options: StepperOptions): Promise<TokenStepper> {
+    return new LlamaCppStepper(this.context.getSequence(), Math.min(options.contextLength, this.contextLength), this.contextLength, options.sampler ?? {});
   }
 
   async dispose(): Promise<void> {
     await this.context.dispose();
     await this.model.dispose();
+  }
+}
+
+/**
+ * One generation on a context sequence. node-llama-cpp's evaluate() is itself a stepper: it
+ * evaluates the prompt and yields a sampled token, and each next(token) evaluates that token
+ * and yields the next. EOG tokens are yielded too: stopping on them is the loop's call.
+ */
+class LlamaCppStepper implements TokenStepper {
+  position = 0;
+  /** prompt and fed tokens, for the repetition penalty */
+  private readonly history: number[] = [];
+  private evaluation: AsyncGenerator<Token, void, void | Token | Token[]> | null = null;
+  private closed = false;
+
+  constructor(
+    private readonly sequence: LlamaContextSequence,
+    readonly contextLength: number,
+    private readonly modelContextLength: number,
+    private readonly sampler: SamplerOptions,
+  ) {}
+
+  async prefill(prompt: readonly number[], onProgress?: (done: number, total: number) => void): Promise<number> {
+    if (this.evaluation) throw new MeshError('BAD_REQUEST', 'a llama.cpp stepper prefills once');
+    if (prompt.length > this.modelContextLength) {
+      throw new MeshError('CONTEXT_FULL', `the prompt has ${prompt.length} tokens, more than the context length ${this.modelContextLength}`);
+    }
+    this.history.push(...prompt);
+    this.evaluation = this.sequence.evaluate([...prompt] as Token[], this.evaluateOptions());
+    const token = await this.next();
+    this.position = prompt.length;
+    onProgress?.(prompt.length, prompt.length);
+    return token;
+  }
+
+  async decode(token: number): Promise<number> {
+    if (!this.evaluation) throw new MeshError('BAD_REQUEST', 'decode before prefill');
+    this.history.push(token);
+    const next = await this.next(token as Token);
+    this.position++;
+    return next;
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.evaluation?.return();
+    this.sequence.dispose();
+  }
+
+  private async next(feed?: Token): Promise<number> {
+    const r = await this.evaluation!.next(feed);
+    if (r.done) throw new MeshError('LLAMACPP_EVAL_FAILED', `llama.cpp stopped evaluating at position ${this.position}`);
+    return r.value;
+  }
+
+  private evaluateOptions(): NonNullable<Parameters<LlamaContextSequence['evaluate']>[1]> {
+    const s = this.sampler;
+    const lastN = s.repeatLastN ?? 64;
+    return {
+      temperature: s.temperature ?? 0,
+      ...(s.topK ? { topK: s.topK } : {}),
+      ...(s.topP !== undefined ? { topP: s.topP } : {}),
+      ...(s.minP !== undefined ? { minP: s.minP } : {}),
+      ...(s.seed !== undefined ? { seed: s.seed } : {}),
+      ...(s.repeatPenalty !== undefined && s.repeatPenalty !== 1
+        ? { repeatPenalty: { penalty: s.repeatPenalty, punishTokens: () => this.history.slice(-lastN) as Token[], maxPunishTokens: lastN } }
+        : {}),
+      yieldEogToken: true,
+    };
   }
 }

@@ -63,7 +63,7 @@ function ggmlToFloat(b: Bindings, type: GgmlType): (src: Uint8Array, dst: Float3
   traitsType ??= koffi.struct('gm_ggml_type_traits', { type_name: 'void *', blck_size: 'int64_t', blck_size_interleave: 'int64_t', type_size: 'size_t', is_quantized: 'bool', to_float: 'void *' });
   toFloatProto ??= koffi.proto('void gm_to_float_t(const void *x, void *y, int64_t k)');
   const traits = koffi.decode(b.fn.type_traits!(type) as never, traitsType as never) as { to_float: unknown };
-  if (!traits.to_float) throw new MeshError('UNSUPPORTED_TYPE', `ggml has no to_float for type ${type}`);
+  if (!traits.to_float) throw new MeshError('UNSUPPORTED_TENSOR_TYPE', `ggml has no to_float for type ${type}`);
   return (src, dst, n) => koffi.call(traits.to_float as never, toFloatProto as never, src, dst, n);
 }
 
@@ -104,7 +104,7 @@ export class LlamaCppRangeStage implements StageBackend {
     if (plan.embedding) {
       const t = plan.embedding;
       embedding = { bytes: bytes.get(t.name)!, rowBytes: t.byteLength / t.shape[1]!, toFloat: ggmlToFloat(b, t.type) };
-      if (!TYPE_TRAITS[t.type]) throw new MeshError('UNSUPPORTED_TYPE', `token embedding type ${t.type} is unknown`);
+      if (!TYPE_TRAITS[t.type]) throw new MeshError('UNSUPPORTED_TENSOR_TYPE', `token embedding type ${t.type} is unknown`);
     }
     const tensorBytes = wanted.reduce((a, t) => a + t.byteLength, 0);
     this.loaded = { config, shard: { ...shard }, model, embedding, hasHead: shardHasHead(shard, config.nLayer), tensorBytes };

@@ -34,13 +34,13 @@ export type WireResult<T> = { ok: true; value: T } | { ok: false; error: WireErr
 
 export function toWireError(e: unknown): WireError {
   if (e instanceof MeshError) return { name: e.name, code: e.code, message: e.message, details: e.details };
-  const err = e instanceof Error ? e : new Error(String(e));
-  return { name: err.name, code: 'WEBGPU_WORKER_ERROR', message: err.message };
+  if (e instanceof Error) return { name: e.name, code: 'WEBGPU_WORKER_ERROR', message: e.message };
+  return { name: 'Error', code: 'WEBGPU_WORKER_ERROR', message: String(e) };
 }
 
 export function fromWire<T>(r: WireResult<T>): T {
   if (r.ok) return r.value;
-  throw new MeshError(r.error.code, r.error.message, r.error.details);
+  throw MeshError.fromWire(r.error.code, r.error.message, r.error.details);
 }
 
 /** A stage in this thread, seen as a StageEngine. */

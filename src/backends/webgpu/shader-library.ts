@@ -1,6 +1,8 @@
 // WGSL sources by name ("mul_mat_vec", "quant/q4_k", …) and how a kernel is assembled from
 // them: kernels that read GGUF weights get the byte helpers and one quant-type snippet
-// (defining `dequant4`) prepended, so one kernel body serves every supported type.
+// (defining `dequant4`) prepended, so one kernel body serves every supported type; kernels
+// that reduce across a workgroup get a reduce/ snippet, attention a kv/ snippet, and the
+// batched matmuls their shared Params and bindings (matmul/batched_io).
 
 import { MeshError } from '../../errors.ts';
 import { GgmlType } from '../../gguf/types.ts';
@@ -36,19 +38,31 @@ export type KvType = 'f32' | 'f16';
 /** Kernels that read the KV cache through a shaders/kv/ snippet chosen by their type variant. */
 export const KV_KERNELS: ReadonlySet<string> = new Set(['attention_decode', 'attention_prefill']);
 
-/** Kernels that call `workgroup_sum` and take a shaders/reduce/ snippet. */
+/** Kernels that call `workgroup_sum` and take the adapter's shaders/reduce/ snippet. */
 export const REDUCING_KERNELS: ReadonlySet<string> = new Set(['mul_mat_vec', 'rms_norm']);
+
+/**
+ * Kernels that call `workgroup_max` / `workgroup_sum` and always take reduce/shared: their
+ * sums then add up in one order on every adapter (a subgroup sum would reorder them).
+ */
+export const TREE_REDUCING_KERNELS: ReadonlySet<string> = new Set(['softmax', 'attention_decode', 'attention_prefill']);
+
+/** Kernels whose Params struct and bindings are shaders/matmul/batched_io.wgsl. */
+export const BATCHED_MATMUL_KERNELS: ReadonlySet<string> = new Set(['mul_mat', 'mul_mat_tiled']);
 
 export type ReduceKind = 'shared' | 'subgroup';
 
 /**
  * The full WGSL of `kernel`, specialised by its type variant — the GGUF weight type of kernels
- * that read weights, the KV element type of attention kernels — and with the `reduce` snippet
- * when it sums across a workgroup. `enable` directives move to the top, where WGSL wants them.
+ * that read weights, the KV element type of attention kernels — with the `reduce` snippet
+ * when it sums across a workgroup (reduce/shared for TREE_REDUCING_KERNELS), and with the
+ * batched matmuls' shared prologue. `enable` directives move to the top, where WGSL wants them.
  */
 export function assembleShader(sources: ShaderSources, kernel: string, variant?: QuantKind | KvType, reduce: ReduceKind = 'shared'): string {
   const parts: string[] = [];
   if (REDUCING_KERNELS.has(kernel)) parts.push(need(sources, `reduce/${reduce}`));
+  else if (TREE_REDUCING_KERNELS.has(kernel)) parts.push(need(sources, 'reduce/shared'));
+  if (BATCHED_MATMUL_KERNELS.has(kernel)) parts.push(need(sources, 'matmul/batched_io'));
   if (KV_KERNELS.has(kernel)) parts.push(need(sources, `kv/${variant ?? 'f32'}`));
   else if (variant) parts.push(need(sources, 'quant/bytes'), need(sources, `quant/${variant}`));
   parts.push(need(sources, kernel));

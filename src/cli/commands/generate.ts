@@ -10,7 +10,7 @@ import { UsageError, choiceOption, intOption, numberOption, optionalIntOption, s
 import { CpuBackend } from '../../backends/cpu/backend.ts';
 import type { WeightStorage } from '../../backends/cpu/weights.ts';
 import type { KvType } from '../../backends/llamacpp/ffi.ts';
-import { LlamaCppGenerator } from '../../backends/llamacpp/generator.ts';
+import { LlamaCppModel } from '../../backends/llamacpp/generator.ts';
 import { parseLayerRanges } from '../../backends/shard.ts';
 import type { StageBackend } from '../../backends/types.ts';
 import { MeshError } from '../../errors.ts';
@@ -21,6 +21,7 @@ import { configFromHeader } from '../../model/config.ts';
 import type { SamplerOptions } from '../../model/sampler.ts';
 import { Tokenizer } from '../../model/tokenizer/tokenizer.ts';
 import { ChainGenerator, InProcessChain } from '../../route/generation.ts';
+import { StepperGenerator } from '../../route/generation-loop.ts';
 import type { GenerationResult, TextGenerator } from '../../model/generation-output.ts';
 import { joinRoom, RemoteChain, timingTable } from '../../route/remote.ts';
 
@@ -148,12 +149,13 @@ function readOptions(args: ParsedArgs): GenerateOptions {
 async function openGenerator(opts: GenerateOptions, source: TensorSource, tokenizer: Tokenizer, contextLength: number): Promise<TextGenerator> {
   if (opts.backend === 'llamacpp' && !opts.layers) {
     if (isUrl(opts.model)) throw new MeshError('LLAMACPP_LOCAL_ONLY', `llama.cpp loads local files only, not ${opts.model}`);
-    return LlamaCppGenerator.load(opts.model, tokenizer, {
+    const model = await LlamaCppModel.load(opts.model, {
       contextLength,
       flashAttention: opts.flashAttention,
       kvType: opts.kvType,
       ...(opts.threads ? { threads: opts.threads } : {}),
     });
+    return new StepperGenerator(model, tokenizer);
   }
   const { nLayer } = configFromHeader(source.header);
   const shards = opts.layers ? parseLayerRanges(opts.layers, nLayer) : [{ start: 0, end: nLayer }];

@@ -12,6 +12,8 @@ import { modelsToServe } from '../../model/default-model.ts';
 import { parseIceServer } from '../../protocol/control.ts';
 import type { IceServer } from '../../protocol/control.ts';
 
+const LOOPBACK_HOSTS = new Set(['127.0.0.1', 'localhost', '::1']);
+
 /** Non-loopback IPv4 addresses of this machine. */
 function interfaceAddresses(): string[] {
   return Object.values(networkInterfaces())
@@ -23,7 +25,7 @@ function interfaceAddresses(): string[] {
 export const command: Command = {
   name: 'serve',
   summary: 'run the signaling server: host models, open a room per model, plan routes over joining peers',
-  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S] [--ice-server <url> …] [--ui auto|dist|dev|off]',
+  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S] [--ice-server <url> …] [--ui dist|dev|off]',
   options: {
     host: { type: 'string', description: 'interface to bind', default: '127.0.0.1', valueName: '<host>' },
     port: { type: 'string', description: 'TCP port (0 = any free port)', default: '8080', valueName: '<port>' },
@@ -34,7 +36,7 @@ export const command: Command = {
     'plan-delay': { type: 'string', description: 'wait after the last join before planning (ms)', default: '300', valueName: '<ms>' },
     'session-ttl': { type: 'string', description: 'idle sessions expire after this many seconds', default: '300', valueName: '<s>' },
     quiet: { type: 'boolean', description: 'print only the join URLs, not room events' },
-    ui: { type: 'string', description: 'the web app: dist (built), dev (vite from sources), auto, or off', default: 'auto', valueName: '<mode>' },
+    ui: { type: 'string', description: 'the web app: dist (the production build, made on install and rebuilt when sources changed), dev (vite from the sources with HMR, 127.0.0.1 only), or off', default: 'dist', valueName: '<mode>' },
   },
   async run(args) {
     let iceServers: IceServer[];
@@ -43,12 +45,14 @@ export const command: Command = {
     } catch (e) {
       throw new UsageError(`--ice-server: ${(e as Error).message}`);
     }
+    const ui = stringOption(args, 'ui') ?? 'dist';
+    if (!['dist', 'dev', 'off'].includes(ui)) throw new UsageError(`--ui must be dist, dev or off, got '${ui}'`);
+    const host = stringOption(args, 'host') ?? '127.0.0.1';
+    // vite's dev server answers for every file of the repository (sources, node_modules, models)
+    if (ui === 'dev' && !LOOPBACK_HOSTS.has(host)) throw new UsageError(`--ui dev serves the whole source tree, so it binds 127.0.0.1 only (got --host ${host}); other devices get the build (--ui dist)`);
     // no --model: $GGUF_MESH_MODEL, else the default synthetic model (made once, cached)
     const { models, describe, made } = await modelsToServe((args.values.model as string[] | undefined) ?? []);
-    const ui = stringOption(args, 'ui') ?? 'auto';
-    if (!['auto', 'dist', 'dev', 'off'].includes(ui)) throw new UsageError(`--ui must be auto, dist, dev or off, got '${ui}'`);
     if (made) console.log(`made the default model ${models[0]}`);
-    const host = stringOption(args, 'host') ?? '127.0.0.1';
     const serverOptions: SignalingServerOptions = {
       host,
       port: intOption(args, 'port', 8080),
@@ -64,7 +68,7 @@ export const command: Command = {
       ui === 'off' ? { server: await startSignalingServer(serverOptions), app: null } : await startServerWithApp(serverOptions, { mode: ui as WebAppMode, describe, log: serverOptions.log! });
     console.log(`gguf-mesh signaling server listening on ${server.url}`);
     if (app) console.log(`page:     ${server.url}/  (web app: ${app.mode})`);
-    if (host !== '127.0.0.1' && host !== 'localhost') console.log(`bound to ${host}: every room still requires its secret`);
+    if (!LOOPBACK_HOSTS.has(host)) console.log(`bound to ${host}: every room still requires its secret`);
     // bound to every interface: also print the join URL for each address others can use
     const otherAddresses = host === '0.0.0.0' || host === '::' ? interfaceAddresses() : [];
     for (const room of server.rooms) {

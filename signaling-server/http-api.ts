@@ -1,0 +1,144 @@
+// The server's HTTP router: the web app's hook first, CORS, then the API — model bytes, fetch
+// logs, manifests and headers, rooms, routes, telemetry streams, the OpenAI-compatible API and
+// binary session frames. Every API request presents a room secret as its Bearer token and
+// sees only the rooms that secret opens.
+
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { MeshError } from '../src/errors.ts';
+import { headerToWire } from '../src/protocol/header-wire.ts';
+import { handleFrameHttp, sendError, sendJson } from '../src/transport/http.ts';
+import { serveFile } from './model-host.ts';
+import { handleOpenAi } from './openai.ts';
+import type { Room } from './room.ts';
+import type { RoomRegistry } from './room-registry.ts';
+
+/** Answers requests before the API (the web app): true when it answered. */
+export type AppHook = (req: IncomingMessage, res: ServerResponse) => Promise<boolean>;
+
+interface Request {
+  req: IncomingMessage;
+  res: ServerResponse;
+  /** the rooms the request's secret opens */
+  allowed: Room[];
+  /** the path's captures */
+  m: RegExpExecArray;
+}
+
+type Endpoint = [methods: string[], path: RegExp, serve: (r: Request) => unknown];
+
+const SSE_HEAD = { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' };
+
+export class HttpApi {
+  private readonly endpoints: Endpoint[] = [
+    [['GET', 'HEAD'], /^\/models\/([^/]+)\.gguf$/, (r) => this.modelFile(r)],
+    [['GET'], /^\/v1\/models\/([^/]+)\/fetches$/, (r) => this.fetches(r)],
+    // browser peers verify against the manifest and build their config from the header (no model bytes)
+    [['GET'], /^\/v1\/models\/([^/]+)\/(manifest|header)$/, (r) => this.modelDescription(r)],
+    [['GET'], /^\/v1\/rooms\/([^/]+)\/events$/, (r) => this.roomEvents(r)],
+    [['GET'], /^\/v1\/rooms\/([^/]+)(\/peers)?$/, (r) => this.roomOrPeers(r)],
+    [['GET'], /^\/v1\/rooms$/, ({ res, allowed }) => sendJson(res, 200, { rooms: allowed.map((r) => r.summary()) })],
+    [['GET'], /^\/v1\/routes$/, ({ res, allowed }) => sendJson(res, 200, { routes: allowed.flatMap((r) => r.routes.map((x) => x.summary())) })],
+    [['GET'], /^\/v1\/routes\/(\d+)$/, (r) => this.route(r)],
+  ];
+
+  constructor(
+    private readonly registry: RoomRegistry,
+    private readonly app?: AppHook,
+  ) {}
+
+  readonly handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
+    try {
+      if (this.app && (await this.app(req, res))) return;
+      const path = new URL(req.url ?? '/', 'http://x').pathname;
+      const method = req.method ?? 'GET';
+      // browser peers may be served from another origin: CORS (auth is the Bearer secret, no cookies)
+      res.setHeader('access-control-allow-origin', '*');
+      res.setHeader('access-control-expose-headers', 'content-range, content-length, accept-ranges');
+      if (method === 'OPTIONS') {
+        res.writeHead(204, { 'access-control-allow-headers': 'authorization, range, x-mesh-peer, content-type', 'access-control-allow-methods': 'GET, HEAD, POST, DELETE, OPTIONS', 'access-control-max-age': '600' });
+        return void res.end();
+      }
+      const allowed = this.registry.requireAuth(req);
+      for (const [methods, pattern, serve] of this.endpoints) {
+        const m = methods.includes(method) ? pattern.exec(path) : null;
+        if (m) return void (await serve({ req, res, allowed, m }));
+      }
+      if (await handleOpenAi(req, res, allowed, { sessions: this.registry.sessions })) return;
+      const events = method === 'GET' ? /^\/v1\/sessions\/([0-9a-f]{32})\/events$/.exec(path) : null;
+      if (events) return this.sessionEvents({ req, res, allowed, m: events });
+      const handled = await handleFrameHttp(req, res, async (f) => {
+        this.registry.checkFrameRoom(f, allowed);
+        return this.registry.sessions.handle(f);
+      });
+      if (!handled) throw new MeshError('NOT_FOUND', `${method} ${path} is not served here`);
+    } catch (e) {
+      if (!res.headersSent) sendError(res, e);
+      else res.destroy();
+    }
+  };
+
+  private modelFile({ req, res, allowed, m }: Request): void {
+    const file = this.registry.hostedFiles.get(m[1]!);
+    if (!file || !allowed.some((r) => r.model.id === file.modelId)) throw new MeshError('NOT_FOUND', `no model file ${m[1]}.gguf in the rooms this secret opens`);
+    return serveFile(req, res, file.path, file.size, this.registry.fetchLogs.get(file.modelId)!, file.file);
+  }
+
+  private fetches({ res, allowed, m }: Request): void {
+    if (!allowed.some((r) => r.model.id === m[1])) throw new MeshError('NOT_FOUND', `no model ${m[1]}`);
+    sendJson(res, 200, { model: m[1], clients: this.registry.fetchLogs.get(m[1]!)?.byClient() ?? {} });
+  }
+
+  private async modelDescription({ res, allowed, m }: Request): Promise<void> {
+    const room = allowed.find((r) => r.model.id === m[1]);
+    if (!room) throw new MeshError('NOT_FOUND', `no model ${m[1]}`);
+    if (m[2] === 'header') return sendJson(res, 200, headerToWire(room.model.header));
+    sendJson(res, 200, await this.registry.manifestOf(room));
+  }
+
+  private roomOf(allowed: Room[], id: string): Room {
+    const room = allowed.find((r) => r.id === id);
+    if (!room) throw new MeshError('NOT_FOUND', `no room ${id} for this secret`);
+    return room;
+  }
+
+  /** GET /v1/rooms/{id}/events: route telemetry as Server-Sent Events, recent events first. */
+  private roomEvents({ req, res, allowed, m }: Request): void {
+    const room = this.roomOf(allowed, m[1]!);
+    res.writeHead(200, SSE_HEAD);
+    const unsubscribe = room.subscribe((e) => res.write(`event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`));
+    req.on('close', unsubscribe);
+  }
+
+  private roomOrPeers({ res, allowed, m }: Request): void {
+    const room = this.roomOf(allowed, m[1]!);
+    if (!m[2]) return sendJson(res, 200, room.summary());
+    const peers = [...room.peers.keys()].map((id) => room.peerSummary(id));
+    sendJson(res, 200, { roomId: room.id, peers, relayed: Object.fromEntries(this.registry.relayLedger(room)) });
+  }
+
+  private route({ res, allowed, m }: Request): void {
+    const r = this.registry.findRoute(Number(m[1]));
+    if (!r || !allowed.includes(r.room)) throw new MeshError('ROUTE_UNKNOWN', `no route ${m[1]}`);
+    sendJson(res, 200, r.summary());
+  }
+
+  /** GET /v1/sessions/{id}/events: the session's telemetry as Server-Sent Events, replayed from its start. */
+  private sessionEvents({ req, res, allowed, m }: Request): void {
+    const sid = m[1]!;
+    const sessions = this.registry.sessions;
+    const r = this.registry.findRoute(sessions.brief(sid).routeId);
+    if (!r || !allowed.includes(r.room)) throw new MeshError('AUTH_FAILED', `the secret does not open session ${sid}'s room`);
+    res.writeHead(200, SSE_HEAD);
+    let unsubscribe: (() => void) | null = null;
+    const end = (): void => {
+      unsubscribe?.();
+      if (!res.writableEnded) res.end();
+    };
+    unsubscribe = sessions.subscribe(sid, (e) => {
+      if (res.writableEnded) return;
+      res.write(`event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`);
+      if (e.type === 'session_state' && ['closed', 'expired', 'failed'].includes(e.state)) setImmediate(end);
+    });
+    req.on('close', end);
+  }
+}

@@ -1,0 +1,97 @@
+// A peer's control socket, from challenge to leaving: the server sends a nonce; the first
+// message must be a hello whose proof (HMAC of the nonce under the room secret) matches, and
+// nothing else is read until it is verified and the peer admitted (welcome). After that the
+// peer's messages go to the browser-peer router (signals, relays) or to its room.
+
+import { randomBytes } from 'node:crypto';
+import type WebSocket from 'ws';
+import { helloProof } from '../src/protocol/control.ts';
+import type { PeerHello, PeerToServer } from '../src/protocol/control.ts';
+import { isServeCapability } from '../src/model/serve-capability.ts';
+import { secretMatches } from '../src/transport/frame-server.ts';
+import { handleBrowserPeerMessage } from './browser-peers.ts';
+import type { BrowserPeerRoom, RelayLedger } from './browser-peers.ts';
+import type { Peer, Room } from './room.ts';
+
+/** How long a new socket may take to prove the secret. */
+const HELLO_TIMEOUT_MS = 10_000;
+
+/** The hello as the room keeps it: only known fields, each of its type; the proof dropped. */
+function cleanHello(msg: PeerHello): PeerHello {
+  return {
+    t: 'hello',
+    proof: '',
+    backend: String(msg.backend),
+    memoryBytes: Number(msg.memoryBytes) || 0,
+    ...(msg.name ? { name: String(msg.name) } : {}),
+    ...(msg.listen ? { listen: String(msg.listen) } : {}),
+    ...(msg.httpUrl ? { httpUrl: String(msg.httpUrl) } : {}),
+    ...(msg.layers ? { layers: { start: Number(msg.layers.start), end: Number(msg.layers.end) } } : {}),
+    ...(typeof msg.artifact === 'string' ? { artifact: msg.artifact } : {}),
+    ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
+    ...(msg.adapter ? { adapter: msg.adapter } : {}),
+    ...(isServeCapability(msg.serves) ? { serves: msg.serves } : {}),
+  };
+}
+
+/** The room as the browser-peer router sees it. */
+function browserPeerView(room: Room): BrowserPeerRoom {
+  return {
+    sendTo: (id, m) => {
+      const to = room.peers.get(id);
+      if (!to) return false;
+      room.send(to, m as never);
+      return true;
+    },
+    controlOf: (id) => room.peers.get(id)?.control ?? null,
+    // relayed frames may only go from a stage to the next stage of the current route
+    nextStageOf: (id) => {
+      const st = room.route?.stages.find((x) => x.peerId === id);
+      return st ? (room.route!.stages[st.stage + 1]?.peerId ?? null) : null;
+    },
+  };
+}
+
+/** Runs the challenge on a new peer socket of `room`, then serves the admitted peer's messages. */
+export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger): void {
+  const nonce = randomBytes(16).toString('hex');
+  const expectedProof = helloProof(room.secret, nonce);
+  const view = browserPeerView(room);
+  let peer: Peer | null = null;
+  let helloSeen = false;
+  const refuse = (code: string, message: string): void => {
+    ws.send(JSON.stringify({ t: 'error', code, message }));
+    ws.close(4401, code);
+  };
+  const helloTimer = setTimeout(() => !peer && refuse('HELLO_TIMEOUT', `no hello within ${HELLO_TIMEOUT_MS / 1000} s`), HELLO_TIMEOUT_MS);
+  helloTimer.unref();
+  ws.on('message', (data, isBinary) => {
+    if (isBinary) return; // frame replies: the peer's WsLink reads them
+    let msg: PeerToServer;
+    try {
+      msg = JSON.parse(data.toString()) as PeerToServer;
+    } catch {
+      return refuse('BAD_MESSAGE', 'control messages are JSON');
+    }
+    if (peer) {
+      const p = peer;
+      if (!handleBrowserPeerMessage(view, p.id, msg, (m) => room.send(p, m as never), ledger)) room.onPeerMessage(p, msg);
+      return;
+    }
+    // until welcome, the hello (once) is the only message read; its proof is checked before admission
+    if (msg.t !== 'hello' || helloSeen) return refuse('BAD_MESSAGE', 'the first message must be hello, and the only one until welcome');
+    helloSeen = true;
+    const hello = msg;
+    void expectedProof.then((proof) => {
+      if (!secretMatches(hello.proof, proof)) return refuse('AUTH_FAILED', 'wrong room secret');
+      if (ws.readyState !== ws.OPEN) return;
+      clearTimeout(helloTimer);
+      peer = room.addPeer(cleanHello(hello), ws);
+    });
+  });
+  ws.on('close', () => {
+    clearTimeout(helloTimer);
+    if (peer) room.peerGone(peer, 'connection closed');
+  });
+  ws.send(JSON.stringify({ t: 'challenge', nonce }));
+}

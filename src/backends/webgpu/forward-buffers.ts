@@ -1,0 +1,104 @@
+// The activation buffers a forward pass works in, shared by every session of a stage (calls run
+// one at a time): scratch sized for the largest batch seen so far, and the split-K attention
+// partials sized for the longest context seen so far.
+
+import type { GpuMemory } from './gpu-memory.ts';
+import * as op from './ops.ts';
+import type { ShardWeights } from './shard-weights.ts';
+import type { StageKernels } from './stage-kernels.ts';
+import { BufferUsage } from './usage.ts';
+
+const ACTIVATION = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DST;
+
+/** Activation buffers for up to `tokens` tokens per forward call. */
+export interface Scratch {
+  tokens: number;
+  x: GPUBuffer; // [n × nEmbd] residual stream
+  xb: GPUBuffer; // [n × nEmbd] normed block input
+  q: GPUBuffer; // [n × nHead·headDim]
+  att: GPUBuffer; // [n × nHead·headDim] attention output (and raw q when q is normed)
+  kTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 k on its way to the cache (normed or f16 caches)
+  kTmp2?: GPUBuffer; // [n × nHeadKv·headDim] f32 normed k for an f16 cache (qwen3)
+  vTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 v for an f16 cache
+  tmp: GPUBuffer; // [n × nEmbd] block output before the residual add
+  gate: GPUBuffer; // [n × nFf]
+  up: GPUBuffer; // [n × nFf]
+  ids: GPUBuffer; // [n] u32 token ids
+  rope: GPUBuffer; // [n × nRot/2] (cos, sin)
+  logits?: GPUBuffer; // [nVocab]
+  /** rounded copies of a matmul input, by format: [n × widest input row] (ggml rounding only) */
+  rounded: Partial<Record<Exclude<op.ActivationFormat, 'f32'>, GPUBuffer>>;
+}
+
+export class ForwardBuffers {
+  private scratch: Scratch | null = null;
+  private partial: GPUBuffer | null = null; // split-K attention partials, grown to the longest context
+  private partialElements = 0;
+
+  constructor(
+    private readonly memory: GpuMemory,
+    private readonly weights: ShardWeights,
+    private readonly kernels: StageKernels,
+  ) {}
+
+  /** scratch for a forward of n tokens, made anew when the current one is too small */
+  scratchFor(n: number): Scratch {
+    if (this.scratch && this.scratch.tokens >= n) return this.scratch;
+    this.freeScratch();
+    const m = this.weights;
+    const c = m.config;
+    const tokens = n;
+    const qDim = c.nHead * c.headDim;
+    const kvDim = c.nHeadKv * c.headDim;
+    const f16kv = this.kernels.kvType === 'f16';
+    const kNorm = m.layers.some((l) => l.kNorm);
+    const buf = (label: string, elements: number) => this.memory.create(label, elements * 4, ACTIVATION);
+    this.scratch = {
+      tokens,
+      x: buf('x', tokens * c.nEmbd),
+      xb: buf('xb', tokens * c.nEmbd),
+      q: buf('q', tokens * qDim),
+      att: buf('att', tokens * qDim),
+      kTmp: kNorm || f16kv ? buf('kTmp', tokens * kvDim) : undefined,
+      kTmp2: kNorm && f16kv ? buf('kTmp2', tokens * kvDim) : undefined,
+      vTmp: f16kv ? buf('vTmp', tokens * kvDim) : undefined,
+      tmp: buf('tmp', tokens * c.nEmbd),
+      gate: buf('gate', tokens * c.nFf),
+      up: buf('up', tokens * c.nFf),
+      ids: buf('ids', tokens),
+      rope: buf('rope', tokens * c.rope.nRot),
+      logits: m.output ? buf('logits', m.output.rows) : undefined,
+      rounded: {},
+    };
+    if (this.kernels.roundActivations) {
+      const widest = tokens * Math.max(c.nEmbd, qDim, c.nFf);
+      for (const f of ['f16', 'q8_0', 'q8_K'] as const) this.scratch.rounded[f] = buf(`x rounded ${f}`, widest);
+    }
+    return this.scratch;
+  }
+
+  /** the split-K partial buffer for attention over nKv positions, grown by at least doubling */
+  partialFor(nKv: number): GPUBuffer {
+    const c = this.weights.config;
+    const need = op.attentionPartialElements({ nHead: c.nHead, nHeadKv: c.nHeadKv, headDim: c.headDim }, nKv);
+    if (!this.partial || this.partialElements < need) {
+      this.memory.destroy(this.partial);
+      this.partialElements = Math.max(need, this.partialElements * 2);
+      this.partial = this.memory.create('attention partials', this.partialElements * 4, ACTIVATION);
+    }
+    return this.partial;
+  }
+
+  dispose(): void {
+    this.freeScratch();
+    this.memory.destroy(this.partial);
+    this.partial = null;
+  }
+
+  private freeScratch(): void {
+    const sc = this.scratch;
+    if (!sc) return;
+    for (const b of [sc.x, sc.xb, sc.q, sc.att, sc.kTmp, sc.kTmp2, sc.vTmp, sc.tmp, sc.gate, sc.up, sc.ids, sc.rope, sc.logits, ...Object.values(sc.rounded)]) this.memory.destroy(b);
+    this.scratch = null;
+  }
+}

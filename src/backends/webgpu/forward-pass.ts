@@ -1,0 +1,146 @@
+// The forward pass of one shard over n tokens at positions [pos, pos + n): every dispatch
+// recorded on one Recorder and submitted once; only the stage's output is read back (hidden
+// states [n × n_embd], or the last position's logits on the shard that holds the head).
+// Formulas shared with the CPU reference (RoPE angles, ggml's activation rounding rule) are
+// imported from it, so the two backends cannot drift apart.
+
+import { activationFormatFor } from '../cpu/act-round.ts';
+import type { StageInput, StageOutput } from '../types.ts';
+import { ForwardBuffers } from './forward-buffers.ts';
+import type { Scratch } from './forward-buffers.ts';
+import type { GpuMemory } from './gpu-memory.ts';
+import { Recorder } from './kernels.ts';
+import type { KernelLibrary, SubmitResources } from './kernels.ts';
+import type { GpuMatrix } from './matrix.ts';
+import * as op from './ops.ts';
+import { ropeTable } from './rope-table.ts';
+import type { SessionKv } from './session-kv.ts';
+import type { LayerWeights, ShardWeights } from './shard-weights.ts';
+import type { StageKernels } from './stage-kernels.ts';
+
+export class ForwardPass {
+  private readonly buffers: ForwardBuffers;
+
+  constructor(
+    private readonly memory: GpuMemory,
+    private readonly library: KernelLibrary,
+    private readonly resources: SubmitResources,
+    private readonly weights: ShardWeights,
+    private readonly kernels: StageKernels,
+  ) {
+    this.buffers = new ForwardBuffers(memory, weights, kernels);
+  }
+
+  /** Runs the shard over `input` (n tokens, already checked) at `position` of `kv`. */
+  async run(kv: SessionKv, input: StageInput, n: number, position: number): Promise<StageOutput> {
+    const m = this.weights;
+    const c = m.config;
+    const sc = this.buffers.scratchFor(n);
+    const partial = this.buffers.partialFor(position + n);
+    const queue = this.library.device.queue;
+    if (input.kind === 'tokens') queue.writeBuffer(sc.ids, 0, new Uint32Array(input.tokens));
+    else queue.writeBuffer(sc.x, 0, input.hidden as Float32Array<ArrayBuffer>);
+    queue.writeBuffer(sc.rope, 0, ropeTable(c.rope, position, n) as Float32Array<ArrayBuffer>);
+
+    const rec = new Recorder(this.library, this.resources);
+    const retired = kv.grow(rec, position + n);
+    if (m.tokenEmbd) op.getRows(rec, m.tokenEmbd, sc.ids, sc.x, n);
+    m.layers.forEach((layer, l) => this.recordLayer(rec, layer, kv.keys[l]!, kv.values[l]!, sc, partial, n, position));
+
+    if (m.output && m.outputNorm) {
+      // logits of the last position only: output norm, then the head
+      op.rmsNorm(rec, sc.x, (n - 1) * c.nEmbd, c.nEmbd, m.outputNorm, sc.xb, 0, c.nEmbd, c.nEmbd, 1, c.rmsEps);
+      op.matmul(rec, m.output, this.input(rec, sc, m.output, sc.xb, 1, new Map()), 0, sc.logits!, 0, m.output.rows, 1, this.kernels.matVec);
+      const bytes = await rec.submit({ buffer: sc.logits!, offset: 0, bytes: m.output.rows * 4 });
+      for (const b of retired) this.memory.destroy(b);
+      return { kind: 'logits', logits: new Float32Array(bytes!) };
+    }
+    const bytes = await rec.submit({ buffer: sc.x, offset: 0, bytes: n * c.nEmbd * 4 });
+    for (const b of retired) this.memory.destroy(b);
+    return { kind: 'hidden', hidden: new Float32Array(bytes!), nTokens: n };
+  }
+
+  dispose(): void {
+    this.buffers.dispose();
+  }
+
+  /** One transformer block over n tokens at positions [pos, pos + n). */
+  private recordLayer(rec: Recorder, w: LayerWeights, kCache: GPUBuffer, vCache: GPUBuffer, sc: Scratch, partial: GPUBuffer, n: number, pos: number): void {
+    const c = this.weights.config;
+    const { nEmbd, nHead, nHeadKv, headDim, nFf, rmsEps } = c;
+    const qDim = nHead * headDim;
+    const kvDim = nHeadKv * headDim;
+    const kvAt = pos * kvDim; // this batch's rows of the cache
+    const { matVec, matMul, kvType } = this.kernels;
+    const neox = c.rope.mode === 'neox';
+    const mm = (w: GpuMatrix, x: GPUBuffer, memo: Map<string, GPUBuffer>, out: GPUBuffer, outOffset: number, outStride: number) =>
+      op.matmul(rec, w, this.input(rec, sc, w, x, n, memo), 0, out, outOffset, outStride, n, matVec, matMul);
+
+    // attention norm
+    op.rmsNorm(rec, sc.x, 0, nEmbd, w.attnNorm, sc.xb, 0, nEmbd, nEmbd, n, rmsEps);
+    // q, k, v projections (+ biases for qwen2, per-head norms for qwen3), RoPE; k and v are
+    // computed in f32 and land straight in an f32 cache, or are packed into an f16 one
+    const f16kv = kvType === 'f16';
+    const normed = new Map<string, GPUBuffer>();
+    const qRaw = w.qNorm ? sc.att : sc.q;
+    mm(w.wq, sc.xb, normed, qRaw, 0, qDim);
+    if (w.bq) op.add(rec, qRaw, 0, w.bq, n * qDim, qDim);
+    if (w.qNorm) op.rmsNorm(rec, sc.att, 0, headDim, w.qNorm, sc.q, 0, headDim, headDim, n * nHead, rmsEps);
+    op.rope(rec, sc.q, 0, sc.rope, n, nHead, headDim, c.rope.nRot, neox);
+
+    const direct = !w.kNorm && !f16kv; // k computed in place in the cache
+    let kBuf = direct ? kCache : sc.kTmp!;
+    let kAt = direct ? kvAt : 0;
+    mm(w.wk, sc.xb, normed, kBuf, kAt, kvDim);
+    if (w.bk) op.add(rec, kBuf, kAt, w.bk, n * kvDim, kvDim);
+    if (w.kNorm) {
+      const dst = f16kv ? sc.kTmp2! : kCache;
+      const dstAt = f16kv ? 0 : kvAt;
+      op.rmsNorm(rec, kBuf, kAt, headDim, w.kNorm, dst, dstAt, headDim, headDim, n * nHeadKv, rmsEps);
+      kBuf = dst;
+      kAt = dstAt;
+    }
+    op.rope(rec, kBuf, kAt, sc.rope, n, nHeadKv, headDim, c.rope.nRot, neox);
+    if (f16kv) op.packF16(rec, kBuf, kCache, n * kvDim, 0, kvAt);
+
+    const vBuf = f16kv ? sc.vTmp! : vCache;
+    const vAt = f16kv ? 0 : kvAt;
+    mm(w.wv, sc.xb, normed, vBuf, vAt, kvDim);
+    if (w.bv) op.add(rec, vBuf, vAt, w.bv, n * kvDim, kvDim);
+    if (f16kv) op.packF16(rec, vBuf, vCache, n * kvDim, 0, kvAt);
+    // attention over the cache: split-K for one token, tiled causal for a batch
+    const shape = { nHead, nHeadKv, headDim };
+    if (n === 1) op.attentionDecode(rec, shape, sc.q, 0, kCache, vCache, partial, sc.att, pos + 1, kvType);
+    else op.attentionPrefill(rec, shape, sc.q, kCache, vCache, sc.att, n, pos, kvType);
+    // output projection, residual
+    mm(w.wo, sc.att, new Map(), sc.tmp, 0, nEmbd);
+    op.add(rec, sc.x, 0, sc.tmp, n * nEmbd);
+
+    // feed-forward norm
+    op.rmsNorm(rec, sc.x, 0, nEmbd, w.ffnNorm, sc.xb, 0, nEmbd, nEmbd, n, rmsEps);
+    // gate and up, SwiGLU, down, residual
+    const ffnIn = new Map<string, GPUBuffer>();
+    mm(w.wGate, sc.xb, ffnIn, sc.gate, 0, nFf);
+    mm(w.wUp, sc.xb, ffnIn, sc.up, 0, nFf);
+    op.swiglu(rec, sc.gate, sc.up, n * nFf);
+    mm(w.wDown, sc.gate, new Map(), sc.tmp, 0, nEmbd);
+    op.add(rec, sc.x, 0, sc.tmp, n * nEmbd);
+  }
+
+  /**
+   * The buffer a matmul with `w` should read for input x ([n × w.k]): x itself, or a copy
+   * rounded as ggml rounds activations for w's type — made once per format per input (memo).
+   */
+  private input(rec: Recorder, sc: Scratch, w: GpuMatrix, x: GPUBuffer, n: number, memo: Map<string, GPUBuffer>): GPUBuffer {
+    if (!this.kernels.roundActivations) return x;
+    const format = activationFormatFor(w.type);
+    if (format === 'f32' || !op.roundsRows(format, w.k)) return x;
+    let out = memo.get(format);
+    if (!out) {
+      out = sc.rounded[format]!;
+      op.roundActivations(rec, format, x, out, n * w.k);
+      memo.set(format, out);
+    }
+    return out;
+  }
+}

@@ -1,0 +1,147 @@
+// Loading an assigned stage in a native node: a backend (cpu, llama.cpp — the whole model, or a
+// layer range through a shard GGUF — or WebGPU on Dawn), the shard's bytes (only its byte
+// ranges, verified and cached by artifact sha256; llama.cpp's whole model: a whole local copy),
+// and the link to the next stage — WebSocket or binary HTTP to its listen address, or the
+// server relay when it has none (a browser) or cannot be reached from here.
+
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { MeshError } from '../errors.ts';
+import type { StageBackend } from '../backends/types.ts';
+import type { WebGpuBackend } from '../backends/webgpu/backend.ts';
+import { openArtifactReader, openTensorSource, tensorSourceOver } from '../gguf/source.ts';
+import { artifactFiles } from '../gguf/split.ts';
+import type { TensorSource } from '../gguf/types.ts';
+import type { PeerToServer } from '../protocol/control.ts';
+import { HttpLink } from '../transport/http.ts';
+import type { FrameLink } from '../transport/link.ts';
+import { WsLink } from '../transport/ws.ts';
+import { localCopy } from './local-copy.ts';
+import { modelHeaders, progressGate } from './peer-core.ts';
+import type { Assignment, LoadContext, RoomModel, StageLoad } from './peer-core.ts';
+import { RelayLink } from './relay-link.ts';
+import { VerifiedSource } from './verified-source.ts';
+
+export type BackendKind = 'cpu' | 'llamacpp' | 'webgpu';
+
+/** A WebGPU stage on Dawn in this process; loaded lazily, so other backends never start Dawn. */
+export async function nodeWebGpuBackend(): Promise<WebGpuBackend> {
+  return (await import('../backends/webgpu/node.ts')).createNodeWebGpuBackend();
+}
+
+async function makeBackend(kind: BackendKind, wholeModel: boolean, memoryBytes: number): Promise<StageBackend> {
+  if (kind === 'webgpu') return nodeWebGpuBackend();
+  if (kind === 'cpu') {
+    const { CpuBackend } = await import('../backends/cpu/backend.ts');
+    return new CpuBackend();
+  }
+  // llama.cpp: the whole model from its own file (any architecture llama.cpp loads), a layer range from a shard GGUF
+  if (!wholeModel) {
+    const { LlamaCppRangeStage } = await import('../backends/llamacpp/range-stage.ts');
+    return new LlamaCppRangeStage({ kvType: 'f32', flashAttention: false, memoryBytes });
+  }
+  const { LlamaCppStage } = await import('../backends/llamacpp/stage.ts');
+  return new LlamaCppStage({ kvType: 'f32', flashAttention: false });
+}
+
+/** A binary-HTTP link to the node whose frames WebSocket is `wsUrl`, checked with GET /v1/status. */
+async function httpLinkTo(wsUrl: string, auth: Record<string, string>): Promise<HttpLink> {
+  const base = wsUrl.replace(/^ws/, 'http').replace(/\/v1\/frames$/, '');
+  let res: Response;
+  try {
+    res = await fetch(`${base}/v1/status`, { headers: auth, signal: AbortSignal.timeout(5000) });
+  } catch (e) {
+    throw new MeshError('LINK_FAILED', `cannot reach ${base}: ${(e as Error).message}`);
+  }
+  if (!res.ok) throw new MeshError(res.status === 401 ? 'AUTH_FAILED' : 'LINK_FAILED', `${base}/v1/status answered HTTP ${res.status}`);
+  return new HttpLink(base, auth);
+}
+
+/** What a native node's loads share. */
+export interface NativeStageEnv {
+  backend: BackendKind;
+  /** the memory this node offers (a llama.cpp range stage admits sessions within it) */
+  memoryBytes: number;
+  /** how hidden states go to the next stage */
+  carrier: 'ws' | 'http';
+  /** verified shards and whole llama.cpp copies; null = no cache */
+  cacheDir: string | null;
+  /** the signaling server's origin, and the room secret */
+  base: string;
+  secret: string;
+  model: RoomModel;
+  send: (m: PeerToServer) => void;
+  log: (line: string) => void;
+  peerId: () => string | null;
+  /** the WebGPU device made before joining, once (later loads make their own) */
+  takeSpareGpu: () => WebGpuBackend | null;
+  /** a link to peer `to` through the server */
+  relayTo: (to: string) => RelayLink;
+}
+
+/** Whether the assignment is every layer of the model (llama.cpp then loads the model's own file). */
+function isWholeModel(a: Assignment): boolean {
+  return a.shard.start === 0 && a.shard.end === a.nLayer;
+}
+
+/** Reads the shard's tensors: llama.cpp's whole model from a whole local copy; a range, and the other backends, only the shard's ranges. */
+async function openShard(a: Assignment, env: NativeStageEnv, progress: (done: number, total: number) => void): Promise<{ source: TensorSource; fetched: () => number }> {
+  // the secret and peer id go only to the server's own model hosting, never to a third-party URL
+  const headers = modelHeaders(a.modelUrl, env.base, env.secret, env.peerId());
+  const manifest = env.model.manifest;
+  if (env.backend === 'llamacpp' && isWholeModel(a)) {
+    const copy = await localCopy(a.modelUrl, headers, env.cacheDir ?? join(tmpdir(), 'gguf-mesh-cache'), manifest, progress);
+    return { source: await openTensorSource(copy.path), fetched: () => copy.bytesFetched };
+  }
+  const header = await env.model.header();
+  const verified = new VerifiedSource({
+    header,
+    manifest,
+    cacheDir: env.cacheDir,
+    location: a.modelUrl,
+    // a split artifact reads as its parts concatenated (the header's offsets address that)
+    openInner: async () =>
+      tensorSourceOver(header, await openArtifactReader(artifactFiles(a.modelUrl), manifest.artifact.files.map((f) => f.size), { headers })),
+    log: env.log,
+    onProgress: progress,
+  });
+  return { source: verified, fetched: () => verified.bytesFetched };
+}
+
+/** The link to the next stage: null on the last stage; the relay when it has no listen address or is out of reach. */
+async function connectNext(a: Assignment, env: NativeStageEnv): Promise<FrameLink | null> {
+  const auth = { authorization: `Bearer ${env.secret}` };
+  if (!a.downstream) return a.downstreamPeer ? env.relayTo(a.downstreamPeer) : null;
+  try {
+    return env.carrier === 'http' ? await httpLinkTo(a.downstream, auth) : await WsLink.connect(a.downstream, { headers: auth, connectTimeoutMs: 5000 });
+  } catch (e) {
+    // reachable by the server but not by us (NAT, firewall): relay rather than fail
+    if (!a.downstreamPeer) throw e;
+    env.log(`next stage ${a.downstream} not reachable (${(e as Error).message}); relaying through the server`);
+    return env.relayTo(a.downstreamPeer);
+  }
+}
+
+function hopName(link: FrameLink | null): string {
+  if (!link) return 'last stage';
+  return link instanceof RelayLink ? 'next stage via server relay' : link instanceof HttpLink ? 'next stage over http' : 'next stage over ws';
+}
+
+/** PeerCore's `loadStage` for a native node. */
+export async function loadNativeStage(ctx: LoadContext, env: NativeStageEnv): Promise<StageLoad> {
+  const a = ctx.assignment;
+  // loading progress for the room's telemetry, at most every 100 ms (and at the end)
+  const due = progressGate(100);
+  const progress = (done: number, total: number): void => {
+    if (due(done, total)) env.send({ t: 'loading', routeId: a.routeId, stage: a.stage, bytesDone: done, bytesTotal: total });
+  };
+  // disposed if the load fails: a GPU device must not leak
+  const backend = ctx.keep(env.takeSpareGpu() ?? (await makeBackend(env.backend, isWholeModel(a), env.memoryBytes)), (b) => b.dispose());
+  const { source, fetched } = await openShard(a, env, progress);
+  ctx.keep(source, (s) => s.close());
+  await backend.load(source, a.shard);
+  const downstream = await connectNext(a, env);
+  if (downstream) ctx.keep(downstream, (l) => l.close());
+  const bytesRead = fetched();
+  return { backend, downstream, bytesRead, detail: `${bytesRead} bytes read; ${hopName(downstream)}` };
+}
