@@ -66,16 +66,8 @@ export async function llamaBindings(): Promise<Bindings> {
   return bind();
 }
 
-async function bind(): Promise<Bindings> {
-  if (bindings) return bindings;
-  const mod = (await import('koffi')) as unknown as Koffi & { default?: Koffi };
-  const koffi = mod.default ?? mod;
-  const binsDir = llamaBinsDir();
-  const file = (re: RegExp): string => join(binsDir, readdirSync(binsDir).find((f) => re.test(f))!);
-  const ggmlBase = koffi.load(join(binsDir, 'libggml-base.so'));
-  const ggml = koffi.load(file(/^libggml(\.v[\d.]+)?\.so$/));
-  const llama = koffi.load(file(/^libllama(\.v[\d.]+)?\.so$/));
-
+/** The structs and callback types of include/llama.h and ggml.h that the calls pass. */
+function declareTypes(koffi: Koffi) {
   // include/llama.h `struct llama_model_params`
   const ModelParams = koffi.struct('gm_llama_model_params', {
     devices: 'void *',
@@ -154,7 +146,16 @@ async function bind(): Promise<Bindings> {
   const EvalCallback = koffi.proto('bool gm_eval_cb(void *t, bool ask, void *user)');
   const LogCallback = koffi.proto('void gm_log_cb(int level, const char *text, void *user)');
 
-  const fn: Record<string, Fn> = {
+  return { ModelParams, ContextParams, Batch, TensorHead, EvalCallback, LogCallback };
+}
+
+type Library = ReturnType<Koffi['load']>;
+
+/** The C functions called, by short name. */
+function declareFunctions(libs: { llama: Library; ggml: Library; ggmlBase: Library }, t: ReturnType<typeof declareTypes>): Record<string, Fn> {
+  const { llama, ggml, ggmlBase } = libs;
+  const { ModelParams, ContextParams, Batch } = t;
+  return {
     backend_init: llama.func('void llama_backend_init(void)') as Fn,
     load_all: ggml.func('void ggml_backend_load_all_from_path(const char *dir)') as Fn,
     dev_count: ggml.func('size_t ggml_backend_dev_count(void)') as Fn,
@@ -190,6 +191,22 @@ async function bind(): Promise<Bindings> {
     fp32_to_fp16_row: ggmlBase.func('void ggml_fp32_to_fp16_row(const void *x, void *y, int64_t n)') as Fn,
     type_traits: ggmlBase.func('void *ggml_get_type_traits(int type)') as Fn,
   };
+
+}
+
+async function bind(): Promise<Bindings> {
+  if (bindings) return bindings;
+  const mod = (await import('koffi')) as unknown as Koffi & { default?: Koffi };
+  const koffi = mod.default ?? mod;
+  const binsDir = llamaBinsDir();
+  const file = (re: RegExp): string => join(binsDir, readdirSync(binsDir).find((f) => re.test(f))!);
+  const ggmlBase = koffi.load(join(binsDir, 'libggml-base.so'));
+  const ggml = koffi.load(file(/^libggml(\.v[\d.]+)?\.so$/));
+  const llama = koffi.load(file(/^libllama(\.v[\d.]+)?\.so$/));
+
+  const types = declareTypes(koffi);
+  const { ContextParams, ModelParams, Batch, TensorHead, EvalCallback, LogCallback } = types;
+  const fn = declareFunctions({ llama, ggml, ggmlBase }, types);
 
   const recentErrors: string[] = [];
   // keep llama.cpp quiet (it logs every tensor at load); remember errors for our messages
