@@ -121,6 +121,23 @@ function ffiCallNs(model: LlamaModelFfi): number {
   return ((performance.now() - t0) * 1e6) / calls;
 }
 
+/** The llama.cpp route's speed against bare llama.cpp and the CPU route, and the goals it missed. */
+function judge(llamaSpeed: Speed, bareSpeed: Speed, cpuSpeed: Speed): { ratios: Record<'decode_vs_bare' | 'prefill_vs_bare' | 'decode_vs_cpu_route' | 'prefill_vs_cpu_route', number>; missed: string[] } {
+  const ratios = {
+    decode_vs_bare: round(llamaSpeed.decode_tok_s / bareSpeed.decode_tok_s, 3),
+    prefill_vs_bare: round(llamaSpeed.prompt_tok_s / bareSpeed.prompt_tok_s, 3),
+    decode_vs_cpu_route: round(llamaSpeed.decode_tok_s / cpuSpeed.decode_tok_s, 2),
+    prefill_vs_cpu_route: round(llamaSpeed.prompt_tok_s / cpuSpeed.prompt_tok_s, 2),
+  };
+  const missed = [
+    ratios.decode_vs_bare < GOALS.decode_vs_bare && `decode ${ratios.decode_vs_bare}× bare < ${GOALS.decode_vs_bare}`,
+    ratios.prefill_vs_bare < GOALS.prefill_vs_bare && `prefill ${ratios.prefill_vs_bare}× bare < ${GOALS.prefill_vs_bare}`,
+    ratios.decode_vs_cpu_route < GOALS.vs_cpu_route && `decode ${ratios.decode_vs_cpu_route}× the CPU route < ${GOALS.vs_cpu_route}`,
+    ratios.prefill_vs_cpu_route < GOALS.vs_cpu_route && `prefill ${ratios.prefill_vs_cpu_route}× the CPU route < ${GOALS.vs_cpu_route}`,
+  ].filter((x): x is string => typeof x === 'string');
+  return { ratios, missed };
+}
+
 export async function run(args: string[]): Promise<unknown> {
   const { values } = parseArgs({
     args,
@@ -183,21 +200,9 @@ export async function run(args: string[]): Promise<unknown> {
   bare.dispose();
   await source.close();
 
-  const ratios = {
-    decode_vs_bare: round(llamaSpeed.decode_tok_s / bareSpeed.decode_tok_s, 3),
-    prefill_vs_bare: round(llamaSpeed.prompt_tok_s / bareSpeed.prompt_tok_s, 3),
-    decode_vs_cpu_route: round(llamaSpeed.decode_tok_s / cpuSpeed.decode_tok_s, 2),
-    prefill_vs_cpu_route: round(llamaSpeed.prompt_tok_s / cpuSpeed.prompt_tok_s, 2),
-  };
-  const missed = [
-    ratios.decode_vs_bare < GOALS.decode_vs_bare && `decode ${ratios.decode_vs_bare}× bare < ${GOALS.decode_vs_bare}`,
-    ratios.prefill_vs_bare < GOALS.prefill_vs_bare && `prefill ${ratios.prefill_vs_bare}× bare < ${GOALS.prefill_vs_bare}`,
-    ratios.decode_vs_cpu_route < GOALS.vs_cpu_route && `decode ${ratios.decode_vs_cpu_route}× the CPU route < ${GOALS.vs_cpu_route}`,
-    ratios.prefill_vs_cpu_route < GOALS.vs_cpu_route && `prefill ${ratios.prefill_vs_cpu_route}× the CPU route < ${GOALS.vs_cpu_route}`,
-  ].filter((x): x is string => typeof x === 'string');
+  const { ratios, missed } = judge(llamaSpeed, bareSpeed, cpuSpeed);
   if (missed.length) process.exitCode = 1;
   const avg = (k: 0 | 1, f: keyof StepStageTiming): number => round(median(steps.map((x) => x[k]![f] as number)), 3);
-  const r2 = (x: Speed): Speed => x;
   return {
     note: `tok/s: prefill from the best of ${rounds} rounds, decode from the median step; bare llama.cpp, bare llama.cpp with an eval callback, the llama.cpp route and (in the first ${values['cpu-rounds']} rounds) the CPU route take turns step by step; prompt in one frame; ${threads} thread(s) for bare llama.cpp and for each llama.cpp stage; the CPU engine is single-threaded; hidden states f16 over loopback WebSockets`,
     model: { path, ...SHAPE, stages: CUT.map((c) => `${c.start}-${c.end}`) },
@@ -205,10 +210,10 @@ export async function run(args: string[]): Promise<unknown> {
     prompt_tokens: prompt.length,
     decode_tokens: nDecode,
     load_average_1m: load.map((x) => round(x)),
-    llamacpp_bare: r2(bareSpeed),
-    route_2_stage_llamacpp: r2(llamaSpeed),
+    llamacpp_bare: bareSpeed,
+    route_2_stage_llamacpp: llamaSpeed,
     bare_weight_buffers: bareBuffers,
-    route_2_stage_cpu: r2(cpuSpeed),
+    route_2_stage_cpu: cpuSpeed,
     ratios,
     goals: GOALS,
     missed,
@@ -219,7 +224,7 @@ export async function run(args: string[]): Promise<unknown> {
     memory_per_stage: memory,
     eval_callback: {
       nodes_offered_per_decode_step: nodes,
-      whole_model_with_callback: r2(callbackSpeed),
+      whole_model_with_callback: callbackSpeed,
       decode_ratio_with_callback: round(callbackSpeed.decode_tok_s / bareSpeed.decode_tok_s, 3),
     },
     ggml_graph_alternative: {
