@@ -52,6 +52,25 @@ async function expectedGreedy(path: string, prompt: readonly number[], n: number
   }
 }
 
+/** Every byte each stage's node fetched lies in its shard's tensors, and it fetched each about once. */
+async function expectOnlyShardBytes(serve: ServeInfo, model: string, stages: Array<{ peerId: string; shard: { start: number; end: number } }>): Promise<void> {
+  const header = await readHeader(model);
+  const fetches = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
+  for (const st of stages) {
+    const wanted = shardTensors(header, st.shard, 5);
+    const lo = Math.min(...wanted.map((t) => t.offset));
+    const hi = Math.max(...wanted.map((t) => t.offset + t.byteLength));
+    const ranges = fetches[st.peerId].ranges as Array<[number, number]>;
+    const fetched = ranges.reduce((a, [x, y]) => a + (y - x + 1), 0);
+    for (const [x, y] of ranges) {
+      expect(x).toBeGreaterThanOrEqual(lo);
+      expect(y + 1).toBeLessThanOrEqual(hi);
+    }
+    expect(fetched).toBeLessThanOrEqual(1.02 * shardBytes(header, st.shard, 5) + 65536);
+    expect(fetched).toBeLessThan(statSync(model).size);
+  }
+}
+
 describe('llama.cpp nodes serving layer ranges', () => {
   it('two llama.cpp nodes: the planner splits them, each reads only its shard, tokens are llama.cpp\'s (f16 and f32 hops)', async () => {
     const model = await stories260K();
@@ -65,22 +84,7 @@ describe('llama.cpp nodes serving layer ranges', () => {
     expect(f16.info.stages.map((s: any) => s.backend)).toEqual(['llamacpp', 'llamacpp']);
     expect(f16.info.stages.every((s: any) => s.kvBytes > 0)).toBe(true);
     expect((await routeGreedy(serve, STORIES_PROMPT_TOKENS, N, 'f32')).tokens).toEqual(expected);
-    // every byte a node fetched lies in its shard's tensors, and it fetched each about once
-    const header = await readHeader(model);
-    const fetches = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
-    for (const st of route.stages) {
-      const wanted = shardTensors(header, st.shard, 5);
-      const lo = Math.min(...wanted.map((t) => t.offset));
-      const hi = Math.max(...wanted.map((t) => t.offset + t.byteLength));
-      const log = fetches[st.peerId];
-      const fetched = (log.ranges as Array<[number, number]>).reduce((a, [x, y]) => a + (y - x + 1), 0);
-      for (const [x, y] of log.ranges as Array<[number, number]>) {
-        expect(x).toBeGreaterThanOrEqual(lo);
-        expect(y + 1).toBeLessThanOrEqual(hi);
-      }
-      expect(fetched).toBeLessThanOrEqual(1.02 * shardBytes(header, st.shard, 5) + 65536);
-      expect(fetched).toBeLessThan(statSync(model).size);
-    }
+    await expectOnlyShardBytes(serve, model, route.stages);
     await serve.proc.kill();
   });
 
