@@ -7,6 +7,7 @@ import { randomBytes } from 'node:crypto';
 import type WebSocket from 'ws';
 import { helloProof } from '../src/protocol/control.ts';
 import type { PeerHello, PeerToServer } from '../src/protocol/control.ts';
+import { isServeCapability } from '../src/model/serve-capability.ts';
 import { secretMatches } from '../src/transport/frame-server.ts';
 import { handleBrowserPeerMessage } from './browser-peers.ts';
 import type { BrowserPeerRoom, RelayLedger } from './browser-peers.ts';
@@ -30,6 +31,7 @@ function cleanHello(msg: PeerHello): PeerHello {
     ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
     ...(msg.adapter ? { adapter: msg.adapter } : {}),
     ...(msg.rtc === true ? { rtc: true } : {}),
+    ...(isServeCapability(msg.serves) ? { serves: msg.serves } : {}),
   };
 }
 

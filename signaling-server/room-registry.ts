@@ -9,8 +9,8 @@ import { MeshError } from '../src/errors.ts';
 import { isUrl } from '../src/gguf/parse.ts';
 import { artifactFiles, readArtifactHeader, splitName } from '../src/gguf/split.ts';
 import { loadOrBuildManifest } from '../src/gguf/manifest.ts';
+import { hyperParameters } from '../src/gguf/summary.ts';
 import type { Manifest } from '../src/gguf/verify.ts';
-import { configFromHeader } from '../src/model/config.ts';
 import type { IceServer } from '../src/protocol/control.ts';
 import { FrameType } from '../src/protocol/frame.ts';
 import type { Frame } from '../src/protocol/frame.ts';
@@ -98,7 +98,8 @@ export class RoomRegistry {
     // the joined header addresses the parts concatenated
     const art = await readArtifactHeader(location);
     const header = art.header;
-    const config = configFromHeader(header);
+    // any architecture opens a room: what each peer can serve of it is the planner's question
+    const { n_layer: nLayer } = hyperParameters(header, location);
     const id = modelIdFor(location, this.taken);
     const remote = isUrl(location);
     const split = art.files.length > 1;
@@ -112,7 +113,7 @@ export class RoomRegistry {
     const room = new Room(
       randomBytes(6).toString('hex'),
       this.opts.secret ?? randomBytes(18).toString('base64url'),
-      { id, location, header, nLayer: config.nLayer, files: art.files.length },
+      { id, location, header, nLayer, files: art.files.length },
       {
         minPeers: this.opts.minPeers ?? 1,
         planDelayMs: this.opts.planDelayMs ?? 300,

@@ -9,6 +9,9 @@ import type { ShardRange } from '../src/gguf/types.ts';
 import type { GgufHeader } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
 import { planRoute } from '../src/route/planner.ts';
+import type { PlannerPeer } from '../src/route/planner.ts';
+import { modelTraits, servable } from '../src/model/serve-capability.ts';
+import type { ModelTraits, Servable } from '../src/model/serve-capability.ts';
 import { unitsRange } from '../src/peer/verified-source.ts';
 import type { CandidatePair, IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/protocol/control.ts';
 import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
@@ -142,6 +145,7 @@ export class Room {
   private planTimer: NodeJS.Timeout | null = null;
   private peerCounter = 0;
   private listeners = new Set<(e: TelemetryEvent) => void>();
+  private traits: ModelTraits | null = null;
   /** recent route events, replayed to a new subscriber */
   private recent: TelemetryEvent[] = [];
 
@@ -182,7 +186,8 @@ export class Room {
     const id = `${hello.name ? hello.name.replace(/[^A-Za-z0-9_.-]/g, '').slice(0, 24) + '-' : 'peer-'}${++this.peerCounter}${randomBytes(2).toString('hex')}`;
     const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`), joinedAt: Date.now(), gone: false, ...(origin ? { origin } : {}) };
     this.peers.set(id, peer);
-    this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}`);
+    const can = this.servableBy(peer);
+    this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}; serves ${can.ranges ? 'any layer range' : can.wholeModel ? 'the whole model only' : `nothing of this model (${can.reason})`}`);
     const servers = typeof this.opts.iceServers === 'function' ? this.opts.iceServers(id) : this.opts.iceServers;
     const ice = servers?.length ? { iceServers: servers } : {};
     this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief(peer), ...ice });
@@ -271,11 +276,19 @@ export class Room {
       if (current?.status === 'forming') current.reason = `waiting for peers: ${peers.length} of ${this.opts.minPeers}`;
       return;
     }
-    const plan = planRoute({
-      nLayer: this.model.nLayer,
-      peers: peers.map((p) => ({ id: p.id, memoryBytes: p.hello.memoryBytes, layers: p.hello.layers, held: this.heldRange(p) })),
-      shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer),
-    });
+    // only what each peer can compute, decided here, before anyone fetches a byte
+    const able = peers.map((p) => ({ p, can: this.servableBy(p) })).filter(({ can }) => can.wholeModel);
+    const plannerPeers: PlannerPeer[] = able.map(({ p, can }) => ({
+      id: p.id,
+      memoryBytes: p.hello.memoryBytes,
+      layers: p.hello.layers,
+      held: this.heldRange(p),
+      serves: can.ranges ? 'ranges' : 'whole-model',
+    }));
+    const unable = peers.filter((p) => !this.servableBy(p).wholeModel);
+    const plan = plannerPeers.length
+      ? planRoute({ nLayer: this.model.nLayer, peers: plannerPeers, shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer) })
+      : { ok: false as const, reason: `no peer can serve ${(this.traits ??= modelTraits(this.model.header)).architecture}: ${unable.map((p) => `${p.id} (${p.hello.backend}): ${this.servableBy(p).reason}`).join('; ')}` };
     if (current && current.status === 'forming' && !plan.ok) {
       current.reason = plan.reason;
       return;
@@ -308,6 +321,12 @@ export class Room {
     }
   }
 
+  /** What of this room's model a peer can compute, from the capability its hello advertised. */
+  servableBy(p: Peer): Servable {
+    this.traits ??= modelTraits(this.model.header);
+    return servable(p.hello.serves, this.traits);
+  }
+
   /** The layer range a peer advertises holding verified for this room's artifact. */
   private heldRange(p: Peer): ShardRange | undefined {
     if (!this.artifactSha || p.hello.artifact !== this.artifactSha || !p.hello.units) return undefined;
@@ -337,7 +356,8 @@ export class Room {
     if (!p) return null;
     const { proof: _proof, t: _t, ...hello } = p.hello;
     const stage = this.route?.stages.find((s) => s.peerId === id);
-    return { id, ...hello, excluded: p.excluded ?? null, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+    const can = this.servableBy(p);
+    return { id, ...hello, excluded: p.excluded ?? null, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
   }
 
   summary(): Record<string, unknown> {

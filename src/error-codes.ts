@@ -104,7 +104,11 @@ const BACKENDS = {
   LLAMACPP_EVAL_FAILED: { status: 500, meaning: 'llama.cpp failed while evaluating a batch' },
   LLAMACPP_CONTEXT_FAILED: { status: 500, meaning: 'llama.cpp could not create a context' },
   LLAMACPP_DECODE_FAILED: { status: 500, meaning: 'llama_decode returned an error' },
-  LLAMACPP_NO_OUTPUT: { status: 500, meaning: 'llama.cpp returned no logits' },
+  LLAMACPP_NO_OUTPUT: { status: 500, meaning: "llama.cpp returned no logits, or its graph has no layer output to read a range's hidden states from" },
+  LLAMACPP_SHARD_METADATA: { status: 500, meaning: "a shard GGUF cannot be written: the header lacks its metadata's GGUF types, nests arrays, or has a per-layer array of another length" },
+  // 503, not 409: the request is sound and the session's own state is fine; the stage is at
+  // capacity until other sessions close (or its --memory is too small), so it is ours, and a retry may succeed
+  STAGE_MEMORY_FULL: { status: 503, meaning: "a new session's KV cache and buffers do not fit the stage's --memory beside its weights and open sessions" },
 } as const satisfies Codes;
 
 const PROTOCOL = {
@@ -116,6 +120,7 @@ const PROTOCOL = {
   FRAME_BAD_SESSION: { status: 400, meaning: 'the session id is not 32 lowercase hex digits, or is the reserved all-zero id' },
   FRAME_BAD_ROUTE: { status: 400, meaning: 'the route id is not the route the session runs on' },
   FRAME_BAD_DIMENSION: { status: 400, meaning: "the token count or width is out of range for the frame's type" },
+  FRAME_BAD_WIDTH: { status: 400, meaning: "a Hidden frame's width is not the n_embd of the stage it reaches" },
   FRAME_BAD_DTYPE: { status: 400, meaning: "the dtype is not allowed for the frame's type" },
   FRAME_BAD_RESERVED: { status: 400, meaning: 'the reserved header bytes are not zero' },
   FRAME_BAD_LENGTH: { status: 400, meaning: 'the payload length exceeds the limit or does not match count × width × size' },

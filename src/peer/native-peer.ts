@@ -9,6 +9,7 @@ import WebSocket from 'ws';
 import { meshCacheDir } from '../cache-dir.ts';
 import { MeshError } from '../errors.ts';
 import type { ShardRange } from '../backends/types.ts';
+import { backendCapability } from '../backends/capabilities.ts';
 import type { WebGpuBackend } from '../backends/webgpu/backend.ts';
 import { parseJoinUrl } from '../protocol/control.ts';
 import type { PeerToServer, RelayReply } from '../protocol/control.ts';
@@ -96,6 +97,7 @@ function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact:
   return {
     backend: opts.backend,
     memoryBytes: opts.memoryBytes,
+    serves: backendCapability(opts.backend),
     listen: opts.advertise ?? server.wsUrl,
     httpUrl: opts.advertise ? opts.advertise.replace(/^ws/, 'http').replace(/\/v1\/frames$/, '') : server.url,
     artifact: has.artifact,
@@ -124,7 +126,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     if (control?.readyState === WebSocket.OPEN) control.send(JSON.stringify(m));
   };
   const env: NativeStageEnv = {
-    backend: opts.backend, carrier: opts.carrier ?? 'ws', cacheDir, base, secret: opts.secret, model, send, log,
+    backend: opts.backend, memoryBytes: opts.memoryBytes, carrier: opts.carrier ?? 'ws', cacheDir, base, secret: opts.secret, model, send, log,
     peerId: () => core.peerId,
     takeSpareGpu: () => {
       const gpu = spareGpu;

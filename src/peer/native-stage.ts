@@ -1,8 +1,9 @@
-// Loading an assigned stage in a native node: a backend (cpu, llama.cpp, or WebGPU on Dawn),
-// the shard's bytes (only its byte ranges, verified and cached by artifact sha256; llama.cpp:
-// a whole local copy), and the link to the next stage — WebSocket or binary HTTP to its listen
-// address; to a tab (no listen address) a WebRTC data channel (native-rtc.ts); the server relay
-// when WebRTC is off or opens no channel, or the listen address cannot be reached from here.
+// Loading an assigned stage in a native node: a backend (cpu, llama.cpp — the whole model, or a
+// layer range through a shard GGUF — or WebGPU on Dawn), the shard's bytes (only its byte
+// ranges, verified and cached by artifact sha256; llama.cpp's whole model: a whole local copy),
+// and the link to the next stage — WebSocket or binary HTTP to its listen address; to a tab (no
+// listen address) a WebRTC data channel (native-rtc.ts); the server relay when WebRTC is off or
+// opens no channel, or the listen address cannot be reached from here.
 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -30,11 +31,16 @@ export async function nodeWebGpuBackend(): Promise<WebGpuBackend> {
   return (await import('../backends/webgpu/node.ts')).createNodeWebGpuBackend();
 }
 
-async function makeBackend(kind: BackendKind): Promise<StageBackend> {
+async function makeBackend(kind: BackendKind, wholeModel: boolean, memoryBytes: number): Promise<StageBackend> {
   if (kind === 'webgpu') return nodeWebGpuBackend();
   if (kind === 'cpu') {
     const { CpuBackend } = await import('../backends/cpu/backend.ts');
     return new CpuBackend();
+  }
+  // llama.cpp: the whole model from its own file (any architecture llama.cpp loads), a layer range from a shard GGUF
+  if (!wholeModel) {
+    const { LlamaCppRangeStage } = await import('../backends/llamacpp/range-stage.ts');
+    return new LlamaCppRangeStage({ kvType: 'f32', flashAttention: false, memoryBytes });
   }
   const { LlamaCppStage } = await import('../backends/llamacpp/stage.ts');
   return new LlamaCppStage({ kvType: 'f32', flashAttention: false });
@@ -56,6 +62,8 @@ async function httpLinkTo(wsUrl: string, auth: Record<string, string>): Promise<
 /** What a native node's loads share. */
 export interface NativeStageEnv {
   backend: BackendKind;
+  /** the memory this node offers (a llama.cpp range stage admits sessions within it) */
+  memoryBytes: number;
   /** how hidden states go to the next stage */
   carrier: 'ws' | 'http';
   /** verified shards and whole llama.cpp copies; null = no cache */
@@ -82,12 +90,17 @@ interface NextHop {
   candidatePair: CandidatePair | null;
 }
 
-/** Reads the shard's tensors: llama.cpp from a whole local copy, the others only the shard's ranges. */
+/** Whether the assignment is every layer of the model (llama.cpp then loads the model's own file). */
+function isWholeModel(a: Assignment): boolean {
+  return a.shard.start === 0 && a.shard.end === a.nLayer;
+}
+
+/** Reads the shard's tensors: llama.cpp's whole model from a whole local copy; a range, and the other backends, only the shard's ranges. */
 async function openShard(a: Assignment, env: NativeStageEnv, progress: (done: number, total: number) => void): Promise<{ source: TensorSource; fetched: () => number }> {
   // the secret and peer id go only to the server's own model hosting, never to a third-party URL
   const headers = modelHeaders(a.modelUrl, env.base, env.secret, env.peerId());
   const manifest = env.model.manifest;
-  if (env.backend === 'llamacpp') {
+  if (env.backend === 'llamacpp' && isWholeModel(a)) {
     const copy = await localCopy(a.modelUrl, headers, env.cacheDir ?? join(tmpdir(), 'gguf-mesh-cache'), manifest, progress);
     return { source: await openTensorSource(copy.path), fetched: () => copy.bytesFetched };
   }
@@ -149,7 +162,7 @@ export async function loadNativeStage(ctx: LoadContext, env: NativeStageEnv): Pr
     if (due(done, total)) env.send({ t: 'loading', routeId: a.routeId, stage: a.stage, bytesDone: done, bytesTotal: total });
   };
   // disposed if the load fails: a GPU device must not leak
-  const backend = ctx.keep(env.takeSpareGpu() ?? (await makeBackend(env.backend)), (b) => b.dispose());
+  const backend = ctx.keep(env.takeSpareGpu() ?? (await makeBackend(env.backend, isWholeModel(a), env.memoryBytes)), (b) => b.dispose());
   const { source, fetched } = await openShard(a, env, progress);
   ctx.keep(source, (s) => s.close());
   await backend.load(source, a.shard);

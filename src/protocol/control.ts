@@ -13,6 +13,7 @@
 
 import { MeshError } from '../errors.ts';
 import type { ShardRange } from '../gguf/types.ts';
+import type { ServeCapability } from '../model/serve-capability.ts';
 
 export interface PeerHello {
   t: 'hello';
@@ -21,6 +22,8 @@ export interface PeerHello {
   name?: string;
   backend: string;
   memoryBytes: number;
+  /** what it can compute: architectures as layer ranges or whole only, weight types; the planner assigns nothing else */
+  serves?: ServeCapability;
   /** where other stages reach this peer: ws://host:port/v1/frames (absent: not reachable) */
   listen?: string;
   /** http://host:port for the binary HTTP protocol */

@@ -78,3 +78,13 @@ export function top2Gap(x: Float32Array): number {
   }
   return a - b;
 }
+
+/** llama.cpp's top-two logit gap after `prompt` + `tokens` (how near a tie its greedy pick there was) */
+export function oracleGapAfter(model: LlamaModelFfi, prompt: readonly number[], tokens: readonly number[]): number {
+  const ctx = model.createContext({ ...EXACT, contextLength: prompt.length + tokens.length + 1 });
+  try {
+    return top2Gap(ctx.decode([...prompt, ...tokens]));
+  } finally {
+    ctx.dispose();
+  }
+}

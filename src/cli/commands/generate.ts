@@ -39,7 +39,7 @@ export const command: Command = {
     prompt: { type: 'string', short: 'p', valueName: '<text>', description: 'prompt text (BOS added when the model asks, special tokens parsed)' },
     n: { type: 'string', valueName: '<count>', description: 'most tokens to generate', default: '64' },
     backend: { type: 'string', valueName: '<cpu|llamacpp|webgpu>', description: 'engine (webgpu: Dawn in this process, SwiftShader where there is no GPU)', default: 'cpu' },
-    layers: { type: 'string', valueName: '<a-b,b-c,…>', description: 'cpu: run as a chain of in-process stages over these layer ranges' },
+    layers: { type: 'string', valueName: '<a-b,b-c,…>', description: 'run as a chain of in-process stages over these layer ranges (llamacpp: each a shard GGUF)' },
     temperature: { type: 'string', valueName: '<t>', description: 'sampling temperature; 0 is greedy', default: '0' },
     'top-k': { type: 'string', valueName: '<k>', description: 'keep the k most likely tokens (0 = off)', default: '0' },
     'top-p': { type: 'string', valueName: '<p>', description: 'nucleus sampling threshold (1 = off)', default: '1' },
@@ -125,7 +125,6 @@ function readOptions(args: ParsedArgs): GenerateOptions {
   if (ctx !== undefined && ctx <= 0) throw new UsageError(`--ctx must be > 0, got ${ctx}`);
   const threads = optionalIntOption(args, 'threads');
   const layers = stringOption(args, 'layers');
-  if (layers !== undefined && backend === 'llamacpp') throw new UsageError('--layers needs --backend cpu or webgpu (llama.cpp runs whole models only)');
   const stop = (args.values.stop as string[] | undefined) ?? [];
   return {
     model: args.values.join !== undefined ? '' : stringOption(args, 'model', true),
@@ -153,7 +152,7 @@ function readOptions(args: ParsedArgs): GenerateOptions {
 
 /** The generator the options ask for. */
 async function openGenerator(opts: GenerateOptions, source: TensorSource, tokenizer: Tokenizer, contextLength: number): Promise<TextGenerator> {
-  if (opts.backend === 'llamacpp') {
+  if (opts.backend === 'llamacpp' && !opts.layers) {
     if (isUrl(opts.model)) throw new MeshError('LLAMACPP_LOCAL_ONLY', `llama.cpp loads local files only, not ${opts.model}`);
     const model = await LlamaCppModel.load(opts.model, {
       contextLength,
@@ -167,8 +166,13 @@ async function openGenerator(opts: GenerateOptions, source: TensorSource, tokeni
   const shards = opts.layers ? parseLayerRanges(opts.layers, nLayer) : [{ start: 0, end: nLayer }];
   const stages: StageBackend[] = [];
   for (const shard of shards) {
-    // webgpu: loaded lazily, so other backends never start Dawn
-    const stage = opts.backend === 'webgpu' ? await (await import('../../backends/webgpu/node.ts')).createNodeWebGpuBackend() : new CpuBackend({ weightStorage: opts.weightStorage });
+    // webgpu and llama.cpp: loaded lazily, so other backends never start Dawn or libllama
+    const stage =
+      opts.backend === 'webgpu'
+        ? await (await import('../../backends/webgpu/node.ts')).createNodeWebGpuBackend()
+        : opts.backend === 'llamacpp'
+          ? new (await import('../../backends/llamacpp/range-stage.ts')).LlamaCppRangeStage({ flashAttention: opts.flashAttention, kvType: opts.kvType, ...(opts.threads ? { threads: opts.threads } : {}) })
+          : new CpuBackend({ weightStorage: opts.weightStorage });
     await stage.load(source, shard);
     stages.push(stage);
   }

@@ -1,6 +1,8 @@
 // `gguf-mesh node --join <room url>`: a native peer. Joins the room, advertises its backend (cpu,
-// llama.cpp, or WebGPU through Dawn, with its adapter) and memory, loads the shard the planner
-// assigns (only that shard's bytes), and serves frames until stopped or the server goes away.
+// llama.cpp, or WebGPU through Dawn, with its adapter), what that backend can serve and its
+// memory, loads the shard the planner assigns (only that shard's bytes; llama.cpp runs a layer
+// range from a shard GGUF, a whole model from the artifact's own file), and serves frames
+// until stopped or the server goes away.
 
 import type { Command } from '../command.ts';
 import { stringOption, UsageError } from '../command.ts';
@@ -30,7 +32,7 @@ export const command: Command = {
     device: { type: 'string', description: 'torch only: cpu or cuda', default: 'cpu', valueName: '<cpu|cuda>' },
     threads: { type: 'string', description: 'torch only: CPU threads for torch', default: '1', valueName: '<n>' },
     layers: { type: 'string', description: 'serve exactly layers [a, b) instead of what the planner picks', valueName: '<a-b>' },
-    memory: { type: 'string', description: 'memory offered for weights', default: '4GiB', valueName: '<size>' },
+    memory: { type: 'string', description: 'memory offered for weights (a llama.cpp range also admits sessions only while their KV fits beside them)', default: '4GiB', valueName: '<size>' },
     listen: { type: 'string', description: 'where other stages reach this node', default: '127.0.0.1:0', valueName: '<host:port>' },
     carrier: { type: 'string', description: 'hidden states to the next stage over ws or http', default: 'ws', valueName: '<ws|http>' },
     advertise: { type: 'string', description: 'the ws://host:port/v1/frames address to tell others, when not the listen address', valueName: '<url>' },
