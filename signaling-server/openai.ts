@@ -12,7 +12,7 @@ import { httpStatusFor, MeshError } from '../src/errors.ts';
 import { ChatTemplate } from '../src/model/chat-template.ts';
 import type { ChatMessage } from '../src/model/chat-template.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
-import { configFromHeader } from '../src/model/config.ts';
+import { hyperParameters } from '../src/gguf/summary.ts';
 import { generateOnRoute } from '../src/route/route-generation.ts';
 import type { RouteGenerationResult } from '../src/route/route-generation.ts';
 import type { SessionManager } from '../src/route/sessions.ts';
@@ -111,7 +111,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
       promptText = Array.isArray(body.prompt) ? String(body.prompt[0]) : body.prompt;
     }
     const promptTokens = tokenizer.encode(promptText);
-    const nCtx = configFromHeader(room.model.header).nCtxTrain;
+    const nCtx = hyperParameters(room.model.header).n_ctx_train || 2048; // as configFromHeader defaults it
     const maxTokens = Math.floor(num(body.max_completion_tokens ?? body.max_tokens, 'max_tokens', 0, nCtx, chat ? Math.max(0, Math.min(512, nCtx - promptTokens.length)) : 16));
     const temperature = num(body.temperature, 'temperature', 0, 2, 1);
     const topP = num(body.top_p, 'top_p', Number.MIN_VALUE, 1, 1);

@@ -7,6 +7,7 @@ import { randomBytes } from 'node:crypto';
 import type WebSocket from 'ws';
 import { helloProof } from '../src/protocol/control.ts';
 import type { PeerHello, PeerToServer } from '../src/protocol/control.ts';
+import { isServeCapability } from '../src/model/serve-capability.ts';
 import { secretMatches } from '../src/transport/frame-server.ts';
 import { handleBrowserPeerMessage } from './browser-peers.ts';
 import type { BrowserPeerRoom, RelayLedger } from './browser-peers.ts';
@@ -58,6 +59,8 @@ function cleanHello(msg: PeerHello): PeerHello {
     ...(typeof msg.artifact === 'string' ? { artifact: msg.artifact } : {}),
     ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
     ...(msg.adapter ? { adapter: msg.adapter } : {}),
+    ...(msg.rtc === true ? { rtc: true } : {}),
+    ...(isServeCapability(msg.serves) ? { serves: msg.serves } : {}),
   };
 }
 
@@ -79,8 +82,11 @@ function browserPeerView(room: Room): BrowserPeerRoom {
   };
 }
 
-/** Runs the challenge on a new peer socket of `room`, then serves the admitted peer's messages. */
-export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger, liveness: Liveness = DEFAULT_LIVENESS): void {
+/**
+ * Runs the challenge on a new peer socket of `room`, then serves the admitted peer's messages.
+ * `origin`: where the peer reached this server (it reads a hosted model there).
+ */
+export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger, origin?: string, liveness: Liveness = DEFAULT_LIVENESS): void {
   const nonce = randomBytes(16).toString('hex');
   const expectedProof = helloProof(room.secret, nonce);
   const view = browserPeerView(room);
@@ -114,7 +120,7 @@ export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger, livene
       if (!secretMatches(hello.proof, proof)) return refuse('AUTH_FAILED', 'wrong room secret');
       if (ws.readyState !== ws.OPEN) return;
       clearTimeout(helloTimer);
-      peer = room.addPeer(cleanHello(hello), ws);
+      peer = room.addPeer(cleanHello(hello), ws, origin);
       stopWatching = watchLiveness(room, peer, ws, liveness);
     });
   });

@@ -11,11 +11,14 @@ import type { ShardRange } from '../src/gguf/types.ts';
 import type { GgufHeader } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
 import { planRoute } from '../src/route/planner.ts';
+import type { PlannerPeer } from '../src/route/planner.ts';
+import { modelTraits, servable } from '../src/model/serve-capability.ts';
+import type { ModelTraits, Servable } from '../src/model/serve-capability.ts';
 import { unitsRange } from '../src/peer/verified-source.ts';
-import type { IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/protocol/control.ts';
+import type { CandidatePair, IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/protocol/control.ts';
 import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
-import type { TelemetryEvent } from '../src/route/telemetry.ts';
+import type { HopLink, TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
 import { FrameType, makeFrame } from '../src/protocol/frame.ts';
 import { RouteKeeper } from './route-repair.ts';
@@ -34,6 +37,8 @@ export interface Peer {
   control: WsLink;
   joinedAt: number;
   gone: boolean;
+  /** the origin the peer reached the server at (https://host:port), when known */
+  origin?: string;
   /** refused its shard's bytes (hash mismatch): stays out of routes for this artifact */
   excluded?: string;
   /** asked to leave gracefully: takes no new stage or standby */
@@ -120,6 +125,15 @@ export class Route implements RouteHandle {
     await this.room.probeStages(this);
   }
 
+  /** How each hop is carried, from the stages' own reports (a native node without WebRTC reports none: ws to a listen address, else the relay). */
+  hops(): HopLink[] {
+    return this.stages.slice(0, -1).map((st) => {
+      const next = this.stages[st.stage + 1]!;
+      const t = st.telemetry as { hop?: string; candidatePair?: CandidatePair | null } | undefined;
+      return { from: st.stage, to: next.stage, fromPeer: st.peerId, toPeer: next.peerId, kind: t?.hop ?? (next.listen ? 'ws' : 'relay'), candidatePair: t?.candidatePair ?? null };
+    });
+  }
+
   summary(): Record<string, unknown> {
     return {
       id: this.id,
@@ -131,6 +145,7 @@ export class Route implements RouteHandle {
       stages: this.stages.map((s) => ({ ...s, peer: this.room.peerSummary(s.peerId) })),
       repair: this.repairState ? { since: this.repairState.since, stages: this.repairState.stages, lost: [...this.repairState.lost.values()] } : null,
       spares: this.room.keeper.summary(),
+      hops: this.hops(),
     };
   }
 }
@@ -140,11 +155,13 @@ export interface RoomOptions {
   planDelayMs: number;
   /** URL peers use to read the model (already absolute) */
   modelUrl: string;
+  /** a hosted model's path on this server: each peer reads it at the origin it joined by */
+  modelPath?: string;
   nextRouteId: () => number;
   sessions: SessionManager;
   log: (line: string) => void;
   /** STUN/TURN servers announced to peers in welcome (browser peers across the internet) */
-  iceServers?: IceServer[];
+  iceServers?: IceServer[] | ((peerId: string) => IceServer[]);
   /** how long a ready route waits for a replacement of a lost stage (ms; 0 = no repair, sessions fail at once) */
   repairTimeoutMs?: number;
   /** spares load their standby shard ahead of time (default true) */
@@ -160,6 +177,7 @@ export class Room {
   private planTimer: NodeJS.Timeout | null = null;
   private peerCounter = 0;
   private listeners = new Set<(e: TelemetryEvent) => void>();
+  private traits: ModelTraits | null = null;
   /** recent route events, replayed to a new subscriber */
   private recent: TelemetryEvent[] = [];
   /** spares and repairs */
@@ -178,9 +196,6 @@ export class Room {
     return this.opts.sessions;
   }
 
-  get modelUrl(): string {
-    return this.opts.modelUrl;
-  }
 
   log(line: string): void {
     this.opts.log(`[room ${this.id}] ${line}`);
@@ -199,17 +214,24 @@ export class Room {
     return () => this.listeners.delete(listener);
   }
 
-  brief(): ModelBrief {
-    return { id: this.model.id, url: this.opts.modelUrl, nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes, files: this.model.files };
+  /** Where `peer` reads the model: a hosted one at the peer's own origin for this server. */
+  modelUrlFor(peer: Peer | undefined): string {
+    return this.opts.modelPath && peer?.origin ? `${peer.origin}${this.opts.modelPath}` : this.opts.modelUrl;
   }
 
-  addPeer(hello: PeerHello, ws: WebSocket): Peer {
+  brief(peer?: Peer): ModelBrief {
+    return { id: this.model.id, url: this.modelUrlFor(peer), nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes, files: this.model.files };
+  }
+
+  addPeer(hello: PeerHello, ws: WebSocket, origin?: string): Peer {
     const id = `${hello.name ? hello.name.replace(/[^A-Za-z0-9_.-]/g, '').slice(0, 24) + '-' : 'peer-'}${++this.peerCounter}${randomBytes(2).toString('hex')}`;
-    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`), joinedAt: Date.now(), gone: false };
+    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`), joinedAt: Date.now(), gone: false, ...(origin ? { origin } : {}) };
     this.peers.set(id, peer);
-    this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}`);
-    const ice = this.opts.iceServers?.length ? { iceServers: this.opts.iceServers } : {};
-    this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief(), ...ice });
+    const can = this.servableBy(peer);
+    this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}; serves ${can.ranges ? 'any layer range' : can.wholeModel ? 'the whole model only' : `nothing of this model (${can.reason})`}`);
+    const servers = typeof this.opts.iceServers === 'function' ? this.opts.iceServers(id) : this.opts.iceServers;
+    const ice = servers?.length ? { iceServers: servers } : {};
+    this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief(peer), ...ice });
     const r = this.route;
     if (r?.repairState) this.keeper.fillWaiting(r);
     else if (r?.status === 'ready') this.keeper.assignStandbys(r);
@@ -294,7 +316,9 @@ export class Room {
       st.status = 'ready';
       if (r.stages.every((s) => s.status === 'ready')) void this.announceReady(r);
     } else if (msg.t === 'telemetry') {
-      st.telemetry = msg; // browser peers: load progress, hop kind (webrtc | relay), frames per channel
+      // load progress, hop kind and candidate pair, frames per channel; merged, so the cache facts
+      // of the 'ready' report survive the periodic counter reports that follow it
+      st.telemetry = { ...st.telemetry, ...msg };
     } else if (msg.t === 'loading') {
       st.loading = { bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal };
       this.emit({ type: 'stage_loading', routeId: r.id, stage: st.stage, bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal });
@@ -336,9 +360,14 @@ export class Room {
   assignStage(r: Route, stage: number, peer: Peer): void {
     const st = r.stages[stage]!;
     const next = r.stages[stage + 1];
-    const downstream = next ? (this.peers.get(next.peerId)?.hello.listen ?? null) : null;
+    const nextHello = next ? this.peers.get(next.peerId)?.hello : undefined;
     const upstreamPeer = r.stages[stage - 1]?.peerId ?? null;
-    this.send(peer, { t: 'assign', routeId: r.id, stage, shard: { ...st.shard }, nLayer: this.model.nLayer, modelUrl: this.opts.modelUrl, downstream, downstreamPeer: next?.peerId ?? null, upstreamPeer });
+    this.send(peer, { t: 'assign', routeId: r.id, stage, shard: { ...st.shard }, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), ...this.downstreamOf(next?.peerId ?? null, nextHello), upstreamPeer });
+  }
+
+  /** How a stage reaches peer `peerId` as its next stage: its listen address, and whether it answers data channels (tabs always do; a native node says so in its hello). */
+  downstreamOf(peerId: string | null, hello: PeerHello | undefined): { downstream: string | null; downstreamPeer: string | null; downstreamRtc: boolean } {
+    return { downstream: hello?.listen ?? null, downstreamPeer: peerId, downstreamRtc: hello ? hello.rtc === true || !hello.listen : false };
   }
 
   schedulePlan(): void {
@@ -359,11 +388,19 @@ export class Room {
       if (current?.status === 'forming') current.reason = `waiting for peers: ${peers.length} of ${this.opts.minPeers}`;
       return;
     }
-    const plan = planRoute({
-      nLayer: this.model.nLayer,
-      peers: peers.map((p) => ({ id: p.id, memoryBytes: p.hello.memoryBytes, layers: p.hello.layers, held: this.heldRangeOf(p) })),
-      shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer),
-    });
+    // only what each peer can compute, decided here, before anyone fetches a byte
+    const able = peers.map((p) => ({ p, can: this.servableBy(p) })).filter(({ can }) => can.wholeModel);
+    const plannerPeers: PlannerPeer[] = able.map(({ p, can }) => ({
+      id: p.id,
+      memoryBytes: p.hello.memoryBytes,
+      layers: p.hello.layers,
+      held: this.heldRangeOf(p),
+      serves: can.ranges ? 'ranges' : 'whole-model',
+    }));
+    const unable = peers.filter((p) => !this.servableBy(p).wholeModel);
+    const plan = plannerPeers.length
+      ? planRoute({ nLayer: this.model.nLayer, peers: plannerPeers, shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer) })
+      : { ok: false as const, reason: `no peer can serve ${(this.traits ??= modelTraits(this.model.header)).architecture}: ${unable.map((p) => `${p.id} (${p.hello.backend}): ${this.servableBy(p).reason}`).join('; ')}` };
     if (current && current.status === 'forming' && !plan.ok) {
       current.reason = plan.reason;
       return;
@@ -385,6 +422,12 @@ export class Room {
     route.setStatus('loading');
     // downstream first: the last stage starts loading before the ones that will send to it
     for (const st of [...route.stages].reverse()) this.assignStage(route, st.stage, this.peers.get(st.peerId)!);
+  }
+
+  /** What of this room's model a peer can compute, from the capability its hello advertised. */
+  servableBy(p: Peer): Servable {
+    this.traits ??= modelTraits(this.model.header);
+    return servable(p.hello.serves, this.traits);
   }
 
   /** The layer range a peer advertises holding verified for this room's artifact. */
@@ -417,7 +460,8 @@ export class Room {
     if (!p) return null;
     const { proof: _proof, t: _t, ...hello } = p.hello;
     const stage = this.route?.stages.find((s) => s.peerId === id);
-    return { id, ...hello, excluded: p.excluded ?? null, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+    const can = this.servableBy(p);
+    return { id, ...hello, excluded: p.excluded ?? null, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
   }
 
   summary(): Record<string, unknown> {

@@ -146,7 +146,7 @@ export class RouteKeeper {
       const pick = fits.find((st) => wanted && st.shard.start === wanted.start && st.shard.end === wanted.end) ?? [...fits].sort((a, b) => count(a.stage) - count(b.stage) || b.stage - a.stage)[0]!;
       this.spares.set(p.id, { peerId: p.id, stage: pick.stage, shard: { ...pick.shard }, status: 'loading' });
       this.room.log(`peer ${p.id}: spare for stage ${pick.stage} (layers ${pick.shard.start}-${pick.shard.end}), loading its standby shard`);
-      this.room.send(p, { t: 'standby', routeId: r.id, stage: pick.stage, shard: { ...pick.shard }, nLayer: this.room.model.nLayer, modelUrl: this.room.modelUrl });
+      this.room.send(p, { t: 'standby', routeId: r.id, stage: pick.stage, shard: { ...pick.shard }, nLayer: this.room.model.nLayer, modelUrl: this.room.modelUrlFor(p) });
     }
   }
 
@@ -280,7 +280,7 @@ export class RouteKeeper {
       if (st.status === 'ready') waits.push(this.awaitRewired(peer.id, r.id, st.stage));
       this.room.send(peer, { t: 'rewire', routeId: r.id, stage: st.stage, ...fields });
     };
-    if (prev) tell(prev, { downstream: p.hello.listen ?? null, downstreamPeer: p.id });
+    if (prev) tell(prev, this.room.downstreamOf(p.id, p.hello));
     if (next) tell(next, { upstreamPeer: p.id });
     await Promise.all(waits);
     if (stage === 0) await this.room.connectEntry(r);

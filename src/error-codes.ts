@@ -98,12 +98,17 @@ const BACKENDS = {
   NOT_INITIALISED: { status: 500, meaning: 'the WebGPU worker has no device yet' },
   SHADER_MISSING: { status: 500, meaning: 'no WGSL source has the asked name' },
   LLAMACPP_UNAVAILABLE: { status: 500, meaning: "node-llama-cpp's prebuilt libllama is not installed" },
+  TORCH_UNAVAILABLE: { status: 500, meaning: 'no Python here imports torch and numpy (Debian: python3-torch, python3-numpy), or torch sees no CUDA device for --device cuda' },
   LLAMACPP_LOAD_FAILED: { status: 500, meaning: 'llama.cpp could not load the model file' },
   LLAMACPP_LOCAL_ONLY: { status: 500, meaning: 'llama.cpp loads local files only, not URLs' },
   LLAMACPP_EVAL_FAILED: { status: 500, meaning: 'llama.cpp failed while evaluating a batch' },
   LLAMACPP_CONTEXT_FAILED: { status: 500, meaning: 'llama.cpp could not create a context' },
   LLAMACPP_DECODE_FAILED: { status: 500, meaning: 'llama_decode returned an error' },
-  LLAMACPP_NO_OUTPUT: { status: 500, meaning: 'llama.cpp returned no logits' },
+  LLAMACPP_NO_OUTPUT: { status: 500, meaning: "llama.cpp returned no logits, or its graph has no layer output to read a range's hidden states from" },
+  LLAMACPP_SHARD_METADATA: { status: 500, meaning: "a shard GGUF cannot be written: the header lacks its metadata's GGUF types, nests arrays, or has a per-layer array of another length" },
+  // 503, not 409: the request is sound and the session's own state is fine; the stage is at
+  // capacity until other sessions close (or its --memory is too small), so it is ours, and a retry may succeed
+  STAGE_MEMORY_FULL: { status: 503, meaning: "a new session's KV cache and buffers do not fit the stage's --memory beside its weights and open sessions" },
 } as const satisfies Codes;
 
 const PROTOCOL = {
@@ -115,6 +120,7 @@ const PROTOCOL = {
   FRAME_BAD_SESSION: { status: 400, meaning: 'the session id is not 32 lowercase hex digits, or is the reserved all-zero id' },
   FRAME_BAD_ROUTE: { status: 400, meaning: 'the route id is not the route the session runs on' },
   FRAME_BAD_DIMENSION: { status: 400, meaning: "the token count or width is out of range for the frame's type" },
+  FRAME_BAD_WIDTH: { status: 400, meaning: "a Hidden frame's width is not the n_embd of the stage it reaches" },
   FRAME_BAD_DTYPE: { status: 400, meaning: "the dtype is not allowed for the frame's type" },
   FRAME_BAD_RESERVED: { status: 400, meaning: 'the reserved header bytes are not zero' },
   FRAME_BAD_LENGTH: { status: 400, meaning: 'the payload length exceeds the limit or does not match count × width × size' },
@@ -142,6 +148,10 @@ const TRANSPORT = {
   WEBRTC_FAILED: { status: 500, meaning: 'a WebRTC data channel failed' },
   WEBRTC_TIMEOUT: { status: 500, meaning: 'no WebRTC data channel opened in time' },
   NOT_FOUND: { status: 404, meaning: 'the HTTP path is not served here' },
+  BAD_CA_FINGERPRINT: { status: 500, meaning: 'a CA fingerprint (#ca=, --ca-fingerprint) is not 64 hex digits of a sha256' },
+  BAD_CA_CERT: { status: 500, meaning: 'a CA certificate to trust (--ca-file) cannot be read or is not a PEM certificate' },
+  TLS_FINGERPRINT_MISMATCH: { status: 500, meaning: 'the https server presented no CA certificate with the pinned sha256 fingerprint' },
+  TLS_UNTRUSTED: { status: 500, meaning: "the https server's certificate does not verify against the pinned or named CA" },
 } as const satisfies Codes;
 
 const ROUTE = {
@@ -185,6 +195,9 @@ const SERVER = {
   UI_NOT_BUILT: { status: 500, meaning: 'the web app is not built and vite is not installed' },
   UI_BUILD_LOCKED: { status: 500, meaning: 'another process has been building the web app for too long (a stale lock in dist/)' },
   UI_BUILD_FAILED: { status: 500, meaning: 'building the web app with vite failed' },
+  TLS_BAD_OPTIONS: { status: 400, meaning: 'the TLS options of serve contradict each other (--tls-cert without --tls-key, --insecure-http with --tls…)' },
+  TLS_BAD_CERT: { status: 500, meaning: "the operator's certificate or key (--tls-cert/--tls-key) cannot be read or do not make a TLS context" },
+  TLS_BAD_KEY: { status: 500, meaning: "the cached local CA's private key is not a PKCS#8 ECDSA P-256 key" },
   UI_DEV_UNAVAILABLE: { status: 500, meaning: '--ui dev needs vite (a development install) and a loopback host' },
 } as const satisfies Codes;
 

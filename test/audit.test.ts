@@ -140,7 +140,7 @@ describe('deepseek4 (DeepSeek-V4-Flash layout, Q4_K)', () => {
     expect(p.feasible).toBe(true);
     expect(p.stages.map((s) => [s.start, s.end])).toEqual([[0, 13], [13, 18], [18, 22], [22, 26], [26, 30], [30, 43]]);
     expect(p.stages.at(-1)!.blockers.join('\n')).toMatch(/not the 4-stream hyper-connection state/);
-    expect(p.stages[0]!.blockers.join('\n')).toMatch(/serves whole models only/);
+    expect(p.stages[0]!.blockers.join('\n')).toMatch(/as the whole model only; its layer-range path runs llama, qwen2, qwen3/);
     expect(p.stages[0]!.split_tensors).toEqual([]); // native peers have no binding limit
     expect(p.stages.map((s) => s.backend)).toEqual(['llamacpp', 'webgpu', 'webgpu', 'webgpu', 'webgpu', 'llamacpp']);
   });
@@ -269,11 +269,11 @@ describe('stories260K (llama, fully supported)', () => {
     expect(p.wire_bytes_per_token).toBe((n - 1) * 128);
   });
 
-  it('runs a whole model on a native llama.cpp peer and a layer range on the native CPU engine', () => {
+  it('runs a whole model and a layer range on native llama.cpp peers', () => {
     const whole = auditHeader(header, 'stories', { peers: peers(1, 8 * MiB, 'native') }).plan!;
     expect(whole.stages.map((s) => s.backend)).toEqual(['llamacpp']);
     const split = auditHeader(header, 'stories', { peers: [...peers(1, 8 * MiB), ...peers(1, 8 * MiB, 'native')] }).plan!;
-    expect(split.stages.map((s) => s.backend)).toEqual(['webgpu', 'cpu']);
+    expect(split.stages.map((s) => s.backend)).toEqual(['webgpu', 'llamacpp']);
     expect(split.runnable_now).toBe(true);
   });
 

@@ -20,7 +20,7 @@ import type { TensorSource } from '../src/gguf/types.ts';
 import { configFromHeader } from '../src/model/config.ts';
 import { ARCHS, MODEL_TYPES } from '../src/model/synthetic-model.ts';
 import { InProcessChain } from '../src/route/generation.ts';
-import { LlamaModelFfi, argmax, maxAbsDiff, oracleGreedy, oracleHidden } from './support/llamacpp-oracle.ts';
+import { FLIP_BOUND, LlamaModelFfi, argmax, maxAbsDiff, oracleGreedy, oracleHidden, top2Gap } from './support/llamacpp-oracle.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
 const N = 32;
@@ -33,9 +33,6 @@ afterAll(async () => {
   for (const s of open) await s.close();
 });
 
-/** the largest logit change one 8-bit rounding flip has caused on these models (measured ≤ 2.4e-2) */
-const FLIP_BOUND = 5e-2;
-
 function rms(x: Float32Array): number {
   let s = 0;
   for (const v of x) s += v * v;
@@ -46,17 +43,6 @@ function rmsDiff(a: Float32Array, b: Float32Array): number {
   let s = 0;
   for (let i = 0; i < a.length; i++) s += (a[i]! - b[i]!) ** 2;
   return Math.sqrt(s / a.length);
-}
-
-/** the gap between the largest and second-largest logit */
-function top2Gap(x: Float32Array): number {
-  let a = -Infinity;
-  let b = -Infinity;
-  for (const v of x) {
-    if (v > a) [a, b] = [v, a];
-    else if (v > b) b = v;
-  }
-  return a - b;
 }
 
 describe.each(ARCHS)('%s with GQA (4 heads, 2 KV heads)', (arch) => {

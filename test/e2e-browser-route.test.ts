@@ -314,7 +314,11 @@ describe('a mixed route: two browser tabs and a native cpu node', () => {
     expect(route.stages[2].peerId.startsWith('native-')).toBe(true);
     expect(await generateOverHttp(serve, route.id, 'mixed: 2 tabs + cpu node')).toEqual(expected);
     const byStage = (await Promise.all(tabs.map((t) => peerState(t.page)))).sort((a, b) => a!.stage! - b!.stage!);
-    expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'relay']); // browser → native goes through the server
+    expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'webrtc']); // browser → native over a data channel too (native-rtc.ts)
+    expect(byStage[1]!.candidatePair).toMatchObject({ local: 'host', protocol: 'udp' });
+    const after = (await getJson(`${serve.base}/v1/routes/${route.id}`, serve.secret)).body;
+    expect(after.stages[1].telemetry).toMatchObject({ hop: 'webrtc' });
+    expect(Object.values(after.stages[2].telemetry?.upstreamPairs ?? {})).toEqual([expect.objectContaining({ protocol: 'udp' })]);
     const quota = (await peerState(tabs[0]!.page))!;
     expect(quota.load!.cacheError).toMatch(/^STORAGE_QUOTA/);
     expect(quota.status).toBe('ready');
@@ -322,11 +326,11 @@ describe('a mixed route: two browser tabs and a native cpu node', () => {
 });
 
 describe('a mixed route led by a native node', () => {
-  it('the node relays its hidden states to the first tab through the server; tokens identical', async () => {
+  it('a node without WebRTC (--no-webrtc) relays its hidden states to the first tab through the server; tokens identical', async () => {
     const serve = await spawnServe(modelPath, ['--min-peers', '3']);
     const tabs: Tab[] = [];
     try {
-      const node = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', '1GiB', '--name', 'lead']);
+      const node = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', '1GiB', '--name', 'lead', '--no-webrtc']);
       await node.waitFor(/joined room/);
       for (const name of ['k1', 'k2']) tabs.push(await openTab(serve, name));
       const route = await waitForRoute(serve, 'ready', 60_000);

@@ -6,6 +6,7 @@ import type { GgmlType } from '../gguf/types.ts';
 import { DEQUANT_TYPES } from '../gguf/dequant.ts';
 import { SUPPORTED_ARCHITECTURES } from '../model/config.ts';
 import { SUPPORTED_WEIGHT_TYPES } from '../backends/webgpu/shader-library.ts';
+import { LLAMACPP_WHOLE_MODEL_ARCHITECTURES } from '../backends/llamacpp/architectures.ts';
 
 export const OPS = {
   embed_lookup: 'token embedding row lookup',
@@ -102,11 +103,8 @@ export const BACKEND_OPS: Readonly<Record<'cpu' | 'webgpu', ReadonlySet<OpId>>> 
 export const BACKEND_ARCHS: Readonly<Record<BackendId, ReadonlySet<string>>> = {
   cpu: new Set(SUPPORTED_ARCHITECTURES),
   webgpu: new Set(SUPPORTED_ARCHITECTURES),
-  // names present in the llama.cpp bundled with node-llama-cpp@3.21.1 (libllama.v0.4.0.so)
-  llamacpp: new Set([
-    'llama', 'qwen2', 'qwen3', 'qwen3moe', 'qwen35', 'qwen35moe', 'qwen3next', 'deepseek2',
-    'deepseek32', 'deepseek4', 'glm-dsa', 'glm4moe',
-  ]),
+  // every architecture the bundled llama.cpp generates with (src/backends/llamacpp/architectures.ts)
+  llamacpp: new Set(LLAMACPP_WHOLE_MODEL_ARCHITECTURES),
 };
 
 /** ggml types whose weights each backend reads. llama.cpp reads every type a GGUF may hold. */

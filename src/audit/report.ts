@@ -10,6 +10,9 @@ import type { OpId } from './ops.ts';
 import { modelGeometry } from './geometry.ts';
 import type { ModelGeometry } from './geometry.ts';
 import { planShards } from './plan.ts';
+import { backendCapability } from '../backends/capabilities.ts';
+import { modelTraits, servable } from '../model/serve-capability.ts';
+import type { Servable } from '../model/serve-capability.ts';
 import type { PeerSpec, PlanOptions, ShardPlan } from './plan.ts';
 
 export interface BackendSupport {
@@ -52,7 +55,7 @@ export interface StageReport {
   needs_token_ids: boolean;
   needs_start_penalty: boolean;
   split_tensors: { name: string; bytes: number; pieces: number }[];
-  /** backend the stage would run on: webgpu (browser), llamacpp (native, whole model) or cpu (native, layer range) */
+  /** backend the stage would run on: webgpu (browser), llamacpp (native: whole model, or a range of llama/qwen2/qwen3) or cpu (native, other ranges) */
   backend: 'webgpu' | 'llamacpp' | 'cpu';
   /** why that backend cannot serve this stage today (empty when it can) */
   blockers: string[];
@@ -144,15 +147,22 @@ function support(g: ModelGeometry, types: TypeRow[], backend: 'cpu' | 'webgpu'):
   };
 }
 
-function llamacppSupport(g: ModelGeometry): BackendSupport {
-  const architecture = BACKEND_ARCHS.llamacpp.has(g.architecture);
+/** What a llama.cpp node may be given of this model: the rule `serve` plans with (model/serve-capability.ts). */
+function llamacppServable(header: GgufHeader): Servable {
+  return servable(backendCapability('llamacpp'), modelTraits(header));
+}
+
+function llamacppSupport(g: ModelGeometry, header: GgufHeader): BackendSupport {
+  const can = llamacppServable(header);
   const notes = [
-    'serves whole models only today (src/backends/llamacpp/stage.ts); a layer range needs hidden-state input/output around llama.cpp',
+    can.ranges
+      ? 'serves any layer range (a shard GGUF run by llama.cpp, src/backends/llamacpp/range-stage.ts)'
+      : `serves '${g.architecture}' as the whole model only (one stage); its layer-range path runs ${backendCapability('llamacpp').rangeArchitectures.join(', ')}`,
   ];
   if (g.hcStreams > 1) {
     notes.push(`llama.cpp takes n_embd-wide input embeddings only: a middle or last stage cannot receive the ${g.hcStreams}-stream state`);
   }
-  return { architecture, missing_ops: [], unsupported_types: [], ready: architecture, notes };
+  return { architecture: can.wholeModel, missing_ops: [], unsupported_types: [], ready: can.wholeModel, notes };
 }
 
 /** Names of the tensors a stage holds. */
@@ -167,8 +177,8 @@ function stageTensorNames(g: ModelGeometry, s: ShardPlan['stages'][number]): Set
 
 /**
  * The backend a stage would run on and what stops it today. Browsers run WebGPU. A native peer
- * runs llama.cpp for a whole model (the llama.cpp backend serves whole models only,
- * src/backends/llamacpp/stage.ts), and the CPU reference engine for a layer range.
+ * runs llama.cpp for a whole model, and for a layer range where llama.cpp's range path serves
+ * the architecture; otherwise the CPU reference engine.
  */
 function stageBackend(
   g: ModelGeometry,
@@ -192,11 +202,13 @@ function stageBackend(
   } else if (s.start === 0 && s.holdsHead) {
     backend = 'llamacpp';
     if (!report.backends.llamacpp.architecture) out.push(`the bundled llama.cpp does not know '${g.architecture}'`);
+  } else if (llamacppServable(header).ranges) {
+    backend = 'llamacpp';
   } else if (report.backends.cpu.architecture && report.backends.cpu.missing_ops?.length === 0 && unreadable(BACKEND_TYPES.cpu).length === 0) {
     backend = 'cpu';
   } else {
     backend = 'llamacpp';
-    out.push('the llama.cpp backend serves whole models only; a layer range needs hidden-state input/output around it');
+    out.push(`llama.cpp serves '${g.architecture}' as the whole model only; its layer-range path runs ${backendCapability('llamacpp').rangeArchitectures.join(', ')}`);
     if (g.hcStreams > 1 && s.start > 0) out.push(`llama.cpp takes n_embd-wide embeddings, not the ${g.hcStreams}-stream hyper-connection state`);
     const cpu = report.backends.cpu;
     if (cpu.missing_ops === null || !cpu.architecture) out.push(`the CPU engine does not run '${g.architecture}'`);
@@ -218,7 +230,7 @@ export interface AuditOptions {
 export function auditHeader(header: GgufHeader, location: string, opts: AuditOptions = {}): AuditReport {
   const g = modelGeometry(header, location);
   const types = typeRows(header);
-  const backends = { cpu: support(g, types, 'cpu'), webgpu: support(g, types, 'webgpu'), llamacpp: llamacppSupport(g) };
+  const backends = { cpu: support(g, types, 'cpu'), webgpu: support(g, types, 'webgpu'), llamacpp: llamacppSupport(g, header) };
   const needed = [...new Set(ARCH_OPS[g.architecture] ?? [])];
   const largest = header.tensors.reduce<{ name: string; bytes: number } | null>(
     (m, t) => (m && m.bytes >= t.byteLength ? m : { name: t.name, bytes: t.byteLength }),

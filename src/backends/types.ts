@@ -20,6 +20,24 @@ export type StageOutput =
   /** logits of the last position, [n_vocab], when the shard holds the head */
   | { kind: 'logits'; logits: Float32Array };
 
+/**
+ * Hidden states as frames carry them, [nTokens × width] f16 or f32 bytes: what a backend that
+ * computes in native memory takes and gives (`forwardRows`), converting once on each side.
+ */
+export interface HiddenRows {
+  kind: 'rows';
+  dtype: 'f16' | 'f32';
+  bytes: Uint8Array;
+  nTokens: number;
+  /** elements per token (the frame's width) */
+  width: number;
+}
+
+export interface RowsForwardResult {
+  output: HiddenRows | { kind: 'logits'; logits: Float32Array };
+  computeMs: number;
+}
+
 export interface ForwardResult {
   output: StageOutput;
   /** wall time spent computing this call, in milliseconds */
@@ -66,6 +84,12 @@ export interface StageBackend {
    * silent recompute.
    */
   forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult>;
+  /**
+   * Optional: `forward` with hidden states in (and, when the shard has no head, out) as
+   * encoded rows in `outDtype`, for backends that compute in native memory — the stage
+   * service then hands frame payloads through without decoding them in JS.
+   */
+  forwardRows?(sessionId: string, input: StageInput | HiddenRows, position: number, outDtype: 'f16' | 'f32'): Promise<RowsForwardResult>;
   sessionStats(sessionId: string): SessionStats;
   /** free every buffer, worker and session */
   dispose(): Promise<void>;

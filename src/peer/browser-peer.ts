@@ -6,6 +6,7 @@
 
 import { MeshError } from '../errors.ts';
 import type { StageBackend } from '../backends/types.ts';
+import { backendCapability } from '../backends/capabilities.ts';
 import type { Manifest } from '../gguf/verify.ts';
 import { parseJoinUrl } from '../protocol/control.ts';
 import { ShardCache } from '../storage/shard-cache.ts';
@@ -104,7 +105,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
     ...(opts.rtcTimeoutMs ? { rtcTimeoutMs: opts.rtcTimeoutMs } : {}),
   });
-  const offer = { backend: 'webgpu', memoryBytes: caps.memoryBytes, ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: caps.adapter };
+  const offer = { backend: 'webgpu', memoryBytes: caps.memoryBytes, serves: backendCapability('webgpu'), ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: caps.adapter };
   const welcome = await stage.core.join(offer, control.closed);
   // a server on the internet may announce STUN/TURN servers; on a LAN none are needed
   if (Array.isArray(welcome.iceServers)) stage.hops.useIceServers(welcome.iceServers as RTCIceServer[]);

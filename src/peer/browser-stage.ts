@@ -5,7 +5,7 @@
 
 import { MeshError } from '../errors.ts';
 import type { ShardRange, StageBackend } from '../backends/types.ts';
-import type { HopKind, PeerTelemetry, PipeCounters, RelayReply, SignalFromPeer } from '../protocol/control.ts';
+import type { CandidatePair, HopKind, PeerTelemetry, PipeCounters, RelayReply, SignalFromPeer } from '../protocol/control.ts';
 import { servePipe } from '../transport/webrtc-link.ts';
 import type { ShardCache } from '../storage/shard-cache.ts';
 import type { BrowserCapabilities } from './capabilities.ts';
@@ -33,6 +33,8 @@ export interface BrowserPeerState {
   load: Omit<LoadedSlice, 'tensors' | 'cacheError'> & { cacheError: string | null } | null;
   error: { code: string; message: string } | null;
   hop: HopKind | null;
+  /** the data channel's selected ICE candidate pair, when the hop is WebRTC */
+  candidatePair: CandidatePair | null;
   downstreamChannel: PipeCounters | null;
   upstreamChannels: Record<string, PipeCounters>;
   relayed: { frames: number; bytes: number } | null;
@@ -44,7 +46,7 @@ export function joiningState(roomId: string): BrowserPeerState {
   return {
     status: 'joining', reason: null, peerId: null, roomId, capabilities: null, artifact: null, heldUnits: [],
     routeId: null, stage: null, shard: null, progress: null, load: null, error: null,
-    hop: null, downstreamChannel: null, upstreamChannels: {}, relayed: null, standby: null,
+    hop: null, candidatePair: null, downstreamChannel: null, upstreamChannels: {}, relayed: null, standby: null,
   };
 }
 
@@ -113,7 +115,7 @@ export class BrowserStage {
     const { state, cache, model } = this.o;
     const a = ctx.assignment;
     const standby = a.t === 'standby';
-    if (!standby) this.update({ status: 'loading', routeId: a.routeId, stage: a.stage, shard: { ...a.shard }, progress: null, load: null, error: null, hop: null, downstreamChannel: null, relayed: null });
+    if (!standby) this.update({ status: 'loading', routeId: a.routeId, stage: a.stage, shard: { ...a.shard }, progress: null, load: null, error: null, hop: null, candidatePair: null, downstreamChannel: null, relayed: null });
     const due = progressGate(250);
     const slice = await loadSlice({
       manifest: model.manifest,
@@ -145,13 +147,13 @@ export class BrowserStage {
     if (!last && !a.downstreamPeer) throw new MeshError('STAGE_UNREACHABLE', `stage ${a.stage}: the server named no next stage`);
     // a rewire replaces the downstream link: only the newest one's changes are the stage's
     const seq = ++this.downstreamSeq;
-    const hop = await this.hops.connectDownstream(last ? null : a.downstreamPeer!, Boolean(a.downstream), (h) => {
+    const hop = await this.hops.connectDownstream(last ? null : a.downstreamPeer!, Boolean(a.downstream) && !a.downstreamRtc, (h) => {
       if (!ctx.current || seq !== this.downstreamSeq) return;
-      this.update({ hop: h.kind, relayed: h.relayed });
+      this.update({ hop: h.kind, relayed: h.relayed, candidatePair: h.candidatePair });
       this.fullTelemetry();
     });
     const { state } = this.o;
-    Object.assign(state, { hop: hop.kind, downstreamChannel: hop.channel, relayed: hop.relayed });
+    Object.assign(state, { hop: hop.kind, downstreamChannel: hop.channel, relayed: hop.relayed, candidatePair: hop.candidatePair });
     if (state.status === 'ready') this.fullTelemetry(); // a rewire of a serving stage
     if (hop.link) ctx.keep(hop.link, (l) => l.close());
     return { link: hop.link, detail: `hop ${hop.kind}` };
@@ -167,7 +169,7 @@ export class BrowserStage {
     // a spare taking over from its standby shard loaded nothing now: its standby load is the stage's
     if (state.standby) this.update({ routeId: a.routeId, stage: a.stage, shard: { ...a.shard }, load: state.standby.load, progress: null, error: null });
     this.update({ status: 'ready', standby: null });
-    this.telemetry('ready', { cache: { hit: state.load!.cachedUnits, fetched: state.load!.fetchedUnits, error: state.load!.cacheError }, ...(state.hop ? { hop: state.hop } : {}) });
+    this.telemetry('ready', { cache: { hit: state.load!.cachedUnits, fetched: state.load!.fetchedUnits, error: state.load!.cacheError }, ...(state.hop ? { hop: state.hop } : {}), candidatePair: state.candidatePair });
   }
 
   private telemetry(phase: PeerTelemetry['phase'], extra: Partial<PeerTelemetry> = {}): void {
@@ -181,6 +183,7 @@ export class BrowserStage {
     const { state } = this.o;
     this.telemetry(state.status === 'ready' ? 'ready' : state.status === 'failed' ? 'failed' : 'loading', {
       ...(state.hop ? { hop: state.hop } : {}),
+      candidatePair: state.candidatePair,
       downstreamChannel: state.downstreamChannel,
       upstreamChannels: state.upstreamChannels,
       ...(state.relayed ? { relayed: state.relayed } : {}),

@@ -13,7 +13,7 @@ import type { Manifest } from '../gguf/verify.ts';
 import { parseManifest } from '../gguf/verify.ts';
 import { Sampler } from '../model/sampler.ts';
 import { helloProof } from '../protocol/control.ts';
-import type { PeerHello, PeerToServer, ServerToPeer } from '../protocol/control.ts';
+import type { CandidatePair, HopKind, PeerHello, PeerToServer, ServerToPeer } from '../protocol/control.ts';
 import { headerFromWire } from '../protocol/header-wire.ts';
 import type { Frame } from '../protocol/frame.ts';
 import type { FrameLink } from '../transport/link.ts';
@@ -97,12 +97,16 @@ export interface NextStage {
   nLayer: number;
   downstream: string | null;
   downstreamPeer?: string | null | undefined;
+  /** the next stage answers a WebRTC data channel (a tab, or a native node with WebRTC) */
+  downstreamRtc?: boolean | undefined;
 }
 
 export interface NextLink {
   link: FrameLink | null;
   /** for the log: how the next stage is reached */
   detail: string;
+  /** how the next stage is reached, for telemetry (native nodes report it; tabs keep it in their state) */
+  hop?: { kind: HopKind; candidatePair: CandidatePair | null };
 }
 
 export interface PeerCoreOptions {
@@ -337,7 +341,7 @@ export class PeerCore {
       if (!ctx.current) throw new MeshError('LOAD_FAILED', 'superseded');
       const rewire = this.pendingRewire as Rewire | null;
       this.pendingRewire = null;
-      const target: NextStage = rewire && ('downstream' in rewire || 'downstreamPeer' in rewire) ? { ...a, downstream: rewire.downstream ?? null, downstreamPeer: rewire.downstreamPeer ?? null } : a;
+      const target: NextStage = rewire && ('downstream' in rewire || 'downstreamPeer' in rewire) ? { ...a, downstream: rewire.downstream ?? null, downstreamPeer: rewire.downstreamPeer ?? null, downstreamRtc: rewire.downstreamRtc } : a;
       if (rewire?.upstreamPeer !== undefined) this.opts.onUpstream?.(rewire.upstreamPeer);
       const link = await this.opts.linkNext(target, this.context(a, next, () => seq === this.seq));
       if (!ctx.current) throw new MeshError('LOAD_FAILED', 'superseded');
@@ -373,7 +377,7 @@ export class PeerCore {
       if (m.upstreamPeer !== undefined) this.opts.onUpstream?.(m.upstreamPeer);
       if (m.downstream !== undefined || m.downstreamPeer !== undefined) {
         const next = new Kept();
-        const link = await this.opts.linkNext({ ...s.assignment, downstream: m.downstream ?? null, downstreamPeer: m.downstreamPeer ?? null }, this.context(s.assignment, next, () => this.serving === s));
+        const link = await this.opts.linkNext({ ...s.assignment, downstream: m.downstream ?? null, downstreamPeer: m.downstreamPeer ?? null, downstreamRtc: m.downstreamRtc }, this.context(s.assignment, next, () => this.serving === s));
         const old = s.next;
         s.next = next;
         s.service.setDownstream(link.link);

@@ -12,11 +12,11 @@
 // next stage again as Replay frames) and Replay-flagged input (compute and log, send nothing on).
 
 import { MeshError } from '../errors.ts';
-import type { StageBackend, ShardRange } from '../backends/types.ts';
+import type { HiddenRows, StageBackend, StageInput, ShardRange } from '../backends/types.ts';
 import { argmax } from '../model/sampler.ts';
 import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, decodeRows, hiddenFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame, withTimings } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, decodeRows, hiddenFrame, hiddenRowsFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame, withTimings } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import type { StageTiming } from '../route/telemetry.ts';
 import type { ResendBody, RewindBody, SamplerSettings, SessionOpenBody } from '../protocol/session.ts';
@@ -116,7 +116,7 @@ export class StageService {
         if (this.isFirst) throw new MeshError('STAGE_INPUT_KIND', 'stage 0 takes token ids, not hidden states');
         this.bytesIn += f.payload.byteLength;
         this.sessions.get(f.sessionId)?.log.received(f.position, rowHashes(f.payload, f.nTokens));
-        return this.compute(f, { kind: 'hidden', hidden: decodeRows(f.payload, f.dtype), nTokens: f.nTokens });
+        return this.compute(f, this.opts.backend.forwardRows ? hiddenRowsOf(f) : { kind: 'hidden', hidden: decodeRows(f.payload, f.dtype), nTokens: f.nTokens });
       default:
         throw new MeshError('FRAME_BAD_TYPE', `frame type: a stage does not accept ${FrameType[f.type]} frames`, { field: 'type' });
     }
@@ -192,7 +192,7 @@ export class StageService {
     return s;
   }
 
-  private async compute(f: Frame, input: Parameters<StageBackend['forward']>[1]): Promise<Frame> {
+  private async compute(f: Frame, input: StageInput | HiddenRows): Promise<Frame> {
     const s = this.session(f.sessionId);
     const started = performance.now();
     const timing = s.timing;
@@ -230,19 +230,31 @@ export class StageService {
     return new MeshError(code, `stage ${this.opts.stage + 1} (${next.remote}): ${(e as Error).message}`, { stage: this.opts.stage + 1 });
   }
 
-  private async computeStep(f: Frame, s: StageSession, input: Parameters<StageBackend['forward']>[1], step: { computeMs: number; downstreamMs: number; bytesOut: number }): Promise<Frame> {
+  /** The backend's step: rows straight through where it takes them, decoded f32 otherwise. */
+  private forward(f: Frame, s: StageSession, input: StageInput | HiddenRows): ReturnType<NonNullable<StageBackend['forwardRows']>> | ReturnType<StageBackend['forward']> {
+    const backend = this.opts.backend;
+    if (backend.forwardRows) return backend.forwardRows(f.sessionId, input, f.position, s.hiddenDtype === DType.F32 ? 'f32' : 'f16');
+    if (input.kind === 'rows') throw new MeshError('BAD_STAGE_INPUT', 'internal: encoded rows for a backend that takes f32');
+    return backend.forward(f.sessionId, input, f.position);
+  }
+
+  private async computeStep(f: Frame, s: StageSession, input: StageInput | HiddenRows, step: { computeMs: number; downstreamMs: number; bytesOut: number }): Promise<Frame> {
     if (s.pipelineError) throw s.pipelineError;
-    const { output, computeMs } = await this.opts.backend.forward(f.sessionId, input, f.position);
+    const { output, computeMs } = await this.forward(f, s, input);
     s.timing.computeMs += computeMs;
     step.computeMs = computeMs;
     const replay = (f.flags & FrameFlag.Replay) !== 0;
     const sampleNow = !replay && (f.type === FrameType.Decode || (f.flags & FrameFlag.Sample) !== 0);
-    if (output.kind === 'hidden') {
+    if (output.kind !== 'logits') {
       const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.WantTimings)) | (sampleNow ? FrameFlag.Sample : 0);
-      const out = hiddenFrame({ routeId: f.routeId, sessionId: f.sessionId }, f.position, output.hidden, output.nTokens, s.hiddenDtype, flags);
-      s.log.append({ position: f.position, nTokens: output.nTokens, dtype: s.hiddenDtype, width: out.width, payload: out.payload });
+      const at = { routeId: f.routeId, sessionId: f.sessionId };
+      const out =
+        output.kind === 'rows'
+          ? hiddenRowsFrame(at, f.position, output.bytes, output.nTokens, output.width, output.dtype === 'f32' ? DType.F32 : DType.F16, flags)
+          : hiddenFrame(at, f.position, output.hidden, output.nTokens, s.hiddenDtype, flags);
+      s.log.append({ position: f.position, nTokens: out.nTokens, dtype: out.dtype as DType.F16 | DType.F32, width: out.width, payload: out.payload });
       // a replay fills this stage's KV cache and log; the stage after already holds these positions
-      if (replay) return jsonFrame(FrameType.Status, { routeId: f.routeId, sessionId: f.sessionId }, { stage: this.opts.stage, position: f.position + f.nTokens, replayed: true });
+      if (replay) return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: f.position + f.nTokens, replayed: true });
       const next = this.opts.downstream;
       if (!next) throw new MeshError('STAGE_UNREACHABLE', `stage ${this.opts.stage} has no next stage to send hidden states to`, { stage: this.opts.stage + 1 });
       this.bytesOut += out.payload.byteLength;
@@ -321,4 +333,12 @@ export class StageService {
   get openSessions(): number {
     return this.sessions.size;
   }
+}
+
+/** A Hidden frame's payload as rows for a backend's forwardRows (no decoding here). */
+function hiddenRowsOf(f: Frame): HiddenRows {
+  if (f.dtype !== DType.F16 && f.dtype !== DType.F32) {
+    throw new MeshError('FRAME_BAD_DTYPE', `frame dtype: hidden states must be F16 or F32, got ${DType[f.dtype] ?? f.dtype}`, { field: 'dtype' });
+  }
+  return { kind: 'rows', dtype: f.dtype === DType.F32 ? 'f32' : 'f16', bytes: f.payload, nTokens: f.nTokens, width: f.width };
 }

@@ -15,7 +15,8 @@ import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
 import type { SessionOpenBody } from '../protocol/session.ts';
-import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
+import type { HopLink, HopTelemetry, TelemetryEvent, TelemetryListener } from './telemetry.ts';
+import { hopTelemetry } from './telemetry.ts';
 import { reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
 import type { HistoryEntry, RebuildResult } from './repair.ts';
 
@@ -43,6 +44,8 @@ export interface RouteHandle {
   repair?(): RouteRepair | null;
   /** a step took too long: find the stage that stopped answering and treat it as lost */
   suspectStall?(): Promise<void>;
+  /** how each hop is carried (webrtc, relay, ws, …), when the route knows */
+  hops?(): HopLink[];
 }
 
 export interface SessionInfo {
@@ -59,6 +62,8 @@ export interface SessionInfo {
   /** its route is being repaired: its next step waits */
   repairing: boolean;
   stages: Array<Record<string, unknown>>;
+  /** each hop named with its carrier, bytes and wire time (routes that report their hops) */
+  hops?: HopTelemetry[];
 }
 
 interface Session {
@@ -433,7 +438,7 @@ export class SessionManager {
         }
       }),
     );
-    return { ...brief, stages };
+    return { ...brief, stages, ...(s.route.hops ? { hops: hopTelemetry(stages, s.route.hops()) } : {}) };
   }
 
   brief(sessionId: string): Omit<SessionInfo, 'stages'> {

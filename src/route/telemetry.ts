@@ -2,6 +2,7 @@
 // names its kind in `type`; times are in milliseconds, sizes in bytes.
 
 import type { StepTiming } from '../protocol/payload.ts';
+import type { CandidatePair } from '../protocol/control.ts';
 
 export interface StageTiming {
   stage: number;
@@ -47,6 +48,38 @@ export function stepBreakdown(records: readonly StepTiming[]): StepStageTiming[]
       bytesIn: r.bytesIn,
       bytesOut: r.bytesOut,
     };
+  });
+}
+
+/** How one hop of a route is carried (from the route's stage reports). */
+export interface HopLink {
+  from: number;
+  to: number;
+  fromPeer: string;
+  toPeer: string;
+  /** webrtc | relay | ws | http */
+  kind: string;
+  /** for a data channel: the selected ICE candidate pair */
+  candidatePair: CandidatePair | null;
+}
+
+/** One hop of a session: how it was carried, the hidden-state bytes it moved and its time on the wire. */
+export interface HopTelemetry extends HopLink {
+  /** whole frames sent over the hop for this session */
+  bytes: number;
+  /** wire time summed over the session's steps: the sender's downstream time minus the receiver's handling */
+  transferMs: number;
+  steps: number;
+}
+
+/** Names each hop of a session with its carrier, bytes and time, from the stages' timings. */
+export function hopTelemetry(stages: ReadonlyArray<Record<string, unknown>>, links: readonly HopLink[]): HopTelemetry[] {
+  const t = (i: number): StageTiming | undefined => stages[i]?.timing as StageTiming | undefined;
+  return links.map((l) => {
+    const a = t(l.from);
+    const b = t(l.to);
+    const handled = b ? b.computeMs + b.downstreamMs + b.overheadMs : 0;
+    return { ...l, bytes: a?.bytesOut ?? 0, transferMs: a ? Math.round(Math.max(0, a.downstreamMs - handled) * 1000) / 1000 : 0, steps: a?.steps ?? 0 };
   });
 }
 
