@@ -72,7 +72,7 @@ export class ForwardBuffers {
     };
     if (this.kernels.roundActivations) {
       const widest = tokens * Math.max(c.nEmbd, qDim, c.nFf);
-      for (const f of ['f16', 'q8_0', 'q8_K'] as const) this.scratch.rounded[f] = buf(`x rounded ${f}`, widest);
+      for (const f of ['f16', 'bf16', 'q8_0', 'q8_K'] as const) this.scratch.rounded[f] = buf(`x rounded ${f}`, widest);
     }
     return this.scratch;
   }

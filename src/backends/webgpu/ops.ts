@@ -221,9 +221,9 @@ export function unpackF16(rec: Recorder, x: GPUBuffer, out: GPUBuffer, n: number
 }
 
 /** How ggml rounds activations before a matmul with a weight of some type (see act-round.ts). */
-export type ActivationFormat = 'f32' | 'f16' | 'q8_0' | 'q8_K';
+export type ActivationFormat = 'f32' | 'f16' | 'bf16' | 'q8_0' | 'q8_K';
 
-const ROUND_BLOCK: Record<Exclude<ActivationFormat, 'f32'>, number> = { f16: 1, q8_0: 32, q8_K: 256 };
+const ROUND_BLOCK: Record<Exclude<ActivationFormat, 'f32'>, number> = { f16: 1, bf16: 1, q8_0: 32, q8_K: 256 };
 
 /** Whether `roundActivations` changes rows of `rowLength` elements in this format. */
 export function roundsRows(format: ActivationFormat, rowLength: number): boolean {
