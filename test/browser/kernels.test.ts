@@ -178,7 +178,7 @@ describe('elementwise and normalisation kernels', () => {
     ['neox, partial rotation, linear scaling', { mode: 'neox', nRot: 16, freqBase: 1000000, freqScale: 0.25, freqFactors: null }],
     ['normal with llama3 frequency factors', { mode: 'normal', nRot: 32, freqBase: 500000, freqScale: 1, freqFactors: randomArray(16, 3).map((v) => 1 + Math.abs(v) * 8) }],
   ] as const)('rope %s', async (_n, partial) => {
-    const cfg = { ...partial, freqFactorsTensor: null } as unknown as RopeConfig;
+    const cfg = { extFactor: 0, attnFactor: 1, betaFast: 32, betaSlow: 1, nCtxOrig: 2048, ...partial, freqFactorsTensor: null } as unknown as RopeConfig;
     const nTokens = 6;
     const nHeads = 3;
     const headDim = 32;
