@@ -26,7 +26,7 @@ import { syntheticModel } from './support/synthetic.ts';
 const N = 32;
 const PROMPT = 'The quick brown fox jumps over the lazy dog. It was';
 /** f16 rounding of activations leaves ~1e-3 on these models (measured 0.9–1.5e-3) */
-const TOLERANCE: Record<string, number> = { f32: 1e-5, f16: 2e-3, bf16: 2e-3 };
+const TOLERANCE: Record<string, number> = { f32: 1e-5, f16: 2e-3 };
 
 const open: TensorSource[] = [];
 afterAll(async () => {
@@ -98,7 +98,8 @@ describe.each(CASES)('%s with GQA (4 heads, 2 KV heads)', (arch, types) => {
       }
       await chain.releaseSession('free');
 
-      if (type === 'f32' || type === 'f16' || type === 'bf16') {
+      // (bf16 rounds activations to 8-bit mantissas: flips as large as an 8-bit block's, so it takes the quantised rule)
+      if (type === 'f32' || type === 'f16') {
         expect(promptDiff).toBeLessThan(tolerance);
         expect(tokens).toEqual(ref.tokens);
         if (type === 'f32') {

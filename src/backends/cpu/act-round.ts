@@ -115,3 +115,23 @@ export function quantizeRowsQ8_0(x: Float32Array, nRows: number, n: number, q: I
     for (let i = 0; i < 32; i++) q[qOff + o + i] = f32(f32(x[o + i]! * id) + ROUND_MAGIC) - ROUND_MAGIC;
   }
 }
+
+/**
+ * The s field of each Q8_1 block of x, as ggml-cpu's x86 quantize_row_q8_1 computes it:
+ * f16(d · Σq) with d = amax/127 in f32 (not its f16 rounding) and q Q8_0's integers.
+ * x: [nRows × n] (n a multiple of 32); returns [nRows × n/32]
+ */
+export function q8_1Sums(x: Float32Array, nRows: number, n: number): Float32Array {
+  const out = new Float32Array((nRows * n) / 32);
+  for (let b = 0; b < out.length; b++) {
+    const o = b * 32;
+    let amax = 0;
+    for (let i = 0; i < 32; i++) amax = Math.max(amax, Math.abs(x[o + i]!));
+    const d = f32(amax / 127);
+    const id = amax !== 0 ? f32(127 / amax) : 0;
+    let sum = 0;
+    for (let i = 0; i < 32; i++) sum += f32(f32(x[o + i]! * id) + ROUND_MAGIC) - ROUND_MAGIC;
+    out[b] = F16_TABLE[f32ToF16(f32(d * sum))]!;
+  }
+  return out;
+}

@@ -16,6 +16,7 @@ import { matmulRows } from './ops.ts';
 import { tryWasmArena } from './wasm-matmul.ts';
 import type { WasmArena } from './wasm-matmul.ts';
 import { loadLayer } from './layer-weights.ts';
+import { isQ8_1Type, Q8_1Matrix } from './q8-1-matrix.ts';
 import type { LayerWeights, TensorLoader } from './layer-weights.ts';
 
 export type { LayerWeights } from './layer-weights.ts';
@@ -246,6 +247,8 @@ export async function loadShardWeights(
       const d = arena.alloc(n / 32); // [rows × cols/32] f32
       unpackInt8(t.type, raw, n, q, d);
       m = new Int8Matrix(label, rows, cols, q, d, arena);
+    } else if (rounding === 'ggml' && isQ8_1Type(t.type)) {
+      m = Q8_1Matrix.fromBlocks(label, t.type, raw, rows, cols, arena ? arena.alloc(n) : null, arena);
     } else if (arena) {
       const view = arena.alloc(n); // [rows × cols] f32
       dequantizeRow(t.type, raw, 0, n, view, 0);
