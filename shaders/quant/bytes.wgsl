@@ -1,7 +1,8 @@
 // Byte access into GGUF tensor data uploaded as-is. `weights` is declared by the kernel that
-// includes this snippet: array<u32> over the raw block bytes (little-endian). Every field we
-// read (f16 scales, quant bytes) starts at an even byte offset: block sizes of all supported
-// types are even and each row starts at an even offset.
+// includes this snippet: array<u32> over the raw block bytes (little-endian). Every field the
+// even-offset loaders read (f16 scales, quant bytes) starts at an even byte offset: block sizes
+// of those types are even and each row starts at an even offset. MXFP4's 17-byte blocks are
+// read with load_u32_any.
 
 // 4 bytes starting at an even byte offset `off`.
 fn load_u32_even(off: u32) -> u32 {
@@ -10,6 +11,16 @@ fn load_u32_even(off: u32) -> u32 {
     return weights[w];
   }
   return (weights[w] >> 16u) | (weights[w + 1u] << 16u);
+}
+
+// 4 bytes starting at any byte offset (bytes past the word holding `off` come from the next).
+fn load_u32_any(off: u32) -> u32 {
+  let w = off >> 2u;
+  let sh = (off & 3u) * 8u;
+  if (sh == 0u) {
+    return weights[w];
+  }
+  return (weights[w] >> sh) | (weights[w + 1u] << (32u - sh));
 }
 
 // 2 bytes at an even byte offset, zero-extended.
