@@ -13,6 +13,7 @@ struct Params {
   n_chunks: u32,  // ceil(n_kv / CHUNK)
   scale: f32,     // 1 / sqrt(head_dim)
   q_offset: u32,  // elements: start of the query in q
+  window: u32,    // sliding window: only the last `window` positions are attended to; 0 = all
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -34,7 +35,8 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
   let kvh = h / (p.n_head / p.n_head_kv);
   let kv_stride = p.n_head_kv * hd;
   let pos = c * CHUNK + lid;
-  let valid = pos < p.n_kv;
+  let lo = select(0u, p.n_kv - min(p.window, p.n_kv), p.window > 0u);
+  let valid = pos < p.n_kv && pos >= lo;
 
   // score of this thread's position
   var s = NEG_BIG;

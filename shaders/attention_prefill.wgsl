@@ -12,6 +12,7 @@ struct Params {
   n_tokens: u32,
   pos0: u32,      // position of query token 0
   scale: f32,     // 1 / sqrt(head_dim)
+  window: u32,    // sliding window: query t attends to its last `window` positions only; 0 = all
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -39,9 +40,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   var l = 0.0;      // running exp-sum
   var acc: array<f32, MAX_D_PER_THREAD>; // output dims lid, lid + TILE, ...
 
-  for (var tile0 = 0u; tile0 < n_kv; tile0 += TILE) {
+  let lo = select(0u, n_kv - min(p.window, n_kv), p.window > 0u);
+  for (var tile0 = (lo / TILE) * TILE; tile0 < n_kv; tile0 += TILE) {
     let pos = tile0 + lid;
-    let valid = pos < n_kv;
+    let valid = pos < n_kv && pos >= lo;
     var s = NEG_BIG;
     if (valid) {
       let kb = pos * kv_stride + kvh * hd;

@@ -143,7 +143,10 @@ export function attentionPartialElements(s: AttentionShape, nKv: number): number
   return s.nHead * Math.ceil(nKv / ATTENTION_CHUNK) * (s.headDim + 2);
 }
 
-/** One query token (q[qOffset …] = [nHead × headDim]) over nKv cached positions → out [nHead × headDim]. */
+/**
+ * One query token (q[qOffset …] = [nHead × headDim]) over nKv cached positions → out [nHead × headDim];
+ * only the last `window` positions in a sliding-window layer (0: all). Scores are q·k × scale.
+ */
 export function attentionDecode(
   rec: Recorder,
   s: AttentionShape,
@@ -155,9 +158,11 @@ export function attentionDecode(
   out: GPUBuffer,
   nKv: number,
   kvType: KvType = 'f32',
+  window = 0,
+  scale = 1 / Math.sqrt(s.headDim),
 ): void {
   const nChunks = Math.ceil(nKv / ATTENTION_CHUNK);
-  const params = [s.nHead, s.nHeadKv, s.headDim, nKv, nChunks, f32(1 / Math.sqrt(s.headDim)), qOffset];
+  const params = [s.nHead, s.nHeadKv, s.headDim, nKv, nChunks, f32(scale), qOffset, window];
   rec.dispatch({ kernel: 'attention_decode', quant: kvType, entry: 'split', params, buffers: [q, kCache, vCache, partial], groups: [nChunks, s.nHead] });
   rec.dispatch({
     kernel: 'attention_decode',
@@ -169,7 +174,7 @@ export function attentionDecode(
   });
 }
 
-/** Causal attention of nTokens queries at positions pos0… (q, out: [nTokens × nHead × headDim]). */
+/** Causal (sliding-window when window > 0) attention of nTokens queries at positions pos0… (q, out: [nTokens × nHead × headDim]). */
 export function attentionPrefill(
   rec: Recorder,
   s: AttentionShape,
@@ -180,11 +185,13 @@ export function attentionPrefill(
   nTokens: number,
   pos0: number,
   kvType: KvType = 'f32',
+  window = 0,
+  scale = 1 / Math.sqrt(s.headDim),
 ): void {
   rec.dispatch({
     kernel: 'attention_prefill',
     quant: kvType,
-    params: [s.nHead, s.nHeadKv, s.headDim, nTokens, pos0, f32(1 / Math.sqrt(s.headDim))],
+    params: [s.nHead, s.nHeadKv, s.headDim, nTokens, pos0, f32(scale), window],
     buffers: [q, kCache, vCache, out],
     groups: [nTokens, s.nHead],
   });
@@ -200,6 +207,18 @@ export function softmax(rec: Recorder, x: GPUBuffer, n: number, nRows: number): 
 export function swiglu(rec: Recorder, g: GPUBuffer, u: GPUBuffer, n: number): void {
   const [gx, gy] = grid2d(Math.ceil(n / WG));
   rec.dispatch({ kernel: 'swiglu', params: [n, gx], buffers: [g, u], groups: [gx, gy] });
+}
+
+/** g = gelu(g) * u over n elements, GELU from `table` (65536 f32 by f16 bit pattern, cpu/gelu.ts's). */
+export function geglu(rec: Recorder, g: GPUBuffer, u: GPUBuffer, table: GPUBuffer, n: number): void {
+  const [gx, gy] = grid2d(Math.ceil(n / WG));
+  rec.dispatch({ kernel: 'geglu', params: [n, gx], buffers: [g, u, table], groups: [gx, gy] });
+}
+
+/** x[xOffset + i] *= c for i < n. */
+export function scale(rec: Recorder, x: GPUBuffer, xOffset: number, n: number, c: number): void {
+  const [gx, gy] = grid2d(Math.ceil(n / WG));
+  rec.dispatch({ kernel: 'scale', params: [n, gx, xOffset, f32(c)], buffers: [x], groups: [gx, gy] });
 }
 
 /** a[aOffset + i] += b[i % nb] for i < n. */

@@ -51,7 +51,7 @@ export type KvType = 'f32' | 'f16';
 export const KV_KERNELS: ReadonlySet<string> = new Set(['attention_decode', 'attention_prefill']);
 
 /** Kernels that call `workgroup_sum` and take the adapter's shaders/reduce/ snippet. */
-export const REDUCING_KERNELS: ReadonlySet<string> = new Set(['mul_mat_vec', 'rms_norm']);
+export const REDUCING_KERNELS: ReadonlySet<string> = new Set(['mul_mat_vec', 'mul_mat_vec_id', 'rms_norm']);
 
 /**
  * Kernels that call `workgroup_max` / `workgroup_sum` and always take reduce/shared: their
