@@ -23,7 +23,8 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 /** A small llama model with its metadata edited: `arch` renames the architecture (and its keys). */
 async function edited(name: string, options: MakeModelOptions, arch: string | null, extra: Record<string, string>): Promise<string> {
-  const spec = syntheticModelSpec(options);
+  const base = syntheticModelSpec(options);
+  const spec = { ...base, metadata: base.metadata.map((m) => ({ ...m })) };
   for (const m of spec.metadata) {
     if (arch && m.key === 'general.architecture') m.value = arch;
     else if (arch && m.key.startsWith('llama.')) m.key = `${arch}.${m.key.slice('llama.'.length)}`;
