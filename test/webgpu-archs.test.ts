@@ -4,7 +4,7 @@
 // F32 greedy-identical with logits within the case's tolerance, Q4_K_M by the quantised rule of
 // test/support/oracle-check.ts. MoE decode also goes through the gather-by-expert mat-vec
 // (mul_mat_vec_id) that hardware adapters use, forced here.
-import { afterAll, describe, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
 import type { StageBackend } from '../src/backends/types.ts';
 import { createNodeWebGpuBackend } from '../src/backends/webgpu/node.ts';
@@ -67,5 +67,36 @@ describe('MoE decode through the gather-by-expert mat-vec', () => {
   it('qwen3moe with the hardware kernels (mul_mat_vec_id for one token, mul_mat_tiled): greedy identical', async () => {
     const c = ARCH_CASES.find((x) => x.options.arch === 'qwen3moe')!;
     await check(`${c.label} (mat-vec kernels)`, c.options, 'webgpu', true, 4 * c.tolerance, { matVec: 'mul_mat_vec', matMul: 'mul_mat_tiled' });
+  });
+});
+
+describe('tensors and caches larger than one storage binding', () => {
+  it('qwen3moe with every expert in its own buffer and each layer\'s KV cache split by heads: greedy identical', async () => {
+    const c = ARCH_CASES.find((x) => x.options.arch === 'qwen3moe')!;
+    // 256 × 256 f32 = 256 KiB per expert; a KV part of 64 positions × 1 head × 64 dims f32 = 16 KiB
+    const limits = { maxChunkBytes: 256 * 1024, maxKvBindingBytes: 64 * 64 * 4 };
+    await check(`${c.label} (split experts and KV)`, c.options, 'webgpu', true, 4 * c.tolerance, limits);
+    await check(`${c.label} (split experts and KV, f16 cache)`, c.options, 'webgpu', false, 0, { ...limits, kvType: 'f16' });
+  });
+
+  it('a split KV cache takes one buffer per head group; one head past the limit is CONTEXT_TOO_LARGE', async () => {
+    const source = await openTensorSource(await syntheticModel(ARCH_CASES[0]!.options));
+    open.push(source);
+    const buffersFor = async (maxKvBindingBytes?: number) => {
+      const gpu = await createNodeWebGpuBackend(maxKvBindingBytes ? { maxKvBindingBytes } : {});
+      await gpu.load(source, { start: 0, end: 2 });
+      const before = (await gpu.bufferStats()).count;
+      await gpu.openSession('s', { contextLength: 64 });
+      const count = (await gpu.bufferStats()).count - before;
+      await gpu.dispose();
+      return count;
+    };
+    // 2 layers × (k, v): unsplit 4 buffers, split into the 2 KV heads 8
+    expect(await buffersFor()).toBe(4);
+    expect(await buffersFor(64 * 64 * 4)).toBe(8);
+    const gpu = await createNodeWebGpuBackend({ maxKvBindingBytes: 64 * 64 * 4 });
+    await gpu.load(source, { start: 0, end: 2 });
+    await expect(gpu.openSession('long', { contextLength: 512 })).rejects.toMatchObject({ code: 'CONTEXT_TOO_LARGE' });
+    await gpu.dispose();
   });
 });

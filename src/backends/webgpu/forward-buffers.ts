@@ -17,9 +17,9 @@ export interface Scratch {
   xb: GPUBuffer; // [n × nEmbd] normed block input
   q: GPUBuffer; // [n × nHead·headDim]
   att: GPUBuffer; // [n × nHead·headDim] attention output (and raw q when q is normed)
-  kTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 k on its way to the cache (normed or f16 caches)
-  kTmp2?: GPUBuffer; // [n × nHeadKv·headDim] f32 normed k for an f16 cache (qwen3)
-  vTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 v for an f16 cache
+  kTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 k on its way to the cache (normed, f16 or split caches)
+  kTmp2?: GPUBuffer; // [n × nHeadKv·headDim] f32 normed k for an f16 or split cache (qwen3, gemma3)
+  vTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 v for an f16 or split cache
   tmp: GPUBuffer; // [n × nEmbd] block output before the residual add
   gate: GPUBuffer; // [n × nFf]
   up: GPUBuffer; // [n × nFf]
@@ -51,7 +51,6 @@ export class ForwardBuffers {
     const tokens = n;
     const qDim = c.nHead * c.headDim;
     const kvDim = c.nHeadKv * c.headDim;
-    const f16kv = this.kernels.kvType === 'f16';
     const kNorm = m.layers.some((l) => l.kNorm);
     // the dense FFN's width, or the shared expert's (a MoE without one needs none)
     const ffnWidth = Math.max(1, c.moe ? c.moe.nFfShared : c.nFf);
@@ -62,9 +61,10 @@ export class ForwardBuffers {
       xb: buf('xb', tokens * c.nEmbd),
       q: buf('q', tokens * qDim),
       att: buf('att', tokens * qDim),
-      kTmp: kNorm || f16kv ? buf('kTmp', tokens * kvDim) : undefined,
-      kTmp2: kNorm && f16kv ? buf('kTmp2', tokens * kvDim) : undefined,
-      vTmp: f16kv ? buf('vTmp', tokens * kvDim) : undefined,
+      // (k and v stage here for normed or f16 caches, and for caches split by heads, which any session may have)
+      kTmp: buf('kTmp', tokens * kvDim),
+      kTmp2: kNorm ? buf('kTmp2', tokens * kvDim) : undefined,
+      vTmp: buf('vTmp', tokens * kvDim),
       tmp: buf('tmp', tokens * c.nEmbd),
       gate: buf('gate', tokens * ffnWidth),
       up: buf('up', tokens * ffnWidth),

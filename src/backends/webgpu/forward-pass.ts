@@ -19,7 +19,7 @@ import { MoePass } from './moe-pass.ts';
 import type { DensePath } from './moe-pass.ts';
 import * as op from './ops.ts';
 import { ropeTable } from './rope-table.ts';
-import type { SessionKv } from './session-kv.ts';
+import type { KvPart, SessionKv } from './session-kv.ts';
 import type { LayerWeights, ShardWeights } from './shard-weights.ts';
 import type { StageKernels } from './stage-kernels.ts';
 
@@ -65,7 +65,7 @@ export class ForwardPass {
     }
     m.layers.forEach((layer, l) => {
       const il = m.shard.start + l;
-      this.recordAttention(rec, layer, kv.keys[l]!, kv.values[l]!, sc, partial, n, position, tables.get(ropes[l]!)!, c.swaLayers[il] ? c.slidingWindow : 0);
+      this.recordAttention(rec, layer, kv.keys[l]!, kv.values[l]!, kv.parts, sc, partial, n, position, tables.get(ropes[l]!)!, c.swaLayers[il] ? c.slidingWindow : 0);
       this.recordFfn(rec, layer, sc, n);
     });
 
@@ -95,8 +95,9 @@ export class ForwardPass {
   private recordAttention(
     rec: Recorder,
     w: LayerWeights,
-    kCache: GPUBuffer,
-    vCache: GPUBuffer,
+    kParts: GPUBuffer[],
+    vParts: GPUBuffer[],
+    parts: readonly KvPart[],
     sc: Scratch,
     partial: GPUBuffer,
     n: number,
@@ -119,6 +120,11 @@ export class ForwardPass {
     // q, k, v projections (+ biases for qwen2, per-head norms for qwen3), RoPE; k and v are
     // computed in f32 and land straight in an f32 cache, or are packed into an f16 one
     const f16kv = kvType === 'f16';
+    // a cache split by heads: k and v are computed in f32 scratch, then stored part by part
+    const split = parts.length > 1;
+    const kCache = kParts[0]!;
+    const vCache = vParts[0]!;
+    const storeParts = (src: GPUBuffer, dst: GPUBuffer[]) => parts.forEach((part, i) => op.kvStore(rec, src, dst[i]!, part, headDim, kvDim, n, pos, kvType));
     const normed = new Map<string, GPUBuffer>();
     const qRaw = w.qNorm ? sc.att : sc.q;
     mm(w.wq, sc.xb, normed, qRaw, 0, qDim);
@@ -128,32 +134,36 @@ export class ForwardPass {
     // gemma3, phi3: queries scaled before attention, scores not scaled again
     if (c.queryScale !== null) op.scale(rec, sc.q, 0, n * qDim, c.queryScale);
 
-    const direct = !w.kNorm && !f16kv; // k computed in place in the cache
+    const direct = !w.kNorm && !f16kv && !split; // k computed in place in the cache
     let kBuf = direct ? kCache : sc.kTmp!;
     let kAt = direct ? kvAt : 0;
     mm(w.wk, sc.xb, normed, kBuf, kAt, kvDim);
     if (w.bk) op.add(rec, kBuf, kAt, w.bk, n * kvDim, kvDim);
     if (w.kNorm) {
-      const dst = f16kv ? sc.kTmp2! : kCache;
-      const dstAt = f16kv ? 0 : kvAt;
+      const staged = f16kv || split;
+      const dst = staged ? sc.kTmp2! : kCache;
+      const dstAt = staged ? 0 : kvAt;
       op.rmsNorm(rec, kBuf, kAt, headDim, w.kNorm, dst, dstAt, headDim, headDim, n * nHeadKv, rmsEps);
       kBuf = dst;
       kAt = dstAt;
     }
     op.rope(rec, kBuf, kAt, ropeTab, n, nHeadKv, headDim, c.rope.nRot, neox);
-    if (f16kv) op.packF16(rec, kBuf, kCache, n * kvDim, 0, kvAt);
+    if (split) storeParts(kBuf, kParts);
+    else if (f16kv) op.packF16(rec, kBuf, kCache, n * kvDim, 0, kvAt);
 
-    const vBuf = f16kv ? sc.vTmp! : vCache;
-    const vAt = f16kv ? 0 : kvAt;
+    const vBuf = f16kv || split ? sc.vTmp! : vCache;
+    const vAt = f16kv || split ? 0 : kvAt;
     mm(w.wv, sc.xb, normed, vBuf, vAt, kvDim);
     if (w.bv) op.add(rec, vBuf, vAt, w.bv, n * kvDim, kvDim);
-    if (f16kv) op.packF16(rec, vBuf, vCache, n * kvDim, 0, kvAt);
+    if (split) storeParts(vBuf, vParts);
+    else if (f16kv) op.packF16(rec, vBuf, vCache, n * kvDim, 0, kvAt);
     // attention over the cache (the last `window` positions in a sliding-window layer): split-K
     // for one token, tiled causal for a batch
     const shape = { nHead, nHeadKv, headDim };
     const scoreScale = c.queryScale !== null ? 1 : 1 / Math.sqrt(headDim);
-    if (n === 1) op.attentionDecode(rec, shape, sc.q, 0, kCache, vCache, partial, sc.att, pos + 1, kvType, window, scoreScale);
-    else op.attentionPrefill(rec, shape, sc.q, kCache, vCache, sc.att, n, pos, kvType, window, scoreScale);
+    const slices = parts.map((part, i) => ({ k: kParts[i]!, v: vParts[i]!, slice: split ? part : { h0: 0, heads: nHeadKv } }));
+    if (n === 1) op.attentionDecode(rec, shape, sc.q, 0, kCache, vCache, partial, sc.att, pos + 1, kvType, window, scoreScale, slices);
+    else for (const p of slices) op.attentionPrefill(rec, shape, sc.q, p.k, p.v, sc.att, n, pos, kvType, window, scoreScale, p.slice);
     // output projection (and its post-norm, gemma3), residual
     mm(w.wo, sc.att, new Map(), sc.tmp, 0, nEmbd);
     this.addResidual(rec, sc, w.attnPostNorm, n);

@@ -138,6 +138,13 @@ export interface AttentionShape {
   headDim: number;
 }
 
+/** The part of a KV cache split by heads that one attention dispatch reads (whole: h0 0, all heads). */
+export interface KvSlice {
+  /** first KV head the part holds */
+  h0: number;
+  heads: number;
+}
+
 /** Elements the split-K partial buffer needs for `nKv` cached positions. */
 export function attentionPartialElements(s: AttentionShape, nKv: number): number {
   return s.nHead * Math.ceil(nKv / ATTENTION_CHUNK) * (s.headDim + 2);
@@ -160,10 +167,16 @@ export function attentionDecode(
   kvType: KvType = 'f32',
   window = 0,
   scale = 1 / Math.sqrt(s.headDim),
+  parts: readonly { k: GPUBuffer; v: GPUBuffer; slice: KvSlice }[] = [{ k: kCache, v: vCache, slice: { h0: 0, heads: s.nHeadKv } }],
 ): void {
   const nChunks = Math.ceil(nKv / ATTENTION_CHUNK);
-  const params = [s.nHead, s.nHeadKv, s.headDim, nKv, nChunks, f32(scale), qOffset, window];
-  rec.dispatch({ kernel: 'attention_decode', quant: kvType, entry: 'split', params, buffers: [q, kCache, vCache, partial], groups: [nChunks, s.nHead] });
+  const group = s.nHead / s.nHeadKv;
+  const params = [s.nHead, s.nHeadKv, s.headDim, nKv, nChunks, f32(scale), qOffset, window, 0, 0, s.nHeadKv];
+  // each part's query heads score its cached heads; the combine merges every head's chunks
+  for (const part of parts) {
+    const partParams = [...params.slice(0, 8), part.slice.h0 * group, part.slice.h0, part.slice.heads];
+    rec.dispatch({ kernel: 'attention_decode', quant: kvType, entry: 'split', params: partParams, buffers: [q, part.k, part.v, partial], groups: [nChunks, part.slice.heads * group] });
+  }
   rec.dispatch({
     kernel: 'attention_decode',
     quant: kvType,
@@ -187,13 +200,32 @@ export function attentionPrefill(
   kvType: KvType = 'f32',
   window = 0,
   scale = 1 / Math.sqrt(s.headDim),
+  slice: KvSlice = { h0: 0, heads: s.nHeadKv },
 ): void {
+  const group = s.nHead / s.nHeadKv;
   rec.dispatch({
     kernel: 'attention_prefill',
     quant: kvType,
-    params: [s.nHead, s.nHeadKv, s.headDim, nTokens, pos0, f32(scale), window],
+    params: [s.nHead, s.nHeadKv, s.headDim, nTokens, pos0, f32(scale), window, slice.h0 * group, slice.h0, slice.heads],
     buffers: [q, kCache, vCache, out],
-    groups: [nTokens, s.nHead],
+    groups: [nTokens, slice.heads * group],
+  });
+}
+
+/**
+ * Writes a batch's keys or values (src: [nTokens × nHeadKv·headDim] f32) into one part of a
+ * cache split by heads, at positions pos0…: f32, or packed f16.
+ */
+export function kvStore(rec: Recorder, src: GPUBuffer, dst: GPUBuffer, slice: KvSlice, headDim: number, kvDim: number, nTokens: number, pos0: number, kvType: KvType): void {
+  const width = slice.heads * headDim;
+  const units = kvType === 'f16' ? (nTokens * width) / 2 : nTokens * width;
+  const [gx, gy] = grid2d(Math.ceil(units / WG));
+  rec.dispatch({
+    kernel: 'kv_store',
+    entry: kvType === 'f16' ? 'store_f16' : 'store_f32',
+    params: [nTokens, width, kvDim, slice.h0 * headDim, pos0, gx],
+    buffers: [src, dst],
+    groups: [gx, gy],
   });
 }
 

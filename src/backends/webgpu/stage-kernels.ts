@@ -12,6 +12,8 @@ import type { ShardWeights } from './shard-weights.ts';
 export interface WebGpuStageOptions {
   /** split weight matrices into buffers of at most this many bytes (default: the device limit) */
   maxChunkBytes?: number;
+  /** split each layer's KV cache by heads into buffers of at most this many bytes (default: the device limit) */
+  maxKvBindingBytes?: number;
   /** matrix × vector kernel for decode; 'auto' picks mul_mat on software adapters */
   matVec?: MatVecKernel | 'auto';
   /** matrix × matrix kernel for prefill; 'auto' picks mul_mat_tiled except on software adapters */
@@ -95,5 +97,6 @@ export function pipelinesFor(m: ShardWeights, k: StageKernels): PipelineWanted[]
     { kernel: 'attention_prefill', quant: k.kvType },
   );
   if (k.kvType === 'f16') out.push({ kernel: 'pack_f16' });
+  out.push({ kernel: 'kv_store', entry: k.kvType === 'f16' ? 'store_f16' : 'store_f32' });
   return out;
 }
