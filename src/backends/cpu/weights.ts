@@ -154,6 +154,44 @@ function unpackInt8(type: GgmlType, raw: Uint8Array, n: number, q: Int8Array, d:
   }
 }
 
+/**
+ * One matrix of `rows` × `cols` from its GGUF bytes, kept as `storage` says: the file's blocks
+ * ('quantized'), int8 with block scales (`int8`, in `arena`), Q4_1/Q5_1 split for Q8_1
+ * activations, or dense f32 (in `arena` when there is one).
+ */
+export function makeMatrix(
+  label: string,
+  type: GgmlType,
+  raw: Uint8Array,
+  rows: number,
+  cols: number,
+  o: { storage: WeightStorage; rounding: ActivationRounding; arena: WasmArena | null; int8: boolean },
+): Matrix {
+  const n = rows * cols;
+  const activation = o.rounding === 'ggml' ? activationFormatFor(type) : 'f32';
+  const arena = o.arena;
+  if (o.storage === 'quantized' && type !== GgmlType.F32) return new QuantizedMatrix(label, rows, cols, type, raw, activation);
+  if (o.int8 && rows % 4 !== 0) return new DenseMatrix(label, rows, cols, dequantize(type, raw, n), activation, null);
+  if (arena?.hasInt8 && o.int8) {
+    const q = arena.allocInt8(n); // [rows × cols] int8
+    const d = arena.alloc(n / 32); // [rows × cols/32] f32
+    unpackInt8(type, raw, n, q, d);
+    return new Int8Matrix(label, rows, cols, q, d, arena);
+  }
+  if (o.rounding === 'ggml' && isQ8_1Type(type)) return Q8_1Matrix.fromBlocks(label, type, raw, rows, cols, arena ? arena.alloc(n) : null, arena);
+  if (arena) {
+    const view = arena.alloc(n); // [rows × cols] f32
+    dequantizeRow(type, raw, 0, n, view, 0);
+    return new DenseMatrix(label, rows, cols, view, activation, arena);
+  }
+  return new DenseMatrix(label, rows, cols, dequantize(type, raw, n), activation, null);
+}
+
+/** Whether makeMatrix keeps this type as int8 (Q8_0 and Q4_0 with SIMD and ggml rounding). */
+export function keepsInt8(type: GgmlType, cols: number, rows: number, storage: WeightStorage, rounding: ActivationRounding, simd: boolean): boolean {
+  return storage === 'auto' && rounding === 'ggml' && simd && INT8_TYPES.has(type) && cols % 32 === 0 && rows % 4 === 0;
+}
+
 export interface ShardWeights {
   /** global index of layers[0] (= shard.start) */
   layerStart: number;
@@ -208,8 +246,7 @@ export async function loadShardWeights(
   };
 
   // matrices go into one WebAssembly arena, sized up front (it never grows)
-  const int8Ok = storage === 'auto' && rounding === 'ggml' && simd;
-  const asInt8 = (type: GgmlType, cols: number, rows: number) => int8Ok && INT8_TYPES.has(type) && cols % 32 === 0 && rows % 4 === 0;
+  const asInt8 = (type: GgmlType, cols: number, rows: number) => keepsInt8(type, cols, rows, storage, rounding, simd);
   // (1-D tensors too, small: qwen2moe's shared-expert gate is multiplied as a 1-row matrix;
   // every expert of a 3-D tensor is its own allocation, so each gets its alignment slack)
   const arenaBytes = infos
@@ -233,29 +270,8 @@ export async function loadShardWeights(
     }
     const rowBytes = (cols / TYPE_TRAITS[t.type]!.blockSize) * TYPE_TRAITS[t.type]!.typeSize;
     const raw = data.get(name)!.subarray(row0 * rowBytes, (row0 + rows) * rowBytes);
-    const n = rows * cols;
-    const activation = rounding === 'ggml' ? activationFormatFor(t.type) : 'f32';
-    let m: Matrix;
     // sized above as int8 when the tensor's ne1 rows suit the kernel; a piece of it that does not goes to the JS heap
-    const int8 = asInt8(t.type, cols, t.shape[1] ?? 1);
-    if (storage === 'quantized' && t.type !== GgmlType.F32) {
-      m = new QuantizedMatrix(label, rows, cols, t.type, raw, activation);
-    } else if (int8 && rows % 4 !== 0) {
-      m = new DenseMatrix(label, rows, cols, dequantize(t.type, raw, n), activation, null);
-    } else if (arena?.hasInt8 && int8) {
-      const q = arena.allocInt8(n); // [rows × cols] int8
-      const d = arena.alloc(n / 32); // [rows × cols/32] f32
-      unpackInt8(t.type, raw, n, q, d);
-      m = new Int8Matrix(label, rows, cols, q, d, arena);
-    } else if (rounding === 'ggml' && isQ8_1Type(t.type)) {
-      m = Q8_1Matrix.fromBlocks(label, t.type, raw, rows, cols, arena ? arena.alloc(n) : null, arena);
-    } else if (arena) {
-      const view = arena.alloc(n); // [rows × cols] f32
-      dequantizeRow(t.type, raw, 0, n, view, 0);
-      m = new DenseMatrix(label, rows, cols, view, activation, arena);
-    } else {
-      m = new DenseMatrix(label, rows, cols, dequantize(t.type, raw, n), activation, null);
-    }
+    const m = makeMatrix(label, t.type, raw, rows, cols, { storage, rounding, arena, int8: asInt8(t.type, cols, t.shape[1] ?? 1) });
     made.set(label, m);
     bytes += m.bytes;
     return m;

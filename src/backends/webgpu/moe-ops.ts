@@ -35,28 +35,34 @@ export interface SlotIo {
 /** Decode: out[slot, :] = W_{ids[slot]} · x[slot / xDiv] for nSlots slots, one workgroup per (row, slot). */
 export function matVecId(rec: Recorder, w: GpuExperts, io: SlotIo, ids: GPUBuffer, nSlots: number): void {
   const [gx, gy] = grid2d(w.expertRows);
-  for (const c of w.chunks) {
+  const expertBytes = w.expertRows * w.rowBytes;
+  w.chunks.forEach((c, i) => {
     rec.dispatch({
       kernel: 'mul_mat_vec_id',
       quant: w.quant,
       params: [w.k, w.expertRows, w.rowBytes, io.xStride, io.xDiv, io.outStride, c.e0, c.experts, gx],
       buffers: [c.buffer, io.x, io.out, ids],
       groups: [gx, gy, nSlots],
+      // the slots' experts, wherever they live (a token's top-k are distinct), counted once
+      reads: i === 0 ? Math.min(nSlots, w.nExpert) * expertBytes : 0,
     });
-  }
+  });
 }
 
 /** Any batch: the grouped matmul over moe_group's slots and offsets; experts with no slots do nothing. */
-export function matMulId(rec: Recorder, w: GpuExperts, io: SlotIo, slots: GPUBuffer, offsets: GPUBuffer): void {
-  for (const c of w.chunks) {
+export function matMulId(rec: Recorder, w: GpuExperts, io: SlotIo, slots: GPUBuffer, offsets: GPUBuffer, nSlots: number): void {
+  const expertBytes = w.expertRows * w.rowBytes;
+  w.chunks.forEach((c, i) => {
     rec.dispatch({
       kernel: 'mul_mat_id',
       quant: w.quant,
       params: [w.k, w.expertRows, w.rowBytes, io.xStride, io.xDiv, io.outStride, c.e0],
       buffers: [c.buffer, io.x, io.out, slots, offsets],
       groups: [Math.ceil(w.expertRows / WG), c.experts],
+      // experts with no slots exit at once: at most one expert per slot is read
+      reads: i === 0 ? Math.min(nSlots, w.nExpert) * expertBytes : 0,
     });
-  }
+  });
 }
 
 /** out [nTokens × nEmbd] = Σ_j weights[t, j] · y[t·k + j]; plus shared · gate(shGate) when given. */

@@ -66,7 +66,7 @@ export class MoePass {
     const expertMatmul = (e: GpuExperts, input: GPUBuffer, xDiv: number, rows: number, dst: GPUBuffer) => {
       const io = { x: this.rounded(rec, sc, e, input, rows), xStride: e.k, xDiv, out: dst, outStride: e.expertRows };
       if (gather) moeOp.matVecId(rec, e, io, sc.ids, n * k);
-      else moeOp.matMulId(rec, e, io, sc.slots, sc.offsets);
+      else moeOp.matMulId(rec, e, io, sc.slots, sc.offsets, n * k);
     };
     expertMatmul(w.gate, x, k, n, sc.gate);
     expertMatmul(w.up, x, k, n, sc.up);

@@ -49,6 +49,7 @@ export function matmul(
       rec.dispatch({
         kernel: 'mul_mat_tiled',
         quant: w.quant,
+        reads: c.rows * w.rowBytes,
         params: [w.k, c.rows, w.rowBytes, nTokens, xOffset, w.k, outOffset + c.row0, outStride],
         buffers: [c.buffer, x, out],
         groups: [Math.ceil(c.rows / TILE_ROWS), Math.ceil(nTokens / TILE_TOKENS)],
@@ -58,6 +59,7 @@ export function matmul(
       rec.dispatch({
         kernel: 'mul_mat_vec',
         quant: w.quant,
+        reads: c.rows * w.rowBytes,
         params: [w.k, c.rows, w.rowBytes, xOffset, outOffset + c.row0, gx],
         buffers: [c.buffer, x, out],
         groups: [gx, gy],
@@ -66,12 +68,18 @@ export function matmul(
       rec.dispatch({
         kernel: 'mul_mat',
         quant: w.quant,
+        reads: c.rows * w.rowBytes,
         params: [w.k, c.rows, w.rowBytes, nTokens, xOffset, w.k, outOffset + c.row0, outStride],
         buffers: [c.buffer, x, out],
         groups: [Math.ceil(c.rows / WG), Math.ceil(nTokens / MUL_MAT_TOKENS)],
       });
     }
   }
+}
+
+/** rows a lookup of nTokens ids reads from a chunk of `rows` (at most one row per token) */
+function chunkReads(nTokens: number, rows: number): number {
+  return Math.min(nTokens, rows);
 }
 
 /** out[t, :] = row ids[t] of `table`, dequantised. ids: [nTokens] u32; out: [nTokens × k] */
@@ -81,6 +89,7 @@ export function getRows(rec: Recorder, table: GpuMatrix, ids: GPUBuffer, out: GP
     rec.dispatch({
       kernel: 'get_rows',
       quant: table.quant,
+      reads: chunkReads(nTokens, c.rows) * table.rowBytes,
       params: [table.k, c.rows, table.rowBytes, c.row0, nTokens, gx],
       buffers: [c.buffer, ids, out],
       groups: [gx, nTokens],

@@ -56,9 +56,9 @@ export class WebGpuStage {
     return { count: this.memory.count, bytes: this.memory.bytes };
   }
 
-  /** queue submissions and bytes read back since the stage was made */
-  transferStats(): { submissions: number; readbackBytes: number } {
-    return { submissions: this.resources.submissions, readbackBytes: this.resources.readbackBytes };
+  /** queue submissions, bytes read back and weight bytes the kernels read since the stage was made */
+  transferStats(): { submissions: number; readbackBytes: number; weightBytesRead: number } {
+    return { submissions: this.resources.submissions, readbackBytes: this.resources.readbackBytes, weightBytesRead: this.resources.weightBytesRead };
   }
 
   /** labels of the compiled pipelines */
