@@ -11,8 +11,8 @@ import type { TensorSource } from '../src/gguf/types.ts';
 import { configFromHeader } from '../src/model/config.ts';
 import { InProcessChain } from '../src/route/generation.ts';
 import { ARCH_CASES, NEW_ARCHS, PROMPT, QUANT_MIX } from './support/arch-cases.ts';
-import { LlamaModelFfi, maxAbsDiff, oracleHidden } from './support/llamacpp-oracle.ts';
-import { expectGreedyMatchesOracle } from './support/oracle-check.ts';
+import { LlamaModelFfi } from './support/llamacpp-oracle.ts';
+import { expectFirstLayerMatchesOracle, expectGreedyMatchesOracle } from './support/oracle-check.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
 const N = 16;
@@ -33,16 +33,8 @@ async function check(label: string, options: Parameters<typeof syntheticModel>[0
   try {
     const prompt = oracle.tokenize(PROMPT);
     await expectGreedyMatchesOracle(`cpu ${label}`, chain, oracle, prompt, N, { exact, tolerance });
-    if (exact) {
-      // hidden state after layer 1 (a first stage [0, 1)) equals llama.cpp's l_out-0
-      const first = new CpuBackend();
-      await first.load(source, { start: 0, end: 1 });
-      await first.openSession('h', { contextLength: prompt.length });
-      const out = (await first.forward('h', { kind: 'tokens', tokens: Int32Array.from(prompt) }, 0)).output;
-      await first.dispose();
-      expect(out.kind).toBe('hidden');
-      if (out.kind === 'hidden') expect(maxAbsDiff(out.hidden, oracleHidden(oracle, prompt, 1))).toBeLessThan(10 * tolerance);
-    }
+    // hidden state after layer 1 (a first stage [0, 1)) equals llama.cpp's l_out-0
+    if (exact) await expectFirstLayerMatchesOracle(source, oracle, prompt, 10 * tolerance);
   } finally {
     await chain.dispose();
     oracle.dispose();

@@ -20,7 +20,8 @@ import type { TensorSource } from '../src/gguf/types.ts';
 import { configFromHeader } from '../src/model/config.ts';
 import type { ModelType } from '../src/model/synthetic-model.ts';
 import { InProcessChain } from '../src/route/generation.ts';
-import { LlamaModelFfi, argmax, maxAbsDiff, oracleGreedy, oracleHidden } from './support/llamacpp-oracle.ts';
+import { LlamaModelFfi, argmax, maxAbsDiff, oracleGreedy } from './support/llamacpp-oracle.ts';
+import { expectFirstLayerMatchesOracle, FLIP_BOUND, top2Gap } from './support/oracle-check.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
 const N = 32;
@@ -33,8 +34,6 @@ afterAll(async () => {
   for (const s of open) await s.close();
 });
 
-/** the largest logit change one 8-bit rounding flip has caused on these models (measured ≤ 2.4e-2) */
-const FLIP_BOUND = 5e-2;
 
 function rms(x: Float32Array): number {
   let s = 0;
@@ -46,17 +45,6 @@ function rmsDiff(a: Float32Array, b: Float32Array): number {
   let s = 0;
   for (let i = 0; i < a.length; i++) s += (a[i]! - b[i]!) ** 2;
   return Math.sqrt(s / a.length);
-}
-
-/** the gap between the largest and second-largest logit */
-function top2Gap(x: Float32Array): number {
-  let a = -Infinity;
-  let b = -Infinity;
-  for (const v of x) {
-    if (v > a) [a, b] = [v, a];
-    else if (v > b) b = v;
-  }
-  return a - b;
 }
 
 // the dense architectures in every type the engine read before, and llama in the types added
@@ -102,16 +90,8 @@ describe.each(CASES)('%s with GQA (4 heads, 2 KV heads)', (arch, types) => {
       if (type === 'f32' || type === 'f16') {
         expect(promptDiff).toBeLessThan(tolerance);
         expect(tokens).toEqual(ref.tokens);
-        if (type === 'f32') {
-          // hidden state after layer 1 (a first stage [0, 1)) equals llama.cpp's l_out-0
-          const first = new CpuBackend();
-          await first.load(source, { start: 0, end: 1 });
-          await first.openSession('h', { contextLength: prompt.length });
-          const out = (await first.forward('h', { kind: 'tokens', tokens: Int32Array.from(prompt) }, 0)).output;
-          await first.dispose();
-          expect(out.kind).toBe('hidden');
-          if (out.kind === 'hidden') expect(maxAbsDiff(out.hidden, oracleHidden(oracle, prompt, 1))).toBeLessThan(1e-4);
-        }
+        // hidden state after layer 1 (a first stage [0, 1)) equals llama.cpp's l_out-0
+        if (type === 'f32') await expectFirstLayerMatchesOracle(source, oracle, prompt, 1e-4);
         return;
       }
 

@@ -47,3 +47,21 @@ fn i8x4(w: u32) -> vec4<f32> {
 fn u8x4(w: u32) -> vec4<f32> {
   return vec4<f32>(f32(w & 0xffu), f32((w >> 8u) & 0xffu), f32((w >> 16u) & 0xffu), f32(w >> 24u));
 }
+
+// Bits j..j+3 of `bits`, each moved to bit 4 of its own byte (the fifth bits of Q5_0 / Q5_1).
+fn high_bits4(bits: u32, j: u32) -> u32 {
+  let b = bits >> j;
+  return ((b & 1u) | ((b & 2u) << 7u) | ((b & 4u) << 14u) | ((b & 8u) << 21u)) << 4u;
+}
+
+// The 6-bit scale (x) and min (y) of sub-block `s` (0..7) from the 12 bytes at `sc` that Q4_K
+// and Q5_K pack them in (ggml's get_scale_min_k4).
+fn scale_min_k4(sc: u32, s: u32) -> vec2<f32> {
+  if (s < 4u) {
+    return vec2<f32>(f32(load_u8(sc + s) & 63u), f32(load_u8(sc + s + 4u) & 63u));
+  }
+  let hi = load_u8(sc + s + 4u);
+  let scale = (hi & 0x0fu) | ((load_u8(sc + s - 4u) >> 6u) << 4u);
+  let min = (hi >> 4u) | ((load_u8(sc + s) >> 6u) << 4u);
+  return vec2<f32>(f32(scale), f32(min));
+}

@@ -3,12 +3,6 @@
 const QK: u32 = 32u;
 const BLOCK_BYTES: u32 = 24u;
 
-// bits j..j+3 of qh, each moved to bit 4 of its own byte
-fn q5_high4(qh: u32, j: u32) -> u32 {
-  let b = qh >> j;
-  return ((b & 1u) | ((b & 2u) << 7u) | ((b & 4u) << 14u) | ((b & 8u) << 21u)) << 4u;
-}
-
 fn dequant4(row_base: u32, k: u32) -> vec4<f32> {
   let block = row_base + (k / QK) * BLOCK_BYTES;
   let j = k % QK;
@@ -17,5 +11,5 @@ fn dequant4(row_base: u32, k: u32) -> vec4<f32> {
   let qh = load_u32_even(block + 4u);
   let q = load_u32_even(block + 8u + (j % 16u));
   let nib = (q >> select(0u, 4u, j >= 16u)) & 0x0f0f0f0fu;
-  return d * u8x4(nib | q5_high4(qh, j)) + vec4<f32>(m);
+  return d * u8x4(nib | high_bits4(qh, j)) + vec4<f32>(m);
 }

@@ -134,15 +134,7 @@ export function scaleMinK4(j: number, q: Uint8Array, at: number): [number, numbe
  * Returns the scale.
  */
 export function makeQxQuants(n: number, nmax: number, x: Float32Array, xo: number, L: Int8Array, lo: number): number {
-  let max = 0;
-  let amax = 0;
-  for (let i = 0; i < n; i++) {
-    const ax = Math.abs(x[xo + i]!);
-    if (ax > amax) {
-      amax = ax;
-      max = x[xo + i]!;
-    }
-  }
+  const [amax, max] = signedMax(x, xo, n);
   if (amax < GROUP_MAX_EPS) {
     for (let i = 0; i < n; i++) L[lo + i] = 0;
     return 0;
@@ -190,15 +182,7 @@ export function makeQxQuants(n: number, nmax: number, x: Float32Array, xo: numbe
  * L = q + nmax in [0, 2·nmax), refined by up to five passes of single-value moves. Returns the scale.
  */
 export function makeQ3Quants(n: number, nmax: number, x: Float32Array, xo: number, L: Int8Array, lo: number): number {
-  let max = 0;
-  let amax = 0;
-  for (let i = 0; i < n; i++) {
-    const ax = Math.abs(x[xo + i]!);
-    if (ax > amax) {
-      amax = ax;
-      max = x[xo + i]!;
-    }
-  }
+  const [amax, max] = signedMax(x, xo, n);
   if (amax < GROUP_MAX_EPS) {
     for (let i = 0; i < n; i++) L[lo + i] = 0;
     return 0;
@@ -256,4 +240,82 @@ export function bestIndexInt8(values: Int8Array, x: number): number {
     else ml = mav;
   }
   return fr(x - values[mu - 1]!) < fr(values[mu]! - x) ? mu - 1 : mu;
+}
+
+/** The first value of largest magnitude among x[xo … xo+n): [|max|, max] (ggml's amax/max scan). */
+export function signedMax(x: Float32Array, xo: number, n: number): [number, number] {
+  let amax = 0;
+  let max = 0;
+  for (let i = 0; i < n; i++) {
+    const ax = Math.abs(x[xo + i]!);
+    if (ax > amax) {
+      amax = ax;
+      max = x[xo + i]!;
+    }
+  }
+  return [amax, max];
+}
+
+/** Scratch of kScalesMins: one super-block's sub-block fits. */
+export interface KScratch {
+  Laux: Uint8Array; // [32]
+  weights: Float32Array; // [32]
+  scales: Float32Array; // [8]
+  mins: Float32Array; // [8]
+}
+
+export function kScratch(): KScratch {
+  return { Laux: new Uint8Array(32), weights: new Float32Array(32), scales: new Float32Array(8), mins: new Float32Array(8) };
+}
+
+/**
+ * The part Q4_K and Q5_K share (quantize_row_q{4,5}_K_ref): each of the 8 sub-blocks of 32
+ * values of the super-block at x[xb] gets an affine fit (weights √(mean x²) + |x|), the fits'
+ * scales and mins are quantised to 6 bits under f16 d and dmin (written at out[o], out[o + 2],
+ * the 12 packed bytes at out[o + 4]), and L[0 … 256) gets each value's level in 0..nmax.
+ */
+export function kScalesMins(x: Float32Array, xb: number, nmax: number, rmin: number, nstep: number, out: Uint8Array, o: number, L: Uint8Array, k: KScratch): void {
+  let maxScale = 0;
+  let maxMin = 0;
+  for (let j = 0; j < 8; j++) {
+    const xo = xb + 32 * j;
+    let sumX2 = 0;
+    for (let l = 0; l < 32; l++) sumX2 = fr(sumX2 + fr(x[xo + l]! * x[xo + l]!));
+    const avX = fr(Math.sqrt(fr(sumX2 / 32)));
+    for (let l = 0; l < 32; l++) k.weights[l] = fr(avX + Math.abs(x[xo + l]!));
+    k.scales[j] = makeQkx2Quants(32, nmax, x, xo, k.weights, L, 32 * j, k.Laux, rmin, fr(0.1), nstep, false, k.mins, j);
+    if (k.scales[j]! > maxScale) maxScale = k.scales[j]!;
+    if (k.mins[j]! > maxMin) maxMin = k.mins[j]!;
+  }
+  const invScale = maxScale > 0 ? fr(63 / maxScale) : 0;
+  const invMin = maxMin > 0 ? fr(63 / maxMin) : 0;
+  const sc = o + 4;
+  out.fill(0, sc, sc + 12);
+  for (let j = 0; j < 8; j++) {
+    // ggml stores nearest_int's result in a uint8_t before clamping to 63
+    const ls = Math.min(63, nearestInt(fr(invScale * k.scales[j]!)) & 0xff);
+    const lm = Math.min(63, nearestInt(fr(invMin * k.mins[j]!)) & 0xff);
+    if (j < 4) {
+      out[sc + j] = ls;
+      out[sc + j + 4] = lm;
+    } else {
+      out[sc + j + 4] = (ls & 0xf) | ((lm & 0xf) << 4);
+      out[sc + j - 4]! |= (ls >> 4) << 6;
+      out[sc + j]! |= (lm >> 4) << 6;
+    }
+  }
+  putF16(out, o, fr(maxScale / 63));
+  putF16(out, o + 2, fr(maxMin / 63));
+  const dAll = getF16(out, o);
+  const dminAll = getF16(out, o + 2);
+  for (let j = 0; j < 8; j++) {
+    const [s, m] = scaleMinK4(j, out, sc);
+    const d = fr(dAll * s);
+    if (!d) continue;
+    const dm = fr(dminAll * m);
+    for (let ii = 0; ii < 32; ii++) {
+      const l = nearestInt(fr(fr(x[xb + 32 * j + ii]! + dm) / d));
+      L[32 * j + ii] = Math.max(0, Math.min(nmax, l));
+    }
+  }
 }

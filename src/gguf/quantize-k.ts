@@ -7,7 +7,7 @@
 //   Q5_K (176): f16 d · f16 dmin · u8 scales[12] (as Q4_K) · u8 qh[32] · u8 qs[128]
 //               x = d·sc·q − dmin·m, 8 sub-blocks of 32, q's fifth bit in qh
 
-import { getF16, makeQ3Quants, makeQkx2Quants, nearestInt, putF16, scaleMinK4 } from './quant-search.ts';
+import { getF16, kScalesMins, kScratch, makeQ3Quants, makeQkx2Quants, nearestInt, putF16, signedMax } from './quant-search.ts';
 
 const fr = Math.fround;
 const QK_K = 256;
@@ -74,16 +74,8 @@ export function quantizeQ3_K(x: Float32Array, out: Uint8Array): void {
   for (let i = 0; i < x.length / QK_K; i++) {
     const xb = i * QK_K;
     const o = i * 110; // hmask @0, qs @32, scales @96, d @108
-    let maxScale = 0;
-    let amax = 0;
-    for (let j = 0; j < 16; j++) {
-      scales[j] = makeQ3Quants(16, 4, x, xb + 16 * j, L, 16 * j);
-      const s = Math.abs(scales[j]!);
-      if (s > amax) {
-        amax = s;
-        maxScale = scales[j]!;
-      }
-    }
+    for (let j = 0; j < 16; j++) scales[j] = makeQ3Quants(16, 4, x, xb + 16 * j, L, 16 * j);
+    const maxScale = signedMax(scales, 0, 16)[1];
     const sc = o + 96;
     out.fill(0, sc, sc + 12);
     if (maxScale) {
@@ -123,55 +115,11 @@ export function quantizeQ3_K(x: Float32Array, out: Uint8Array): void {
 
 export function quantizeQ5_K(x: Float32Array, out: Uint8Array): void {
   const L = new Uint8Array(QK_K);
-  const Laux = new Uint8Array(32);
-  const weights = new Float32Array(32);
-  const mins = new Float32Array(8);
-  const scales = new Float32Array(8);
+  const k = kScratch();
   for (let i = 0; i < x.length / QK_K; i++) {
     const xb = i * QK_K;
     const o = i * 176; // d @0, dmin @2, scales @4..15, qh @16..47, qs @48..175
-    let maxScale = 0;
-    let maxMin = 0;
-    for (let j = 0; j < 8; j++) {
-      const xo = xb + 32 * j;
-      let sumX2 = 0;
-      for (let l = 0; l < 32; l++) sumX2 = fr(sumX2 + fr(x[xo + l]! * x[xo + l]!));
-      const avX = fr(Math.sqrt(fr(sumX2 / 32)));
-      for (let l = 0; l < 32; l++) weights[l] = fr(avX + Math.abs(x[xo + l]!));
-      scales[j] = makeQkx2Quants(32, 31, x, xo, weights, L, 32 * j, Laux, -0.5, fr(0.1), 15, false, mins, j);
-      if (scales[j]! > maxScale) maxScale = scales[j]!;
-      if (mins[j]! > maxMin) maxMin = mins[j]!;
-    }
-    const invScale = maxScale > 0 ? fr(63 / maxScale) : 0;
-    const invMin = maxMin > 0 ? fr(63 / maxMin) : 0;
-    const sc = o + 4;
-    out.fill(0, sc, sc + 12);
-    for (let j = 0; j < 8; j++) {
-      const ls = Math.min(63, nearestInt(fr(invScale * scales[j]!)) & 0xff);
-      const lm = Math.min(63, nearestInt(fr(invMin * mins[j]!)) & 0xff);
-      if (j < 4) {
-        out[sc + j] = ls;
-        out[sc + j + 4] = lm;
-      } else {
-        out[sc + j + 4] = (ls & 0xf) | ((lm & 0xf) << 4);
-        out[sc + j - 4]! |= (ls >> 4) << 6;
-        out[sc + j]! |= (lm >> 4) << 6;
-      }
-    }
-    putF16(out, o, fr(maxScale / 63));
-    putF16(out, o + 2, fr(maxMin / 63));
-    const dAll = getF16(out, o);
-    const dminAll = getF16(out, o + 2);
-    for (let j = 0; j < 8; j++) {
-      const [s, m] = scaleMinK4(j, out, sc);
-      const d = fr(dAll * s);
-      if (!d) continue;
-      const dm = fr(dminAll * m);
-      for (let ii = 0; ii < 32; ii++) {
-        const l = nearestInt(fr(fr(x[xb + 32 * j + ii]! + dm) / d));
-        L[32 * j + ii] = Math.max(0, Math.min(31, l));
-      }
-    }
+    kScalesMins(x, xb, 31, -0.5, 15, out, o, L, k);
     // 4 groups of 64: qs byte j holds values j and j+32 (low 4 bits); their fifth bits go to qh[j]
     const qh = o + 16;
     out.fill(0, qh, qh + 32);

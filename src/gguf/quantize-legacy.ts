@@ -5,7 +5,7 @@
 //   Q5_1 (24): f16 d · f16 m · u32 qh · u8 qs[16]      x = d·q + m
 // Element j < 16 is the low nibble of qs[j], element j + 16 the high nibble.
 
-import { putF16 } from './quant-search.ts';
+import { putF16, signedMax } from './quant-search.ts';
 
 const fr = Math.fround;
 const F32_MAX = 3.4028234663852886e38;
@@ -52,15 +52,7 @@ export function quantizeQ5_0(x: Float32Array, out: Uint8Array): void {
   for (let i = 0; i < x.length / 32; i++) {
     const xo = i * 32;
     const o = i * 22;
-    let amax = 0;
-    let max = 0;
-    for (let j = 0; j < 32; j++) {
-      const v = x[xo + j]!;
-      if (amax < Math.abs(v)) {
-        amax = Math.abs(v);
-        max = v;
-      }
-    }
+    const max = signedMax(x, xo, 32)[1];
     const d = fr(max / -16);
     const id = d ? fr(1 / d) : 0;
     putF16(out, o, d);

@@ -8,7 +8,7 @@
 // of qs[j], element j + 16 the high nibble, within each block of 32.
 
 import { IQ4_NL_VALUES, MXFP4_VALUES, e8m0Half } from './codebooks.ts';
-import { GROUP_MAX_EPS, bestIndexInt8, nearestInt, putF16 } from './quant-search.ts';
+import { GROUP_MAX_EPS, bestIndexInt8, nearestInt, putF16, signedMax } from './quant-search.ts';
 
 const fr = Math.fround;
 
@@ -30,15 +30,7 @@ function quantizeIq4Block(x: Float32Array, xo: number, n: number, out: Uint8Arra
   let amaxScale = 0;
   for (let ib = 0; ib < nb; ib++) {
     const xb = xo + 32 * ib;
-    let amax = 0;
-    let max = 0;
-    for (let j = 0; j < 32; j++) {
-      const ax = Math.abs(x[xb + j]!);
-      if (ax > amax) {
-        amax = ax;
-        max = x[xb + j]!;
-      }
-    }
+    const [amax, max] = signedMax(x, xb, 32);
     if (amax < GROUP_MAX_EPS) {
       scales[ib] = 0;
       continue;

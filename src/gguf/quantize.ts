@@ -14,7 +14,7 @@
 
 import { MeshError } from '../errors.ts';
 import { f32ToBf16, f32ToF16 } from './fp16.ts';
-import { GROUP_MAX_EPS, getF16, makeQkx2Quants, makeQxQuants, nearestInt, putF16, roundHalfAway, scaleMinK4 } from './quant-search.ts';
+import { GROUP_MAX_EPS, getF16, kScalesMins, kScratch, makeQxQuants, nearestInt, putF16, roundHalfAway, signedMax } from './quant-search.ts';
 import { quantizeQ2_K, quantizeQ3_K, quantizeQ5_K } from './quantize-k.ts';
 import { quantizeQ4_1, quantizeQ5_0, quantizeQ5_1 } from './quantize-legacy.ts';
 import { quantizeIQ4_NL, quantizeIQ4_XS, quantizeMXFP4 } from './quantize-nl.ts';
@@ -51,15 +51,7 @@ function quantizeQ4_0(x: Float32Array, out: Uint8Array): void {
   for (let i = 0; i < nb; i++) {
     const xo = i * 32;
     const o = i * 18;
-    let amax = 0;
-    let max = 0;
-    for (let j = 0; j < 32; j++) {
-      const v = x[xo + j]!;
-      if (amax < Math.abs(v)) {
-        amax = Math.abs(v);
-        max = v;
-      }
-    }
+    const max = signedMax(x, xo, 32)[1];
     const d = fr(max / -8);
     const id = d ? fr(1 / d) : 0;
     putF16(out, o, d);
@@ -76,56 +68,11 @@ function quantizeQ4_0(x: Float32Array, out: Uint8Array): void {
 function quantizeQ4_K(x: Float32Array, out: Uint8Array): void {
   const nb = x.length / QK_K;
   const L = new Uint8Array(QK_K);
-  const Laux = new Uint8Array(32);
-  const weights = new Float32Array(32);
-  const mins = new Float32Array(8);
-  const scales = new Float32Array(8);
+  const k = kScratch();
   for (let i = 0; i < nb; i++) {
     const xb = i * QK_K;
     const o = i * 144; // d @0, dmin @2, scales @4..15, qs @16..143
-    let maxScale = 0;
-    let maxMin = 0;
-    for (let j = 0; j < 8; j++) {
-      const xo = xb + 32 * j;
-      let sumX2 = 0;
-      for (let l = 0; l < 32; l++) sumX2 = fr(sumX2 + fr(x[xo + l]! * x[xo + l]!));
-      const avX = fr(Math.sqrt(fr(sumX2 / 32)));
-      for (let l = 0; l < 32; l++) weights[l] = fr(avX + Math.abs(x[xo + l]!));
-      scales[j] = makeQkx2Quants(32, 15, x, xo, weights, L, 32 * j, Laux, -1, fr(0.1), 20, false, mins, j);
-      if (scales[j]! > maxScale) maxScale = scales[j]!;
-      if (mins[j]! > maxMin) maxMin = mins[j]!;
-    }
-    const invScale = maxScale > 0 ? fr(63 / maxScale) : 0;
-    const invMin = maxMin > 0 ? fr(63 / maxMin) : 0;
-    const sc = o + 4;
-    out.fill(0, sc, sc + 12);
-    for (let j = 0; j < 8; j++) {
-      // ggml stores nearest_int's result in a uint8_t before clamping to 63
-      const ls = Math.min(63, nearestInt(fr(invScale * scales[j]!)) & 0xff);
-      const lm = Math.min(63, nearestInt(fr(invMin * mins[j]!)) & 0xff);
-      if (j < 4) {
-        out[sc + j] = ls;
-        out[sc + j + 4] = lm;
-      } else {
-        out[sc + j + 4] = (ls & 0xf) | ((lm & 0xf) << 4);
-        out[sc + j - 4]! |= (ls >> 4) << 6;
-        out[sc + j]! |= (lm >> 4) << 6;
-      }
-    }
-    putF16(out, o, fr(maxScale / 63));
-    putF16(out, o + 2, fr(maxMin / 63));
-    const dAll = getF16(out, o);
-    const dminAll = getF16(out, o + 2);
-    for (let j = 0; j < 8; j++) {
-      const [s, m] = scaleMinK4(j, out, sc);
-      const d = fr(dAll * s);
-      if (!d) continue;
-      const dm = fr(dminAll * m);
-      for (let ii = 0; ii < 32; ii++) {
-        const l = nearestInt(fr(fr(x[xb + 32 * j + ii]! + dm) / d));
-        L[32 * j + ii] = Math.max(0, Math.min(15, l));
-      }
-    }
+    kScalesMins(x, xb, 15, -1, 20, out, o, L, k);
     // 4 groups of 64 values: byte l holds value l (low nibble) and value l+32 (high nibble)
     let q = o + 16;
     for (let j = 0; j < QK_K; j += 64) {

@@ -9,14 +9,17 @@
 // one flip (FLIP_BOUND), and tokens identical up to the first position where llama.cpp's own
 // top two logits are closer than two flips. Every case logs what it measured.
 import { expect } from 'vitest';
+import { CpuBackend } from '../../src/backends/cpu/backend.ts';
+import type { TensorSource } from '../../src/gguf/types.ts';
 import type { StageChain } from '../../src/route/generation.ts';
-import { argmax, maxAbsDiff, oracleGreedy } from './llamacpp-oracle.ts';
+import { argmax, maxAbsDiff, oracleGreedy, oracleHidden } from './llamacpp-oracle.ts';
 import type { LlamaModelFfi } from './llamacpp-oracle.ts';
 
 /** the largest logit change one 8-bit rounding flip has caused on these models (measured ≤ 2.4e-2) */
 export const FLIP_BOUND = 5e-2;
 
-function top2Gap(x: Float32Array): number {
+/** the gap between the largest and second-largest logit */
+export function top2Gap(x: Float32Array): number {
   let a = -Infinity;
   let b = -Infinity;
   for (const v of x) {
@@ -74,4 +77,15 @@ export async function expectGreedyMatchesOracle(
     }
   }
   return { promptDiff, tokens, reference: ref.tokens, firstDiff };
+}
+
+/** The CPU reference's first stage [0, 1) on the prompt equals llama.cpp's l_out-0 within `tolerance`. */
+export async function expectFirstLayerMatchesOracle(source: TensorSource, oracle: LlamaModelFfi, prompt: readonly number[], tolerance: number): Promise<void> {
+  const first = new CpuBackend();
+  await first.load(source, { start: 0, end: 1 });
+  await first.openSession('h', { contextLength: prompt.length });
+  const out = (await first.forward('h', { kind: 'tokens', tokens: Int32Array.from(prompt) }, 0)).output;
+  await first.dispose();
+  expect(out.kind).toBe('hidden');
+  if (out.kind === 'hidden') expect(maxAbsDiff(out.hidden, oracleHidden(oracle, prompt, 1))).toBeLessThan(tolerance);
 }
