@@ -81,4 +81,18 @@ describe('audit and serve agree', () => {
     const embedRow = header.tensors.find((t) => t.name === 'token_embd.weight')!.byteLength / 1024;
     expect(r.active_weight_bytes_per_token).toBe(Math.round(others + expertBytes / 2 + embedRow));
   });
+
+  it('cuts expert tensors for a browser stage into whole experts, and needs one expert to fit a binding', async () => {
+    const c = ARCH_CASES.find((x) => x.options.arch === 'qwen3moe')!;
+    const header = await readHeader(await syntheticModel(c.options));
+    // F32 [256, 256, 4]: 1 MiB per tensor, 256 KiB per expert
+    const browser = [{ kind: 'browser' as const, memory: 1 << 30 }];
+    const fits = auditHeader(header, 'q', { peers: browser, plan: { maxBindingBytes: 300 * 1024 } });
+    expect(fits.plan!.feasible).toBe(true);
+    const gate = fits.plan!.stages[0]!.split_tensors.find((t) => t.name === 'blk.0.ffn_gate_exps.weight');
+    expect(gate).toEqual({ name: 'blk.0.ffn_gate_exps.weight', bytes: 1 << 20, pieces: 4 });
+    const tooSmall = auditHeader(header, 'q', { peers: browser, plan: { maxBindingBytes: 200 * 1024 } });
+    expect(tooSmall.plan!.feasible).toBe(false);
+    expect(tooSmall.plan!.reason).toMatch(/binding limit/);
+  });
 });
