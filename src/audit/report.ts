@@ -5,6 +5,7 @@
 
 import { isMeshError } from '../errors.ts';
 import type { GgmlType, GgufHeader } from '../gguf/types.ts';
+import { hyperParameters } from '../gguf/summary.ts';
 import { configFromHeader } from '../model/config.ts';
 import { ggmlTypeName } from '../gguf/traits.ts';
 import { ARCH_OPS, BACKEND_ARCHS, BACKEND_OPS, BACKEND_TYPES, OPS, missingOps } from './ops.ts';
@@ -167,9 +168,10 @@ function vocabSize(header: GgufHeader): number {
   return Array.isArray(tokens) ? tokens.length : (header.tensors.find((t) => t.name === 'token_embd.weight')?.shape[1] ?? 0);
 }
 
-function serveCheck(header: GgufHeader): ServeCheck {
+/** `check` as a verdict: accepted, or refused with the MeshError's code and message. */
+function verdict(check: () => unknown): ServeCheck {
   try {
-    configFromHeader(header);
+    check();
     return { accepted: true, code: null, reason: null };
   } catch (e) {
     if (!isMeshError(e)) throw e;
@@ -177,10 +179,20 @@ function serveCheck(header: GgufHeader): ServeCheck {
   }
 }
 
-/** A backend is ready only where serve takes the model: the reason joins its notes. */
-function gatedByServe(b: BackendSupport, serve: ServeCheck): BackendSupport {
-  if (serve.accepted) return b;
-  return { ...b, ready: false, notes: [...b.notes, `serve refuses the model (${serve.code}): ${serve.reason}`] };
+/** Whether `serve` opens a room for the model: it reads the hyper-parameters (any architecture: a whole-model llama.cpp node may serve it). */
+function serveCheck(header: GgufHeader): ServeCheck {
+  return verdict(() => hyperParameters(header));
+}
+
+/** Whether the CPU and WebGPU engines take the model: both load through configFromHeader. */
+function engineCheck(header: GgufHeader): ServeCheck {
+  return verdict(() => configFromHeader(header));
+}
+
+/** A backend is ready only where the check passes: the reason joins its notes. */
+function gated(b: BackendSupport, check: ServeCheck, who: string): BackendSupport {
+  if (check.accepted) return b;
+  return { ...b, ready: false, notes: [...b.notes, `${who} refuses the model (${check.code}): ${check.reason}`] };
 }
 
 /** What a llama.cpp node may be given of this model: the rule `serve` plans with (model/serve-capability.ts). */
@@ -268,10 +280,11 @@ export function auditHeader(header: GgufHeader, location: string, opts: AuditOpt
   const g = modelGeometry(header, location);
   const types = typeRows(header);
   const serve = serveCheck(header);
+  const engines = engineCheck(header);
   const backends = {
-    cpu: gatedByServe(support(g, types, 'cpu'), serve),
-    webgpu: gatedByServe(support(g, types, 'webgpu'), serve),
-    llamacpp: gatedByServe(llamacppSupport(g, header), serve),
+    cpu: gated(gated(support(g, types, 'cpu'), engines, 'the CPU engine'), serve, 'serve'),
+    webgpu: gated(gated(support(g, types, 'webgpu'), engines, 'the WebGPU engine'), serve, 'serve'),
+    llamacpp: gated(llamacppSupport(g, header), serve, 'serve'),
   };
   const needed = [...new Set(ARCH_OPS[g.architecture] ?? [])];
   const largest = header.tensors.reduce<{ name: string; bytes: number } | null>(
