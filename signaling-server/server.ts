@@ -135,7 +135,14 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     const origin = host ? `${opts.tls ? 'https' : 'http'}://${host}` : undefined;
     wss.handleUpgrade(req, socket, head, (ws) => (m[2] === 'peer' ? admitPeer(room, ws, registry.relayLedger(room), origin, { heartbeatMs: opts.heartbeatMs ?? DEFAULT_LIVENESS.heartbeatMs, heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? DEFAULT_LIVENESS.heartbeatTimeoutMs }) : serveClient(registry, room, ws)));
   });
-  for (const location of opts.models) await registry.addRoom(location);
+  try {
+    for (const location of opts.models) await registry.addRoom(location);
+  } catch (e) {
+    // a model serve refuses must not leave the port listening
+    wss.close();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+    throw e;
+  }
 
   return {
     url,

@@ -41,8 +41,8 @@ const GGUF = {
 
 const MODEL = {
   BAD_MODEL_METADATA: { status: 500, meaning: 'the metadata describes a model this runtime cannot build a config for' },
-  UNSUPPORTED_ARCHITECTURE: { status: 500, meaning: 'the architecture is not llama, qwen2 or qwen3, or is a mixture of experts' },
-  UNSUPPORTED_ROPE_SCALING: { status: 500, meaning: 'the RoPE scaling type is neither none nor linear' },
+  UNSUPPORTED_ARCHITECTURE: { status: 500, meaning: 'the architecture is not one the engines run (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3), or uses a feature of it they lack (experts on a dense architecture, grouped expert selection)' },
+  UNSUPPORTED_ROPE_SCALING: { status: 500, meaning: 'the RoPE scaling type is not none, linear, yarn or longrope' },
   TOKENIZER_MISSING: { status: 500, meaning: 'the model has no tokenizer.ggml.model' },
   TOKENIZER_MISSING_VOCAB: { status: 500, meaning: 'tokenizer.ggml.tokens is missing or not an array of strings' },
   TOKENIZER_MISSING_MERGES: { status: 500, meaning: 'a gpt2 tokenizer lacks tokenizer.ggml.merges' },
@@ -73,7 +73,7 @@ const BACKENDS = {
   TENSOR_TOO_LARGE: { status: 500, meaning: "one row of a matrix exceeds the device's storage binding limit" },
   TENSOR_BYTES_DETACHED: { status: 500, meaning: "a tensor's bytes were already transferred to a worker and cannot be read again" },
   UNSUPPORTED_TENSOR_TYPE: { status: 500, meaning: 'a tensor has a type this engine cannot read' },
-  UNSUPPORTED_TENSOR_LAYOUT: { status: 500, meaning: 'the model stores weights in a layout this engine does not implement (fused QKV)' },
+  UNSUPPORTED_TENSOR_LAYOUT: { status: 500, meaning: 'the model stores weights in a layout this engine does not implement (fused expert gate/up)' },
   UNSUPPORTED_MODEL: { status: 500, meaning: "the model exceeds what this engine's kernels support (head dimension)" },
   UNSUPPORTED_SHARD: { status: 500, meaning: 'this backend cannot serve a partial layer range' },
   ALREADY_LOADED: { status: 500, meaning: 'the backend already holds a shard; dispose it first' },

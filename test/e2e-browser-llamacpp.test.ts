@@ -55,7 +55,8 @@ describe('a browser tab and a llama.cpp node', () => {
       expect(info.stages[1]).toMatchObject({ backend: 'llamacpp', position: STORIES_PROMPT_TOKENS.length + N - 1 });
       await c.close();
       expect(tokens).toEqual(expected);
-      expect((await peerState(page))!.hop).toBe('relay');
+      // a native node speaks WebRTC too (native-rtc.ts): the tab's hop to it is a data channel
+      expect((await peerState(page))!.hop).toBe('webrtc');
     } finally {
       await serve.proc.kill();
     }

@@ -26,10 +26,11 @@ describe('serve capabilities', () => {
     expect(servable(llama, { architecture: 'llama', weightTypes: ['Q4_K', 'Q6_K', 'F32'] })).toEqual({ ranges: true, wholeModel: true, reason: null });
     expect(servable(llama, { architecture: 'qwen3moe', weightTypes: ['Q8_0'] })).toMatchObject({ ranges: false, wholeModel: true, reason: expect.stringMatching(/whole model only/) });
     expect(servable(llama, { architecture: 'made-up', weightTypes: ['F32'] })).toMatchObject({ ranges: false, wholeModel: false });
-    expect(servable(cpu, { architecture: 'qwen3moe', weightTypes: ['F32'] })).toMatchObject({ wholeModel: false, reason: "it does not run architecture 'qwen3moe'" });
+    expect(servable(cpu, { architecture: 'qwen3moe', weightTypes: ['F32'] })).toMatchObject({ ranges: true, wholeModel: true });
+    expect(servable(cpu, { architecture: 'gemma2', weightTypes: ['F32'] })).toMatchObject({ wholeModel: false, reason: "it does not run architecture 'gemma2'" });
     expect(servable(cpu, { architecture: 'qwen2', weightTypes: ['Q4_K', 'F32'] }).ranges).toBe(true);
-    // WGSL has no IQ4_NL kernel; llama.cpp reads any type
-    expect(servable(webgpu, { architecture: 'llama', weightTypes: ['IQ4_NL'] })).toMatchObject({ wholeModel: false, reason: 'it cannot read IQ4_NL weights' });
+    // WGSL has no IQ2_XXS kernel; llama.cpp reads any type
+    expect(servable(webgpu, { architecture: 'llama', weightTypes: ['IQ2_XXS'] })).toMatchObject({ wholeModel: false, reason: 'it cannot read IQ2_XXS weights' });
     expect(servable(llama, { architecture: 'llama', weightTypes: ['IQ4_NL'] }).ranges).toBe(true);
     expect(servable(undefined, { architecture: 'llama', weightTypes: [] }).wholeModel).toBe(false);
   });

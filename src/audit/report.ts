@@ -3,11 +3,14 @@
 // out; the command prints it. Key names are snake_case because they are the JSON output
 // documented in `gguf-mesh audit --help`.
 
+import { isMeshError } from '../errors.ts';
 import type { GgmlType, GgufHeader } from '../gguf/types.ts';
+import { hyperParameters } from '../gguf/summary.ts';
+import { configFromHeader } from '../model/config.ts';
 import { ggmlTypeName } from '../gguf/traits.ts';
 import { ARCH_OPS, BACKEND_ARCHS, BACKEND_OPS, BACKEND_TYPES, OPS, missingOps } from './ops.ts';
 import type { OpId } from './ops.ts';
-import { modelGeometry } from './geometry.ts';
+import { activeWeightBytesPerToken, modelGeometry } from './geometry.ts';
 import type { ModelGeometry } from './geometry.ts';
 import { planShards } from './plan.ts';
 import { backendCapability } from '../backends/capabilities.ts';
@@ -78,9 +81,18 @@ export interface PlanReport {
   fewest_stages: { stages: number; ranges: { peer: number; start: number; end: number }[] } | null;
 }
 
+/** Whether `serve` takes the model: it (and every backend here) reads it through configFromHeader. */
+export interface ServeCheck {
+  accepted: boolean;
+  /** the MeshError code a room for it fails with, when not accepted */
+  code: string | null;
+  reason: string | null;
+}
+
 export interface AuditReport {
   location: string;
   architecture: string;
+  serve: ServeCheck;
   n_layer: number;
   n_layer_nextn: number;
   n_embd: number;
@@ -98,6 +110,10 @@ export interface AuditReport {
   mtp_bytes: number;
   global_bytes: number;
   largest_tensor: { name: string; bytes: number } | null;
+  /** bytes of routed-expert tensors over all blocks (0 for dense models) */
+  expert_bytes: number;
+  /** weight bytes one decoded token reads: non-expert weights, the routed experts' share, the head */
+  active_weight_bytes_per_token: number;
   kv_bytes_per_token: number;
   kv_bytes_per_token_per_layer: number[];
   fixed_state_bytes: number;
@@ -147,6 +163,38 @@ function support(g: ModelGeometry, types: TypeRow[], backend: 'cpu' | 'webgpu'):
   };
 }
 
+function vocabSize(header: GgufHeader): number {
+  const tokens = header.metadata['tokenizer.ggml.tokens'];
+  return Array.isArray(tokens) ? tokens.length : (header.tensors.find((t) => t.name === 'token_embd.weight')?.shape[1] ?? 0);
+}
+
+/** `check` as a verdict: accepted, or refused with the MeshError's code and message. */
+function verdict(check: () => unknown): ServeCheck {
+  try {
+    check();
+    return { accepted: true, code: null, reason: null };
+  } catch (e) {
+    if (!isMeshError(e)) throw e;
+    return { accepted: false, code: e.code, reason: e.message };
+  }
+}
+
+/** Whether `serve` opens a room for the model: it reads the hyper-parameters (any architecture: a whole-model llama.cpp node may serve it). */
+function serveCheck(header: GgufHeader): ServeCheck {
+  return verdict(() => hyperParameters(header));
+}
+
+/** Whether the CPU and WebGPU engines take the model: both load through configFromHeader. */
+function engineCheck(header: GgufHeader): ServeCheck {
+  return verdict(() => configFromHeader(header));
+}
+
+/** A backend is ready only where the check passes: the reason joins its notes. */
+function gated(b: BackendSupport, check: ServeCheck, who: string): BackendSupport {
+  if (check.accepted) return b;
+  return { ...b, ready: false, notes: [...b.notes, `${who} refuses the model (${check.code}): ${check.reason}`] };
+}
+
 /** What a llama.cpp node may be given of this model: the rule `serve` plans with (model/serve-capability.ts). */
 function llamacppServable(header: GgufHeader): Servable {
   return servable(backendCapability('llamacpp'), modelTraits(header));
@@ -182,7 +230,7 @@ function stageTensorNames(g: ModelGeometry, s: ShardPlan['stages'][number]): Set
  */
 function stageBackend(
   g: ModelGeometry,
-  report: Pick<AuditReport, 'backends'>,
+  report: Pick<AuditReport, 'backends' | 'serve'>,
   header: GgufHeader,
   s: ShardPlan['stages'][number],
 ): { backend: StageReport['backend']; blockers: string[] } {
@@ -216,6 +264,7 @@ function stageBackend(
     const bad = unreadable(BACKEND_TYPES.cpu);
     if (bad.length) out.push(`the CPU engine cannot read ${bad.join(', ')}`);
   }
+  if (!report.serve.accepted) out.push(`serve refuses the model (${report.serve.code})`);
   if (s.needsTokenIds) out.push('needs the token ids forwarded from stage 0 (hash-routed blocks)');
   if (s.needsStartPenalty) out.push(`starts on a shared-indexer block: needs ${g.startPenaltyWhat} per token from the previous stage`);
   return { backend, blockers: out };
@@ -230,7 +279,13 @@ export interface AuditOptions {
 export function auditHeader(header: GgufHeader, location: string, opts: AuditOptions = {}): AuditReport {
   const g = modelGeometry(header, location);
   const types = typeRows(header);
-  const backends = { cpu: support(g, types, 'cpu'), webgpu: support(g, types, 'webgpu'), llamacpp: llamacppSupport(g, header) };
+  const serve = serveCheck(header);
+  const engines = engineCheck(header);
+  const backends = {
+    cpu: gated(gated(support(g, types, 'cpu'), engines, 'the CPU engine'), serve, 'serve'),
+    webgpu: gated(gated(support(g, types, 'webgpu'), engines, 'the WebGPU engine'), serve, 'serve'),
+    llamacpp: gated(llamacppSupport(g, header), serve, 'serve'),
+  };
   const needed = [...new Set(ARCH_OPS[g.architecture] ?? [])];
   const largest = header.tensors.reduce<{ name: string; bytes: number } | null>(
     (m, t) => (m && m.bytes >= t.byteLength ? m : { name: t.name, bytes: t.byteLength }),
@@ -239,6 +294,7 @@ export function auditHeader(header: GgufHeader, location: string, opts: AuditOpt
   const report: AuditReport = {
     location,
     architecture: g.architecture,
+    serve,
     n_layer: g.nLayer,
     n_layer_nextn: g.nLayerNextn,
     n_embd: g.nEmbd,
@@ -254,6 +310,8 @@ export function auditHeader(header: GgufHeader, location: string, opts: AuditOpt
     mtp_bytes: g.mtp.bytes,
     global_bytes: g.global.bytes,
     largest_tensor: largest,
+    expert_bytes: g.expertBytes.reduce((a, b) => a + b, 0),
+    active_weight_bytes_per_token: Math.round(activeWeightBytesPerToken(g, vocabSize(header))),
     kv_bytes_per_token: g.kvBytesPerToken.reduce((a, b) => a + b, 0),
     kv_bytes_per_token_per_layer: g.kvBytesPerToken,
     fixed_state_bytes: g.fixedStateBytes.reduce((a, b) => a + b, 0),

@@ -25,6 +25,8 @@ const F16_FIELDS: Partial<Record<GgmlType, number[]>> = {
   [GgmlType.Q4_K]: [0, 2],
   [GgmlType.Q5_K]: [0, 2],
   [GgmlType.Q6_K]: [208],
+  [GgmlType.IQ4_NL]: [0],
+  [GgmlType.IQ4_XS]: [0],
 };
 
 /** random raw bytes for nBlocks blocks of a type, with finite scales (and finite floats) */

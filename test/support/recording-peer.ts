@@ -8,6 +8,7 @@ import type { ForwardResult, StageInput } from '../../src/backends/types.ts';
 import { openTensorSource } from '../../src/gguf/source.ts';
 import { parseJoinUrl } from '../../src/protocol/control.ts';
 import type { PeerToServer } from '../../src/protocol/control.ts';
+import { backendCapability } from '../../src/backends/capabilities.ts';
 import { PeerCore } from '../../src/peer/peer-core.ts';
 import { startFrameServer } from '../../src/transport/frame-server.ts';
 import type { FrameServer } from '../../src/transport/frame-server.ts';
@@ -66,7 +67,7 @@ export async function startRecordingPeer(joinUrl: string, secret: string, modelP
   serveFrames(ws, core.handle);
   ws.on('message', (data, isBinary) => void (!isBinary && core.onMessage(JSON.parse(data.toString()))));
   const gone = new Promise<Error>((resolve) => ws.once('close', () => resolve(new Error('control socket closed'))));
-  await core.join({ backend: 'cpu', memoryBytes: hello.memoryBytes, listen: server.wsUrl, httpUrl: server.url, name: hello.name, ...(hello.layers ? { layers: hello.layers } : {}) }, gone);
+  await core.join({ backend: 'cpu', memoryBytes: hello.memoryBytes, serves: backendCapability('cpu'), listen: server.wsUrl, httpUrl: server.url, name: hello.name, ...(hello.layers ? { layers: hello.layers } : {}) }, gone);
   return {
     backend: () => current,
     async close() {

@@ -20,6 +20,8 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 import torch
 
+from .config import ARCHITECTURES
+from .dequant import SUPPORTED
 from .engine import TensorStore, TorchStage
 from .errors import MeshError
 from .frames import Frame
@@ -218,6 +220,8 @@ class Peer:
         self.offer = {
             "backend": "torch",
             "memoryBytes": self.memory,
+            # what this engine computes (docs/protocol.md: a peer without `serves` is given nothing)
+            "serves": {"rangeArchitectures": list(ARCHITECTURES), "wholeModelArchitectures": list(ARCHITECTURES), "weightTypes": list(SUPPORTED)},
             "listen": listen,
             "httpUrl": re.sub(r"/v1/frames$", "", re.sub(r"^ws", "http", listen)),
             "artifact": self.manifest["artifact"]["sha256"],

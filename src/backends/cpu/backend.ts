@@ -94,7 +94,7 @@ export class CpuBackend implements StageBackend {
           throw new MeshError('BAD_TOKEN', `token id ${t} is outside the vocabulary [0, ${config.nVocab})`);
         }
       }
-      if (n > 0) x = embed(weights.tokenEmbd!, input.tokens, config.nEmbd);
+      if (n > 0) x = embed(weights.tokenEmbd!, input.tokens, config.nEmbd, config.embedScale);
       else x = new Float32Array(0);
     } else {
       if (shardHasEmbedding(shard)) {

@@ -7,7 +7,7 @@
 import * as Comlink from 'comlink';
 import { MeshError } from '../../errors.ts';
 import type { TensorSource } from '../../gguf/types.ts';
-import { configFromHeader, loadRopeFreqFactors, ROPE_FREQS_TENSOR } from '../../model/config.ts';
+import { configFromHeader, loadRopeFreqFactors, ROPE_FACTOR_TENSORS } from '../../model/config.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { shardTensors, validateShard } from '../shard.ts';
 import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
@@ -90,7 +90,7 @@ export class WebGpuBackend implements StageBackend {
     const config = configFromHeader(source.header);
     validateShard(shard, config.nLayer);
     await loadRopeFreqFactors(config, source);
-    const infos = shardTensors(source.header, shard, config.nLayer).filter((t) => t.name !== ROPE_FREQS_TENSOR);
+    const infos = shardTensors(source.header, shard, config.nLayer).filter((t) => !ROPE_FACTOR_TENSORS.includes(t.name));
     // refuse unsupported types before reading a byte
     for (const t of infos) if (t.shape.length > 1) quantKindOf(t.type, `tensor ${t.name}`);
     const bytes = await source.read(infos);

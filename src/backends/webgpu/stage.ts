@@ -14,7 +14,7 @@ import { ForwardPass } from './forward-pass.ts';
 import { GpuMemory } from './gpu-memory.ts';
 import { KernelLibrary, SubmitResources } from './kernels.ts';
 import * as op from './ops.ts';
-import { SessionKv } from './session-kv.ts';
+import { kvParts, SessionKv } from './session-kv.ts';
 import type { ShaderSources } from './shader-library.ts';
 import { destroyShardWeights, shardLabel, uploadShardWeights } from './shard-weights.ts';
 import type { ShardWeights, StageModel } from './shard-weights.ts';
@@ -57,9 +57,9 @@ export class WebGpuStage {
     return { count: this.memory.count, bytes: this.memory.bytes };
   }
 
-  /** queue submissions and bytes read back since the stage was made */
-  transferStats(): { submissions: number; readbackBytes: number } {
-    return { submissions: this.resources.submissions, readbackBytes: this.resources.readbackBytes };
+  /** queue submissions, bytes read back and weight bytes the kernels read since the stage was made */
+  transferStats(): { submissions: number; readbackBytes: number; weightBytesRead: number } {
+    return { submissions: this.resources.submissions, readbackBytes: this.resources.readbackBytes, weightBytesRead: this.resources.weightBytesRead };
   }
 
   /** labels of the compiled pipelines */
@@ -105,12 +105,11 @@ export class WebGpuStage {
     if (!Number.isSafeInteger(contextLength) || contextLength <= 0) {
       throw new MeshError('BAD_CONTEXT_LENGTH', `context length must be a positive integer, got ${contextLength}`);
     }
-    const kvDim = m.config.nHeadKv * m.config.headDim;
-    const layerBytes = contextLength * kvDim * this.kernels.kvElementBytes;
-    if (layerBytes > this.adapter.maxStorageBufferBindingSize) {
-      throw new MeshError('CONTEXT_TOO_LARGE', `a ${contextLength}-position KV cache needs ${layerBytes} bytes per layer, over this device's ${this.adapter.maxStorageBufferBindingSize}-byte binding limit`);
-    }
-    const kv = new SessionKv(this.memory, sessionId, contextLength, kvDim, this.kernels.kvElementBytes, m.layers.length);
+    const { nHeadKv, headDim } = m.config;
+    // a layer's cache larger than one binding is split by KV heads (CONTEXT_TOO_LARGE when one head does not fit)
+    const maxBinding = Math.min(this.options.maxKvBindingBytes ?? Infinity, this.adapter.maxStorageBufferBindingSize, this.adapter.maxBufferSize);
+    const parts = kvParts(nHeadKv, headDim, this.kernels.kvElementBytes, contextLength, maxBinding);
+    const kv = new SessionKv(this.memory, sessionId, contextLength, nHeadKv * headDim, this.kernels.kvElementBytes, m.layers.length, parts, headDim);
     await this.guard(shardLabel(m), `allocating the KV cache of session ${sessionId}`, async () => kv.allocate()).catch((e) => {
       kv.free();
       throw e;
