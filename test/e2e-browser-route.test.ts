@@ -316,9 +316,11 @@ describe('a mixed route: two browser tabs and a native cpu node', () => {
     const byStage = (await Promise.all(tabs.map((t) => peerState(t.page)))).sort((a, b) => a!.stage! - b!.stage!);
     expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'webrtc']); // browser → native over a data channel too (native-rtc.ts)
     expect(byStage[1]!.candidatePair).toMatchObject({ local: 'host', protocol: 'udp' });
-    const after = (await getJson(`${serve.base}/v1/routes/${route.id}`, serve.secret)).body;
+    // stages report telemetry every few seconds: the native node's upstream pair may come a report later
+    const routeNow = async (): Promise<any> => (await getJson(`${serve.base}/v1/routes/${route.id}`, serve.secret)).body;
+    await expect.poll(async () => Object.values((await routeNow()).stages[2].telemetry?.upstreamPairs ?? {}), { timeout: 10_000 }).toEqual([expect.objectContaining({ protocol: 'udp' })]);
+    const after = await routeNow();
     expect(after.stages[1].telemetry).toMatchObject({ hop: 'webrtc' });
-    expect(Object.values(after.stages[2].telemetry?.upstreamPairs ?? {})).toEqual([expect.objectContaining({ protocol: 'udp' })]);
     const quota = (await peerState(tabs[0]!.page))!;
     expect(quota.load!.cacheError).toMatch(/^STORAGE_QUOTA/);
     expect(quota.status).toBe('ready');

@@ -18,6 +18,8 @@ import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support
 import type { ServeInfo } from './support/mesh.ts';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
 import { qwen3MoeModel } from './support/moe-model.ts';
+import { syntheticModelSpec } from '../src/model/synthetic-model.ts';
+import { writeGgufFile } from '../src/gguf/writer.ts';
 import { tamperedCopy } from './support/tampered.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
@@ -131,40 +133,53 @@ describe('llama.cpp nodes serving layer ranges', () => {
     await serve.proc.kill();
   });
 
-  it('qwen3moe: a CPU node is given nothing (decided before any download), a llama.cpp node serves it whole; audit agrees', async () => {
-    const model = await qwen3MoeModel();
+  it('an architecture no engine here runs but llama.cpp: a CPU node is given nothing, decided before any download', async () => {
+    // a synthetic llama renamed to gemma2 (its keys too): llama.cpp knows the name, the CPU engine does not
+    const base = syntheticModelSpec({ layers: 2, embd: 64, heads: 2, ffn: 64, vocab: 600 });
+    const spec = { ...base, metadata: base.metadata.map((m) => ({ ...m })) };
+    for (const m of spec.metadata) {
+      if (m.key === 'general.architecture') m.value = 'gemma2';
+      else if (m.key.startsWith('llama.')) m.key = `gemma2.${m.key.slice('llama.'.length)}`;
+    }
+    const model = join(work, 'gemma2.gguf');
+    await writeGgufFile(model, spec);
     const serve = await spawnServe(model);
     const cpu = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--name', 'cpu']);
     await cpu.waitFor(/joined room/);
     await new Promise((r) => setTimeout(r, 800)); // past the plan delay
     const forming = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}`, serve.secret)).body.route;
     expect(forming.status).toBe('forming');
-    expect(forming.reason).toMatch(/no peer can serve qwen3moe: cpu-\w+ \(cpu\): it does not run architecture 'qwen3moe'/);
-    await spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'llamacpp', '--name', 'llama']).waitFor(/joined room/);
-    const route = await waitForRoute(serve, 'ready');
-    expect(route.stages.map((s: any) => [s.shard.start, s.shard.end, s.peer.backend])).toEqual([[0, 2, 'llamacpp']]);
+    expect(forming.reason).toMatch(/no peer can serve gemma2: cpu-\w+ \(cpu\): it does not run architecture 'gemma2'/);
     const peers = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.peers;
     const cpuPeer = peers.find((p: any) => p.backend === 'cpu');
     expect(cpuPeer.servable).toMatchObject({ ranges: false, wholeModel: false });
-    expect(cpuPeer.stage).toBeNull();
-    const llamaPeer = peers.find((p: any) => p.backend === 'llamacpp');
-    expect(llamaPeer.servable).toMatchObject({ ranges: false, wholeModel: true });
     // the CPU node fetched no model byte
     const modelId = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}`, serve.secret)).body.model.id;
     const fetches = (await getJson(`${serve.base}/v1/models/${modelId}/fetches`, serve.secret)).body.clients;
     expect(fetches[cpuPeer.id]).toBeUndefined();
+    await serve.proc.kill();
+  });
+
+  it('qwen3moe: a llama.cpp node serves it whole, never as a range; audit agrees', async () => {
+    const model = await qwen3MoeModel();
+    const serve = await spawnServe(model);
+    await spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'llamacpp', '--name', 'llama']).waitFor(/joined room/);
+    const route = await waitForRoute(serve, 'ready');
+    expect(route.stages.map((s: any) => [s.shard.start, s.shard.end, s.peer.backend])).toEqual([[0, 2, 'llamacpp']]);
+    const peers = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.peers;
+    const llamaPeer = peers.find((p: any) => p.backend === 'llamacpp');
+    expect(llamaPeer.servable).toMatchObject({ ranges: false, wholeModel: true });
     const oracle = await LlamaModelFfi.load(model);
     const prompt = oracle.tokenize('Once upon a time');
     const expected = oracleGreedy(oracle, prompt, N).tokens;
     oracle.dispose();
     expect((await routeGreedy(serve, prompt, N)).tokens).toEqual(expected);
-    // audit reads the same capability table: llama.cpp ready (whole model only), CPU and WebGPU not
+    // audit reads the same capability table: llama.cpp ready whole model only
     const r = await runCli(['audit', model, '--json']);
     expect(r.code, r.stderr).toBe(0);
     const report = JSON.parse(r.stdout);
     expect(report.backends.llamacpp.ready).toBe(true);
     expect(report.backends.llamacpp.notes.join(' ')).toMatch(/whole model only/);
-    expect(report.backends.cpu.ready).toBe(false);
     await serve.proc.kill();
   });
 });

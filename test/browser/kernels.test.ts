@@ -122,7 +122,8 @@ describe.each(WEIGHT_TYPES.map((t) => [GgmlType[t], t] as const))('weights %s', 
     expect(relErr(got, want)).toBeLessThan(TOL);
   });
 
-  it.runIf(TILED_TYPES.has(type))('mul_mat_tiled: 70 tokens (two token tiles), split matrix', async () => {
+  // defined only for TILED_TYPES (not skipped: the other types are simply not cases of this kernel's test)
+  if (TILED_TYPES.has(type)) it('mul_mat_tiled: 70 tokens (two token tiles), split matrix', async () => {
     const rowBytes = bytes.byteLength / rows;
     const m = uploadMatrix(memory, 'w', type, [k, rows], bytes, rowBytes * 40);
     const n = 70;

@@ -1,5 +1,5 @@
-// A tiny qwen3moe GGUF for tests: an architecture llama.cpp loads but the CPU reference,
-// the WGSL kernels and llama.cpp's layer-range path do not run. Built from the synthetic qwen3
+// A tiny qwen3moe GGUF for tests: an architecture llama.cpp runs whole but not through its
+// layer-range path. Built from the synthetic qwen3
 // spec (src/model/synthetic-model.ts): the dense feed-forward of every block replaced by 4
 // experts (2 used per token) and a router, random F32, keys renamed to qwen3moe.*, as
 // llama.cpp's src/models/qwen3moe.cpp loads them. Made once per run into .cache/models.
