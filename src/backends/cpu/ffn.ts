@@ -7,7 +7,7 @@
 import type { FfnActivation, MoeConfig } from '../../model/config.ts';
 import { geglu } from './gelu.ts';
 import { silu, softmax, swiglu } from './ops.ts';
-import type { Matrix } from './weights.ts';
+import type { Matrix } from './matrix.ts';
 
 const f32 = Math.fround;
 /** llama.cpp clamps the sum of the top-k weights to the smallest normal f16 before dividing */

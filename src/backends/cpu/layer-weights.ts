@@ -7,7 +7,7 @@
 import { MeshError } from '../../errors.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import type { DenseFfn, MoeFfn } from './ffn.ts';
-import type { Matrix } from './weights.ts';
+import type { Matrix } from './matrix.ts';
 
 export interface LayerWeights {
   attnNorm: Float32Array; // [nEmbd]

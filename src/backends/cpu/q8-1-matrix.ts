@@ -11,7 +11,7 @@ import { F16_TABLE } from '../../gguf/fp16.ts';
 import { q8_1Sums, roundActivations } from './act-round.ts';
 import { matmulRows } from './ops.ts';
 import type { WasmArena } from './wasm-matmul.ts';
-import type { Matrix } from './weights.ts';
+import type { Matrix } from './matrix.ts';
 
 /** bytes per block, and the byte offset of the f16 min in it */
 const LAYOUT: Partial<Record<GgmlType, { bytes: number }>> = { [GgmlType.Q4_1]: { bytes: 20 }, [GgmlType.Q5_1]: { bytes: 24 } };

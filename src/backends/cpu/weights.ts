@@ -17,9 +17,11 @@ import { tryWasmArena } from './wasm-matmul.ts';
 import type { WasmArena } from './wasm-matmul.ts';
 import { loadLayer } from './layer-weights.ts';
 import { isQ8_1Type, Q8_1Matrix } from './q8-1-matrix.ts';
+import type { Matrix } from './matrix.ts';
 import type { LayerWeights, TensorLoader } from './layer-weights.ts';
 
 export type { LayerWeights } from './layer-weights.ts';
+export type { Matrix } from './matrix.ts';
 
 /**
  * How matrices are kept in memory. 'auto' (default): Q8_0 and Q4_0 as 8-bit integers with a
@@ -40,19 +42,6 @@ export type ActivationRounding = 'ggml' | 'none';
 
 /** Weight rows dequantised per tile when multiplying a quantised matrix. */
 const TILE_ROWS = 16;
-
-/** A weight matrix of `rows` output features × `cols` input features (ggml shape [cols, rows]). */
-export interface Matrix {
-  readonly name: string;
-  readonly rows: number;
-  readonly cols: number;
-  /** bytes this matrix occupies in memory */
-  readonly bytes: number;
-  /** y = x · selfᵀ. x: [nTokens × cols]; y: [nTokens × rows] */
-  matmul(y: Float32Array, x: Float32Array, nTokens: number): void;
-  /** copies row r, as f32, into out[outOffset …]. out: [cols] */
-  row(r: number, out: Float32Array, outOffset: number): void;
-}
 
 class DenseMatrix implements Matrix {
   constructor(
