@@ -1,10 +1,11 @@
-// `npm run bench -- engine [--threads 1,2] [--only stories|synthetic] [--rounds 5] [--f32]`:
+// `npm run bench -- engine [--threads 1,2] [--only stories|synthetic|matvec] [--rounds 5] [--f32]`:
 // prompt and decode tok/s of the CPU reference engine and both llama.cpp backends — the
 // node-llama-cpp generator (generate --backend llamacpp) and the FFI stage a route node serves
 // (LlamaCppStage) — each with its ratio to bare llama.cpp (libllama through FFI, same threads)
 // measured in the same run, rounds interleaved, best of each kept. Models: stories260K, and a
 // synthetic ~250M-parameter Q8_0 model (1024 embd, 16 layers, made once into .cache/models).
-// Then each stage's resident memory against its shard and KV bytes, in a process of its own.
+// Then each stage's resident memory against its shard and KV bytes, in a process of its own,
+// and the CPU engine's mat-vec GB/s per weight type (./cpu-matvec.ts).
 // Goals (250M model, the most threads asked for): CPU engine decode ≥ 0.6× and prefill ≥ 0.5×
 // bare llama.cpp, both llama.cpp backends ≥ 0.95×, CPU stage memory ≤ 1.15× shard + KV.
 import { execFileSync } from 'node:child_process';
@@ -12,6 +13,7 @@ import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { createNodeCpuBackend } from '../src/backends/cpu/node-threads.ts';
+import { cpuMatvecFigures } from './cpu-matvec.ts';
 import { LlamaModelFfi } from '../src/backends/llamacpp/ffi.ts';
 import type { LlamaContextFfi } from '../src/backends/llamacpp/ffi.ts';
 import { LlamaCppModel } from '../src/backends/llamacpp/generator.ts';
@@ -170,10 +172,10 @@ export async function run(args: string[]): Promise<unknown> {
   const threadCounts = [...new Set(values.threads.split(',').map(Number))];
   const load = machineLoad();
   const cases: ModelCase[] = [];
-  if (values.only !== 'synthetic') {
+  if (values.only !== 'synthetic' && values.only !== 'matvec') {
     cases.push({ name: 'stories260K (F32)', path: await stories260K(), promptTokens: 128, decodeTokens: 128 });
   }
-  if (values.only !== 'stories') {
+  if (values.only !== 'stories' && values.only !== 'matvec') {
     const path = await syntheticModel({ arch: 'llama', type: 'q8_0', layers: 16, embd: 1024, heads: 16, kvHeads: 4, ffn: 2816, vocab: 32000 });
     cases.push({ name: 'synthetic llama Q8_0 1024×16 (~250M)', path, promptTokens: 128, decodeTokens: 32, goals: true });
   }
@@ -197,9 +199,11 @@ export async function run(args: string[]): Promise<unknown> {
     const cpuMem = memory.cpu as { ratio_above_runtime: number };
     goals.push(goal('cpu stage resident memory above the idle runtime / (shard + KV bytes)', cpuMem.ratio_above_runtime, 'max', 1.15));
   }
+  const matvec = values.only === undefined || values.only === 'matvec' ? cpuMatvecFigures(1024, 1024, 5) : [];
   return {
     note: 'tok/s, best of interleaved rounds; ratio_to_bare = backend / bare llama.cpp (libllama via FFI, flash attention off, F32 KV) measured in the same run with the same threads. The CPU engine runs its kernels in WebAssembly SIMD on `threads` threads (worker threads over a shared memory). Memory: RSS of a process holding one whole-model stage with a session of `context` positions, after garbage collection; ratio_above_runtime leaves out what the idle Node runtime holds before loading.',
     machine: finishLoad(load),
+    matvec: { shape: '[1024×1024]·[1024]', figures: matvec },
     results,
     memory,
     goals,

@@ -8,8 +8,6 @@
 // Goals: decode step at context 1024 ≤ 1.3× the step at 16; route prefill ≥ 10× route decode
 // (in this process and as processes). The route/one-process decode ratio is reported too.
 
-import { spawn } from 'node:child_process';
-import type { ChildProcess } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
@@ -26,6 +24,7 @@ import { HEADER_BYTES } from '../src/protocol/frame.ts';
 import { stepBreakdown } from '../src/route/telemetry.ts';
 import type { StepStageTiming } from '../src/route/telemetry.ts';
 import { best, finishLoad, goal, machineLoad, round2 } from './lib/goals.ts';
+import { killAllCli, spawnCli } from './processes.ts';
 
 function arg(args: string[], name: string, fallback: number): number {
   const i = args.indexOf(`--${name}`);
@@ -197,25 +196,10 @@ export async function run(args: string[]): Promise<unknown> {
 
 /** Decode round times and prefill times per chunk (ms) of a 3-node route of real processes, driven through the server. */
 async function processRoute(model: string, cut: number[], prompt: number[], nDecode: number, rounds: number, ctxLen: number, threads: number): Promise<{ times: number[]; prefillMs: Record<number, number> }> {
-  const cli = join(process.cwd(), 'bin', 'gguf-mesh.js');
-  const children: ChildProcess[] = [];
-  const start = (args: string[]): Promise<string> =>
-    new Promise((resolve, reject) => {
-      const child = spawn(process.execPath, [cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-      children.push(child);
-      let out = '';
-      child.stdout!.on('data', (d) => {
-        out += d;
-        const m = /join:\s+(\S+)/.exec(out) ?? (/joined room/.test(out) ? ['', 'joined'] : null);
-        if (m) resolve(m[1]!);
-      });
-      child.stderr!.on('data', (d) => (out += d));
-      child.on('exit', (code) => reject(new Error(`gguf-mesh ${args[0]} exited with ${code}: ${out}`)));
-    });
   try {
-    const joinUrl = await start(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', model, '--min-peers', '3']);
-    for (let i = 0; i < 3; i++) await start(['node', '--join', joinUrl, '--no-cache', '--threads', String(threads), '--layers', `${cut[i]}-${cut[i + 1]}`]);
-    const joined = await joinRoom(joinUrl, undefined, 60_000);
+    const [, joinUrl] = await spawnCli(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', model, '--min-peers', '3']).waitFor(/join:\s+(\S+)/);
+    for (let i = 0; i < 3; i++) await spawnCli(['node', '--join', joinUrl!, '--no-cache', '--threads', String(threads), '--layers', `${cut[i]}-${cut[i + 1]}`]).waitFor(/joined room/);
+    const joined = await joinRoom(joinUrl!, undefined, 60_000);
     const target = { link: joined.link, routeId: joined.routeId };
     const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: ctxLen, hiddenDtype: 'f16' });
     let tok = await c.prefill(prompt, prompt.length);
@@ -230,6 +214,6 @@ async function processRoute(model: string, cut: number[], prompt: number[], nDec
     await joined.close();
     return { times, prefillMs };
   } finally {
-    for (const ch of children) ch.kill('SIGKILL');
+    killAllCli();
   }
 }

@@ -1,7 +1,13 @@
 // `npm run bench -- webgpu [--gpu] [--type q4_k_m] [--layers 4] [--embd 512] [--ffn 1536]
 //   [--heads 8] [--kv-heads 4] [--vocab 2048] [--prompt 64] [--decode 16] [--kernel-k 1024]
 //   [--kernel-rows 1024] [--attn-ctx 512] [--attn-queries 16] [--copy-mb 64] [--inner 8]
-//   [--reps 3] [--contexts 16,256] [--backends webgpu,cpu,llamacpp]`
+//   [--reps 3] [--contexts 16,256] [--backends webgpu,cpu,llamacpp] [--arch llama]
+//   [--kernel-types f32,q5_k,…] [--experts 8] [--experts-used 2] [--expert-ffn 512]`
+//
+// Kernels are timed for the six original weight types plus those --type's model holds (or the
+// --kernel-types list). With a MoE --arch (qwen3moe, qwen2moe) the JSON also says how many
+// weight bytes one decoded token reads — by the kernels' own accounting — beside the audit's
+// active bytes per token and the model's total.
 //
 // On a real GPU, run the GPU-sized preset (one command, Dawn through the `webgpu` package and
 // the system's Vulkan driver):
@@ -26,11 +32,12 @@ import type { StageBackend } from '../src/backends/types.ts';
 import { createNodeWebGpuBackend } from '../src/backends/webgpu/node.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import { argmax } from '../src/model/sampler.ts';
-import type { ModelType } from '../src/model/synthetic-model.ts';
+import type { MakeModelOptions, ModelType, SyntheticArch } from '../src/model/synthetic-model.ts';
 import { syntheticModel } from '../test/support/synthetic.ts';
 import { finishLoad, goal, machineLoad, round2, skippedGoal } from './lib/goals.ts';
 import type { Goal } from './lib/goals.ts';
 import { kernelFigures } from './lib/webgpu-kernels.ts';
+import { kernelTypes, moeDecodeBytes } from './lib/webgpu-moe.ts';
 
 function option(args: string[], name: string, fallback: string): string {
   const i = args.indexOf(`--${name}`);
@@ -116,9 +123,13 @@ export async function run(args: string[]): Promise<unknown> {
   const load = machineLoad();
   const type = opt('type', 'q4_k_m') as ModelType;
   const layers = Number(opt('layers', '4'));
-  const model = {
+  const arch = opt('arch', 'llama') as SyntheticArch;
+  const moeArch = arch === 'qwen2moe' || arch === 'qwen3moe';
+  const model: MakeModelOptions & { vocab: number } = {
+    arch,
     type,
     layers,
+    ...(moeArch ? { experts: Number(opt('experts', '8')), expertsUsed: Number(opt('experts-used', '2')), expertFfn: Number(opt('expert-ffn', '512')) } : {}),
     embd: Number(opt('embd', '512')),
     ffn: Number(opt('ffn', '1536')),
     heads: Number(opt('heads', '8')),
@@ -140,7 +151,7 @@ export async function run(args: string[]): Promise<unknown> {
     reps: Number(opt('reps', '3')),
   };
 
-  const { adapter, kernels } = await kernelFigures(shapes);
+  const { adapter, kernels } = await kernelFigures(shapes, kernelTypes(model, opt('kernel-types', '')));
   const path = await syntheticModel(model);
   const prompt = Array.from({ length: nPrompt }, (_, i) => (i === 0 ? 1 : 3 + ((i * 131) % (model.vocab - 3))));
   const engines: EngineFigure[] = [];
@@ -166,6 +177,7 @@ export async function run(args: string[]): Promise<unknown> {
     model: { ...model, path },
     kernels: kernels.map((k) => ({ ...k, ms: round2(k.ms * 1000) / 1000, gb_s: round2(k.gb_s), gflop_s: round2(k.gflop_s) })),
     engines,
+    ...(moeArch ? { moe_decode: await moeDecodeBytes(path, prompt, nDecode) } : {}),
     ratios: {
       decode_webgpu_over_cpu: ratio('webgpu', 'cpu', 'decode_tok_s'),
       decode_webgpu_over_llamacpp: ratio('webgpu', 'llamacpp', 'decode_tok_s'),

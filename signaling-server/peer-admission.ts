@@ -7,6 +7,7 @@ import { randomBytes } from 'node:crypto';
 import type WebSocket from 'ws';
 import { helloProof } from '../src/protocol/control.ts';
 import type { PeerHello, PeerToServer } from '../src/protocol/control.ts';
+import { isServeCapability } from '../src/model/serve-capability.ts';
 import { secretMatches } from '../src/transport/frame-server.ts';
 import { handleBrowserPeerMessage } from './browser-peers.ts';
 import type { BrowserPeerRoom, RelayLedger } from './browser-peers.ts';
@@ -14,6 +15,35 @@ import type { Peer, Room } from './room.ts';
 
 /** How long a new socket may take to prove the secret. */
 const HELLO_TIMEOUT_MS = 10_000;
+
+/** Liveness of an admitted peer: a WebSocket ping every `heartbeatMs`; no pong for `heartbeatTimeoutMs` and the peer is lost. */
+export interface Liveness {
+  heartbeatMs: number;
+  heartbeatTimeoutMs: number;
+}
+
+export const DEFAULT_LIVENESS: Liveness = { heartbeatMs: 500, heartbeatTimeoutMs: 3_500 };
+
+/**
+ * Pings the peer's socket; a peer that stops answering (a stopped process, a frozen tab, a
+ * cut link — the socket may stay open for minutes) is lost like one that closed.
+ */
+function watchLiveness(room: Room, peer: Peer, ws: WebSocket, l: Liveness): () => void {
+  let lastPong = Date.now();
+  ws.on('pong', () => (lastPong = Date.now()));
+  const timer = setInterval(() => {
+    const silent = Date.now() - lastPong;
+    if (silent > l.heartbeatTimeoutMs) {
+      clearInterval(timer);
+      room.peerGone(peer, `no heartbeat for ${(silent / 1000).toFixed(1)} s (stopped or unreachable)`);
+      ws.terminate();
+      return;
+    }
+    if (ws.readyState === ws.OPEN) ws.ping();
+  }, l.heartbeatMs);
+  timer.unref();
+  return () => clearInterval(timer);
+}
 
 /** The hello as the room keeps it: only known fields, each of its type; the proof dropped. */
 function cleanHello(msg: PeerHello): PeerHello {
@@ -29,6 +59,8 @@ function cleanHello(msg: PeerHello): PeerHello {
     ...(typeof msg.artifact === 'string' ? { artifact: msg.artifact } : {}),
     ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
     ...(msg.adapter ? { adapter: msg.adapter } : {}),
+    ...(msg.rtc === true ? { rtc: true } : {}),
+    ...(isServeCapability(msg.serves) ? { serves: msg.serves } : {}),
   };
 }
 
@@ -50,13 +82,17 @@ function browserPeerView(room: Room): BrowserPeerRoom {
   };
 }
 
-/** Runs the challenge on a new peer socket of `room`, then serves the admitted peer's messages. */
-export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger): void {
+/**
+ * Runs the challenge on a new peer socket of `room`, then serves the admitted peer's messages.
+ * `origin`: where the peer reached this server (it reads a hosted model there).
+ */
+export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger, origin?: string, liveness: Liveness = DEFAULT_LIVENESS): void {
   const nonce = randomBytes(16).toString('hex');
   const expectedProof = helloProof(room.secret, nonce);
   const view = browserPeerView(room);
   let peer: Peer | null = null;
   let helloSeen = false;
+  let stopWatching = (): void => undefined;
   const refuse = (code: string, message: string): void => {
     ws.send(JSON.stringify({ t: 'error', code, message }));
     ws.close(4401, code);
@@ -84,11 +120,13 @@ export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger): void 
       if (!secretMatches(hello.proof, proof)) return refuse('AUTH_FAILED', 'wrong room secret');
       if (ws.readyState !== ws.OPEN) return;
       clearTimeout(helloTimer);
-      peer = room.addPeer(cleanHello(hello), ws);
+      peer = room.addPeer(cleanHello(hello), ws, origin);
+      stopWatching = watchLiveness(room, peer, ws, liveness);
     });
   });
   ws.on('close', () => {
     clearTimeout(helloTimer);
+    stopWatching();
     if (peer) room.peerGone(peer, 'connection closed');
   });
   ws.send(JSON.stringify({ t: 'challenge', nonce }));

@@ -9,8 +9,8 @@ import { MeshError } from '../src/errors.ts';
 import { isUrl } from '../src/gguf/parse.ts';
 import { artifactFiles, readArtifactHeader, splitName } from '../src/gguf/split.ts';
 import { loadOrBuildManifest } from '../src/gguf/manifest.ts';
+import { hyperParameters } from '../src/gguf/summary.ts';
 import type { Manifest } from '../src/gguf/verify.ts';
-import { configFromHeader } from '../src/model/config.ts';
 import type { IceServer } from '../src/protocol/control.ts';
 import { FrameType } from '../src/protocol/frame.ts';
 import type { Frame } from '../src/protocol/frame.ts';
@@ -19,6 +19,7 @@ import { bearerOf, secretMatches } from '../src/transport/frame-server.ts';
 import type { RelayLedger } from './browser-peers.ts';
 import { FetchLog } from './model-host.ts';
 import { Room } from './room.ts';
+import { iceServersMinting } from './turn.ts';
 import type { Route } from './room.ts';
 
 export interface RoomRegistryOptions {
@@ -32,6 +33,18 @@ export interface RoomRegistryOptions {
   sessionTtlMs?: number;
   /** STUN/TURN servers announced to every peer in welcome */
   iceServers?: IceServer[];
+  /** a route that loses a stage waits this long for a replacement (ms, default 30 s; 0 = no repair: sessions fail at once) */
+  repairTimeoutMs?: number;
+  /** spares load their standby shard ahead of time (default true) */
+  standby?: boolean;
+  /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
+  heartbeatMs?: number;
+  /** a peer silent this long is lost (ms, default 3.5 s) */
+  heartbeatTimeoutMs?: number;
+  /** a step unanswered this long makes the server probe the route's stages for a stalled one (ms, default 30 s) */
+  stepTimeoutMs?: number;
+  /** mint each peer a short-lived credential for the TURN servers in `iceServers` that name none (./turn.ts) */
+  turn?: { secret: string; ttlS: number };
   log: (line: string) => void;
 }
 
@@ -81,7 +94,7 @@ export class RoomRegistry {
         const r = this.findRoute(routeId);
         return r && r.status === 'ready' ? r : undefined;
       },
-      { idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => opts.log(`session ${id}: ${state}`) },
+      { idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => opts.log(`session ${id}: ${state}`), ...(opts.stepTimeoutMs ? { stepTimeoutMs: opts.stepTimeoutMs } : {}) },
     );
   }
 
@@ -95,7 +108,8 @@ export class RoomRegistry {
     // the joined header addresses the parts concatenated
     const art = await readArtifactHeader(location);
     const header = art.header;
-    const config = configFromHeader(header);
+    // any architecture opens a room: what each peer can serve of it is the planner's question
+    const { n_layer: nLayer } = hyperParameters(header, location);
     const id = modelIdFor(location, this.taken);
     const remote = isUrl(location);
     const split = art.files.length > 1;
@@ -105,19 +119,24 @@ export class RoomRegistry {
       art.files.forEach((f, k) => this.hostedFiles.set(hostedNames[k]!, { modelId: id, path: f.location, size: f.header.fileBytes, file: k }));
       this.fetchLogs.set(id, new FetchLog());
     }
+    const iceServers = this.iceServers();
     const room = new Room(
       randomBytes(6).toString('hex'),
       this.opts.secret ?? randomBytes(18).toString('base64url'),
-      { id, location, header, nLayer: config.nLayer, files: art.files.length },
+      { id, location, header, nLayer, files: art.files.length },
       {
         minPeers: this.opts.minPeers ?? 1,
         planDelayMs: this.opts.planDelayMs ?? 300,
         // peers read the first part's URL; the other parts' URLs follow from its name
         modelUrl: remote ? artifactFiles(location)[0]! : `${this.url}/models/${hostedNames[0]}.gguf`,
+        // each peer reads a hosted model at the origin it reached this server by (a wildcard bind has many)
+        ...(remote ? {} : { modelPath: `/models/${hostedNames[0]}.gguf` }),
         nextRouteId: () => ++this.routeCounter,
         sessions: this.sessions,
         log: this.opts.log,
-        ...(this.opts.iceServers?.length ? { iceServers: this.opts.iceServers } : {}),
+        ...(iceServers ? { iceServers } : {}),
+        ...(this.opts.repairTimeoutMs !== undefined ? { repairTimeoutMs: this.opts.repairTimeoutMs } : {}),
+        ...(this.opts.standby === false ? { standby: false } : {}),
       },
     );
     this.rooms.push(room);
@@ -132,6 +151,13 @@ export class RoomRegistry {
       (e) => this.opts.log(`[room ${room.id}] manifest failed: ${(e as Error).message}`),
     );
     return room;
+  }
+
+  /** What peers are told in welcome: the configured servers, or per peer with a minted TURN credential. */
+  private iceServers(): IceServer[] | ((peerId: string) => IceServer[]) | undefined {
+    const servers = this.opts.iceServers;
+    if (!servers?.length) return undefined;
+    return this.opts.turn ? iceServersMinting(servers, this.opts.turn.secret, this.opts.turn.ttlS) : servers;
   }
 
   /** The room's manifest; one that failed to build is tried again on the next request. */

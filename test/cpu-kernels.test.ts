@@ -1,6 +1,7 @@
 // The CPU engine's memory and its attention over the KV cache: the arena's allocator and growth,
 // and attendCached (two kernel products per head) against the reference ops.attention, for
-// grouped KV heads, one token or a chunk, and a cache that grows between chunks; worker threads.
+// grouped KV heads, one token or a chunk, a sliding window, and a cache that grows between
+// chunks; a session rolled back (truncateSession); worker threads.
 import { describe, expect, it } from 'vitest';
 import { attendCached, attentionScratchBytes } from '../src/backends/cpu/attention.ts';
 import { KERNEL_IDS } from '../src/backends/cpu/compute-pool.ts';
@@ -132,6 +133,82 @@ describe('attention over the KV cache', () => {
     for (const chunk of [1, 7, 64]) expect(Buffer.from(cached(q, k, v, chunk).buffer).equals(Buffer.from(oneShot.buffer)), `chunk ${chunk}`).toBe(true);
     // on two threads a chunk's rows are cut into pieces, the early ones reading fewer keys
     for (const chunk of [n, 64]) expect(Buffer.from(cached(q, k, v, chunk, 2).buffer).equals(Buffer.from(oneShot.buffer)), `chunk ${chunk}, 2 threads`).toBe(true);
+  });
+
+  it('a sliding window and a score scale of 1 (gemma3) follow the reference, in any chunk', () => {
+    const q = rand(n * qDim, 4);
+    const k = rand(n * kvDim, 5);
+    const v = rand(n * kvDim, 6);
+    const window = 40;
+    const ref = new Float32Array(n * qDim);
+    attention(ref, q, k, v, n, 0, shape.nHead, shape.nHeadKv, shape.headDim, undefined, 1, window);
+    const arena = new WasmArena(1 << 16);
+    const run = (chunk: number): Float32Array => {
+      const kv = new KvCache(arena, 1, shape.nHeadKv, shape.headDim, 512);
+      const out = new Float32Array(n * qDim);
+      for (let pos = 0; pos < n; pos += chunk) {
+        const m = Math.min(chunk, n - pos);
+        kv.reserve(m);
+        const qo = arena.alloc(m * qDim * 4);
+        const oo = arena.alloc(m * qDim * 4);
+        const so = arena.alloc(attentionScratchBytes(shape, m, pos));
+        arena.f32(qo, m * qDim).set(q.subarray(pos * qDim, (pos + m) * qDim));
+        kv.write(0, pos, k.subarray(pos * kvDim), v.subarray(pos * kvDim), m);
+        attendCached(kv, 0, shape, qo, oo, m, pos, so, 1, window);
+        out.set(arena.f32(oo, m * qDim), pos * qDim);
+        kv.length = pos + m;
+        for (const o of [qo, oo, so]) arena.free(o);
+      }
+      kv.free();
+      return out;
+    };
+    for (const chunk of [n, 16, 1]) {
+      const got = run(chunk);
+      let worst = 0;
+      for (let i = 0; i < ref.length; i++) worst = Math.max(worst, Math.abs(got[i]! - ref[i]!));
+      expect(worst, `chunk ${chunk}`).toBeLessThan(1e-5);
+    }
+  });
+});
+
+describe('session rollback', () => {
+  it('truncateSession then new tokens gives a fresh session\'s logits bit for bit, across the cache\'s growth', async () => {
+    const source = await openTensorSource(await stories260K());
+    const b = createNodeCpuBackend({ threads: 1 });
+    await b.load(source, { start: 0, end: 5 });
+    const tokens = (n: number, seed: number) => Int32Array.from({ length: n }, (_, i) => 1 + ((i * 37 + seed) % 500));
+    const prefix = tokens(250, 0);
+    const logitsOf = async (id: string, parts: Int32Array[]) => {
+      let pos = 0;
+      let r;
+      for (const p of parts) {
+        r = await b.forward(id, { kind: 'tokens', tokens: p }, pos);
+        pos += p.length;
+      }
+      if (r!.output.kind !== 'logits') throw new Error('expected logits');
+      return r!.output.logits;
+    };
+    // a session that went 60 tokens past the prefix (its cache grew past 256 positions), then rolled back
+    await b.openSession('rolled', { contextLength: 512 });
+    await logitsOf('rolled', [prefix, tokens(60, 3)]);
+    await b.truncateSession('rolled', 250);
+    expect(b.sessionStats('rolled').position).toBe(250);
+    const after = tokens(9, 7);
+    let r = await b.forward('rolled', { kind: 'tokens', tokens: after }, 250);
+    const rolled = r.output.kind === 'logits' ? r.output.logits : null;
+    await b.openSession('fresh', { contextLength: 512 });
+    const fresh = await logitsOf('fresh', [prefix, after]);
+    expect(Buffer.from(rolled!.buffer).equals(Buffer.from(fresh.buffer))).toBe(true);
+    // and one decode step more, still equal
+    const next = Int32Array.of(argmax(fresh));
+    r = await b.forward('rolled', { kind: 'tokens', tokens: next }, 259);
+    const r2 = await b.forward('fresh', { kind: 'tokens', tokens: next }, 259);
+    expect(Buffer.from((r.output as { logits: Float32Array }).logits.buffer).equals(Buffer.from((r2.output as { logits: Float32Array }).logits.buffer))).toBe(true);
+    // rewinding past what the session holds is refused
+    const err = await b.truncateSession('rolled', 261).catch((e: unknown) => e);
+    expect(isMeshError(err) && err.code).toBe('POSITION_MISMATCH');
+    await b.dispose();
+    await source.close();
   });
 });
 

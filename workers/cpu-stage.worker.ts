@@ -50,6 +50,11 @@ const api: CpuWorkerApi = {
       return current().sessionStats(sessionId);
     }, 'CPU_WORKER_FAILED'),
   releaseSession: (sessionId: string) => wireCall(() => current().releaseSession(sessionId), 'CPU_WORKER_FAILED'),
+  truncateSession: (sessionId: string, position: number) =>
+    wireCall(async () => {
+      await current().truncateSession(sessionId, position);
+      return current().sessionStats(sessionId);
+    }, 'CPU_WORKER_FAILED'),
   forward: async (sessionId: string, input: StageInput, position: number) => {
     const r = await wireCall(async () => {
       const result = await current().forward(sessionId, input, position);

@@ -16,7 +16,8 @@ import * as op from '../../src/backends/webgpu/ops.ts';
 import type { MatVecKernel } from '../../src/backends/webgpu/ops.ts';
 import { loadShaderSources } from '../../src/backends/webgpu/shaders-node.ts';
 import { quantize } from '../../src/gguf/quantize.ts';
-import { GgmlType, TYPE_TRAITS } from '../../src/gguf/types.ts';
+import { TYPE_TRAITS } from '../../src/gguf/types.ts';
+import type { GgmlType } from '../../src/gguf/types.ts';
 import { lcgCentered } from '../../test/support/prng.ts';
 
 export interface KernelFigure {
@@ -105,7 +106,7 @@ async function copyGbs(device: GPUDevice, memory: GpuMemory, s: KernelShapes): P
   return { kernel: 'copy', shape: `${bytes} bytes`, ms, gb_s: (2 * bytes) / ms / 1e6, gflop_s: 0 };
 }
 
-export async function kernelFigures(s: KernelShapes): Promise<{ adapter: AdapterSummary; kernels: KernelFigure[] }> {
+export async function kernelFigures(s: KernelShapes, types: readonly GgmlType[]): Promise<{ adapter: AdapterSummary; kernels: KernelFigure[] }> {
   const { device, adapter } = await acquireDevice(await nodeGpu(), 'bench');
   const memory = new GpuMemory(device);
   const lib = new KernelLibrary(device, loadShaderSources());
@@ -123,7 +124,7 @@ export async function kernelFigures(s: KernelShapes): Promise<{ adapter: Adapter
     const gb = bytes / ms / 1e6;
     return { kernel, shape, ms, gb_s: gb, gflop_s: flops / ms / 1e6, of_copy: Math.round((gb / copy.gb_s) * 1000) / 1000 };
   };
-  for (const type of [GgmlType.F32, GgmlType.F16, GgmlType.Q8_0, GgmlType.Q4_0, GgmlType.Q4_K, GgmlType.Q6_K]) {
+  for (const type of types) {
     const bytes = quantize(type, values, k);
     // enough copies that the dispatches in one submission do not read one cached matrix
     const copies = Math.max(1, Math.min(8, Math.ceil((256 << 20) / bytes.byteLength)));

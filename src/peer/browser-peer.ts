@@ -7,6 +7,7 @@
 
 import { MeshError } from '../errors.ts';
 import type { StageBackend } from '../backends/types.ts';
+import { backendCapability } from '../backends/capabilities.ts';
 import type { Manifest } from '../gguf/verify.ts';
 import { parseJoinUrl } from '../protocol/control.ts';
 import { ShardCache } from '../storage/shard-cache.ts';
@@ -52,6 +53,8 @@ export interface BrowserPeerOptions {
 
 export interface BrowserPeer {
   readonly state: BrowserPeerState;
+  /** a graceful leave: the server hands this tab's stage and its sessions to a replacement, then the tab closes; resolves with whether they moved */
+  leave(timeoutMs?: number): Promise<boolean>;
   close(): Promise<void>;
 }
 
@@ -89,7 +92,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     Object.assign(state, { status: 'client-only', reason: caps.reason });
     log(`joining as a client only: ${caps.reason}`);
     changed();
-    return { state, close: async () => undefined };
+    return { state, leave: async () => true, close: async () => undefined };
   }
 
   // the room's model, its manifest and header (JSON from the server: no model bytes)
@@ -107,7 +110,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     ...(opts.rtcTimeoutMs ? { rtcTimeoutMs: opts.rtcTimeoutMs } : {}),
   });
   if (caps.backend === 'cpu') log(`no WebGPU: ${caps.reason}`);
-  const offer = { backend: caps.backend, memoryBytes: caps.memoryBytes, ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: caps.adapter };
+  const offer = { backend: caps.backend, memoryBytes: caps.memoryBytes, serves: backendCapability(caps.backend), ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: caps.adapter };
   const welcome = await stage.core.join(offer, control.closed);
   // a server on the internet may announce STUN/TURN servers; on a LAN none are needed
   if (Array.isArray(welcome.iceServers)) stage.hops.useIceServers(welcome.iceServers as RTCIceServer[]);
@@ -123,13 +126,19 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     changed();
     void stage.close();
   });
+  const close = async (): Promise<void> => {
+    clearInterval(telemetryTimer);
+    control.close();
+    await stage.close();
+  };
   return {
     state,
-    async close() {
-      clearInterval(telemetryTimer);
-      control.close();
-      await stage.close();
+    async leave(timeoutMs) {
+      const moved = state.stage === null ? true : await stage.leave(timeoutMs);
+      await close();
+      return moved;
     },
+    close,
   };
 }
 

@@ -1,22 +1,27 @@
 // A native peer: listens for frames (WebSocket + binary HTTP), joins a room over its control
 // WebSocket, and serves the stage it is assigned (peer-core.ts: hello, assign, release; the
 // loading itself in native-stage.ts) — reading only that shard's byte ranges from the server —
-// with hidden states sent straight to the next stage's listen address.
+// with hidden states sent straight to the next stage's listen address, or over a WebRTC data
+// channel to and from tabs (native-rtc.ts).
 
 import { join } from 'node:path';
 import WebSocket from 'ws';
 import { meshCacheDir } from '../cache-dir.ts';
 import { MeshError } from '../errors.ts';
 import type { ShardRange } from '../backends/types.ts';
+import { backendCapability } from '../backends/capabilities.ts';
 import type { WebGpuBackend } from '../backends/webgpu/backend.ts';
 import { parseJoinUrl } from '../protocol/control.ts';
 import type { PeerToServer, RelayReply } from '../protocol/control.ts';
 import { startFrameServer } from '../transport/frame-server.ts';
 import type { FrameServer } from '../transport/frame-server.ts';
 import { serveFrames } from '../transport/ws.ts';
-import { loadNativeStage, nodeWebGpuBackend } from './native-stage.ts';
+import { tlsOptions } from '../transport/tls-trust.ts';
+import { linkNativeNext, loadNativeShard, nodeWebGpuBackend } from './native-stage.ts';
 import type { BackendKind, NativeStageEnv } from './native-stage.ts';
 import { fetchRoomModel, PeerCore } from './peer-core.ts';
+import type { HelloOffer } from './peer-core.ts';
+import { NativeRtc } from './native-rtc.ts';
 import { RelayLink } from './relay-link.ts';
 import type { StageService } from './stage-service.ts';
 import { heldUnits } from './verified-source.ts';
@@ -40,6 +45,8 @@ export interface NodePeerOptions {
   cacheDir?: string | null;
   /** cpu: threads the engine computes on (default: every core) */
   threads?: number;
+  /** WebRTC data channels to and from tabs (default true; off: those hops use the server relay) */
+  webrtc?: boolean;
   log?: (line: string) => void;
 }
 
@@ -50,6 +57,8 @@ export interface NodePeer {
   readonly service: StageService | null;
   /** resolves when the control connection ends */
   closed: Promise<string>;
+  /** a graceful leave: the server moves this peer's stage and sessions to a replacement first; resolves with whether they moved */
+  leave(timeoutMs?: number): Promise<boolean>;
   close(): Promise<void>;
 }
 
@@ -87,6 +96,23 @@ function watchControl(ws: WebSocket, base: string): { gone: Promise<Error>; clos
   return { gone, closed };
 }
 
+/** What the hello offers: the backend, memory, where frames reach this node, what it holds verified. */
+function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact: string; units: string[]; adapter: unknown; rtc: boolean }): HelloOffer {
+  return {
+    backend: opts.backend,
+    memoryBytes: opts.memoryBytes,
+    serves: backendCapability(opts.backend),
+    listen: opts.advertise ?? server.wsUrl,
+    httpUrl: opts.advertise ? opts.advertise.replace(/^ws/, 'http').replace(/\/v1\/frames$/, '') : server.url,
+    artifact: has.artifact,
+    units: has.units,
+    ...(opts.name ? { name: opts.name } : {}),
+    ...(opts.layers ? { layers: opts.layers } : {}),
+    ...(has.adapter ? { adapter: has.adapter } : {}),
+    ...(has.rtc ? { rtc: true } : {}),
+  };
+}
+
 export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   const log = opts.log ?? (() => undefined);
   const { base, roomId } = parseJoinUrl(opts.joinUrl);
@@ -97,13 +123,14 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   let spareGpu = await spareGpuFor(opts.backend, log);
   const adapter = spareGpu?.adapter;
   let relay: RelayLink | null = null;
+  let rtc: NativeRtc | null = null;
   // the control socket opens once the frame server listens: the hello names its address
   let control: WebSocket | null = null;
   const send = (m: PeerToServer): void => {
     if (control?.readyState === WebSocket.OPEN) control.send(JSON.stringify(m));
   };
   const env: NativeStageEnv = {
-    backend: opts.backend, carrier: opts.carrier ?? 'ws', cacheDir, base, secret: opts.secret, model, send, log,
+    backend: opts.backend, memoryBytes: opts.memoryBytes, carrier: opts.carrier ?? 'ws', cacheDir, base, secret: opts.secret, model, send, log,
     ...(opts.threads ? { threads: opts.threads } : {}),
     peerId: () => core.peerId,
     takeSpareGpu: () => {
@@ -113,8 +140,20 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     },
     // a browser next stage has no listen address: frames go through the server (peer/relay-link.ts)
     relayTo: (to) => (relay = new RelayLink(to, (r) => control!.send(JSON.stringify(r)))),
+    rtc: () => rtc,
   };
-  const core = new PeerCore({ secret: opts.secret, send, log, loadStage: (ctx) => loadNativeStage(ctx, env) });
+  const core = new PeerCore({
+    secret: opts.secret, send, log,
+    loadShard: (ctx) => loadNativeShard(ctx, env),
+    linkNext: (next, ctx) => linkNativeNext(next, ctx, env),
+    onAssign: (a) => {
+      rtc?.released();
+      rtc?.setUpstream(a.upstreamPeer ?? null);
+    },
+    // the room's route summary shows this stage's hop and its candidate pairs
+    onReady: (a, _load, link) => rtc?.serving(a.routeId, a.stage, link.hop?.kind ?? 'none', link.hop?.candidatePair ?? null),
+    onRelease: () => rtc?.released(),
+  });
   const server = await startFrameServer({
     host: opts.listenHost ?? '127.0.0.1',
     port: opts.listenPort ?? 0,
@@ -123,33 +162,28 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     status: () => ({ peerId: core.peerId, backend: opts.backend, memoryBytes: opts.memoryBytes, routeId: core.routeId, ...(core.service ? core.service.status() : {}) }),
   });
 
-  const ws = (control = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`));
+  // data channels to and from tabs (./native-rtc.ts); null where WebRTC is off or will not load
+  // (loaded before the control socket opens: its challenge must find the listener below)
+  rtc = opts.webrtc === false ? null : await NativeRtc.start({ sendJson: (m) => send(m as PeerToServer), handler: core.handle, log });
+  const ws = (control = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`, tlsOptions())); // a pinned local CA (tls-trust.ts)
   serveFrames(ws, core.handle);
   const { gone, closed } = watchControl(ws, base);
   ws.on('message', (data, isBinary) => {
     if (isBinary) return; // frames: serveFrames answers them
     const m = JSON.parse(data.toString()) as { t: string };
-    if (!core.onMessage(m) && m.t === 'relay-reply') relay?.deliver(m as RelayReply);
+    if (core.onMessage(m)) return;
+    // a relay reply is for this node's own relay link, else for the relay WebRTC fell back to
+    if (m.t === 'relay-reply' && relay?.deliver(m as RelayReply)) return;
+    rtc?.onControl(m);
   });
-  const joining = core.join(
-    {
-      backend: opts.backend,
-      memoryBytes: opts.memoryBytes,
-      listen: opts.advertise ?? server.wsUrl,
-      httpUrl: opts.advertise ? opts.advertise.replace(/^ws/, 'http').replace(/\/v1\/frames$/, '') : server.url,
-      artifact: model.manifest.artifact.sha256,
-      units,
-      ...(opts.name ? { name: opts.name } : {}),
-      ...(opts.layers ? { layers: opts.layers } : {}),
-      ...(adapter ? { adapter } : {}),
-    },
-    gone,
-  );
+  const joining = core.join(helloOffer(opts, server, { artifact: model.manifest.artifact.sha256, units, adapter, rtc: rtc !== null }), gone);
   try {
     const w = await joining;
+    if (w.iceServers?.length) rtc?.useIceServers(w.iceServers);
     log(`joined room ${w.roomId} as ${w.peerId} (model ${w.model.id}, ${w.model.nLayer} layers); listening at ${server.url}`);
   } catch (e) {
     ws.terminate();
+    await rtc?.close();
     await spareGpu?.dispose();
     await server.close();
     throw e;
@@ -163,9 +197,11 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       return core.service;
     },
     closed,
+    leave: (timeoutMs = 40_000) => core.leave(timeoutMs),
     async close() {
       ws.close();
       await core.close();
+      await rtc?.close();
       await spareGpu?.dispose();
       spareGpu = null;
       await server.close();

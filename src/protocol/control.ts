@@ -13,6 +13,7 @@
 
 import { MeshError } from '../errors.ts';
 import type { ShardRange } from '../gguf/types.ts';
+import type { ServeCapability } from '../model/serve-capability.ts';
 
 export interface PeerHello {
   t: 'hello';
@@ -21,6 +22,8 @@ export interface PeerHello {
   name?: string;
   backend: string;
   memoryBytes: number;
+  /** what it can compute: architectures as layer ranges or whole only, weight types; the planner assigns nothing else */
+  serves?: ServeCapability;
   /** where other stages reach this peer: ws://host:port/v1/frames (absent: not reachable) */
   listen?: string;
   /** http://host:port for the binary HTTP protocol */
@@ -31,6 +34,8 @@ export interface PeerHello {
   units?: string[];
   /** browser peers: the WebGPU adapter */
   adapter?: unknown;
+  /** a native node that answers and opens WebRTC data channels (browser peers always do) */
+  rtc?: boolean;
 }
 
 export interface ModelBrief {
@@ -55,8 +60,14 @@ export type ServerToPeer =
   | { t: 'challenge'; nonce: string }
   /** iceServers: for browser peers that meet across the internet (absent: none configured, fine on a LAN) */
   | { t: 'welcome'; peerId: string; roomId: string; model: ModelBrief; iceServers?: IceServer[] }
-  | { t: 'assign'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string; downstream: string | null; downstreamPeer?: string | null; upstreamPeer?: string | null }
+  | { t: 'assign'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string; downstream: string | null; downstreamPeer?: string | null; upstreamPeer?: string | null; downstreamRtc?: boolean }
   | { t: 'release'; routeId: number }
+  /** a spare: load and verify this shard now, serve nothing yet; a later `assign` of the same shard takes it over at once */
+  | { t: 'standby'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string }
+  /** a repair replaced a neighbour: send hidden states to a new next stage and/or accept them from a new previous one */
+  | { t: 'rewire'; routeId: number; stage: number; downstream?: string | null; downstreamPeer?: string | null; downstreamRtc?: boolean; upstreamPeer?: string | null }
+  /** the answer to `leave`: the peer's sessions are served elsewhere now (or could not be moved: `moved: false`); it may go */
+  | { t: 'leave-ok'; moved: boolean }
   | { t: 'error'; code: string; message: string };
 
 export type PeerToServer =
@@ -65,6 +76,13 @@ export type PeerToServer =
   | { t: 'load-failed'; routeId: number; stage: number; code: string; message: string }
   /** native peers while loading: verified shard bytes so far */
   | { t: 'loading'; routeId: number; stage: number; bytesDone: number; bytesTotal: number }
+  /** a spare's standby shard is loaded and verified */
+  | { t: 'standby-ready'; routeId: number; stage: number; loadMs: number; bytesRead: number }
+  | { t: 'standby-failed'; routeId: number; stage: number; code: string; message: string }
+  /** the rewire is done: the new links are open */
+  | { t: 'rewired'; routeId: number; stage: number }
+  /** a graceful leave (SIGTERM, the page's Leave button): move my sessions, then answer leave-ok */
+  | { t: 'leave' }
   /** browser peers (below): signal/relay are routed before this union is consulted */
   | { t: 'telemetry'; routeId: number; stage: number; [k: string]: unknown };
 
@@ -81,17 +99,21 @@ export async function helloProof(secret: string, nonce: string): Promise<string>
 /**
  * Parses an ICE server as `serve --ice-server` takes it: `stun:host[:port]`, or
  * `turn:user:pass@host[:port][?transport=udp|tcp]` (also `stuns:` / `turns:`). TURN needs a
- * user and password (browsers refuse a TURN server without them); they may be %-encoded.
+ * user and password (browsers refuse a TURN server without them); they may be %-encoded —
+ * unless `minted`: the server mints each peer a short-lived credential (`serve --turn-secret`),
+ * so the URL names none.
  */
-export function parseIceServer(text: string): IceServer {
+export function parseIceServer(text: string, opts: { minted?: boolean } = {}): IceServer {
   const m = /^(stuns?|turns?):(?:([^:@/?]*):([^@/?]*)@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::(\d{1,5}))?(\?transport=(?:udp|tcp))?$/.exec(text.trim());
   if (!m) throw new MeshError('BAD_ICE_SERVER', `'${text}' is not an ICE server (stun:host:port or turn:user:pass@host:port)`);
   const [, scheme, user, pass, host, port, query] = m;
   const isTurn = scheme!.startsWith('turn');
   if (port !== undefined && (Number(port) < 1 || Number(port) > 65535)) throw new MeshError('BAD_ICE_SERVER', `'${text}': port ${port} is out of range`);
-  if (isTurn && (user === undefined || user === '' || pass === undefined)) throw new MeshError('BAD_ICE_SERVER', `'${text}': a TURN server needs user:password@ before the host`);
+  if (isTurn && opts.minted && user !== undefined) throw new MeshError('BAD_ICE_SERVER', `'${text}': --turn-secret mints the TURN credentials, so the URL names no user:password`);
+  if (isTurn && !opts.minted && (user === undefined || user === '' || pass === undefined)) throw new MeshError('BAD_ICE_SERVER', `'${text}': a TURN server needs user:password@ before the host`);
   if (!isTurn && (user !== undefined || query)) throw new MeshError('BAD_ICE_SERVER', `'${text}': a STUN server takes no user, password or transport`);
   const urls = `${scheme}:${host}${port ? `:${port}` : ''}${query ?? ''}`;
+  if (isTurn && opts.minted) return { urls };
   return isTurn ? { urls, username: decodeURIComponent(user!), credential: decodeURIComponent(pass!) } : { urls };
 }
 
@@ -160,8 +182,18 @@ export function newCounters(): PipeCounters {
   return { framesSent: 0, framesReceived: 0, messagesSent: 0, messagesReceived: 0, bytesSent: 0, bytesReceived: 0, sentByType: {}, receivedByType: {}, largestMessage: 0 };
 }
 
-/** How a stage reaches its next stage. */
-export type HopKind = 'webrtc' | 'relay' | 'none';
+/** How a stage reaches its next stage: a WebRTC data channel, the server relay, a WebSocket or binary HTTP to a native node's listen address, or none (the last stage). */
+export type HopKind = 'webrtc' | 'relay' | 'ws' | 'http' | 'none';
+
+/** The ICE candidate pair a data channel runs over: candidate types host | srflx | prflx | relay. */
+export interface CandidatePair {
+  local: string;
+  remote: string;
+  /** udp or tcp */
+  protocol: string;
+  /** for a relay candidate: how it reaches the TURN server (udp, tcp, tls) */
+  relayProtocol?: string;
+}
 
 export interface PeerTelemetry {
   t: 'telemetry';
@@ -173,12 +205,16 @@ export interface PeerTelemetry {
   cache?: { hit: string[]; fetched: string[]; error: string | null };
   /** to the next stage */
   hop?: HopKind;
+  /** the candidate pair of the data channel to the next stage (hop 'webrtc') */
+  candidatePair?: CandidatePair | null;
   /** frames over the data channel to the next stage (upstream side) */
   downstreamChannel?: PipeCounters | null;
   /** frames over data channels from previous stages (downstream side) */
   upstreamChannels?: Record<string, PipeCounters>;
   /** frames relayed through the server to the next stage */
   relayed?: { frames: number; bytes: number };
+  /** native nodes: the candidate pair of each data channel from a previous stage */
+  upstreamPairs?: Record<string, CandidatePair | null>;
 }
 
 export function toBase64(bytes: Uint8Array): string {

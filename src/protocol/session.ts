@@ -18,6 +18,19 @@ export interface SessionOpenBody {
   hiddenDtype?: 'f16' | 'f32';
   /** prompt tokens the client will prefill, for progress reports */
   promptLength?: number;
+  /** random draws the session's sampler has made already: a replacement last stage skips them, so seeded sampling continues as it would have */
+  draws?: number;
+}
+
+/** Body of a Rewind frame: the sampler's draws for the positions kept. */
+export interface RewindBody {
+  draws: number;
+}
+
+/** Body of a Resend frame: resend positions [frame position, end), at most `maxTokens` per frame (1: as they were sent). */
+export interface ResendBody {
+  end: number;
+  maxTokens: number;
 }
 
 /** A fresh 128-bit session id in hex (crypto.getRandomValues: Node and browsers alike). */

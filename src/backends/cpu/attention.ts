@@ -54,12 +54,23 @@ export function attentionScratchBytes(s: AttentionShape, nTokens: number, pos: n
  * units is one job of `attn` calls (scores, softmax, weighted sum of some rows of a unit), which
  * the arena's threads share.
  */
-export function attendCached(kv: KvCache, l: number, s: AttentionShape, q: number, out: number, nTokens: number, pos: number, scores: number): void {
+export function attendCached(
+  kv: KvCache,
+  l: number,
+  s: AttentionShape,
+  q: number,
+  out: number,
+  nTokens: number,
+  pos: number,
+  scores: number,
+  scale = f32(1 / f32(Math.sqrt(s.headDim))),
+  window = 0,
+): void {
   const { nHead, nHeadKv, headDim: hd } = s;
   const group = nHead / nHeadKv;
   const arena = kv.arena;
   const { units, rows, l4, batch } = plan(s, nTokens, pos);
-  const scaleBits = new Int32Array(Float32Array.of(f32(1 / f32(Math.sqrt(hd)))).buffer)[0]!;
+  const scaleBits = new Int32Array(Float32Array.of(scale).buffer)[0]!;
   const one = nTokens === 1;
   // one token: a KV head's query heads are consecutive in q and out (a batch of `group` rows);
   // a chunk: one query head's tokens, nHead·headDim apart
@@ -70,8 +81,10 @@ export function attendCached(kv: KvCache, l: number, s: AttentionShape, q: numbe
   // rows of a unit cut so that a batch gives every thread a few calls
   const perUnit = Math.max(1, Math.ceil(piecesFor(arena.threads, 2 * batch * rows * l4 * hd) / batch));
   const rowStep = Math.ceil(rows / perUnit);
-  // the kernel takes rows and inputs in fours; odd head sizes (and hosts without SIMD) run in JS
-  const kernel = hd % 4 === 0 && arena.attn !== null;
+  // the kernel takes rows and inputs in fours; odd head sizes (and hosts without SIMD) run in JS,
+  // as do sliding-window layers once the window hides early keys (the kernel has no lower bound)
+  const windowed = window > 0 && pos + nTokens > window;
+  const kernel = hd % 4 === 0 && arena.attn !== null && !windowed;
   for (let u0 = 0; u0 < units; u0 += batch) {
     const calls: KernelCall[] = [];
     for (let u = u0; u < Math.min(units, u0 + batch); u++) {
@@ -86,29 +99,34 @@ export function attendCached(kv: KvCache, l: number, s: AttentionShape, q: numbe
       }
     }
     if (kernel) arena.run(calls);
-    else for (const c of calls) attnJs(kv.arena, c.args);
+    else for (const c of calls) attnJs(kv.arena, c.args, windowed ? window : 0);
   }
 }
 
-/** `attn` (./wasm-attention.ts) in JS: the same products with the JS matmul, the softmax in f64 sums */
-function attnJs(arena: KvCache['arena'], a: number[]): void {
+/**
+ * `attn` (./wasm-attention.ts) in JS: the same products with the JS matmul, the softmax in f64
+ * sums; with a window, row r sees only the last `window` of its keys (ops.attention's rule).
+ */
+function attnJs(arena: KvCache['arena'], a: number[], window: number): void {
   const [q, qs, k, v, cap, hd, l4, rows, first, step, scaleBits, out, os, sc] = a as [number, number, number, number, number, number, number, number, number, number, number, number, number, number];
   const scale = new Float32Array(Int32Array.of(scaleBits).buffer)[0]!;
   arena.mmF32Js(q, qs, k, hd * 4, sc, l4 * 4, hd, rows, 0, l4);
-  causalSoftmax(arena.heap, sc >> 2, l4, rows, first, step, scale);
+  causalSoftmax(arena.heap, sc >> 2, l4, rows, first, step, scale, window);
   arena.mmF32Js(sc, l4 * 4, v, cap * 4, out, os, l4, rows, 0, hd);
 }
 
 /**
- * Row r of the [nRows × width] scores at heap[at …] keeps keys j < first + r·step: scaled,
- * softmaxed (ops.softmax), zero past them.
+ * Row r of the [nRows × width] scores at heap[at …] keeps keys lo ≤ j < first + r·step (lo = 0,
+ * or the window's first key): scaled, softmaxed (ops.softmax), zero elsewhere.
  */
-function causalSoftmax(heap: Float32Array, at: number, width: number, nRows: number, first: number, step: number, scale: number): void {
+function causalSoftmax(heap: Float32Array, at: number, width: number, nRows: number, first: number, step: number, scale: number, window: number): void {
   for (let r = 0; r < nRows; r++) {
     const o = at + r * width;
     const n = first + r * step;
-    for (let j = 0; j < n; j++) heap[o + j] = f32(heap[o + j]! * scale);
-    softmax(heap, o, n);
+    const lo = window > 0 ? Math.max(0, n - window) : 0;
+    for (let j = lo; j < n; j++) heap[o + j] = f32(heap[o + j]! * scale);
+    softmax(heap, o + lo, n - lo);
+    heap.fill(0, o, o + lo);
     heap.fill(0, o + n, o + width);
   }
 }

@@ -3,11 +3,14 @@
 // blocks, appending keys and values to the session's KV cache. Activations live in the
 // engine's WasmArena, so the kernels read and write them in place.
 
+import { ropeFor } from '../../model/config.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { attendCached, attentionScratchBytes } from './attention.ts';
-import type { KvCache } from './kv-cache.ts';
 import { swigluInArena } from './arena-ops.ts';
-import { addBias, addInPlace, rmsnorm, rope } from './ops.ts';
+import { moeFfn } from './ffn.ts';
+import { geglu } from './gelu.ts';
+import type { KvCache } from './kv-cache.ts';
+import { addBias, addInPlace, rmsnorm, rope, scaleInPlace } from './ops.ts';
 import type { WasmArena } from './wasm-arena.ts';
 import type { LayerWeights, Matrix, ShardWeights } from './weights.ts';
 
@@ -19,13 +22,18 @@ interface Scratch {
   v: Float32Array; // [n × nHeadKv·headDim]
   att: Float32Array; // [n × nHead·headDim] attention output before wo
   out: Float32Array; // [n × nEmbd] block output before the residual add
-  gate: Float32Array; // [n × nFf]
+  gate: Float32Array; // [n × nFf] (dense feed-forward layers)
   up: Float32Array; // [n × nFf]
   /** byte offset of the attention scores scratch (attentionScratchBytes) */
   scores: number;
   ropeCache: Float32Array; // [nRot]
   /** the arena region holding all of the above */
   region: number;
+}
+
+/** rows of the widest dense feed-forward among the shard's layers (0 when all are experts) */
+function denseFfRows(weights: ShardWeights): number {
+  return Math.max(0, ...weights.layers.map((w) => (w.ffn.kind === 'dense' ? w.ffn.wGate.rows : 0)));
 }
 
 /**
@@ -35,9 +43,10 @@ interface Scratch {
 function scratchFor(cfg: ModelConfig, weights: ShardWeights, arena: WasmArena, n: number, pos: number): Scratch {
   const qDim = cfg.nHead * cfg.headDim;
   const kvDim = cfg.nHeadKv * cfg.headDim;
+  const nFf = denseFfRows(weights);
   // the matmuls' staging (a rounded copy of x, its Q8_0 form, a dequantised tile)
   arena.staging(weights.staging(n));
-  const sizes = { xb: n * cfg.nEmbd, q: n * qDim, k: n * kvDim, v: n * kvDim, att: n * qDim, out: n * cfg.nEmbd, gate: n * cfg.nFf, up: n * cfg.nFf };
+  const sizes = { xb: n * cfg.nEmbd, q: n * qDim, k: n * kvDim, v: n * kvDim, att: n * qDim, out: n * cfg.nEmbd, gate: n * nFf, up: n * nFf };
   const floats = Object.values(sizes).reduce((a, b) => a + Math.ceil(b / 4) * 4, 0);
   const scoresBytes = attentionScratchBytes(cfg, n, pos);
   const region = arena.alloc(floats * 4 + scoresBytes);
@@ -51,10 +60,11 @@ function scratchFor(cfg: ModelConfig, weights: ShardWeights, arena: WasmArena, n
   return { ...views, scores: at, ropeCache: new Float32Array(cfg.rope.nRot), region };
 }
 
-/** x = token embeddings of `tokens`. x: [n × nEmbd] */
-export function embed(tokenEmbd: Matrix, tokens: Int32Array, nEmbd: number): Float32Array {
+/** x = token embeddings of `tokens` (times the model's embedding scale). x: [n × nEmbd] */
+export function embed(tokenEmbd: Matrix, tokens: Int32Array, nEmbd: number, scale = 1): Float32Array {
   const x = new Float32Array(tokens.length * nEmbd);
   for (let t = 0; t < tokens.length; t++) tokenEmbd.row(tokens[t]!, x, t * nEmbd);
+  if (scale !== 1) scaleInPlace(x, scale);
   return x;
 }
 
@@ -82,7 +92,7 @@ function forwardBatch(cfg: ModelConfig, weights: ShardWeights, kv: KvCache, x: F
   const s = scratchFor(cfg, weights, kv.arena, n, pos);
   try {
     for (let l = 0; l < weights.layers.length; l++) {
-      forwardLayer(cfg, weights.layers[l]!, kv, l, x, n, pos, s);
+      forwardLayer(cfg, weights.layers[l]!, kv, l, weights.layerStart + l, x, n, pos, s);
       kv.processedTokens[l]! += n;
     }
   } finally {
@@ -96,6 +106,7 @@ function forwardLayer(
   w: LayerWeights,
   kv: KvCache,
   l: number,
+  il: number,
   x: Float32Array,
   n: number,
   pos: number,
@@ -114,29 +125,45 @@ function forwardLayer(
   if (w.bq) addBias(s.q, w.bq, n, nHead * headDim);
   if (w.bk) addBias(k, w.bk, n, kvDim);
   if (w.bv) addBias(v, w.bv, n, kvDim);
-  // per-head RMSNorm of queries and keys (qwen3)
+  // per-head RMSNorm of queries and keys (qwen3, gemma3)
   if (w.qNorm) rmsnorm(s.q, s.q, w.qNorm, n * nHead, headDim, rmsEps);
   if (w.kNorm) rmsnorm(k, k, w.kNorm, n * nHeadKv, headDim, rmsEps);
-  // rotary position embedding of queries and keys
-  rope(s.q, n, nHead, headDim, pos, cfg.rope, s.ropeCache);
-  rope(k, n, nHeadKv, headDim, pos, cfg.rope, s.ropeCache);
-  // keys and values join the cache; scores → causal softmax → weighted sum of values, over it
+  // rotary position embedding of queries and keys (the layer's settings: sliding-window layers
+  // and long Phi-3 sessions have their own)
+  const ropeCfg = ropeFor(cfg, il, kv.contextLength);
+  rope(s.q, n, nHead, headDim, pos, ropeCfg, s.ropeCache);
+  rope(k, n, nHeadKv, headDim, pos, ropeCfg, s.ropeCache);
+  // gemma3, phi3: queries scaled before attention, scores not scaled again
+  if (cfg.queryScale !== null) scaleInPlace(s.q, cfg.queryScale);
+  // keys and values join the cache; scores → causal (sliding-window) softmax → weighted sum of
+  // values, over it
   kv.write(l, pos, k, v, n);
-  attendCached(kv, l, cfg, s.q.byteOffset, s.att.byteOffset, n, pos, s.scores);
-  // output projection
+  const window = cfg.swaLayers[il] ? cfg.slidingWindow : 0;
+  attendCached(kv, l, cfg, s.q.byteOffset, s.att.byteOffset, n, pos, s.scores, cfg.queryScale === null ? undefined : 1, window);
+  // output projection (and its post-norm, gemma3)
   w.wo.matmul(s.out, s.att, n);
+  if (w.attnPostNorm) rmsnorm(s.out, s.out, w.attnPostNorm, n, nEmbd, rmsEps);
   // residual
   addInPlace(x, s.out);
 
   // feed-forward norm
   rmsnorm(s.xb, x, w.ffnNorm, n, nEmbd, rmsEps);
-  // gate and up projections
-  w.wGate.matmul(s.gate, s.xb, n);
-  w.wUp.matmul(s.up, s.xb, n);
-  // SwiGLU
-  swigluInArena(kv.arena, s.gate, s.up);
-  // down projection
-  w.wDown.matmul(s.out, s.gate, n);
+  if (w.ffn.kind === 'moe') {
+    // a mixture of experts (only the routed experts' matrices are read)
+    moeFfn(w.ffn, cfg.moe!, cfg.ffnActivation, s.out, s.xb, n);
+  } else {
+    // gate and up projections, SwiGLU (on the arena's threads) or GeGLU, down projection
+    const rows = w.ffn.wGate.rows;
+    const gate = s.gate.subarray(0, n * rows);
+    const up = s.up.subarray(0, n * rows);
+    w.ffn.wGate.matmul(gate, s.xb, n);
+    w.ffn.wUp.matmul(up, s.xb, n);
+    if (cfg.ffnActivation === 'gelu') geglu(gate, gate, up);
+    else swigluInArena(kv.arena, gate, up);
+    w.ffn.wDown.matmul(s.out, gate, n);
+  }
+  // post-norm (gemma3)
+  if (w.ffnPostNorm) rmsnorm(s.out, s.out, w.ffnPostNorm, n, nEmbd, rmsEps);
   // residual
   addInPlace(x, s.out);
 }
@@ -147,5 +174,8 @@ export function lastLogits(cfg: ModelConfig, weights: ShardWeights, x: Float32Ar
   rmsnorm(last, x.subarray((n - 1) * cfg.nEmbd, n * cfg.nEmbd), weights.outputNorm!, 1, cfg.nEmbd, cfg.rmsEps);
   const logits = new Float32Array(cfg.nVocab); // [nVocab]
   weights.output!.matmul(logits, last, 1);
+  // gemma: logits = c · tanh(logits / c)
+  const c = cfg.finalLogitSoftcap;
+  if (c > 0) for (let i = 0; i < logits.length; i++) logits[i] = Math.fround(Math.fround(Math.tanh(Math.fround(logits[i]! * Math.fround(1 / c)))) * c);
   return logits;
 }

@@ -33,6 +33,7 @@ export interface CpuWorkerApi {
   load(model: CpuStageModel): Promise<WireResult<CpuWorkerInfo>>;
   openSession(sessionId: string, contextLength: number): Promise<WireResult<SessionStats>>;
   releaseSession(sessionId: string): Promise<WireResult<void>>;
+  truncateSession(sessionId: string, position: number): Promise<WireResult<SessionStats>>;
   forward(sessionId: string, input: StageInput, position: number): Promise<WireResult<{ result: ForwardResult; stats: SessionStats }>>;
   dispose(): Promise<WireResult<void>>;
 }
@@ -110,6 +111,10 @@ export class CpuWorkerBackend implements StageBackend {
   async releaseSession(sessionId: string): Promise<void> {
     await this.call(this.remote.releaseSession(sessionId));
     this.stats.delete(sessionId);
+  }
+
+  async truncateSession(sessionId: string, position: number): Promise<void> {
+    this.stats.set(sessionId, await this.call(this.remote.truncateSession(sessionId, position)));
   }
 
   async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {

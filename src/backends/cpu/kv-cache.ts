@@ -116,6 +116,24 @@ export class KvCache {
     }
   }
 
+  /**
+   * Drops positions [position, length) (a session rolled back): they are zeroed, as positions
+   * never written are, so the kernels that read keys and values in fours past the causal limit
+   * see the same zeros as before and a replayed token's result is the same bit for bit.
+   */
+  truncate(position: number): void {
+    const heap = this.arena.heap;
+    const { headDim: hd, capacity: cap, length: n } = this;
+    for (let l = 0; l < this.nLayers; l++) {
+      for (let h = 0; h < this.nHeadKv; h++) {
+        const kh = this.keys(l, h) >> 2, vh = this.values(l, h) >> 2;
+        heap.fill(0, kh + position * hd, kh + n * hd);
+        for (let d = 0; d < hd; d++) heap.fill(0, vh + d * cap + position, vh + d * cap + n);
+      }
+    }
+    this.length = position;
+  }
+
   /** returns the region to the arena */
   free(): void {
     if (this.base >= 0) this.arena.free(this.base);

@@ -11,21 +11,9 @@ import { quantizeRowsQ8_0, roundActivations } from './act-round.ts';
 import type { ActivationFormat } from './act-round.ts';
 import type { WasmArena } from './wasm-arena.ts';
 import { Q8X4_BLOCK_BYTES } from './wasm-q8.ts';
+import type { Matrix } from './matrix.ts';
 
-/** A weight matrix of `rows` output features × `cols` input features (ggml shape [cols, rows]). */
-export interface Matrix {
-  readonly name: string;
-  readonly rows: number;
-  readonly cols: number;
-  /** bytes this matrix occupies in memory */
-  readonly bytes: number;
-  /** y = x · selfᵀ. x: [nTokens × cols]; y: [nTokens × rows] */
-  matmul(y: Float32Array, x: Float32Array, nTokens: number): void;
-  /** copies row r, as f32, into out[outOffset …]. out: [cols] */
-  row(r: number, out: Float32Array, outOffset: number): void;
-  /** bytes of arena staging a matmul of nTokens needs when x and y are arena views */
-  staging(nTokens: number): number;
-}
+export type { Matrix } from './matrix.ts';
 
 /** Weight rows dequantised per tile when multiplying a quantised matrix. */
 const TILE_ROWS = 16;
@@ -62,6 +50,11 @@ function io(arena: WasmArena, y: Float32Array, yFloats: number, x: Float32Array,
       if (staged) y.set(arena.f32(yOff, yFloats));
     },
   };
+}
+
+/** m.staging(n) plus copies of x and y, for a product whose x and y are arrays outside the arena */
+export function stagingWithCopies(m: Matrix, nTokens: number): number {
+  return m.staging(nTokens) + Math.ceil((nTokens * m.cols) / 4) * 16 + Math.ceil((nTokens * m.rows) / 4) * 16;
 }
 
 /** y[:, 0 … rows) = x · wᵀ for f32 w at byte offset `w` (rows × cols): the kernel on groups of 4 rows, JS on the rest. */

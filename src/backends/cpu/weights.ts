@@ -1,6 +1,8 @@
 // The weights of one shard, as the CPU engine computes with them: norms and biases as f32
 // vectors, projection matrices as `Matrix` (./matrices.ts: dense f32 or int8 in the engine's
-// WasmArena, or the file's quantised bytes with rows dequantised tile by tile while multiplying).
+// WasmArena, Q4_1/Q5_1 split for Q8_1 activations, or the file's quantised bytes with rows
+// dequantised tile by tile while multiplying). Which tensors a layer has, for each
+// architecture, is ./layer-weights.ts.
 
 import { MeshError } from '../../errors.ts';
 import { canDequantize, dequantize, dequantizeRow } from '../../gguf/dequant.ts';
@@ -10,18 +12,22 @@ import type { ModelConfig } from '../../model/config.ts';
 import { OUTPUT_NORM_TENSOR, OUTPUT_TENSOR, TOKEN_EMBD_TENSOR, shardHasEmbedding, shardHasHead, shardTensors } from '../shard.ts';
 import type { ShardRange } from '../types.ts';
 import { activationFormatFor } from './act-round.ts';
-import { DenseMatrix, Int8Matrix, QuantizedMatrix, packInt8 } from './matrices.ts';
-import type { Matrix } from './matrices.ts';
+import { loadLayer } from './layer-weights.ts';
+import type { LayerWeights, TensorLoader } from './layer-weights.ts';
+import { DenseMatrix, Int8Matrix, QuantizedMatrix, packInt8, stagingWithCopies } from './matrices.ts';
+import type { Matrix } from './matrix.ts';
+import { isQ8_1Type, Q8_1Matrix } from './q8-1-matrix.ts';
 import { MAX_ARENA_BYTES, WasmArena, wasmSimdAvailable } from './wasm-arena.ts';
 import type { ArenaOptions } from './wasm-arena.ts';
 
-export type { Matrix } from './matrices.ts';
+export type { LayerWeights } from './layer-weights.ts';
+export type { Matrix } from './matrix.ts';
 
 /**
  * How matrices are kept in memory. 'auto' (default): Q8_0 and Q4_0 as 8-bit integers with a
- * scale per 32-block (int8 SIMD kernel, 1.1 bytes per weight), everything else as dense f32
- * (f32 SIMD kernel). 'f32': every matrix dense f32. 'quantized': as stored in the file, rows
- * dequantised tile by tile in JS (smallest, slowest).
+ * scale per 32-block (int8 SIMD kernel, 1.1 bytes per weight), Q4_1/Q5_1 as d·q plus block
+ * mins, everything else as dense f32 (f32 SIMD kernel). 'f32': every matrix dense f32.
+ * 'quantized': as stored in the file, rows dequantised tile by tile (smallest, slowest).
  */
 export type WeightStorage = 'auto' | 'f32' | 'quantized';
 
@@ -34,32 +40,42 @@ const INT8_TYPES = new Set<GgmlType>([GgmlType.Q8_0, GgmlType.Q4_0]);
  */
 export type ActivationRounding = 'ggml' | 'none';
 
-/**
- * The most staging any of the matrices needs. Made outside loadShardWeights on purpose: a closure
- * made there would keep that scope's context, and with it every tensor's file bytes, alive.
- */
-function stagingOf(matrices: readonly Matrix[]): (nTokens: number) => number {
-  return (n) => Math.max(0, ...matrices.map((m) => m.staging(n)));
+/** Whether makeMatrix keeps this type as int8 (Q8_0 and Q4_0 with SIMD and ggml rounding; rows in fours). */
+export function keepsInt8(type: GgmlType, cols: number, rows: number, storage: WeightStorage, rounding: ActivationRounding, simd: boolean): boolean {
+  return storage === 'auto' && rounding === 'ggml' && simd && INT8_TYPES.has(type) && cols % 32 === 0 && rows % 4 === 0;
 }
 
-export interface LayerWeights {
-  attnNorm: Float32Array; // [nEmbd]
-  wq: Matrix; // [nHead·headDim × nEmbd]
-  wk: Matrix; // [nHeadKv·headDim × nEmbd]
-  wv: Matrix; // [nHeadKv·headDim × nEmbd]
-  wo: Matrix; // [nEmbd × nHead·headDim]
-  bq: Float32Array | null; // [nHead·headDim] (qwen2)
-  bk: Float32Array | null; // [nHeadKv·headDim]
-  bv: Float32Array | null; // [nHeadKv·headDim]
-  qNorm: Float32Array | null; // [headDim] (qwen3)
-  kNorm: Float32Array | null; // [headDim]
-  ffnNorm: Float32Array; // [nEmbd]
-  wGate: Matrix; // [nFf × nEmbd]
-  wUp: Matrix; // [nFf × nEmbd]
-  wDown: Matrix; // [nEmbd × nFf]
+/**
+ * One matrix of `rows` × `cols` from its GGUF bytes, kept as `storage` says: the file's blocks
+ * ('quantized'), int8 in the Q8x4 layout (`int8`), Q4_1/Q5_1 split for Q8_1 activations, or
+ * dense f32 — all but the first in `arena`.
+ */
+export function makeMatrix(
+  label: string,
+  type: GgmlType,
+  raw: Uint8Array,
+  rows: number,
+  cols: number,
+  o: { storage: WeightStorage; rounding: ActivationRounding; arena: WasmArena; int8: boolean },
+): Matrix {
+  const n = rows * cols;
+  const activation = o.rounding === 'ggml' ? activationFormatFor(type) : 'f32';
+  const { arena } = o;
+  if (o.storage === 'quantized' && type !== GgmlType.F32) return new QuantizedMatrix(label, rows, cols, type, raw, activation, arena);
+  if (o.int8 && rows % 4 === 0 && cols % 32 === 0) {
+    const w = arena.alloc((n * 9) / 8); // Q8x4: rows/4 × cols/32 blocks of 144 bytes
+    packInt8(type, raw, rows, cols, arena.bytes, arena.heap, w);
+    return new Int8Matrix(label, rows, cols, w, arena);
+  }
+  if (o.rounding === 'ggml' && isQ8_1Type(type)) return Q8_1Matrix.fromBlocks(label, type, raw, rows, cols, arena);
+  const w = arena.alloc(n * 4); // [rows × cols] f32
+  dequantizeRow(type, raw, 0, n, arena.heap, w >> 2);
+  return new DenseMatrix(label, rows, cols, w, activation, arena);
 }
 
 export interface ShardWeights {
+  /** global index of layers[0] (= shard.start) */
+  layerStart: number;
   /** token embedding [nVocab × nEmbd], when the shard starts at layer 0 */
   tokenEmbd: Matrix | null;
   /** layers [shard.start, shard.end), index 0 = shard.start */
@@ -73,6 +89,27 @@ export interface ShardWeights {
   arena: WasmArena;
   /** bytes of arena staging the layers' matmuls need for nTokens (the most any one needs) */
   staging(nTokens: number): number;
+}
+
+/**
+ * The most staging any of the matrices needs. Made outside loadShardWeights on purpose: a closure
+ * made there would keep that scope's context, and with it every tensor's file bytes, alive.
+ * Matrices in `copied` (a mixture of experts' own buffers live outside the arena) stage x and y
+ * too, as does the head (one token's logits).
+ */
+function stagingOf(matrices: readonly Matrix[], copied: ReadonlySet<Matrix>, head: Matrix | null): (nTokens: number) => number {
+  const headBytes = head ? stagingWithCopies(head, 1) : 0;
+  return (n) => Math.max(headBytes, ...matrices.map((m) => (copied.has(m) ? stagingWithCopies(m, n) : m.staging(n))));
+}
+
+/** bytes the arena needs for the shard's tensors kept as `storage` (the sizes makeMatrix allocates) */
+function arenaBytesFor(infos: readonly TensorInfo[], storage: WeightStorage, asInt8: (t: TensorInfo) => boolean): number {
+  return infos
+    .filter((t) => storage !== 'quantized' || t.type === GgmlType.F32)
+    .reduce((sum, t) => {
+      const pieces = (t.shape[2] ?? 1) * 3; // experts, or fused q|k|v and gate|up: each its own allocation
+      return sum + (asInt8(t) ? (t.nElements * 9) / 8 : t.nElements * 4) + 16 * pieces;
+    }, 0);
 }
 
 /**
@@ -106,8 +143,6 @@ export async function loadShardWeights(
     if (!t) throw new MeshError('TENSOR_MISSING', `${source.location} has no tensor ${name}`);
     return t;
   };
-  const optional = (name: string): TensorInfo | undefined => byName.get(name);
-
   const vector = (name: string, length: number): Float32Array => {
     const t = info(name);
     if (t.nElements !== length) {
@@ -115,82 +150,77 @@ export async function loadShardWeights(
     }
     return dequantize(t.type, data.get(name)!, t.nElements);
   };
-  const optionalVector = (name: string, length: number): Float32Array | null => (optional(name) ? vector(name, length) : null);
 
   // matrices go into one WebAssembly memory, sized up front for them (it grows for KV caches)
-  const int8Ok = storage === 'auto' && rounding === 'ggml' && simd && wasmSimdAvailable();
-  const asInt8 = (t: TensorInfo) => int8Ok && INT8_TYPES.has(t.type) && t.shape[0]! % 32 === 0 && t.shape[1]! % 4 === 0;
-  const arenaBytes = (s: WeightStorage) =>
-    infos
-      .filter((t) => t.shape.length === 2 && (s !== 'quantized' || t.type === GgmlType.F32))
-      .reduce((sum, t) => sum + (asInt8(t) ? (t.nElements * 9) / 8 + 16 : t.nElements * 4 + 16), 0);
+  const int8Ok = simd && wasmSimdAvailable();
+  const asInt8 = (t: TensorInfo) => keepsInt8(t.type, t.shape[0]!, t.shape[1] ?? 1, storage, rounding, int8Ok);
   // weights too large for one WebAssembly memory stay as the file's blocks, dequantised per tile
-  if (storage !== 'quantized' && arenaBytes(storage) > MAX_ARENA_BYTES / 2) storage = 'quantized';
-  const arena = new WasmArena(arenaBytes(storage) + (1 << 20), { ...arenaOptions, simd });
+  if (storage !== 'quantized' && arenaBytesFor(infos, storage, asInt8) > MAX_ARENA_BYTES / 2) storage = 'quantized';
+  const arena = new WasmArena(arenaBytesFor(infos, storage, asInt8) + (1 << 20), { ...arenaOptions, simd });
 
   let bytes = 0;
   const made = new Map<string, Matrix>();
-  const matrix = (name: string, cols: number, rows: number): Matrix => {
-    const done = made.get(name);
+  /** rows [row0, row0 + rows) of tensor `name` (rows of `cols` values) as a Matrix called `label` */
+  const rowsOf = (name: string, cols: number, row0: number, rows: number, label: string): Matrix => {
+    const done = made.get(label);
     if (done) return done;
+    const t = info(name);
+    const total = t.nElements / (t.shape[0] ?? 1);
+    if (t.shape[0] !== cols || row0 + rows > total) {
+      throw new MeshError('BAD_TENSOR_SHAPE', `${name} has shape [${t.shape.join(', ')}], expected rows of ${cols} and at least ${row0 + rows} rows`);
+    }
+    const rowBytes = (cols / TYPE_TRAITS[t.type]!.blockSize) * TYPE_TRAITS[t.type]!.typeSize;
+    const raw = data.get(name)!.subarray(row0 * rowBytes, (row0 + rows) * rowBytes);
+    // int8 when the tensor's ne1 rows suit the kernel; a piece of it whose rows do not is dense f32
+    const m = makeMatrix(label, t.type, raw, rows, cols, { storage, rounding, arena, int8: asInt8(t) });
+    made.set(label, m);
+    bytes += m.bytes;
+    return m;
+  };
+  const matrix = (name: string, cols: number, rows: number): Matrix => {
     const t = info(name);
     if (t.shape.length !== 2 || t.shape[0] !== cols || t.shape[1] !== rows) {
       throw new MeshError('BAD_TENSOR_SHAPE', `${name} has shape [${t.shape.join(', ')}], expected [${cols}, ${rows}]`);
     }
-    const raw = data.get(name)!;
-    const activation = rounding === 'ggml' ? activationFormatFor(t.type) : 'f32';
-    let m: Matrix;
-    if (storage === 'quantized' && t.type !== GgmlType.F32) {
-      m = new QuantizedMatrix(name, rows, cols, t.type, raw, activation, arena);
-    } else if (asInt8(t)) {
-      const w = arena.alloc((t.nElements * 9) / 8); // Q8x4: rows/4 × cols/32 blocks of 144 bytes
-      packInt8(t.type, raw, rows, cols, arena.bytes, arena.heap, w);
-      m = new Int8Matrix(name, rows, cols, w, arena);
-    } else {
-      const w = arena.alloc(t.nElements * 4); // [rows × cols] f32
-      dequantizeRow(t.type, raw, 0, t.nElements, arena.heap, w >> 2);
-      m = new DenseMatrix(name, rows, cols, w, activation, arena);
-    }
-    made.set(name, m);
-    bytes += m.bytes;
-    return m;
+    return rowsOf(name, cols, 0, rows, name);
+  };
+  const loader: TensorLoader = {
+    has: (name) => byName.has(name),
+    vector,
+    matrix,
+    rows: rowsOf,
+    experts: (name, cols, rows, nExpert) => {
+      const t = info(name);
+      if (t.shape.length !== 3 || t.shape[0] !== cols || t.shape[1] !== rows || t.shape[2] !== nExpert) {
+        throw new MeshError('BAD_TENSOR_SHAPE', `${name} has shape [${t.shape.join(', ')}], expected [${cols}, ${rows}, ${nExpert}]`);
+      }
+      return Array.from({ length: nExpert }, (_, e) => rowsOf(name, cols, e * rows, rows, `${name}[${e}]`));
+    },
   };
 
-  const { nEmbd, nFf, headDim } = config;
-  const qDim = config.nHead * headDim;
-  const kvDim = config.nHeadKv * headDim;
   const layers: LayerWeights[] = [];
-  for (let il = shard.start; il < shard.end; il++) {
-    const p = `blk.${il}.`;
-    if (optional(`${p}attn_qkv.weight`)) {
-      throw new MeshError('UNSUPPORTED_TENSOR_LAYOUT', `${p}attn_qkv.weight (fused QKV) is not supported`);
-    }
-    layers.push({
-      attnNorm: vector(`${p}attn_norm.weight`, nEmbd),
-      wq: matrix(`${p}attn_q.weight`, nEmbd, qDim),
-      wk: matrix(`${p}attn_k.weight`, nEmbd, kvDim),
-      wv: matrix(`${p}attn_v.weight`, nEmbd, kvDim),
-      wo: matrix(`${p}attn_output.weight`, qDim, nEmbd),
-      bq: config.qkvBias ? vector(`${p}attn_q.bias`, qDim) : optionalVector(`${p}attn_q.bias`, qDim),
-      bk: config.qkvBias ? vector(`${p}attn_k.bias`, kvDim) : optionalVector(`${p}attn_k.bias`, kvDim),
-      bv: config.qkvBias ? vector(`${p}attn_v.bias`, kvDim) : optionalVector(`${p}attn_v.bias`, kvDim),
-      qNorm: config.qkNorm ? vector(`${p}attn_q_norm.weight`, headDim) : null,
-      kNorm: config.qkNorm ? vector(`${p}attn_k_norm.weight`, headDim) : null,
-      ffnNorm: vector(`${p}ffn_norm.weight`, nEmbd),
-      wGate: matrix(`${p}ffn_gate.weight`, nEmbd, nFf),
-      wUp: matrix(`${p}ffn_up.weight`, nEmbd, nFf),
-      wDown: matrix(`${p}ffn_down.weight`, nFf, nEmbd),
-    });
-  }
+  for (let il = shard.start; il < shard.end; il++) layers.push(loadLayer(loader, config, il));
 
-  const tokenEmbd = shardHasEmbedding(shard) ? matrix(TOKEN_EMBD_TENSOR, nEmbd, config.nVocab) : null;
+  const tokenEmbd = shardHasEmbedding(shard) ? matrix(TOKEN_EMBD_TENSOR, config.nEmbd, config.nVocab) : null;
   let outputNorm: Float32Array | null = null;
   let output: Matrix | null = null;
   if (shardHasHead(shard, config.nLayer)) {
-    outputNorm = vector(OUTPUT_NORM_TENSOR, nEmbd);
+    outputNorm = vector(OUTPUT_NORM_TENSOR, config.nEmbd);
     output = config.tiedEmbeddings
-      ? (tokenEmbd ?? matrix(TOKEN_EMBD_TENSOR, nEmbd, config.nVocab))
-      : matrix(OUTPUT_TENSOR, nEmbd, config.nVocab);
+      ? (tokenEmbd ?? matrix(TOKEN_EMBD_TENSOR, config.nEmbd, config.nVocab))
+      : matrix(OUTPUT_TENSOR, config.nEmbd, config.nVocab);
   }
-  return { tokenEmbd, layers, outputNorm, output, bytes, arena, staging: stagingOf([...made.values()]) };
+  const layerMatrices = [...made.values()].filter((m) => m !== tokenEmbd && m !== output);
+  return { layerStart: shard.start, tokenEmbd, layers, outputNorm, output, bytes, arena, staging: stagingOf(layerMatrices, moeMatrices(layers), output) };
+}
+
+/** the matrices a mixture of experts multiplies with buffers of its own (./ffn.ts), outside the arena */
+function moeMatrices(layers: readonly LayerWeights[]): Set<Matrix> {
+  const out = new Set<Matrix>();
+  for (const l of layers) {
+    if (l.ffn.kind !== 'moe') continue;
+    for (const m of [l.ffn.router, ...l.ffn.gate, ...l.ffn.up, ...l.ffn.down]) out.add(m);
+    if (l.ffn.shared) for (const m of [l.ffn.shared.gateInp, l.ffn.shared.ffn.wGate, l.ffn.shared.ffn.wUp, l.ffn.shared.ffn.wDown]) out.add(m);
+  }
+  return out;
 }
