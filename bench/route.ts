@@ -197,7 +197,10 @@ export async function run(args: string[]): Promise<unknown> {
 /** Decode round times and prefill times per chunk (ms) of a 3-node route of real processes, driven through the server. */
 async function processRoute(model: string, cut: number[], prompt: number[], nDecode: number, rounds: number, ctxLen: number, threads: number): Promise<{ times: number[]; prefillMs: Record<number, number> }> {
   try {
-    const [, joinUrl] = await spawnCli(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', model, '--min-peers', '3']).waitFor(/join:\s+(\S+)/);
+    // a stage computes on its event loop's thread, and on a shared machine (load 15 on 2 cores) a
+    // load or a chunk can keep it from answering pings for longer than the default 3.5 s
+    const serve = ['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', model, '--min-peers', '3', '--heartbeat-timeout', '30000'];
+    const [, joinUrl] = await spawnCli(serve).waitFor(/join:\s+(\S+)/);
     for (let i = 0; i < 3; i++) await spawnCli(['node', '--join', joinUrl!, '--no-cache', '--threads', String(threads), '--layers', `${cut[i]}-${cut[i + 1]}`]).waitFor(/joined room/);
     const joined = await joinRoom(joinUrl!, undefined, 60_000);
     const target = { link: joined.link, routeId: joined.routeId };

@@ -96,8 +96,8 @@ describe('attention over the KV cache', () => {
   const qDim = shape.nHead * shape.headDim;
   const n = 300; // past the cache's first 256 positions
 
-  /** runs attendCached over the tokens in chunks of `chunk`; returns [n × qDim] */
-  function cached(q: Float32Array, k: Float32Array, v: Float32Array, chunk: number, threads = 1): Float32Array {
+  /** runs attendCached over the tokens in chunks of `chunk` (with a score scale and window, if given); returns [n × qDim] */
+  function cached(q: Float32Array, k: Float32Array, v: Float32Array, chunk: number, threads = 1, scale?: number, window = 0): Float32Array {
     const arena = new WasmArena(1 << 16, { shared: threads > 1 });
     if (threads > 1) arena.startThreads(threads - 1, nodeWorkers);
     const kv = new KvCache(arena, 1, shape.nHeadKv, shape.headDim, 512);
@@ -110,7 +110,7 @@ describe('attention over the KV cache', () => {
       const so = arena.alloc(attentionScratchBytes(shape, m, pos));
       arena.f32(qo, m * qDim).set(q.subarray(pos * qDim, (pos + m) * qDim));
       kv.write(0, pos, k.subarray(pos * kvDim), v.subarray(pos * kvDim), m);
-      attendCached(kv, 0, shape, qo, oo, m, pos, so);
+      attendCached(kv, 0, shape, qo, oo, m, pos, so, scale, window);
       out.set(arena.f32(oo, m * qDim), pos * qDim);
       kv.length = pos + m;
       for (const o of [qo, oo, so]) arena.free(o);
@@ -142,28 +142,8 @@ describe('attention over the KV cache', () => {
     const window = 40;
     const ref = new Float32Array(n * qDim);
     attention(ref, q, k, v, n, 0, shape.nHead, shape.nHeadKv, shape.headDim, undefined, 1, window);
-    const arena = new WasmArena(1 << 16);
-    const run = (chunk: number): Float32Array => {
-      const kv = new KvCache(arena, 1, shape.nHeadKv, shape.headDim, 512);
-      const out = new Float32Array(n * qDim);
-      for (let pos = 0; pos < n; pos += chunk) {
-        const m = Math.min(chunk, n - pos);
-        kv.reserve(m);
-        const qo = arena.alloc(m * qDim * 4);
-        const oo = arena.alloc(m * qDim * 4);
-        const so = arena.alloc(attentionScratchBytes(shape, m, pos));
-        arena.f32(qo, m * qDim).set(q.subarray(pos * qDim, (pos + m) * qDim));
-        kv.write(0, pos, k.subarray(pos * kvDim), v.subarray(pos * kvDim), m);
-        attendCached(kv, 0, shape, qo, oo, m, pos, so, 1, window);
-        out.set(arena.f32(oo, m * qDim), pos * qDim);
-        kv.length = pos + m;
-        for (const o of [qo, oo, so]) arena.free(o);
-      }
-      kv.free();
-      return out;
-    };
     for (const chunk of [n, 16, 1]) {
-      const got = run(chunk);
+      const got = cached(q, k, v, chunk, 1, 1, window);
       let worst = 0;
       for (let i = 0; i < ref.length; i++) worst = Math.max(worst, Math.abs(got[i]! - ref[i]!));
       expect(worst, `chunk ${chunk}`).toBeLessThan(1e-5);
