@@ -311,9 +311,11 @@ export class StageService {
       bytesOut: t.bytesOut,
     };
     const log = this.sessions.get(sessionId)!.log;
+    const sent = query.sentHashes === undefined ? null : span(query.sentHashes, 'sentHashes');
+    const received = query.receivedHashes === undefined ? null : span(query.receivedHashes, 'receivedHashes');
     const hashes = {
-      ...(query.sentHashes ? { sentHashes: log.sentHashes(query.sentHashes[0], query.sentHashes[1]) } : {}),
-      ...(query.receivedHashes ? { receivedHashes: log.receivedHashes(query.receivedHashes[0], query.receivedHashes[1]) } : {}),
+      ...(sent ? { sentHashes: log.sentHashes(sent[0], sent[1]) } : {}),
+      ...(received ? { receivedHashes: log.receivedHashes(received[0], received[1]) } : {}),
     };
     return { stage: this.opts.stage, shard: this.opts.shard, open: true, backend: this.opts.backend.kind, ...this.opts.backend.sessionStats(sessionId), replayLogBytes: log.bytes, timing, ...hashes };
   }
@@ -344,6 +346,12 @@ export class StageService {
 function count(v: unknown, what: string): number {
   if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) throw new MeshError('BAD_REQUEST', `${what} must be a non-negative integer, got ${JSON.stringify(v)}`);
   return v;
+}
+
+/** Positions [a, b) of a Status hash query. */
+function span(v: unknown, what: string): [number, number] {
+  if (!Array.isArray(v) || v.length !== 2) throw new MeshError('BAD_REQUEST', `status query: ${what} must be [start, end], got ${JSON.stringify(v)}`);
+  return [count(v[0], `status query: ${what}[0]`), count(v[1], `status query: ${what}[1]`)];
 }
 
 /** A Hidden frame's payload as rows for a backend's forwardRows (no decoding here). */
