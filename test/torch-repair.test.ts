@@ -6,8 +6,10 @@
 //     is rewound — the text equals the uninterrupted run;
 //   - the torch first stage is killed: a CPU spare replays the token history;
 //   - the torch last stage is killed with seeded sampling: a torch spare skips the draws made;
-//   - a torch stage gets SIGTERM: it hands its stage over, no error reaches the client, it exits 0.
+//   - a torch stage gets SIGTERM: it hands its stage over, no error reaches the client, it exits 0;
+//   - a torch peer is stopped (SIGSTOP): its heartbeat stops, it is lost and replaced.
 // Every spare here that is a torch peer loaded its standby shard ahead of time.
+import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { getJson, killAll, spawnMesh, spawnServe } from './support/mesh.ts';
 import type { MeshProcess, ServeInfo } from './support/mesh.ts';
@@ -174,5 +176,21 @@ describe('repairs around and of PyTorch stages', () => {
     expect(victim.proc.output()).toMatch(/stage handed over/);
     expect((await route()).stages[1].peerId.split('-')[0]).toBe(spare.name);
     expect(nodes.get(spare.name)!.proc.output()).toMatch(/ready \(from the standby shard/);
+    spawnNode('torch', STAGES[2]!); // the spare for the stop below
+  }, 120_000);
+
+  it('kill -STOP of a torch peer: its heartbeat stops, it is lost and replaced — the same greedy text', async () => {
+    const { victim, spare } = await stageAndSpare(2);
+    expect([victim.backend, spare.backend]).toEqual(['torch', 'torch']);
+    // `gguf-mesh node --backend torch` runs the PyTorch peer as its child: stop that one
+    const python = Number(readFileSync(`/proc/${victim.proc.child.pid}/task/${victim.proc.child.pid}/children`, 'utf8').trim().split(/\s+/)[0]);
+    expect(python).toBeGreaterThan(0);
+    const out = await withFault(GREEDY, 120, 20, () => {
+      process.kill(python, 'SIGSTOP');
+    });
+    repairedEvent(out, 2);
+    expect(out.text).toBe(greedyText);
+    expect(out.events.find((e) => e.type === 'stage_lost')?.cause).toMatch(/heartbeat/);
+    await victim.proc.kill('SIGKILL'); // the stopped child dies with it (PR_SET_PDEATHSIG)
   }, 120_000);
 });
