@@ -7,7 +7,8 @@
 //   - the torch first stage is killed: a CPU spare replays the token history;
 //   - the torch last stage is killed with seeded sampling: a torch spare skips the draws made;
 //   - a torch stage gets SIGTERM: it hands its stage over, no error reaches the client, it exits 0;
-//   - a torch peer is stopped (SIGSTOP): its heartbeat stops, it is lost and replaced.
+//   - the torch last stage is stopped (SIGSTOP): its heartbeat stops, it is lost, and a CPU spare
+//     gets the torch stage before it resending its log in merged frames.
 // Every spare here that is a torch peer loaded its standby shard ahead of time.
 import { readFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -176,21 +177,25 @@ describe('repairs around and of PyTorch stages', () => {
     expect(victim.proc.output()).toMatch(/stage handed over/);
     expect((await route()).stages[1].peerId.split('-')[0]).toBe(spare.name);
     expect(nodes.get(spare.name)!.proc.output()).toMatch(/ready \(from the standby shard/);
-    spawnNode('torch', STAGES[2]!); // the spare for the stop below
+    spawnNode('cpu', STAGES[2]!); // the spare for the stop below
   }, 120_000);
 
-  it('kill -STOP of a torch peer: its heartbeat stops, it is lost and replaced — the same greedy text', async () => {
+  it('kill -STOP of the torch last stage: its heartbeat stops, it is lost; a CPU spare gets the torch stage before it resending in merged 256-row frames — the same greedy text', async () => {
     const { victim, spare } = await stageAndSpare(2);
-    expect([victim.backend, spare.backend]).toEqual(['torch', 'torch']);
+    expect([victim.backend, spare.backend]).toEqual(['torch', 'cpu']);
     // `gguf-mesh node --backend torch` runs the PyTorch peer as its child: stop that one
     const python = Number(readFileSync(`/proc/${victim.proc.child.pid}/task/${victim.proc.child.pid}/children`, 'utf8').trim().split(/\s+/)[0]);
     expect(python).toBeGreaterThan(0);
     const out = await withFault(GREEDY, 120, 20, () => {
       process.kill(python, 'SIGSTOP');
     });
-    repairedEvent(out, 2);
+    const ev = repairedEvent(out, 2);
     expect(out.text).toBe(greedyText);
     expect(out.events.find((e) => e.type === 'stage_lost')?.cause).toMatch(/heartbeat/);
+    // one 52-byte header per 256 rows of n_embd (64) f16 values: the log went out merged
+    expect(ev.bytesReplayed).toBe(52 * Math.ceil(ev.tokensReplayed / 256) + ev.tokensReplayed * 64 * 2);
+    // the CPU reference is batch-invariant, so the torch stage merged its logged frames (the prompt chunk and the decode rows) into one
+    expect(await backends()).toEqual(['cpu', 'torch', 'cpu']);
     await victim.proc.kill('SIGKILL'); // the stopped child dies with it (PR_SET_PDEATHSIG)
   }, 120_000);
 });
