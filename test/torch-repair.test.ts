@@ -198,4 +198,15 @@ describe('repairs around and of PyTorch stages', () => {
     expect(await backends()).toEqual(['cpu', 'torch', 'cpu']);
     await victim.proc.kill('SIGKILL'); // the stopped child dies with it (PR_SET_PDEATHSIG)
   }, 120_000);
+
+  it('SIGTERM of a torch spare that serves no stage: leave-ok at once, exit 0, no longer a spare', async () => {
+    const { name, proc } = spawnNode('torch', STAGES[0]!);
+    await readyWithSpares([0]);
+    proc.child.kill('SIGTERM');
+    expect(await proc.exited).toBe(0);
+    expect(proc.output()).toMatch(/stage handed over/);
+    const r = await route();
+    expect(r.status).toBe('ready');
+    expect(r.spares.map((sp: any) => sp.peerId.split('-')[0])).not.toContain(name);
+  }, 120_000);
 });

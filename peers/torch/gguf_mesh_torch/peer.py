@@ -173,12 +173,20 @@ class Peer:
     def load_standby(self, m: dict) -> None:
         """A spare loads and verifies its standby shard now, so taking the stage over later reads nothing."""
         if self.standby and _same_shard(self.standby["m"]["shard"], m["shard"]):
+            # the same shard again (a new route): it is loaded, or its load will answer for the new one
+            entry = self.standby
+            entry["m"] = m
+            task = entry["task"]
+            if task.done() and not task.cancelled() and task.result():
+                self.send({"t": "standby-ready", "routeId": m["routeId"], "stage": m["stage"], "loadMs": 0, "bytesRead": 0})
             return
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
         entry: dict = {"m": m}
         self.standby = entry
-        routed = {"routeId": m["routeId"], "stage": m["stage"]}
+
+        def routed() -> dict:
+            return {"routeId": entry["m"]["routeId"], "stage": entry["m"]["stage"]}
 
         async def load():
             try:
@@ -188,11 +196,11 @@ class Peer:
                     self.standby = None
                     err = e if isinstance(e, MeshError) else MeshError("LOAD_FAILED", f"{e.__class__.__name__}: {e}")
                     self.log(f"standby: layers {m['shard']['start']}-{m['shard']['end']} failed: {err.code} {err.message}")
-                    self.send({"t": "standby-failed", **routed, "code": err.code, "message": err.message})
+                    self.send({"t": "standby-failed", **routed(), "code": err.code, "message": err.message})
                 return None
             if self.standby is entry:
                 self.log(f"standby: layers {m['shard']['start']}-{m['shard']['end']} loaded ({fetched} bytes read)")
-                self.send({"t": "standby-ready", **routed, "loadMs": (time.perf_counter() - t0) * 1000, "bytesRead": fetched})
+                self.send({"t": "standby-ready", **routed(), "loadMs": (time.perf_counter() - t0) * 1000, "bytesRead": fetched})
             return engine, fetched
 
         entry["task"] = asyncio.ensure_future(load())
