@@ -52,7 +52,10 @@ describe('two torch stages lost at once, cold torch replacements', () => {
     expect(out.errors, JSON.stringify(out.errors) + serve.proc.output().slice(-3000)).toEqual([]);
     expect(out.text).toBe(ref.text);
     const r = await route();
-    expect(r.stages.map((s: any) => s.peerId.split('-')[0])).toEqual(['t0', 's1', 's2']);
+    // a cold replacement is any idle peer that can hold the shard: s1 and s2 may take either stage
+    const names = r.stages.map((s: any) => s.peerId.split('-')[0]);
+    expect(names[0]).toBe('t0');
+    expect(names.slice(1).sort()).toEqual(['s1', 's2']);
     console.log(procs.get('s1')!.output().split('\n').filter((l) => /ready|rewire/.test(l)).join('\n'));
     console.log(procs.get('s2')!.output().split('\n').filter((l) => /ready|rewire/.test(l)).join('\n'));
   }, 120_000);
