@@ -115,7 +115,6 @@ export class StageService {
       case FrameType.Hidden:
         if (this.isFirst) throw new MeshError('STAGE_INPUT_KIND', 'stage 0 takes token ids, not hidden states');
         this.bytesIn += f.payload.byteLength;
-        this.sessions.get(f.sessionId)?.log.received(f.position, rowHashes(f.payload, f.nTokens));
         return this.compute(f, this.opts.backend.forwardRows ? hiddenRowsOf(f) : { kind: 'hidden', hidden: decodeRows(f.payload, f.dtype), nTokens: f.nTokens });
       default:
         throw new MeshError('FRAME_BAD_TYPE', `frame type: a stage does not accept ${FrameType[f.type]} frames`, { field: 'type' });
@@ -129,9 +128,10 @@ export class StageService {
     }
     if (this.sessions.has(f.sessionId)) throw new MeshError('SESSION_EXISTS', `session ${f.sessionId} is already open`);
     await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
+    const draws = count(body.draws ?? 0, 'session open: draws');
     const settings = body.sampler ?? {};
     this.sessions.set(f.sessionId, {
-      sample: this.samplerFor(settings, body.draws ?? 0),
+      sample: this.samplerFor(settings, draws),
       settings,
       log: new ReplayLog(),
       hiddenDtype: body.hiddenDtype === 'f32' ? DType.F32 : DType.F16,
@@ -150,24 +150,27 @@ export class StageService {
   /** Rewind: positions from f.position on are forgotten here (KV cache, log); the sampler restarts after `draws` draws. */
   private async rewind(f: Frame): Promise<Frame> {
     const s = this.session(f.sessionId);
-    const body = decodeJson<RewindBody>(f.payload);
+    const body = decodeJson<Partial<RewindBody> | null>(f.payload);
+    const draws = count(body?.draws ?? 0, 'rewind: draws');
     await this.opts.backend.truncateSession(f.sessionId, f.position);
     s.log.truncate(f.position);
     s.pipelineError = null;
-    s.sample = this.samplerFor(s.settings, Number(body.draws) || 0);
+    s.sample = this.samplerFor(s.settings, draws);
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: f.position });
   }
 
   /** Resend: the logged hidden states of [f.position, body.end) go to the next stage again, as Replay frames, in order. */
   private async resend(f: Frame): Promise<Frame> {
     const s = this.session(f.sessionId);
-    const body = decodeJson<ResendBody>(f.payload);
+    const body = decodeJson<Partial<ResendBody> | null>(f.payload);
+    const end = count(body?.end, 'resend: end');
+    const maxTokens = Math.max(1, count(body?.maxTokens ?? 1, 'resend: maxTokens'));
     const next = this.opts.downstream;
     if (!next) throw new MeshError('STAGE_UNREACHABLE', `stage ${this.opts.stage} has no next stage to resend to`, { stage: this.opts.stage + 1 });
-    if (body.end > s.log.end) throw new MeshError('POSITION_MISMATCH', `stage ${this.opts.stage} logged hidden states up to ${s.log.end}, asked to resend up to ${body.end}`, { expected: s.log.end, got: body.end });
+    if (end > s.log.end) throw new MeshError('POSITION_MISMATCH', `stage ${this.opts.stage} logged hidden states up to ${s.log.end}, asked to resend up to ${end}`, { expected: s.log.end, got: end });
     let frames = 0;
     let bytes = 0;
-    for (const part of s.log.slice(f.position, body.end, Math.max(1, Math.floor(body.maxTokens) || 1))) {
+    for (const part of s.log.slice(f.position, end, maxTokens)) {
       const out = makeFrame({ type: FrameType.Hidden, routeId: f.routeId, sessionId: f.sessionId, flags: FrameFlag.Replay, position: part.position, nTokens: part.nTokens, dtype: part.dtype, width: part.width, payload: part.payload });
       try {
         await next.request(out);
@@ -177,7 +180,7 @@ export class StageService {
       frames++;
       bytes += HEADER_BYTES + part.payload.byteLength;
     }
-    return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: body.end, frames, bytes });
+    return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: end, frames, bytes });
   }
 
   private async close(f: Frame): Promise<Frame> {
@@ -241,6 +244,8 @@ export class StageService {
   private async computeStep(f: Frame, s: StageSession, input: StageInput | HiddenRows, step: { computeMs: number; downstreamMs: number; bytesOut: number }): Promise<Frame> {
     if (s.pipelineError) throw s.pipelineError;
     const { output, computeMs } = await this.forward(f, s, input);
+    // after the forward: a refused frame leaves no trace
+    if (f.type === FrameType.Hidden) s.log.received(f.position, rowHashes(f.payload, f.nTokens));
     s.timing.computeMs += computeMs;
     step.computeMs = computeMs;
     const replay = (f.flags & FrameFlag.Replay) !== 0;
@@ -306,9 +311,11 @@ export class StageService {
       bytesOut: t.bytesOut,
     };
     const log = this.sessions.get(sessionId)!.log;
+    const sent = query.sentHashes === undefined ? null : span(query.sentHashes, 'sentHashes');
+    const received = query.receivedHashes === undefined ? null : span(query.receivedHashes, 'receivedHashes');
     const hashes = {
-      ...(query.sentHashes ? { sentHashes: log.sentHashes(query.sentHashes[0], query.sentHashes[1]) } : {}),
-      ...(query.receivedHashes ? { receivedHashes: log.receivedHashes(query.receivedHashes[0], query.receivedHashes[1]) } : {}),
+      ...(sent ? { sentHashes: log.sentHashes(sent[0], sent[1]) } : {}),
+      ...(received ? { receivedHashes: log.receivedHashes(received[0], received[1]) } : {}),
     };
     return { stage: this.opts.stage, shard: this.opts.shard, open: true, backend: this.opts.backend.kind, ...this.opts.backend.sessionStats(sessionId), replayLogBytes: log.bytes, timing, ...hashes };
   }
@@ -333,6 +340,18 @@ export class StageService {
   get openSessions(): number {
     return this.sessions.size;
   }
+}
+
+/** A non-negative integer from a request's JSON body, else BAD_REQUEST naming the field. */
+function count(v: unknown, what: string): number {
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) throw new MeshError('BAD_REQUEST', `${what} must be a non-negative integer, got ${JSON.stringify(v)}`);
+  return v;
+}
+
+/** Positions [a, b) of a Status hash query. */
+function span(v: unknown, what: string): [number, number] {
+  if (!Array.isArray(v) || v.length !== 2) throw new MeshError('BAD_REQUEST', `status query: ${what} must be [start, end], got ${JSON.stringify(v)}`);
+  return [count(v[0], `status query: ${what}[0]`), count(v[1], `status query: ${what}[1]`)];
 }
 
 /** A Hidden frame's payload as rows for a backend's forwardRows (no decoding here). */
