@@ -74,8 +74,8 @@ export class CpuBackend implements StageBackend {
   async truncateSession(sessionId: string, position: number): Promise<void> {
     const kv = this.session(sessionId);
     checkTruncate(sessionId, position, kv.length);
-    // recurrent state cannot be cut: back to its checkpoint or to 0, else POSITION_MISMATCH
-    kv.recurrent?.rewind(sessionId, position, kv.length);
+    // recurrent state: within its chunk, to its checkpoint or to 0, else POSITION_MISMATCH
+    kv.recurrent?.rewind(sessionId, position);
     kv.length = position;
   }
 
@@ -119,7 +119,7 @@ export class CpuBackend implements StageBackend {
       forwardLayers(config, weights, kv, x, n);
     } catch (e) {
       // a forward that failed part-way must not leave some layers' recurrent state advanced
-      if (kv.length === position) kv.recurrent?.rewind(sessionId, position, position + n);
+      if (kv.length === position) kv.recurrent?.rewind(sessionId, position);
       throw e;
     }
 

@@ -48,7 +48,7 @@ export function forwardLayers(cfg: ModelConfig, weights: ShardWeights, kv: KvCac
   const pos = kv.length;
   kv.reserve(n);
   const s = scratchFor(cfg, n, pos + n);
-  kv.recurrent?.saveCheckpoint(pos);
+  kv.recurrent?.beginForward(pos);
   for (let l = 0; l < weights.layers.length; l++) {
     const w = weights.layers[l]!;
     // Qwen3.5 blocks (Gated DeltaNet or gated attention) have their own layer function

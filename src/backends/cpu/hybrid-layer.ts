@@ -7,8 +7,7 @@
 
 import { ropeFor } from '../../model/config.ts';
 import type { ModelConfig } from '../../model/config.ts';
-import { causalConv, deltaRuleChunked, deltaRuleRecurrent, l2NormRows } from './delta-net.ts';
-import type { DeltaShape } from './delta-net.ts';
+import { deltaStep } from './delta-chunk.ts';
 import { denseFfn, moeFfn } from './ffn.ts';
 import type { DenseFfn, MoeFfn } from './ffn.ts';
 import type { KvCache } from './kv-cache.ts';
@@ -147,13 +146,16 @@ function softplus(x: number): number {
 }
 
 /**
- * Gated DeltaNet: qkv projection → causal conv (carried rows) → SiLU → L2-norm of q, k → the
- * decayed delta rule over the session's state → RMSNorm per head gated by SiLU(z) → ssm_out.
+ * Gated DeltaNet: qkv projection → causal conv (over carried rows) → SiLU → L2-norm of q, k →
+ * the chunked delta rule over the session's state, token by token with the same arithmetic
+ * for a prefill and a decode (./delta-chunk.ts) → RMSNorm per head gated by SiLU(z) → ssm_out.
  */
 function deltaNetMixer(cfg: ModelConfig, w: DeltaNetWeights, kv: KvCache, l: number, xb: Float32Array, out: Float32Array, n: number): void {
   const la = cfg.linearAttention!;
-  const { nKHeads: nK, nVHeads: nV, headDim: d, convChannels: ch } = la;
-  const state = kv.recurrent!.layer(l);
+  const { nVHeads: nV, headDim: d, convChannels: ch } = la;
+  const rec = kv.recurrent!;
+  const state = rec.layer(l);
+  const beforeFold = rec.beforeFold(l);
   // projections: q|k|v mix [n × ch], output gate z [n × nV·d], β and α [n × nV]
   const mixed = new Float32Array(n * ch);
   w.wqkv.matmul(mixed, xb, n);
@@ -168,27 +170,12 @@ function deltaNetMixer(cfg: ModelConfig, w: DeltaNetWeights, kv: KvCache, l: num
     // log-decay: softplus(α + dt_bias) · ssm_a
     g[i] = f32(softplus(f32(g[i]! + w.dtBias[i % nV]!)) * w.a[i % nV]!);
   }
-  // short causal conv over the channels, then SiLU
-  const conv = new Float32Array(n * ch);
-  causalConv(conv, mixed, state.conv, w.conv, n, ch, la.convKernel);
-  for (let i = 0; i < conv.length; i++) conv[i] = silu(conv[i]!);
-  // split into heads, L2-normalise q and k
-  const kd = nK * d;
-  const q = new Float32Array(n * kd);
-  const k = new Float32Array(n * kd);
-  const v = new Float32Array(n * nV * d);
-  for (let t = 0; t < n; t++) {
-    q.set(conv.subarray(t * ch, t * ch + kd), t * kd);
-    k.set(conv.subarray(t * ch + kd, t * ch + 2 * kd), t * kd);
-    v.set(conv.subarray(t * ch + 2 * kd, (t + 1) * ch), t * nV * d);
-  }
-  l2NormRows(q, 0, n * nK, d, d, cfg.rmsEps);
-  l2NormRows(k, 0, n * nK, d, d, cfg.rmsEps);
-  // the delta rule: one token at a time for decode, in chunks for a prefill
+  // conv, norms and the delta rule, token by token: o [n × nV × d]
   const o = new Float32Array(n * nV * d);
-  const shape: DeltaShape = { nK, nV, d };
-  if (n > 1) deltaRuleChunked(o, { q, k, v, g, beta }, state.ssm, n, shape);
-  else deltaRuleRecurrent(o, { q, k, v, g, beta }, state.ssm, n, shape);
+  for (let t = 0; t < n; t++) {
+    const inputs = { mixed: mixed.subarray(t * ch, (t + 1) * ch), g: g.subarray(t * nV, (t + 1) * nV), beta: beta.subarray(t * nV, (t + 1) * nV) };
+    deltaStep(state, w.conv, inputs, o.subarray(t * nV * d, (t + 1) * nV * d), cfg.rmsEps, beforeFold);
+  }
   // RMSNorm per head, gated by SiLU(z), and the output projection
   rmsnorm(o, o, w.norm, n * nV, d, cfg.rmsEps);
   for (let i = 0; i < o.length; i++) o[i] = f32(o[i]! * silu(z[i]!));

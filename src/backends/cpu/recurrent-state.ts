@@ -1,97 +1,109 @@
 // The fixed-size recurrent state of one session on one stage, for the Gated DeltaNet layers of
-// its shard: the conv's last K − 1 input rows and the delta-rule state per v head. Unlike a KV
-// cache it does not grow with the context — and it cannot be cut back to an earlier position,
-// so it keeps one checkpoint: the state as it was before the last forward call. A rewind to
-// that position (a repair re-sending the step in flight) restores it; a rewind to 0 clears the
-// state; any other position is POSITION_MISMATCH, and the caller rebuilds by replaying from 0
-// (issue 14's rebuildSession does: a new stage 0 replays the session's token history).
+// its shard (./delta-chunk.ts: the state at the current chunk's start plus that chunk's rows).
+// Unlike a KV cache it does not grow with the context, and it cannot be cut back anywhere:
+//   - a rewind into the current chunk drops rows (always possible: the last < CHUNK positions);
+//   - a rewind to the position a forward started at, when that forward crossed a chunk end,
+//     restores the checkpoint taken just before the chunk was folded (one per layer, taken at
+//     most once per forward, so a decode step copies nothing until its chunk ends);
+//   - a rewind to 0 clears the state;
+//   - anything else is POSITION_MISMATCH: the caller rebuilds by replaying from 0 (issue 14's
+//     rebuildSession does: a new stage 0 replays the session's token history).
 
 import { MeshError } from '../../errors.ts';
 import type { LinearAttentionConfig } from '../../model/config.ts';
+import { DeltaChunkState, deltaLayerBytes } from './delta-chunk.ts';
 
-/** f32 bytes of one DeltaNet layer's state: conv rows + delta-rule state. */
-export function recurrentLayerBytes(la: LinearAttentionConfig): number {
-  return 4 * ((la.convKernel - 1) * la.convChannels + la.nVHeads * la.headDim * la.headDim);
-}
+export { deltaLayerBytes };
 
-interface LayerState {
-  /** [(K − 1) × convChannels] the conv's carried input rows, oldest first */
-  conv: Float32Array;
-  /** [nV × d_v × d_k] per v head, s[j·d_k + i] = S[i][j] */
-  ssm: Float32Array;
+interface Checkpoint {
+  /** the position the forward started at */
+  position: number;
+  state: DeltaChunkState;
 }
 
 export class RecurrentState {
   /** per shard layer: its state, or null for a full-attention layer */
-  private layers: (LayerState | null)[];
-  private checkpoint: { position: number; layers: (LayerState | null)[] } | null = null;
+  private layers: (DeltaChunkState | null)[];
+  /** per shard layer: the state before the last forward that folded a chunk there */
+  private checkpoints: (Checkpoint | null)[];
+  private forwardStart = 0;
+  private taken: boolean[] = [];
 
   constructor(
     private readonly la: LinearAttentionConfig,
     /** per shard layer: whether it is a DeltaNet layer */
     recurrent: readonly boolean[],
   ) {
-    this.layers = recurrent.map((r) => (r ? this.fresh() : null));
+    this.layers = recurrent.map((r) => (r ? new DeltaChunkState(la) : null));
+    this.checkpoints = recurrent.map(() => null);
   }
 
-  /** the conv rows and delta-rule state of shard layer l (a DeltaNet layer) */
-  layer(l: number): LayerState {
+  /** the state of shard layer l (a DeltaNet layer) */
+  layer(l: number): DeltaChunkState {
     const s = this.layers[l];
     if (!s) throw new MeshError('INTERNAL', `shard layer ${l} holds no recurrent state`);
     return s;
   }
 
-  /** the state bytes the session holds, the checkpoint included */
+  /** Called before a forward at `position`: the next fold of each layer checkpoints it first. */
+  beginForward(position: number): void {
+    this.forwardStart = position;
+    this.taken = this.layers.map(() => false);
+  }
+
+  /** what a layer's step calls before S₀ changes */
+  beforeFold(l: number): () => void {
+    return () => {
+      if (this.taken[l]) return;
+      this.taken[l] = true;
+      const st = this.layer(l);
+      const copy = this.checkpoints[l]?.state ?? new DeltaChunkState(this.la);
+      copy.copyFrom(st);
+      // rows past the forward's start were added by this forward: the checkpoint ends there
+      copy.rows = this.forwardStart - st.start;
+      this.checkpoints[l] = { position: this.forwardStart, state: copy };
+    };
+  }
+
+  /** the state bytes the session holds, checkpoints included */
   get bytes(): number {
-    const n = this.layers.filter((l) => l !== null).length;
-    return n * recurrentLayerBytes(this.la) * (this.checkpoint ? 2 : 1);
+    const held = this.layers.filter((l) => l !== null).length + this.checkpoints.filter((c) => c !== null).length;
+    return held * deltaLayerBytes(this.la);
   }
 
-  /** Called before a forward at `position`: keeps a copy to rewind to. */
-  saveCheckpoint(position: number): void {
-    const copy = (s: LayerState | null): LayerState | null => s && { conv: s.conv.slice(), ssm: s.ssm.slice() };
-    if (this.checkpoint && this.checkpoint.layers.length === this.layers.length) {
-      // reuse the buffers of the previous checkpoint
-      this.checkpoint.layers.forEach((c, i) => {
-        if (c) {
-          c.conv.set(this.layers[i]!.conv);
-          c.ssm.set(this.layers[i]!.ssm);
-        }
-      });
-      this.checkpoint.position = position;
-    } else {
-      this.checkpoint = { position, layers: this.layers.map(copy) };
-    }
-  }
-
-  /** Rewinds from `current` to `position` (0, the checkpoint, or current); else POSITION_MISMATCH. */
-  rewind(sessionId: string, position: number, current: number): void {
-    if (position === current) return;
-    if (position === 0) {
-      this.layers = this.layers.map((s) => s && this.fresh());
-      this.checkpoint = null;
-      return;
-    }
-    if (this.checkpoint?.position === position) {
-      const cp = this.checkpoint;
-      this.checkpoint = null;
-      this.layers = cp.layers;
-      return;
-    }
-    throw new MeshError(
-      'POSITION_MISMATCH',
-      `session ${sessionId} holds recurrent state at position ${current} with a checkpoint at ${this.checkpoint?.position ?? 'none'}; it cannot rewind to ${position} (replay from 0 instead)`,
-      { expected: this.checkpoint?.position ?? 0, got: position },
-    );
+  /** Rewinds every DeltaNet layer to `position` (see the top of this file). */
+  rewind(sessionId: string, position: number): void {
+    // check every layer first, so a refused rewind changes nothing
+    this.layers.forEach((st, l) => {
+      if (!st || position >= st.start || position === 0) return;
+      const cp = this.checkpoints[l];
+      if (cp && cp.state.start <= position && position <= cp.position) return;
+      throw new MeshError(
+        'POSITION_MISMATCH',
+        `session ${sessionId} keeps recurrent state from position ${cp?.state.start ?? st.start} on; it cannot rewind to ${position} (replay from 0 instead)`,
+        { expected: cp?.state.start ?? st.start, got: position },
+      );
+    });
+    this.layers.forEach((st, l) => {
+      if (!st) return;
+      if (position >= st.start) {
+        st.rows = Math.min(st.rows, position - st.start);
+        return;
+      }
+      const cp = this.checkpoints[l];
+      if (cp && cp.state.start <= position && position <= cp.position) {
+        st.copyFrom(cp.state);
+        st.rows = position - st.start;
+        this.checkpoints[l] = null;
+        return;
+      }
+      this.layers[l] = new DeltaChunkState(this.la);
+      this.checkpoints[l] = null;
+    });
   }
 
   free(): void {
     this.layers = [];
-    this.checkpoint = null;
-  }
-
-  private fresh(): LayerState {
-    const { convKernel, convChannels, nVHeads, headDim } = this.la;
-    return { conv: new Float32Array((convKernel - 1) * convChannels), ssm: new Float32Array(nVHeads * headDim * headDim) };
+    this.checkpoints = [];
   }
 }
