@@ -3,8 +3,12 @@
 // new stage 0 from the session's token history, a new last stage from the hidden states stage
 // 0 logged — in other chunks than the lost peer computed them, and the text streamed is the
 // text of an uninterrupted run. The rebuilt state is bit-identical (the chunked delta rule does
-// not depend on batching), so the divergence check finds nothing.
+// not depend on batching), so the divergence check finds nothing. The uninterrupted split run
+// itself is llama.cpp's greedy continuation of the same prompt tokens.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { readHeader } from '../src/gguf/parse.ts';
+import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
+import { LlamaModelFfi, oracleGreedy } from './support/llamacpp-oracle.ts';
 import { getJson, killAll, spawnMesh, spawnServe } from './support/mesh.ts';
 import type { MeshProcess, ServeInfo } from './support/mesh.ts';
 import { streamCompletion } from './support/sse.ts';
@@ -50,6 +54,18 @@ beforeAll(async () => {
   expect(out.errors).toEqual([]);
   expect(out.chunks).toBeGreaterThan(30);
   reference = out.text;
+  // llama.cpp on the whole file: the same prompt tokens (our qwen35 tokenizer), its greedy tokens, up to end of generation
+  const tokenizer = Tokenizer.fromMetadata((await readHeader(model)).metadata);
+  const oracle = await LlamaModelFfi.load(model);
+  try {
+    const prompt = oracle.tokenize(PROMPT);
+    expect(tokenizer.encode(PROMPT)).toEqual(prompt);
+    const greedy = oracleGreedy(oracle, prompt, GREEDY.max_tokens).tokens;
+    const eog = greedy.findIndex((t) => tokenizer.isEog(t));
+    expect(reference).toBe(tokenizer.decode(eog < 0 ? greedy : greedy.slice(0, eog)));
+  } finally {
+    oracle.dispose();
+  }
 }, 180_000);
 
 afterAll(async () => {
