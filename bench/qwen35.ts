@@ -19,6 +19,7 @@ import type { LinearAttentionConfig, ModelConfig } from '../src/model/config.ts'
 import { argmax } from '../src/model/sampler.ts';
 import type { MakeModelOptions } from '../src/model/synthetic-model.ts';
 import { syntheticModel } from '../test/support/synthetic.ts';
+import { timeBare } from './engine.ts';
 
 const round = (x: number) => Math.round(x * 100) / 100;
 const REPEATS = 2;
@@ -64,20 +65,6 @@ async function timeCpu(be: CpuBackend, prompt: number[], n: number, id: string):
   return { prompt_tok_s: round((prompt.length * 1000) / promptMs), decode_tok_s: round(((n - 1) * 1000) / decodeMs) };
 }
 
-function timeLlama(model: LlamaModelFfi, prompt: number[], n: number, threads: number): Speed {
-  const ctx = model.createContext({ contextLength: prompt.length + n + 1, threads, flashAttention: false, kvType: 'f32' });
-  try {
-    let t0 = performance.now();
-    let logits = ctx.decode(prompt);
-    const promptMs = performance.now() - t0;
-    t0 = performance.now();
-    for (let i = 0; i < n - 1; i++) logits = ctx.decode([argmax(logits)]);
-    return { prompt_tok_s: round((prompt.length * 1000) / promptMs), decode_tok_s: round(((n - 1) * 1000) / (performance.now() - t0)) };
-  } finally {
-    ctx.dispose();
-  }
-}
-
 /** Qwen3.5-35B-A3B: 40 blocks, 10 attend (2 KV heads of 256), 30 DeltaNet (16 q/k, 32 v heads of 128, conv 4) */
 const REAL: LinearAttentionConfig = { convKernel: 4, headDim: 128, nKHeads: 16, nVHeads: 32, convChannels: 2 * 16 * 128 + 32 * 128 };
 
@@ -108,13 +95,13 @@ export async function run(args: string[]): Promise<unknown> {
   const llama = await LlamaModelFfi.load(path);
   const be = new CpuBackend();
   await be.load(source, { start: 0, end: cfg.nLayer });
-  timeLlama(llama, prompt.slice(0, 4), 2, threads);
+  timeBare(llama, prompt.slice(0, 4), 2, threads);
   await timeCpu(be, prompt.slice(0, 4), 2, 'warm');
   let cpu: Speed = { prompt_tok_s: 0, decode_tok_s: 0 };
   let ref: Speed = { prompt_tok_s: 0, decode_tok_s: 0 };
   const best = (a: Speed, b: Speed): Speed => ({ prompt_tok_s: Math.max(a.prompt_tok_s, b.prompt_tok_s), decode_tok_s: Math.max(a.decode_tok_s, b.decode_tok_s) });
   for (let i = 0; i < REPEATS; i++) {
-    ref = best(ref, timeLlama(llama, prompt, n, threads));
+    ref = best(ref, timeBare(llama, prompt, n, threads));
     cpu = best(cpu, await timeCpu(be, prompt, n, `run${i}`));
   }
   // the state one session holds on this model after the run's prompt and decode
