@@ -89,7 +89,7 @@ export class WebGpuBackend implements StageBackend {
     if (this.config) throw new MeshError('ALREADY_LOADED', 'this backend already holds a shard; dispose it first');
     const config = configFromHeader(source.header);
     if (CPU_ONLY_ARCHITECTURES.includes(config.architecture)) {
-      throw new MeshError('UNSUPPORTED_ARCHITECTURE', `the WebGPU backend does not run '${config.architecture}' yet (no Gated DeltaNet kernels); the CPU backend does`, { architecture: config.architecture });
+      throw new MeshError('UNSUPPORTED_ARCHITECTURE', `the WebGPU backend does not run '${config.architecture}' yet (its forward pass has no Gated DeltaNet blocks); the CPU backend does`, { architecture: config.architecture });
     }
     validateShard(shard, config.nLayer);
     await loadRopeFreqFactors(config, source);
