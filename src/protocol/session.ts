@@ -2,11 +2,19 @@
 // a SessionOpen frame's JSON body, the server's session manager and every stage read it back.
 // Session ids are 128 random bits, hex, as the frame header carries them.
 
-/** Sampling on the last stage; absent or temperature 0 is greedy. */
+/** Sampling on the last stage (llama.cpp's chain, src/model/sampler.ts); absent or temperature 0 is greedy. */
 export interface SamplerSettings {
   temperature?: number;
   topK?: number;
   topP?: number;
+  minP?: number;
+  repeatPenalty?: number;
+  frequencyPenalty?: number;
+  presencePenalty?: number;
+  /** tokens the penalties look back over (default 64) */
+  repeatLastN?: number;
+  /** token id (decimal string) → bias added to its logit */
+  logitBias?: Record<string, number>;
   seed?: number;
 }
 
@@ -20,11 +28,21 @@ export interface SessionOpenBody {
   promptLength?: number;
   /** random draws the session's sampler has made already: a replacement last stage skips them, so seeded sampling continues as it would have */
   draws?: number;
+  /**
+   * the session's token ids from position 0 on, as far as the client knows them (the prompt;
+   * on a replacement stage, every token fed so far): the last stage's penalties read them.
+   * Sent only when a penalty is on.
+   */
+  tokens?: number[];
+  /** the last stage answers each sampled token with its log-probability and this many top alternatives (0–20); absent: no log-probabilities */
+  logprobs?: number;
 }
 
 /** Body of a Rewind frame: the sampler's draws for the positions kept. */
 export interface RewindBody {
   draws: number;
+  /** the token ids that follow the kept positions, as far as the client knows them (penalty history; see SessionOpenBody.tokens) */
+  tokens?: number[];
 }
 
 /** Body of a Resend frame: resend positions [frame position, end), at most `maxTokens` per frame (1: as they were sent). */

@@ -5,8 +5,8 @@
 import { MeshError } from '../errors.ts';
 import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, decodeRows, jsonFrame, payloadBody, timingsOf, tokensFrame } from '../protocol/payload.ts';
-import type { StepTiming } from '../protocol/payload.ts';
+import { decodeJson, decodeRows, decodeSampled, jsonFrame, payloadBody, timingsOf, tokensFrame } from '../protocol/payload.ts';
+import type { SampledLogprob, StepTiming } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { newSessionId } from '../protocol/session.ts';
 import type { SessionInfo } from './sessions.ts';
@@ -20,6 +20,8 @@ export class RouteSessionClient {
   wantTimings = false;
   /** per-stage timings of the last step, in stage order (when wantTimings) */
   lastTimings: StepTiming[] = [];
+  /** the last sampled token's log-probabilities (sessions opened with `logprobs`) */
+  lastLogprob: SampledLogprob | null = null;
   private closed = false;
 
   private constructor(
@@ -86,6 +88,8 @@ export class RouteSessionClient {
   private tokenOf(reply: Frame): number {
     if (reply.type !== FrameType.Token) throw new MeshError('FRAME_BAD_TYPE', `expected a Token frame, got ${FrameType[reply.type]}`);
     this.lastTimings = timingsOf(reply).sort((a, b) => a.stage - b.stage);
-    return decodeI32(payloadBody(reply))[0]!;
+    const { token, logprob } = decodeSampled(reply);
+    this.lastLogprob = logprob;
+    return token;
   }
 }

@@ -15,7 +15,7 @@ import type { TimedStepper } from './generation-loop.ts';
 import type { GenerationResult } from '../model/generation-output.ts';
 import type { SessionInfo } from './sessions.ts';
 import type { SamplerSettings, SessionOpenBody } from '../protocol/session.ts';
-import type { StepTiming } from '../protocol/payload.ts';
+import type { SampledLogprob, StepTiming } from '../protocol/payload.ts';
 import type { StageTiming, TelemetryEvent } from './telemetry.ts';
 
 /** A session on a route as a TokenStepper: every step asks the stages for their timings. */
@@ -45,6 +45,10 @@ export class RouteStepper implements TimedStepper {
     return this.client.lastTimings;
   }
 
+  get lastLogprob(): SampledLogprob | null {
+    return this.client.lastLogprob;
+  }
+
   prefill(prompt: readonly number[], onProgress?: (done: number, total: number) => void): Promise<number> {
     return this.client.prefill(prompt, this.prefillChunk, onProgress);
   }
@@ -62,6 +66,8 @@ export interface RouteGenerationRequest {
   promptTokens: readonly number[];
   maxTokens: number;
   sampler?: SamplerSettings;
+  /** report each token's log-probability and this many top alternatives (token events carry them) */
+  logprobs?: number;
   stopStrings?: readonly string[];
   contextLength?: number;
   prefillChunk?: number;
@@ -87,7 +93,15 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
   // the OpenAI API passes maxTokens already clamped to [0, n_ctx], so its check never fires there
   const contextLength = generationContextLength(prompt, req.maxTokens, req.contextLength);
   const emit = req.onEvent ?? (() => undefined);
-  const stepper = await RouteStepper.open(link, routeId, { contextLength, promptLength: prompt.length, ...(req.sampler ? { sampler: req.sampler } : {}) }, req.prefillChunk);
+  const body: SessionOpenBody = {
+    contextLength,
+    promptLength: prompt.length,
+    ...(req.sampler ? { sampler: req.sampler } : {}),
+    // the last stage sees hidden states, not tokens: penalties need the prompt's ids
+    ...(req.sampler && usesPenalties(req.sampler) ? { tokens: prompt } : {}),
+    ...(req.logprobs !== undefined ? { logprobs: req.logprobs } : {}),
+  };
+  const stepper = await RouteStepper.open(link, routeId, body, req.prefillChunk);
   const sessionId = stepper.sessionId;
   req.onSession?.(sessionId);
   emit({ type: 'session_opened', sessionId, routeId });
@@ -106,6 +120,11 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
   } finally {
     await stepper.close().catch(() => undefined);
   }
+}
+
+/** whether the settings turn on a penalty (which reads the token history at the last stage) */
+export function usesPenalties(s: SamplerSettings): boolean {
+  return (s.repeatLastN ?? 64) > 0 && ((s.repeatPenalty ?? 1) !== 1 || (s.frequencyPenalty ?? 0) !== 0 || (s.presencePenalty ?? 0) !== 0);
 }
 
 function summarize(info: SessionInfo, promptMs: number, promptTokens: number, decodeMs: number, decodeSteps: number, generated: number): Extract<TelemetryEvent, { type: 'session_summary' }> {
