@@ -35,13 +35,15 @@ export interface ParsedRequest {
   logprobs: number | null;
   /** completions: the prompt's text comes first in the choice's text */
   echo: boolean;
+  /** continue a kept session whose tokens the prompt extends, and keep this one (llama-server's cache_prompt; default true) */
+  cachePrompt: boolean;
 }
 
 /** Fields a client may send that change nothing here, as on OpenAI where they only label or store a request. */
 const IGNORED = new Set(['user', 'metadata', 'service_tier', 'parallel_tool_calls', 'stream_options']);
 const COMMON = new Set(['model', 'stream', 'max_tokens', 'temperature', 'top_p', 'n', 'stop', 'presence_penalty', 'frequency_penalty', 'logit_bias', 'seed', 'logprobs',
   // llama-server / vLLM extensions clients send to OpenAI-compatible servers
-  'top_k', 'min_p', 'repetition_penalty', 'repeat_penalty', 'repeat_last_n']);
+  'top_k', 'min_p', 'repetition_penalty', 'repeat_penalty', 'repeat_last_n', 'cache_prompt']);
 const CHAT = new Set(['messages', 'max_completion_tokens', 'top_logprobs', 'response_format', 'tools', 'tool_choice', 'functions', 'function_call', 'store', 'modalities', 'audio', 'prediction', 'reasoning_effort', 'web_search_options']);
 const COMPLETIONS = new Set(['prompt', 'suffix', 'echo', 'best_of']);
 
@@ -143,6 +145,7 @@ export function parseRequest(raw: unknown, chat: boolean, nVocab: number, nCtx: 
   const logprobs = logprobsOf(body, chat);
   refuseUnless(body, 'echo', (v) => typeof v === 'boolean', 'must be true or false');
   const echo = body.echo === true;
+  refuseUnless(body, 'cache_prompt', (v) => typeof v === 'boolean', 'must be true or false');
   if (echo && logprobs !== null) throw badParam('echo', "echo with logprobs is not supported (the prompt's log-probabilities are not computed)");
 
   const maxTokens = num(body, 'max_completion_tokens', 0, nCtx, { integer: true }) ?? num(body, 'max_tokens', 0, nCtx, { integer: true });
@@ -172,7 +175,7 @@ export function parseRequest(raw: unknown, chat: boolean, nVocab: number, nCtx: 
   }
   return {
     chat, model: model as string | undefined, messages, prompt, maxTokens, ...samplerOf(body, nVocab, nCtx), stop,
-    stream: body.stream === true, includeUsage: (so as { include_usage?: unknown } | undefined)?.include_usage === true, n, logprobs, echo,
+    stream: body.stream === true, includeUsage: (so as { include_usage?: unknown } | undefined)?.include_usage === true, n, logprobs, echo, cachePrompt: body.cache_prompt !== false,
   };
 }
 

@@ -25,13 +25,26 @@ import type { Room } from './room.ts';
 import { choiceSampler, messageText, parseRequest } from './openai-request.ts';
 import type { ParsedRequest } from './openai-request.ts';
 import { chatLogprobs, completionLogprobs } from './openai-format.ts';
+import { PrefixCache } from '../src/route/prefix-cache.ts';
 
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
+/** positions a kept session reserves beyond its request, so that the next chat turn fits in its KV cache */
+const KEEP_HEADROOM = 512;
+/** a kept session that has gone (expired, its route re-planned): the request opens a fresh one */
+const STALE_SESSION = new Set(['SESSION_UNKNOWN', 'SESSION_CLOSED', 'SESSION_BAD_STATE', 'POSITION_MISMATCH', 'FRAME_BAD_ROUTE']);
 /** how long a streamed request waits for a forming/loading route (ms) */
 const ROUTE_WAIT_MS = 120_000;
 
 export interface OpenAiContext {
   sessions: SessionManager;
+}
+
+/** one prefix cache per session manager (one per server): KV reuse across requests */
+const prefixCaches = new WeakMap<SessionManager, PrefixCache>();
+function prefixCacheOf(sessions: SessionManager): PrefixCache {
+  let c = prefixCaches.get(sessions);
+  if (!c) prefixCaches.set(sessions, (c = new PrefixCache({ evict: (_route, sid) => void sessions.close(sid, 'closed').catch(() => undefined) })));
+  return c;
 }
 
 const tokenizers = new WeakMap<Room, Tokenizer>();
@@ -76,6 +89,8 @@ interface RequestRun {
   /** the completions prompt's text (echo) */
   promptText: string;
   maxTokens: number;
+  /** the model's context length */
+  nCtx: number;
   id: string;
   created: number;
   model: string;
@@ -151,7 +166,13 @@ async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req
     run.sse?.(chunkOf(run, index, d, null, lastStep ? { gguf_mesh: lastStep } : {}, lps, offset));
     offset += d.length;
   };
-  const result = await generateOnRoute(link, route.id, run.tokenizer, {
+  // KV reuse: one choice continues a kept session whose tokens the prompt extends, and is kept afterwards
+  const cache = run.req.n === 1 && run.req.cachePrompt ? prefixCacheOf(ctx.sessions) : null;
+  const need = run.promptTokens.length + run.maxTokens;
+  const reuse = cache?.take(route.id, run.promptTokens, need) ?? null;
+  const generate = (withReuse: boolean): Promise<RouteGenerationResult> => generateOnRoute(link, route.id, run.tokenizer, {
+    ...(cache ? { keep: true, contextLength: Math.min(run.nCtx, need + KEEP_HEADROOM) } : {}),
+    ...(withReuse && reuse ? { reuse } : {}),
     promptTokens: run.promptTokens,
     maxTokens: run.maxTokens,
     sampler: choiceSampler(run.req.sampler, index),
@@ -160,6 +181,7 @@ async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req
     signal: run.abort.signal,
     onSession: (sid) => {
       sessionId = sid;
+      (unsubscribe as (() => void) | null)?.(); // a stale kept session's, when a fresh one replaced it
       // progress from the session manager (prefill per chunk) reaches the stream too
       unsubscribe = ctx.sessions.subscribe(sid, (e) => {
         if (!firstToken && e.type === 'prefill_progress') progress(e);
@@ -180,14 +202,26 @@ async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req
     },
     // each content chunk carries the per-stage breakdown of the step that produced it
     onDelta,
-  }).finally(() => (unsubscribe as (() => void) | null)?.());
+  });
+  let result: RouteGenerationResult;
+  try {
+    result = await generate(true).catch((e: unknown) => {
+      // the kept session went away before it produced anything: a fresh session instead
+      if (!reuse || firstToken || !(e instanceof MeshError) || !STALE_SESSION.has(e.code)) throw e;
+      return generate(false);
+    });
+  } finally {
+    (unsubscribe as (() => void) | null)?.();
+  }
+  if (result.kept) cache!.put(route.id, result.kept);
   run.sse?.(chunkOf(run, index, run.req.chat ? {} : '', finishOf(result), { gguf_mesh: result.summary }));
   return { result, logprobs: kept };
 }
 
-function usageOf(promptTokens: number, choices: readonly ChoiceResult[]): Record<string, number> {
+function usageOf(promptTokens: number, choices: readonly ChoiceResult[]): Record<string, unknown> {
   const completion = choices.reduce((a, c) => a + c.result.tokens.length, 0);
-  return { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion };
+  const cached = choices.reduce((a, c) => a + c.result.cachedTokens, 0);
+  return { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion, prompt_tokens_details: { cached_tokens: cached } };
 }
 
 function responseOf(run: RequestRun, choices: readonly ChoiceResult[]): unknown {
@@ -248,6 +282,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     const run: RequestRun = {
       req: parsed, room, tokenizer, promptTokens: prompt.tokens, promptText: prompt.text,
       maxTokens: parsed.maxTokens ?? (chat ? Math.max(0, Math.min(512, nCtx - prompt.tokens.length)) : 16),
+      nCtx,
       id: `${chat ? 'chatcmpl' : 'cmpl'}-${randomBytes(12).toString('hex')}`, created: Math.floor(Date.now() / 1000), model: room.model.id,
       abort, sse: parsed.stream ? sse : null, repairs: [],
     };

@@ -218,3 +218,42 @@ describe('no parameter silently ignored', () => {
     expect(ok.choices[0]!.text.length).toBeGreaterThan(0);
   });
 });
+
+describe('KV reuse across chat turns', () => {
+  /** a conversation of `turns` user messages, each turn's reply appended, run with or without the cache */
+  async function converse(turns: string[], extra: Record<string, unknown>): Promise<Array<{ text: string; cached: number; prompt: number }>> {
+    const messages: Array<{ role: 'user' | 'assistant'; content: string }> = [];
+    const out: Array<{ text: string; cached: number; prompt: number }> = [];
+    for (const t of turns) {
+      messages.push({ role: 'user', content: t });
+      const r = await openai.chat.completions.create({ model: 'stories260K', messages, max_tokens: 12, ...extra } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+      const text = r.choices[0]!.message.content ?? '';
+      messages.push({ role: 'assistant', content: text });
+      out.push({ text, cached: r.usage!.prompt_tokens_details?.cached_tokens ?? -1, prompt: r.usage!.prompt_tokens });
+    }
+    return out;
+  }
+  const TURNS = ['Tell me a story.', 'What happened next?', 'And then?', 'Who was there?'];
+
+  it('turn k continues turn k−1\'s session: cached_tokens counts the shared prefix, and the text is a fresh session\'s (greedy, sampled, penalised)', async () => {
+    for (const extra of [{ temperature: 0 }, { temperature: 0.9, top_k: 40, seed: 8 }, { temperature: 0, frequency_penalty: 0.5, presence_penalty: 0.3 }]) {
+      const fresh = await converse(TURNS, { ...extra, cache_prompt: false });
+      const reused = await converse(TURNS, extra);
+      expect(reused.map((r) => r.text)).toEqual(fresh.map((r) => r.text));
+      expect(fresh.every((r) => r.cached === 0)).toBe(true);
+      // turn 1 may share a prefix with a conversation kept before (the same first message): never the whole prompt
+      expect(reused[0]!.cached).toBeLessThan(reused[0]!.prompt);
+      // later turns: everything but the new message (and its template tokens) came from the kept KV
+      for (const [i, r] of reused.entries()) if (i > 0) expect(r.cached).toBeGreaterThan(reused[i - 1]!.prompt - 2);
+    }
+  });
+
+  it('a prompt that diverges early rewinds to the common prefix and still gives a fresh session\'s text', async () => {
+    const a = await openai.completions.create({ model: 'stories260K', prompt: 'Once upon a time there was a dog', max_tokens: 10, temperature: 0 });
+    expect(a.usage!.prompt_tokens_details?.cached_tokens ?? 0).toBeGreaterThanOrEqual(0);
+    const b = await openai.completions.create({ model: 'stories260K', prompt: 'Once upon a time there was a cat', max_tokens: 10, temperature: 0 });
+    const fresh = await openai.completions.create({ model: 'stories260K', prompt: 'Once upon a time there was a cat', max_tokens: 10, temperature: 0, cache_prompt: false } as OpenAI.CompletionCreateParamsNonStreaming);
+    expect(b.usage!.prompt_tokens_details!.cached_tokens).toBeGreaterThan(4);
+    expect(b.choices[0]!.text).toBe(fresh.choices[0]!.text);
+  });
+});

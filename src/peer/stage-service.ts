@@ -139,7 +139,7 @@ export class StageService {
       sample: this.samplerFor(settings, body.draws ?? 0),
       settings,
       history: Array.isArray(body.tokens) ? body.tokens.map(Number) : [],
-      logprobs: body.logprobs === undefined || body.logprobs === null ? null : Math.max(0, Math.min(MAX_TOP_LOGPROBS, Math.floor(Number(body.logprobs)) || 0)),
+      logprobs: logprobsSetting(body.logprobs),
       log: new ReplayLog(),
       hiddenDtype: body.hiddenDtype === 'f32' ? DType.F32 : DType.F16,
       timing: { steps: 0, computeMs: 0, downstreamMs: 0, handleMs: 0, bytesIn: 0, bytesOut: 0 },
@@ -161,10 +161,16 @@ export class StageService {
     await this.opts.backend.truncateSession(f.sessionId, f.position);
     s.log.truncate(f.position);
     s.pipelineError = null;
+    if (body.sampler) s.settings = body.sampler;
+    if (body.logprobs !== undefined) s.logprobs = logprobsSetting(body.logprobs);
     s.sample = this.samplerFor(s.settings, Number(body.draws) || 0);
-    // the penalty history: positions kept, then the tokens the client says follow them
+    // the penalty history: positions kept, then the tokens the client says come from `from` on
     if (s.history.length > f.position) s.history.length = f.position;
-    if (Array.isArray(body.tokens) && s.history.length === f.position) s.history.push(...body.tokens.map(Number));
+    const from = body.from ?? f.position;
+    if (Array.isArray(body.tokens) && from <= s.history.length) {
+      s.history.length = from;
+      s.history.push(...body.tokens.map(Number));
+    }
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: f.position });
   }
 
@@ -345,6 +351,11 @@ export class StageService {
   get openSessions(): number {
     return this.sessions.size;
   }
+}
+
+/** A session's logprobs setting: top alternatives to report (0–20), or null for none. */
+function logprobsSetting(v: number | null | undefined): number | null {
+  return v === undefined || v === null ? null : Math.max(0, Math.min(MAX_TOP_LOGPROBS, Math.floor(Number(v)) || 0));
 }
 
 /** A Hidden frame's payload as rows for a backend's forwardRows (no decoding here). */

@@ -38,11 +38,20 @@ export interface SessionOpenBody {
   logprobs?: number;
 }
 
-/** Body of a Rewind frame: the sampler's draws for the positions kept. */
+/**
+ * Body of a Rewind frame: the sampler's draws for the positions kept. A repair sends it to the
+ * stages that kept their peer; a client sends it to continue a kept session with a new prompt
+ * (KV reuse across chat turns), then with the new turn's sampler settings and logprobs.
+ */
 export interface RewindBody {
   draws: number;
-  /** the token ids that follow the kept positions, as far as the client knows them (penalty history; see SessionOpenBody.tokens) */
+  /** the token ids from position `from` (default: the rewind position) on, as far as the client knows them (penalty history; see SessionOpenBody.tokens) */
   tokens?: number[];
+  from?: number;
+  /** new sampler settings from now on (a new turn's) */
+  sampler?: SamplerSettings;
+  /** new log-probability setting from now on (null: none) */
+  logprobs?: number | null;
 }
 
 /** Body of a Resend frame: resend positions [frame position, end), at most `maxTokens` per frame (1: as they were sent). */

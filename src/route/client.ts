@@ -5,12 +5,12 @@
 import { MeshError } from '../errors.ts';
 import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeJson, decodeRows, decodeSampled, jsonFrame, payloadBody, timingsOf, tokensFrame } from '../protocol/payload.ts';
+import { decodeJson, decodeRows, decodeSampled, jsonFrame, payloadBody, repairFrame, timingsOf, tokensFrame } from '../protocol/payload.ts';
 import type { SampledLogprob, StepTiming } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { newSessionId } from '../protocol/session.ts';
 import type { SessionInfo } from './sessions.ts';
-import type { SessionOpenBody } from '../protocol/session.ts';
+import type { RewindBody, SessionOpenBody } from '../protocol/session.ts';
 
 export const DEFAULT_PREFILL_CHUNK = 64;
 
@@ -33,6 +33,19 @@ export class RouteSessionClient {
   static async open(link: FrameLink, routeId: number, body: SessionOpenBody, sessionId = newSessionId()): Promise<RouteSessionClient> {
     await link.request(jsonFrame(FrameType.SessionOpen, { routeId, sessionId }, body));
     return new RouteSessionClient(link, routeId, sessionId);
+  }
+
+  /** The client of a session already open on the route (kept from an earlier generation), at `position`. */
+  static attach(link: FrameLink, routeId: number, sessionId: string, position: number): RouteSessionClient {
+    const c = new RouteSessionClient(link, routeId, sessionId);
+    c.position = position;
+    return c;
+  }
+
+  /** Continues the session from `position` (≤ the current one): every stage forgets the rest and takes `body`'s sampler settings. */
+  async rewind(position: number, body: RewindBody): Promise<void> {
+    await this.link.request(repairFrame(FrameType.Rewind, this.at(), position, body));
+    this.position = position;
   }
 
   private at(): { routeId: number; sessionId: string } {

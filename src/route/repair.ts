@@ -46,6 +46,16 @@ export function historyTokens(history: readonly HistoryEntry[], from: number): n
   return out;
 }
 
+/** The history's frames before position p (a frame straddling p cut there). */
+export function historyBefore(history: readonly HistoryEntry[], p: number): HistoryEntry[] {
+  const out: HistoryEntry[] = [];
+  for (const h of history) {
+    if (h.position >= p) break;
+    out.push(h.position + h.tokens.length <= p ? h : { ...h, tokens: h.tokens.slice(0, p - h.position) });
+  }
+  return out;
+}
+
 /** What a rebuild needs to know about the session. */
 export interface RebuildTarget {
   sessionId: string;

@@ -28,6 +28,11 @@ export class RouteStepper implements TimedStepper {
     client.wantTimings = true;
   }
 
+  /** a session already open on the route (kept by an earlier generation), at `position` */
+  static attach(link: FrameLink, routeId: number, sessionId: string, position: number, contextLength: number, prefillChunk = DEFAULT_PREFILL_CHUNK): RouteStepper {
+    return new RouteStepper(RouteSessionClient.attach(link, routeId, sessionId, position), contextLength, prefillChunk);
+  }
+
   /** opens a session on route `routeId` through `link` */
   static async open(link: FrameLink, routeId: number, body: SessionOpenBody, prefillChunk = DEFAULT_PREFILL_CHUNK): Promise<RouteStepper> {
     return new RouteStepper(await RouteSessionClient.open(link, routeId, body), body.contextLength, prefillChunk);
@@ -76,11 +81,26 @@ export interface RouteGenerationRequest {
   onEvent?: (e: TelemetryEvent) => void;
   /** called once the session id is known (e.g. to tie a client connection to it) */
   onSession?: (sessionId: string) => void;
+  /** continue this idle session of the route instead of opening one: it keeps the prompt's first `position` tokens in its KV cache */
+  reuse?: KeptSession & { position: number };
+  /** leave the session open afterwards (its KV for reuse); the result says what it holds */
+  keep?: boolean;
+}
+
+/** A session left open on a route after a generation, and the tokens its KV cache holds. */
+export interface KeptSession {
+  sessionId: string;
+  tokens: number[];
+  contextLength: number;
 }
 
 export interface RouteGenerationResult extends GenerationResult {
   sessionId: string;
   summary: Extract<TelemetryEvent, { type: 'session_summary' }> | null;
+  /** prompt tokens that came from a kept session's KV instead of a prefill */
+  cachedTokens: number;
+  /** with `keep`: the session left open */
+  kept: KeptSession | null;
 }
 
 /**
@@ -93,32 +113,46 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
   // the OpenAI API passes maxTokens already clamped to [0, n_ctx], so its check never fires there
   const contextLength = generationContextLength(prompt, req.maxTokens, req.contextLength);
   const emit = req.onEvent ?? (() => undefined);
-  const body: SessionOpenBody = {
-    contextLength,
-    promptLength: prompt.length,
-    ...(req.sampler ? { sampler: req.sampler } : {}),
-    // the last stage sees hidden states, not tokens: penalties need the prompt's ids
-    ...(req.sampler && usesPenalties(req.sampler) ? { tokens: prompt } : {}),
-    ...(req.logprobs !== undefined ? { logprobs: req.logprobs } : {}),
-  };
-  const stepper = await RouteStepper.open(link, routeId, body, req.prefillChunk);
+  const penalties = !!req.sampler && usesPenalties(req.sampler);
+  const reuse = req.reuse && req.reuse.position < prompt.length && prompt.length + req.maxTokens <= req.reuse.contextLength ? req.reuse : null;
+  let stepper: RouteStepper;
+  if (reuse) {
+    stepper = RouteStepper.attach(link, routeId, reuse.sessionId, reuse.tokens.length, reuse.contextLength, req.prefillChunk);
+    // the last stage's penalties need every prompt id, from 0
+    await stepper.client.rewind(reuse.position, { draws: 0, sampler: req.sampler ?? {}, logprobs: req.logprobs ?? null, ...(penalties ? { tokens: prompt, from: 0 } : {}) });
+  } else {
+    const body: SessionOpenBody = {
+      contextLength,
+      promptLength: prompt.length,
+      ...(req.sampler ? { sampler: req.sampler } : {}),
+      // the last stage sees hidden states, not tokens: penalties need the prompt's ids
+      ...(penalties ? { tokens: prompt } : {}),
+      ...(req.logprobs !== undefined ? { logprobs: req.logprobs } : {}),
+    };
+    stepper = await RouteStepper.open(link, routeId, body, req.prefillChunk);
+  }
+  const cached = reuse ? reuse.position : 0;
   const sessionId = stepper.sessionId;
   req.onSession?.(sessionId);
   emit({ type: 'session_opened', sessionId, routeId });
   let summary: RouteGenerationResult['summary'] = null;
+  let keep = false;
   try {
-    const out = await runGeneration(stepper, tokenizer, prompt, { ...req, onEvent: emit, sessionId });
+    const out = await runGeneration(stepper, tokenizer, prompt.slice(cached), { ...req, onEvent: emit, sessionId });
     const info = await stepper.client.info().catch(() => null);
-    if (info) summary = summarize(info, out.promptMs, prompt.length, out.decodeMs, out.decodeSteps, out.tokens.length);
+    if (info) summary = summarize(info, out.promptMs, prompt.length - cached, out.decodeMs, out.decodeSteps, out.tokens.length);
     if (summary) emit(summary);
-    await stepper.close();
-    return { ...out.result(prompt), sessionId, summary };
+    // the KV holds the prompt and every generated token but the last (never fed back)
+    const held = [...prompt, ...out.tokens.slice(0, Math.max(0, out.tokens.length - 1))];
+    keep = !!req.keep && out.stopReason !== 'aborted' && held.length === stepper.position;
+    if (!keep) await stepper.close();
+    return { ...out.result(prompt), sessionId, summary, cachedTokens: cached, kept: keep ? { sessionId, tokens: held, contextLength: stepper.contextLength } : null };
   } catch (e) {
     const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
     emit({ type: 'error', sessionId, code: err.code, message: err.message, ...(typeof err.details?.stage === 'number' ? { stage: err.details.stage } : {}) });
     throw err;
   } finally {
-    await stepper.close().catch(() => undefined);
+    if (!keep) await stepper.close().catch(() => undefined);
   }
 }
 
