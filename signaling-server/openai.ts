@@ -183,6 +183,7 @@ async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req
       sessionId = sid;
       (unsubscribe as (() => void) | null)?.(); // a stale kept session's, when a fresh one replaced it
       // progress from the session manager (prefill per chunk) reaches the stream too
+      // a continued (kept) session's earlier events belong to the requests before this one
       unsubscribe = ctx.sessions.subscribe(sid, (e) => {
         if (!firstToken && e.type === 'prefill_progress') progress(e);
         // a stage lost and the route repaired under the session: the client sees it happen, but no error
@@ -190,7 +191,7 @@ async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req
           run.repairs.push(e);
           progress(e);
         }
-      });
+      }, reuse !== null && sid === reuse.sessionId);
     },
     onEvent: (e) => {
       if (e.type === 'token') {

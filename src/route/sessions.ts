@@ -164,10 +164,10 @@ export class SessionManager {
     for (const l of this.listeners.get(sessionId) ?? []) l(e);
   }
 
-  /** Replays a session's events so far, then delivers new ones until unsubscribed. */
-  subscribe(sessionId: string, listener: TelemetryListener): () => void {
+  /** Replays a session's events so far (unless `fromNow`: a kept session continued by a new request), then delivers new ones until unsubscribed. */
+  subscribe(sessionId: string, listener: TelemetryListener, fromNow = false): () => void {
     this.get(sessionId);
-    for (const e of this.buffers.get(sessionId) ?? []) listener(e);
+    if (!fromNow) for (const e of this.buffers.get(sessionId) ?? []) listener(e);
     let set = this.listeners.get(sessionId);
     if (!set) this.listeners.set(sessionId, (set = new Set()));
     set.add(listener);
