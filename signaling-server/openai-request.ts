@@ -14,6 +14,9 @@ export interface ChatMessageIn {
   name?: string;
 }
 
+/** What response_format asks for: any JSON object, or JSON matching a schema. */
+export type OutputFormat = { kind: 'json' } | { kind: 'schema'; schema: unknown };
+
 /** A request as the route runs it. */
 export interface ParsedRequest {
   chat: boolean;
@@ -37,6 +40,8 @@ export interface ParsedRequest {
   echo: boolean;
   /** continue a kept session whose tokens the prompt extends, and keep this one (llama-server's cache_prompt; default true) */
   cachePrompt: boolean;
+  /** response_format json_object / json_schema: the output is constrained to it (null: text) */
+  format: OutputFormat | null;
 }
 
 /** Fields a client may send that change nothing here, as on OpenAI where they only label or store a request. */
@@ -129,7 +134,6 @@ export function parseRequest(raw: unknown, chat: boolean, nVocab: number, nCtx: 
   if (present(so) && (typeof so !== 'object' || Array.isArray(so))) throw badParam('stream_options', 'must be an object');
 
   // refused: what this server cannot do, named
-  refuseUnless(body, 'response_format', (v) => typeof v === 'object' && (v as { type?: unknown }).type === 'text', "only {\"type\": \"text\"} is supported (no constrained JSON output yet)");
   refuseUnless(body, 'tools', (v) => Array.isArray(v) && v.length === 0, 'tool calling is not supported yet');
   refuseUnless(body, 'tool_choice', (v) => v === 'none' || v === 'auto', "tool calling is not supported yet: only 'none' or 'auto' (without tools)");
   refuseUnless(body, 'functions', (v) => Array.isArray(v) && v.length === 0, 'function calling is not supported');
@@ -175,8 +179,23 @@ export function parseRequest(raw: unknown, chat: boolean, nVocab: number, nCtx: 
   }
   return {
     chat, model: model as string | undefined, messages, prompt, maxTokens, ...samplerOf(body, nVocab, nCtx), stop,
-    stream: body.stream === true, includeUsage: (so as { include_usage?: unknown } | undefined)?.include_usage === true, n, logprobs, echo, cachePrompt: body.cache_prompt !== false,
+    stream: body.stream === true, includeUsage: (so as { include_usage?: unknown } | undefined)?.include_usage === true, n, logprobs, echo, cachePrompt: body.cache_prompt !== false, format: outputFormatOf(body.response_format),
   };
+}
+
+/** Reads response_format: null for text (or absent). */
+export function outputFormatOf(v: unknown): OutputFormat | null {
+  if (v === undefined || v === null) return null;
+  const f = v as { type?: unknown; json_schema?: { schema?: unknown } };
+  if (typeof v !== 'object' || Array.isArray(v)) throw badParam('response_format', 'must be an object');
+  if (f.type === 'text') return null;
+  if (f.type === 'json_object') return { kind: 'json' };
+  if (f.type === 'json_schema') {
+    const schema = f.json_schema?.schema;
+    if (typeof schema !== 'object' || schema === null) throw badParam('response_format', 'json_schema needs json_schema.schema, a JSON schema object');
+    return { kind: 'schema', schema };
+  }
+  throw badParam('response_format', `type must be 'text', 'json_object' or 'json_schema', got ${JSON.stringify(f.type)}`);
 }
 
 /** Choice i's settings: seed + i, so the choices differ and a seed still reproduces all of them. */

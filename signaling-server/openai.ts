@@ -26,6 +26,7 @@ import { choiceSampler, messageText, parseRequest } from './openai-request.ts';
 import type { ParsedRequest } from './openai-request.ts';
 import { chatLogprobs, completionLogprobs } from './openai-format.ts';
 import { PrefixCache } from '../src/route/prefix-cache.ts';
+import { outputConstraint } from './structured-output.ts';
 
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
 /** positions a kept session reserves beyond its request, so that the next chat turn fits in its KV cache */
@@ -167,12 +168,15 @@ async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req
     offset += d.length;
   };
   // KV reuse: one choice continues a kept session whose tokens the prompt extends, and is kept afterwards
-  const cache = run.req.n === 1 && run.req.cachePrompt ? prefixCacheOf(ctx.sessions) : null;
+  const cache = run.req.n === 1 && run.req.cachePrompt && !run.req.format ? prefixCacheOf(ctx.sessions) : null;
+  // response_format: sampled here under the grammar, from the last stage's logits
+  const constraint = run.req.format ? await outputConstraint(run.tokenizer, run.req.format) : null;
   const need = run.promptTokens.length + run.maxTokens;
   const reuse = cache?.take(route.id, run.promptTokens, need) ?? null;
   const generate = (withReuse: boolean): Promise<RouteGenerationResult> => generateOnRoute(link, route.id, run.tokenizer, {
     ...(cache ? { keep: true, contextLength: Math.min(run.nCtx, need + KEEP_HEADROOM) } : {}),
     ...(withReuse && reuse ? { reuse } : {}),
+    ...(constraint ? { constraint } : {}),
     promptTokens: run.promptTokens,
     maxTokens: run.maxTokens,
     sampler: choiceSampler(run.req.sampler, index),

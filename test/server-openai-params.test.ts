@@ -177,7 +177,8 @@ describe('n and echo', () => {
 
 describe('no parameter silently ignored', () => {
   const REFUSED: Array<[string, string, Record<string, unknown>]> = [
-    ['/v1/chat/completions', 'response_format', { response_format: { type: 'json_object' } }],
+    ['/v1/chat/completions', 'response_format', { response_format: { type: 'yaml' } }],
+    ['/v1/chat/completions', 'response_format', { response_format: { type: 'json_schema', json_schema: { name: 'x' } } }],
     ['/v1/chat/completions', 'tools', { tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }],
     ['/v1/chat/completions', 'tool_choice', { tool_choice: 'required' }],
     ['/v1/chat/completions', 'top_logprobs', { top_logprobs: 2 }],
@@ -210,10 +211,10 @@ describe('no parameter silently ignored', () => {
       expect(r.error.message).toContain(param);
     }
     // the official client surfaces the named parameter too
-    const err = await openai.chat.completions.create({ model: 'stories260K', messages: [{ role: 'user', content: 'Hi' }], response_format: { type: 'json_object' } }).catch((e: unknown) => e);
+    const err = await openai.chat.completions.create({ model: 'stories260K', messages: [{ role: 'user', content: 'Hi' }], tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(OpenAI.APIError);
     expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(400);
-    expect((err as InstanceType<typeof OpenAI.APIError>).param).toBe('response_format');
+    expect((err as InstanceType<typeof OpenAI.APIError>).param).toBe('tools');
     const ok = await openai.completions.create({ model: 'stories260K', prompt: PROMPT, max_tokens: 2, temperature: 0, user: 'someone', response_format: undefined } as OpenAI.CompletionCreateParamsNonStreaming);
     expect(ok.choices[0]!.text.length).toBeGreaterThan(0);
   });
@@ -255,5 +256,51 @@ describe('KV reuse across chat turns', () => {
     const fresh = await openai.completions.create({ model: 'stories260K', prompt: 'Once upon a time there was a cat', max_tokens: 10, temperature: 0, cache_prompt: false } as OpenAI.CompletionCreateParamsNonStreaming);
     expect(b.usage!.prompt_tokens_details!.cached_tokens).toBeGreaterThan(4);
     expect(b.choices[0]!.text).toBe(fresh.choices[0]!.text);
+  });
+});
+
+describe('structured output (response_format, xgrammar)', () => {
+  const SCHEMA = {
+    type: 'object',
+    properties: {
+      name: { type: 'string', maxLength: 10 },
+      mood: { enum: ['happy', 'sad', 'sleepy'] },
+      friends: { type: 'integer', minimum: 0, maximum: 99 },
+      brave: { type: 'boolean' },
+    },
+    required: ['name', 'mood', 'friends', 'brave'],
+    additionalProperties: false,
+  };
+
+  it('json_schema: every sampled output parses and matches the schema, streamed and not', async () => {
+    const messages = [{ role: 'user' as const, content: 'Describe the cat as JSON.' }];
+    const response_format = { type: 'json_schema' as const, json_schema: { name: 'cat', schema: SCHEMA, strict: true } };
+    for (let seed = 1; seed <= 6; seed++) {
+      const r = await openai.chat.completions.create({ model: 'stories260K', messages, max_tokens: 120, temperature: 1, seed, response_format });
+      const v = JSON.parse(r.choices[0]!.message.content!);
+      expect(Object.keys(v).sort()).toEqual(['brave', 'friends', 'mood', 'name']);
+      expect(typeof v.name === 'string' && v.name.length <= 10).toBe(true);
+      expect(['happy', 'sad', 'sleepy']).toContain(v.mood);
+      expect(Number.isInteger(v.friends) && v.friends >= 0 && v.friends <= 99).toBe(true);
+      expect(typeof v.brave).toBe('boolean');
+      expect(r.choices[0]!.finish_reason).toBe('stop');
+      if (seed === 1) {
+        const stream = await openai.chat.completions.create({ model: 'stories260K', messages, max_tokens: 120, temperature: 1, seed, response_format, stream: true });
+        let text = '';
+        for await (const c of stream) text += c.choices[0]?.delta?.content ?? '';
+        expect(text).toBe(r.choices[0]!.message.content);
+      }
+    }
+  });
+
+  it('json_object: the output is JSON (greedy, and with logprobs)', async () => {
+    const r = await openai.chat.completions.create({ model: 'stories260K', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 200, temperature: 0, response_format: { type: 'json_object' }, logprobs: true, top_logprobs: 2 });
+    const text = r.choices[0]!.message.content!;
+    expect(text.startsWith('{'), text).toBe(true);
+    if (r.choices[0]!.finish_reason === 'stop') expect(typeof JSON.parse(text)).toBe('object');
+    expect(r.choices[0]!.logprobs!.content!.map((c) => c.token).join('')).toBe(text);
+    // without the constraint the model writes a story, not JSON
+    const plain = await openai.chat.completions.create({ model: 'stories260K', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 20, temperature: 0 });
+    expect(plain.choices[0]!.message.content!.trimStart().startsWith('{')).toBe(false);
   });
 });

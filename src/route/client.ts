@@ -66,6 +66,22 @@ export class RouteSessionClient {
     return this.tokenOf(reply!);
   }
 
+  /** Sends the prompt in chunks like prefill, but the last chunk asks for its logits [n_vocab] instead of a token (sampling on the client's side). */
+  async prefillLogits(tokens: ArrayLike<number>, chunk = DEFAULT_PREFILL_CHUNK, onChunk?: (done: number, total: number) => void): Promise<Float32Array> {
+    if (tokens.length === 0) throw new MeshError('BAD_REQUEST', 'prefill needs at least one token');
+    const all = Array.from(tokens);
+    const lastAt = Math.floor((all.length - 1) / chunk) * chunk;
+    for (let i = 0; i < lastAt; i += chunk) {
+      const part = all.slice(i, i + chunk);
+      await this.link.request(tokensFrame(FrameType.Prefill, this.at(), this.position, part, this.timingFlag()));
+      this.position += part.length;
+      onChunk?.(i + part.length, all.length);
+    }
+    const out = await this.logits(all.slice(lastAt));
+    onChunk?.(all.length, all.length);
+    return out;
+  }
+
   /** Feeds the last sampled token and returns the next one. */
   async decode(token: number): Promise<number> {
     const reply = await this.link.request(tokensFrame(FrameType.Decode, this.at(), this.position, [token], FrameFlag.Sample | this.timingFlag()));
@@ -76,6 +92,7 @@ export class RouteSessionClient {
   /** Runs tokens through the route and returns the last position's logits [n_vocab]. */
   async logits(tokens: ArrayLike<number>): Promise<Float32Array> {
     const type = tokens.length === 1 && this.position > 0 ? FrameType.Decode : FrameType.Prefill;
+    // (a Decode answers with logits too when WantLogits is set)
     const reply = await this.link.request(tokensFrame(type, this.at(), this.position, tokens, FrameFlag.WantLogits | this.timingFlag()));
     this.position += tokens.length;
     if (reply.type !== FrameType.Logits) throw new MeshError('FRAME_BAD_TYPE', `expected Logits, got ${FrameType[reply.type]}`);

@@ -12,6 +12,8 @@ import type { FrameLink } from '../transport/link.ts';
 import { DEFAULT_PREFILL_CHUNK, RouteSessionClient } from './client.ts';
 import { generationContextLength, runGeneration } from './generation-loop.ts';
 import type { TimedStepper } from './generation-loop.ts';
+import { ConstrainedStepper } from './constrained-stepper.ts';
+import type { TokenConstraint } from './constrained-stepper.ts';
 import type { GenerationResult } from '../model/generation-output.ts';
 import type { SessionInfo } from './sessions.ts';
 import type { SamplerSettings, SessionOpenBody } from '../protocol/session.ts';
@@ -85,6 +87,8 @@ export interface RouteGenerationRequest {
   reuse?: KeptSession & { position: number };
   /** leave the session open afterwards (its KV for reuse); the result says what it holds */
   keep?: boolean;
+  /** sample here under this constraint (a grammar) from the last stage's logits, not on the last stage (constrained-stepper.ts) */
+  constraint?: TokenConstraint;
 }
 
 /** A session left open on a route after a generation, and the tokens its KV cache holds. */
@@ -114,9 +118,12 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
   const contextLength = generationContextLength(prompt, req.maxTokens, req.contextLength);
   const emit = req.onEvent ?? (() => undefined);
   const penalties = !!req.sampler && usesPenalties(req.sampler);
-  const reuse = req.reuse && req.reuse.position < prompt.length && prompt.length + req.maxTokens <= req.reuse.contextLength ? req.reuse : null;
-  let stepper: RouteStepper;
-  if (reuse) {
+  const reuse = !req.constraint && req.reuse && req.reuse.position < prompt.length && prompt.length + req.maxTokens <= req.reuse.contextLength ? req.reuse : null;
+  let stepper: RouteStepper | ConstrainedStepper;
+  if (req.constraint) {
+    const client = await RouteSessionClient.open(link, routeId, { contextLength, promptLength: prompt.length });
+    stepper = new ConstrainedStepper(client, contextLength, req.prefillChunk ?? DEFAULT_PREFILL_CHUNK, req.constraint, req.sampler ?? {}, req.logprobs ?? null);
+  } else if (reuse) {
     stepper = RouteStepper.attach(link, routeId, reuse.sessionId, reuse.tokens.length, reuse.contextLength, req.prefillChunk);
     // the last stage's penalties need every prompt id, from 0
     await stepper.client.rewind(reuse.position, { draws: 0, sampler: req.sampler ?? {}, logprobs: req.logprobs ?? null, ...(penalties ? { tokens: prompt, from: 0 } : {}) });
@@ -144,7 +151,7 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
     if (summary) emit(summary);
     // the KV holds the prompt and every generated token but the last (never fed back)
     const held = [...prompt, ...out.tokens.slice(0, Math.max(0, out.tokens.length - 1))];
-    keep = !!req.keep && out.stopReason !== 'aborted' && held.length === stepper.position;
+    keep = !!req.keep && !req.constraint && out.stopReason !== 'aborted' && held.length === stepper.position;
     if (!keep) await stepper.close();
     return { ...out.result(prompt), sessionId, summary, cachedTokens: cached, kept: keep ? { sessionId, tokens: held, contextLength: stepper.contextLength } : null };
   } catch (e) {
