@@ -12,6 +12,10 @@ export interface ChatMessageIn {
   role: string;
   content?: ChatContent;
   name?: string;
+  /** an assistant's earlier calls */
+  tool_calls?: unknown[];
+  /** a tool result's call */
+  tool_call_id?: string;
 }
 
 /** What response_format asks for: any JSON object, or JSON matching a schema. */
@@ -42,6 +46,9 @@ export interface ParsedRequest {
   cachePrompt: boolean;
   /** response_format json_object / json_schema: the output is constrained to it (null: text) */
   format: OutputFormat | null;
+  /** tools and tool_choice as sent (openai-tools.ts reads them against the template) */
+  tools: unknown;
+  toolChoice: unknown;
 }
 
 /** Fields a client may send that change nothing here, as on OpenAI where they only label or store a request. */
@@ -134,8 +141,6 @@ export function parseRequest(raw: unknown, chat: boolean, nVocab: number, nCtx: 
   if (present(so) && (typeof so !== 'object' || Array.isArray(so))) throw badParam('stream_options', 'must be an object');
 
   // refused: what this server cannot do, named
-  refuseUnless(body, 'tools', (v) => Array.isArray(v) && v.length === 0, 'tool calling is not supported yet');
-  refuseUnless(body, 'tool_choice', (v) => v === 'none' || v === 'auto', "tool calling is not supported yet: only 'none' or 'auto' (without tools)");
   refuseUnless(body, 'functions', (v) => Array.isArray(v) && v.length === 0, 'function calling is not supported');
   refuseUnless(body, 'function_call', (v) => v === 'none' || v === 'auto', 'function calling is not supported');
   refuseUnless(body, 'store', (v) => v === false, 'completions are not stored here');
@@ -163,8 +168,9 @@ export function parseRequest(raw: unknown, chat: boolean, nVocab: number, nCtx: 
     if (!Array.isArray(body.messages) || body.messages.length === 0) throw badParam('messages', 'must be a non-empty array');
     messages = body.messages.map((m: unknown, i: number) => {
       if (typeof m !== 'object' || m === null || typeof (m as ChatMessageIn).role !== 'string') throw badParam('messages', `message ${i} needs a role`);
-      const msg = m as ChatMessageIn & { tool_calls?: unknown };
-      if (msg.role === 'tool' || msg.tool_calls !== undefined) throw badParam('messages', `message ${i}: tool messages need tool calling, which is not supported yet`);
+      const msg = m as ChatMessageIn;
+      if (msg.tool_calls !== undefined && (msg.role !== 'assistant' || !Array.isArray(msg.tool_calls))) throw badParam('messages', `message ${i}: tool_calls belong to an assistant message, as an array`);
+      if (msg.role === 'tool' && typeof msg.tool_call_id !== 'string') throw badParam('messages', `message ${i}: a tool message needs the tool_call_id it answers`);
       const c = msg.content;
       if (present(c) && typeof c !== 'string' && !(Array.isArray(c) && c.every((p) => typeof p === 'object' && p !== null))) throw badParam('messages', `message ${i}: content must be a string or an array of parts`);
       if (Array.isArray(c) && c.some((p) => p.type !== 'text')) throw badParam('messages', `message ${i}: only text parts are supported`);
@@ -179,7 +185,7 @@ export function parseRequest(raw: unknown, chat: boolean, nVocab: number, nCtx: 
   }
   return {
     chat, model: model as string | undefined, messages, prompt, maxTokens, ...samplerOf(body, nVocab, nCtx), stop,
-    stream: body.stream === true, includeUsage: (so as { include_usage?: unknown } | undefined)?.include_usage === true, n, logprobs, echo, cachePrompt: body.cache_prompt !== false, format: outputFormatOf(body.response_format),
+    stream: body.stream === true, includeUsage: (so as { include_usage?: unknown } | undefined)?.include_usage === true, n, logprobs, echo, cachePrompt: body.cache_prompt !== false, format: outputFormatOf(body.response_format), tools: body.tools, toolChoice: body.tool_choice,
   };
 }
 

@@ -22,11 +22,14 @@ import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { LocalLink } from '../src/transport/link.ts';
 import { readJsonBody, sendJson } from '../src/transport/http.ts';
 import type { Room } from './room.ts';
-import { choiceSampler, messageText, parseRequest } from './openai-request.ts';
+import { badParam, choiceSampler, messageText, parseRequest } from './openai-request.ts';
+import { checkToolTemplate, forcedCallFormat, parseToolCalls, templateMessage, templateTools, toolsOf } from './openai-tools.ts';
+import type { ToolCall, ToolChoice, ToolSpec } from './openai-tools.ts';
+import type { ChatMessage } from '../src/model/chat-template.ts';
 import type { ParsedRequest } from './openai-request.ts';
 import { chatLogprobs, completionLogprobs } from './openai-format.ts';
 import { PrefixCache } from '../src/route/prefix-cache.ts';
-import { outputConstraint } from './structured-output.ts';
+import { controlEscaper, outputConstraint } from './structured-output.ts';
 
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
 /** positions a kept session reserves beyond its request, so that the next chat turn fits in its KV cache */
@@ -79,6 +82,9 @@ export function modelsList(allowed: Room[]): unknown {
 interface ChoiceResult {
   result: RouteGenerationResult;
   logprobs: SampledLogprob[];
+  /** tool calls read from the reply, and the text left around them */
+  calls: ToolCall[];
+  content: string;
 }
 
 /** What a request shares across its choices while it runs. */
@@ -99,12 +105,16 @@ interface RequestRun {
   /** an SSE writer while streaming, else null */
   sse: ((data: unknown, event?: string) => void) | null;
   repairs: TelemetryEvent[];
+  /** the tools the model may call (chat with tools, tool_choice not "none") */
+  tools: { tools: ToolSpec[]; choice: ToolChoice } | null;
 }
 
-function promptOf(req: ParsedRequest, room: Room, tokenizer: Tokenizer): { tokens: number[]; text: string } {
+function promptOf(req: ParsedRequest, room: Room, tokenizer: Tokenizer, tools: RequestRun['tools']): { tokens: number[]; text: string } {
   if (req.chat) {
-    const messages = req.messages.map((m) => ({ role: m.role, content: messageText(m.content) }));
-    const text = ChatTemplate.fromMetadata(room.model.header.metadata, { tokenizer, fallback: true }).prompt(tokenizer, messages);
+    const messages = req.messages.map((m) => templateMessage({ ...m, content: messageText(m.content) }) as unknown as ChatMessage);
+    const template = ChatTemplate.fromMetadata(room.model.header.metadata, { tokenizer, fallback: true });
+    if (tools) checkToolTemplate(template);
+    const text = template.prompt(tokenizer, messages, tools ? { variables: { tools: templateTools(tools.tools) } } : {});
     return { tokens: tokenizer.encode(text), text };
   }
   if (typeof req.prompt !== 'string') return { tokens: req.prompt, text: tokenizer.decode(req.prompt) };
@@ -160,11 +170,17 @@ async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req
   let offset = run.req.echo ? run.promptText.length : 0;
   if (run.sse && run.req.echo) run.sse(chunkOf(run, index, run.promptText, null));
   const wantLogprobs = run.req.logprobs !== null;
-  const onDelta = (d: string): void => {
+  // constrained JSON: raw control characters inside strings escaped, so the output parses (structured-output.ts)
+  const escape = run.req.format ? controlEscaper() : null;
+  let text = '';
+  const onDelta = (raw: string): void => {
+    const d = escape ? escape(raw) : raw;
+    text += d;
     if (!d) return;
     const lps = pending.splice(0);
     kept.push(...lps);
-    run.sse?.(chunkOf(run, index, d, null, lastStep ? { gguf_mesh: lastStep } : {}, lps, offset));
+    // with tools the reply is read whole first: a call is not text to stream
+    if (!run.tools) run.sse?.(chunkOf(run, index, d, null, lastStep ? { gguf_mesh: lastStep } : {}, lps, offset));
     offset += d.length;
   };
   // KV reuse: one choice continues a kept session whose tokens the prompt extends, and is kept afterwards
@@ -219,8 +235,14 @@ async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req
     (unsubscribe as (() => void) | null)?.();
   }
   if (result.kept) cache!.put(route.id, result.kept);
-  run.sse?.(chunkOf(run, index, run.req.chat ? {} : '', finishOf(result), { gguf_mesh: result.summary }));
-  return { result, logprobs: kept };
+  if (escape) result.text = text;
+  const { content, calls } = run.tools ? parseToolCalls(result.text, run.tools.tools, run.tools.choice !== 'auto') : { content: result.text, calls: [] };
+  if (run.tools && run.sse) {
+    if (content) run.sse(chunkOf(run, index, content, null, {}, kept));
+    if (calls.length > 0) run.sse(chunkOf(run, index, { tool_calls: calls.map((c, i) => ({ index: i, ...c })) }, null));
+  }
+  run.sse?.(chunkOf(run, index, run.req.chat ? {} : '', calls.length > 0 ? 'tool_calls' : finishOf(result), { gguf_mesh: result.summary }));
+  return { result, logprobs: kept, calls, content: content ?? '' };
 }
 
 function usageOf(promptTokens: number, choices: readonly ChoiceResult[]): Record<string, unknown> {
@@ -238,9 +260,14 @@ function responseOf(run: RequestRun, choices: readonly ChoiceResult[]): unknown 
     object: chat ? 'chat.completion' : 'text_completion',
     created,
     model,
-    choices: choices.map(({ result, logprobs }, index) =>
+    choices: choices.map(({ result, logprobs, calls, content }, index) =>
       chat
-        ? { index, message: { role: 'assistant', content: result.text, refusal: null }, logprobs: wantLp ? chatLogprobs(tokenizer, logprobs) : null, finish_reason: finishOf(result) }
+        ? {
+            index,
+            message: { role: 'assistant', content: calls.length > 0 && !content ? null : content, refusal: null, ...(calls.length > 0 ? { tool_calls: calls } : {}) },
+            logprobs: wantLp ? chatLogprobs(tokenizer, logprobs) : null,
+            finish_reason: calls.length > 0 ? 'tool_calls' : finishOf(result),
+          }
         : {
             index,
             text: (run.req.echo ? run.promptText : '') + result.text,
@@ -275,7 +302,11 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     const tokenizer = tokenizerOf(room);
     const nCtx = hyperParameters(room.model.header).n_ctx_train || 2048; // as configFromHeader defaults it
     const parsed = parseRequest(raw, chat, tokenizer.size, nCtx);
-    const prompt = promptOf(parsed, room, tokenizer);
+    const tools = chat ? toolsOf(parsed.tools, parsed.toolChoice) : null;
+    const forced = tools ? forcedCallFormat(tools.tools, tools.choice) : null;
+    if (forced && parsed.format) throw badParam('response_format', 'a forced tool call (tool_choice) already fixes the output format');
+    if (forced) parsed.format = forced;
+    const prompt = promptOf(parsed, room, tokenizer, tools);
     if (prompt.tokens.length > nCtx) throw new MeshError('CONTEXT_FULL', `the prompt has ${prompt.tokens.length} tokens; the model's context holds ${nCtx}`, { param: chat ? 'messages' : 'prompt' });
     const abort = new AbortController();
     res.on('close', () => {
@@ -289,7 +320,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
       maxTokens: parsed.maxTokens ?? (chat ? Math.max(0, Math.min(512, nCtx - prompt.tokens.length)) : 16),
       nCtx,
       id: `${chat ? 'chatcmpl' : 'cmpl'}-${randomBytes(12).toString('hex')}`, created: Math.floor(Date.now() / 1000), model: room.model.id,
-      abort, sse: parsed.stream ? sse : null, repairs: [],
+      abort, sse: parsed.stream ? sse : null, repairs: [], tools,
     };
     if (parsed.stream) {
       streaming = true;

@@ -78,3 +78,25 @@ export async function outputConstraint(tokenizer: Tokenizer, format: OutputForma
     dispose: () => matcher.dispose(),
   };
 }
+
+/**
+ * JSON as a constrained model writes it, delta by delta, with raw control characters inside strings escaped
+ * (\u00XX). xgrammar's grammar forbids them, but byte-fallback tokens can still carry one into a
+ * string (seen with a synthetic SentencePiece vocabulary); JSON.parse refuses them, so the
+ * output is made to parse without changing what it says.
+ */
+export function controlEscaper(): (delta: string) => string {
+  let inString = false;
+  let escaped = false;
+  return (delta) => {
+    let out = '';
+    for (const ch of delta) {
+      const code = ch.charCodeAt(0);
+      if (inString && escaped) escaped = false;
+      else if (inString && ch === '\\') escaped = true;
+      else if (ch === '"') inString = !inString;
+      out += inString && code < 0x20 ? `\\u${code.toString(16).padStart(4, '0')}` : ch;
+    }
+    return out;
+  };
+}
