@@ -6,8 +6,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import OpenAI from 'openai';
 import { stories260K } from './support/models.ts';
-import { killAll, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
-import type { MeshProcess, ServeInfo } from './support/mesh.ts';
+import { killAll, serveWithNodes } from './support/mesh.ts';
+import type { ServeInfo } from './support/mesh.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { readHeader } from '../src/gguf/parse.ts';
 import { LlamaCppModel } from '../src/backends/llamacpp/generator.ts';
@@ -18,7 +18,6 @@ import { CpuBackend } from '../src/backends/cpu/backend.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 
 let serve: ServeInfo;
-const nodes: MeshProcess[] = [];
 let openai: OpenAI;
 let tokenizer: Tokenizer;
 let llama: StepperGenerator;
@@ -27,13 +26,7 @@ const PROMPT = 'Once upon a time';
 
 beforeAll(async () => {
   modelPath = await stories260K();
-  serve = await spawnServe(modelPath, ['--min-peers', '2']);
-  for (const name of ['a', 'b']) {
-    const n = spawnMesh(['node', '--join', serve.joinUrl, '--name', name, '--no-cache']);
-    await n.waitFor(/joined room/);
-    nodes.push(n);
-  }
-  await waitForRoute(serve, 'ready');
+  serve = await serveWithNodes(modelPath, ['a', 'b']);
   openai = new OpenAI({ apiKey: serve.secret, baseURL: `${serve.base}/v1`, maxRetries: 0 });
   tokenizer = Tokenizer.fromMetadata((await readHeader(modelPath)).metadata);
   llama = new StepperGenerator(await LlamaCppModel.load(modelPath, { threads: 1, contextLength: 256 }), tokenizer);

@@ -17,7 +17,7 @@ import type { ChatMessage } from '../src/model/chat-template.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { parseToolCalls, templateMessage, templateTools } from '../signaling-server/openai-tools.ts';
 import type { ToolSpec } from '../signaling-server/openai-tools.ts';
-import { killAll, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
+import { killAll, serveWithNodes } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
 import { templatePath } from './tokenizer-fixtures.ts';
 
@@ -52,9 +52,7 @@ beforeAll(async () => {
   const header = await readHeader(path);
   tokenizer = Tokenizer.fromMetadata(header.metadata);
   template = ChatTemplate.fromMetadata(header.metadata, { tokenizer });
-  serve = await spawnServe(path, ['--min-peers', '1']);
-  await spawnMesh(['node', '--join', serve.joinUrl, '--name', 'a', '--no-cache']).waitFor(/joined room/);
-  await waitForRoute(serve, 'ready');
+  serve = await serveWithNodes(path, ['a']);
   openai = new OpenAI({ apiKey: serve.secret, baseURL: `${serve.base}/v1`, maxRetries: 0 });
   model = (await openai.models.list()).data[0]!.id;
 });

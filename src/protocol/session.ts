@@ -2,21 +2,10 @@
 // a SessionOpen frame's JSON body, the server's session manager and every stage read it back.
 // Session ids are 128 random bits, hex, as the frame header carries them.
 
-/** Sampling on the last stage (llama.cpp's chain, src/model/sampler.ts); absent or temperature 0 is greedy. */
-export interface SamplerSettings {
-  temperature?: number;
-  topK?: number;
-  topP?: number;
-  minP?: number;
-  repeatPenalty?: number;
-  frequencyPenalty?: number;
-  presencePenalty?: number;
-  /** tokens the penalties look back over (default 64) */
-  repeatLastN?: number;
-  /** token id (decimal string) → bias added to its logit */
-  logitBias?: Record<string, number>;
-  seed?: number;
-}
+import type { SamplerOptions } from '../model/sampler.ts';
+
+/** Sampling on the last stage (llama.cpp's chain: model/sampler.ts's options, JSON as they travel); absent or temperature 0 is greedy. */
+export type SamplerSettings = SamplerOptions;
 
 /** Body of a SessionOpen frame. */
 export interface SessionOpenBody {

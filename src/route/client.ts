@@ -123,3 +123,25 @@ export class RouteSessionClient {
     return token;
   }
 }
+
+/** What every stepper over a RouteSessionClient shows of its session (route-generation.ts, constrained-stepper.ts); every step asks the stages for their timings. */
+export abstract class ClientStepper {
+  constructor(
+    readonly client: RouteSessionClient,
+    readonly contextLength: number,
+  ) {
+    client.wantTimings = true;
+  }
+
+  get sessionId(): string {
+    return this.client.sessionId;
+  }
+
+  get position(): number {
+    return this.client.position;
+  }
+
+  get lastTimings(): readonly StepTiming[] {
+    return this.client.lastTimings;
+  }
+}

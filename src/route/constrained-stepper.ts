@@ -8,7 +8,8 @@
 import { MeshError } from '../errors.ts';
 import { Sampler, tokenLogprob } from '../model/sampler.ts';
 import type { SamplerOptions } from '../model/sampler.ts';
-import type { SampledLogprob, StepTiming } from '../protocol/payload.ts';
+import type { SampledLogprob } from '../protocol/payload.ts';
+import { ClientStepper } from './client.ts';
 import type { RouteSessionClient } from './client.ts';
 import type { TimedStepper } from './generation-loop.ts';
 
@@ -21,33 +22,21 @@ export interface TokenConstraint {
   dispose(): void;
 }
 
-export class ConstrainedStepper implements TimedStepper {
+export class ConstrainedStepper extends ClientStepper implements TimedStepper {
   private readonly sampler: Sampler;
   private readonly history: number[] = [];
   lastLogprob: SampledLogprob | null = null;
 
   constructor(
-    readonly client: RouteSessionClient,
-    readonly contextLength: number,
+    client: RouteSessionClient,
+    contextLength: number,
     private readonly prefillChunk: number,
     private readonly constraint: TokenConstraint,
     sampler: SamplerOptions,
     private readonly logprobs: number | null,
   ) {
+    super(client, contextLength);
     this.sampler = new Sampler(sampler);
-    client.wantTimings = true;
-  }
-
-  get sessionId(): string {
-    return this.client.sessionId;
-  }
-
-  get position(): number {
-    return this.client.position;
-  }
-
-  get lastTimings(): readonly StepTiming[] {
-    return this.client.lastTimings;
   }
 
   async prefill(prompt: readonly number[], onProgress?: (done: number, total: number) => void): Promise<number> {

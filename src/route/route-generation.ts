@@ -9,7 +9,7 @@ import { MeshError } from '../errors.ts';
 import type { Tokenizer } from '../model/tokenizer/tokenizer.ts';
 import type { TokenStepper } from '../model/token-stepper.ts';
 import type { FrameLink } from '../transport/link.ts';
-import { DEFAULT_PREFILL_CHUNK, RouteSessionClient } from './client.ts';
+import { ClientStepper, DEFAULT_PREFILL_CHUNK, RouteSessionClient } from './client.ts';
 import { generationContextLength, runGeneration } from './generation-loop.ts';
 import type { TimedStepper } from './generation-loop.ts';
 import { ConstrainedStepper } from './constrained-stepper.ts';
@@ -17,17 +17,17 @@ import type { TokenConstraint } from './constrained-stepper.ts';
 import type { GenerationResult } from '../model/generation-output.ts';
 import type { SessionInfo } from './sessions.ts';
 import type { SamplerSettings, SessionOpenBody } from '../protocol/session.ts';
-import type { SampledLogprob, StepTiming } from '../protocol/payload.ts';
+import type { SampledLogprob } from '../protocol/payload.ts';
 import type { StageTiming, TelemetryEvent } from './telemetry.ts';
 
 /** A session on a route as a TokenStepper: every step asks the stages for their timings. */
-export class RouteStepper implements TimedStepper {
+export class RouteStepper extends ClientStepper implements TimedStepper {
   private constructor(
-    readonly client: RouteSessionClient,
-    readonly contextLength: number,
+    client: RouteSessionClient,
+    contextLength: number,
     private readonly prefillChunk: number,
   ) {
-    client.wantTimings = true;
+    super(client, contextLength);
   }
 
   /** a session already open on the route (kept by an earlier generation), at `position` */
@@ -38,18 +38,6 @@ export class RouteStepper implements TimedStepper {
   /** opens a session on route `routeId` through `link` */
   static async open(link: FrameLink, routeId: number, body: SessionOpenBody, prefillChunk = DEFAULT_PREFILL_CHUNK): Promise<RouteStepper> {
     return new RouteStepper(await RouteSessionClient.open(link, routeId, body), body.contextLength, prefillChunk);
-  }
-
-  get sessionId(): string {
-    return this.client.sessionId;
-  }
-
-  get position(): number {
-    return this.client.position;
-  }
-
-  get lastTimings(): readonly StepTiming[] {
-    return this.client.lastTimings;
   }
 
   get lastLogprob(): SampledLogprob | null {
