@@ -29,7 +29,7 @@ export type HelloOffer = Omit<PeerHello, 't' | 'proof'>;
 /** The last stage's sampler for a session's settings (seeded, as the session asks). */
 export const stageSampler: SamplerFactory = (settings, draws) => {
   const sampler = new Sampler(settings).skip(draws);
-  return (logits) => sampler.sample(logits, []);
+  return (logits, history) => sampler.sample(logits, history);
 };
 
 /** The room's model as the server describes it: its id, its manifest, and its header (read once, on demand). */

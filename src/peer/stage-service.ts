@@ -13,16 +13,17 @@
 
 import { MeshError } from '../errors.ts';
 import type { HiddenRows, StageBackend, StageInput, ShardRange } from '../backends/types.ts';
-import { argmax } from '../model/sampler.ts';
-import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame } from '../protocol/frame.ts';
+import { argmax, tokenLogprob } from '../model/sampler.ts';
+import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame, MAX_TOP_LOGPROBS } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, decodeRows, hiddenFrame, hiddenRowsFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame, withTimings } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, decodeRows, hiddenFrame, hiddenRowsFrame, jsonFrame, logitsFrame, replyAddress, sampledFrame, withTimings } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import type { StageTiming } from '../route/telemetry.ts';
 import type { ResendBody, RewindBody, SamplerSettings, SessionOpenBody } from '../protocol/session.ts';
 import { ReplayLog, rowHashes } from './replay-log.ts';
 
-export type TokenSampler = (logits: Float32Array) => number;
+/** Picks a token from the logits; history: the session's tokens at positions [0, p) (for penalties). */
+export type TokenSampler = (logits: Float32Array, history: readonly number[]) => number;
 /** A sampler for a session's settings that has already made `draws` random draws. */
 export type SamplerFactory = (settings: SamplerSettings, draws: number) => TokenSampler;
 
@@ -53,6 +54,10 @@ export interface StageServiceOptions {
 interface StageSession {
   sample: TokenSampler | null;
   settings: SamplerSettings;
+  /** the session's token ids by position, as far as this stage knows them (the client's `tokens`, then what it sampled): the penalties' history */
+  history: number[];
+  /** top alternatives to report with each sampled token's log-probability; null: none */
+  logprobs: number | null;
   /** hidden states sent downstream, and hashes of rows received (for repairs) */
   log: ReplayLog;
   hiddenDtype: DType.F16 | DType.F32;
@@ -133,6 +138,8 @@ export class StageService {
     this.sessions.set(f.sessionId, {
       sample: this.samplerFor(settings, draws),
       settings,
+      history: Array.isArray(body.tokens) ? body.tokens.map(Number) : [],
+      logprobs: logprobsSetting(body.logprobs),
       log: new ReplayLog(),
       hiddenDtype: body.hiddenDtype === 'f32' ? DType.F32 : DType.F16,
       timing: { steps: 0, computeMs: 0, downstreamMs: 0, handleMs: 0, bytesIn: 0, bytesOut: 0 },
@@ -141,10 +148,10 @@ export class StageService {
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'open', position: 0 });
   }
 
-  /** greedy (argmax) unless the stage has a sampler factory and the session a temperature; null off the last stage */
+  /** the stage's sampler factory's sampler for the settings (greedy argmax on a stage without one); null off the last stage */
   private samplerFor(settings: SamplerSettings, draws: number): TokenSampler | null {
     if (!this.isLast) return null;
-    return !settings.temperature || !this.opts.samplerFactory ? argmax : this.opts.samplerFactory(settings, draws);
+    return this.opts.samplerFactory ? this.opts.samplerFactory(settings, draws) : (logits) => argmax(logits);
   }
 
   /** Rewind: positions from f.position on are forgotten here (KV cache, log); the sampler restarts after `draws` draws. */
@@ -155,7 +162,16 @@ export class StageService {
     await this.opts.backend.truncateSession(f.sessionId, f.position);
     s.log.truncate(f.position);
     s.pipelineError = null;
+    if (body?.sampler) s.settings = body.sampler;
+    if (body?.logprobs !== undefined) s.logprobs = logprobsSetting(body.logprobs);
     s.sample = this.samplerFor(s.settings, draws);
+    // the penalty history: positions kept, then the tokens the client says come from `from` on
+    if (s.history.length > f.position) s.history.length = f.position;
+    const from = body?.from ?? f.position;
+    if (Array.isArray(body?.tokens) && from <= s.history.length) {
+      s.history.length = from;
+      s.history.push(...body!.tokens!.map(Number));
+    }
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: f.position });
   }
 
@@ -292,8 +308,10 @@ export class StageService {
     const at = { routeId: f.routeId, sessionId: f.sessionId };
     if (f.flags & FrameFlag.WantLogits && !replay) return logitsFrame(at, nextPosition, output.logits);
     if (!sampleNow) return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: nextPosition, ...(replay ? { replayed: true } : {}) });
-    const token = s.sample!(output.logits);
-    return tokensFrame(FrameType.Token, at, nextPosition, [token]);
+    const token = s.sample!(output.logits, s.history.length > nextPosition ? s.history.slice(0, nextPosition) : s.history);
+    // the token sampled here occupies position nextPosition: it joins the history when the history reaches that far
+    if (s.history.length === nextPosition) s.history.push(token);
+    return sampledFrame(at, nextPosition, token, s.logprobs === null ? null : tokenLogprob(output.logits, token, s.logprobs));
   }
 
   /** A session's counters on this stage; a session that is not open holds nothing. */
@@ -352,6 +370,11 @@ function count(v: unknown, what: string): number {
 function span(v: unknown, what: string): [number, number] {
   if (!Array.isArray(v) || v.length !== 2) throw new MeshError('BAD_REQUEST', `status query: ${what} must be [start, end], got ${JSON.stringify(v)}`);
   return [count(v[0], `status query: ${what}[0]`), count(v[1], `status query: ${what}[1]`)];
+}
+
+/** A session's logprobs setting: top alternatives to report (0–20), or null for none. */
+function logprobsSetting(v: number | null | undefined): number | null {
+  return v === undefined || v === null ? null : Math.max(0, Math.min(MAX_TOP_LOGPROBS, Math.floor(Number(v)) || 0));
 }
 
 /** A Hidden frame's payload as rows for a backend's forwardRows (no decoding here). */

@@ -10,14 +10,14 @@
 import { MeshError } from '../errors.ts';
 import { FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, jsonFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, jsonFrame, repairFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
-import type { SessionOpenBody } from '../protocol/session.ts';
+import type { RewindBody, SessionOpenBody } from '../protocol/session.ts';
 import type { HopLink, HopTelemetry, TelemetryEvent, TelemetryListener } from './telemetry.ts';
 import { hopTelemetry } from './telemetry.ts';
-import { reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
+import { historyBefore, reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
 import type { HistoryEntry, RebuildResult } from './repair.ts';
 
 /** A route's repair in progress: which stages lost their peer, since when, and when it ends. */
@@ -164,10 +164,10 @@ export class SessionManager {
     for (const l of this.listeners.get(sessionId) ?? []) l(e);
   }
 
-  /** Replays a session's events so far, then delivers new ones until unsubscribed. */
-  subscribe(sessionId: string, listener: TelemetryListener): () => void {
+  /** Replays a session's events so far (unless `fromNow`: a kept session continued by a new request), then delivers new ones until unsubscribed. */
+  subscribe(sessionId: string, listener: TelemetryListener, fromNow = false): () => void {
     this.get(sessionId);
-    for (const e of this.buffers.get(sessionId) ?? []) listener(e);
+    if (!fromNow) for (const e of this.buffers.get(sessionId) ?? []) listener(e);
     let set = this.listeners.get(sessionId);
     if (!set) this.listeners.set(sessionId, (set = new Set()));
     set.add(listener);
@@ -188,6 +188,8 @@ export class SessionManager {
       case FrameType.Prefill:
       case FrameType.Decode:
         return this.step(f);
+      case FrameType.Rewind:
+        return this.locked(this.get(f.sessionId), () => this.continueAt(f));
       case FrameType.SessionClose:
         await this.close(f.sessionId, 'closed');
         return jsonFrame(FrameType.Status, replyAddress(f), this.brief(f.sessionId));
@@ -362,6 +364,33 @@ export class SessionManager {
     const at = { routeId: s.route.id, sessionId: s.life.sessionId };
     for (const h of s.history.slice(s.confirmedEntries)) reply = await this.answerOf(s, s.route.entry().request(tokensFrame(h.type, at, h.position, h.tokens, h.flags)));
     return reply;
+  }
+
+  /**
+   * A client continues an idle session from position p (KV reuse: a new chat turn that shares
+   * the first p tokens): every stage forgets positions from p on and takes the new sampler
+   * settings; the kept history (what a repair replays) is cut at p.
+   */
+  private async continueAt(f: Frame): Promise<Frame> {
+    const s = this.get(f.sessionId);
+    if (s.life.state !== 'idle') throw new MeshError('SESSION_BAD_STATE', `session ${f.sessionId} is ${s.life.state}; only an idle session continues at a new position`);
+    if (f.routeId !== s.route.id) throw new MeshError('FRAME_BAD_ROUTE', `frame route id: session ${f.sessionId} runs on route ${s.route.id}, not ${f.routeId}`, { field: 'route id' });
+    if (f.position > s.position) throw new MeshError('POSITION_MISMATCH', `session ${f.sessionId} holds ${s.position} positions; cannot continue at ${f.position}`, { expected: s.position, got: f.position });
+    const body = { ...decodeJson<RewindBody>(f.payload), draws: 0 };
+    const links = s.route.stageLinks();
+    try {
+      await Promise.all(links.map((l, i) => (l ? l.request(repairFrame(FrameType.Rewind, { routeId: s.route.id, sessionId: f.sessionId }, f.position, body)) : Promise.reject(new MeshError('STAGE_UNREACHABLE', `stage ${i} has no peer`, { stage: i })))));
+    } catch (e) {
+      const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
+      await this.fail(s, { code: err.code, message: `continuing the session failed: ${err.message}`, ...(typeof err.details?.stage === 'number' ? { stage: err.details.stage } : {}) });
+      throw err;
+    }
+    s.history = historyBefore(s.history, f.position);
+    s.position = s.confirmedPosition = f.position;
+    s.confirmedEntries = s.history.length;
+    s.confirmedDraws = 0;
+    s.body = { ...s.body, ...(body.sampler ? { sampler: body.sampler } : {}), ...(body.logprobs !== undefined ? { logprobs: body.logprobs ?? undefined } : {}), ...(body.tokens ? { tokens: [] } : {}) };
+    return jsonFrame(FrameType.Status, replyAddress(f), this.brief(f.sessionId));
   }
 
   /** Runs `fn` after the session's previous step or repair. */
