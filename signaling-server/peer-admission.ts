@@ -60,6 +60,7 @@ function cleanHello(msg: PeerHello): PeerHello {
     ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
     ...(msg.adapter ? { adapter: msg.adapter } : {}),
     ...(msg.rtc === true ? { rtc: true } : {}),
+    ...(msg.directReturn === true ? { directReturn: true } : {}),
     ...(isServeCapability(msg.serves) ? { serves: msg.serves } : {}),
   };
 }

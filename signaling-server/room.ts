@@ -20,7 +20,8 @@ import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
 import type { HopLink, TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
-import { FrameType, makeFrame } from '../src/protocol/frame.ts';
+import { decodeFrame, FrameType, makeFrame } from '../src/protocol/frame.ts';
+import { fromBase64 } from '../src/protocol/control.ts';
 import { RouteKeeper } from './route-repair.ts';
 import type { RepairState } from './route-repair.ts';
 
@@ -109,6 +110,11 @@ export class Route implements RouteHandle {
 
   stagePeers(): string[] {
     return this.stages.map((s) => s.peerId);
+  }
+
+  /** every stage's peer takes ReturnDirect and sends the last stage's token as a `return` message (the PyTorch peer does not yet) */
+  directReturn(): boolean {
+    return this.stages.every((s) => this.room.peers.get(s.peerId)?.hello.directReturn === true);
   }
 
   stageBackends(): string[] {
@@ -307,6 +313,7 @@ export class Room {
     // a replacement taking over a stage (a graceful leave: the stage still names the leaving peer)
     const replacing = this.keeper.replacementStage(r, peer) === msg.stage;
     if (st.peerId !== peer.id && !replacing) return;
+    if (msg.t === 'return') return this.deliverReturn(r, st, msg.frame);
     if (msg.t === 'ready') {
       st.loadMs = msg.loadMs;
       st.bytesRead = msg.bytesRead;
@@ -328,6 +335,17 @@ export class Room {
       st.status = 'failed';
       st.error = { code: msg.code, message: msg.message };
       r.setStatus('degraded', `stage ${st.stage} (${peer.id}) failed to load: ${msg.code} ${msg.message}`);
+    }
+  }
+
+  /** A one-way token from the route's last stage (only it may answer for the route's sessions). */
+  private deliverReturn(r: Route, st: RouteStage, frame: string): void {
+    if (st.stage !== r.stages.length - 1) return this.log(`route ${r.id}: stage ${st.stage} sent a token, but only the last stage answers; ignored`);
+    try {
+      const token = decodeFrame(fromBase64(frame));
+      if (token.routeId === r.id) this.opts.sessions.deliverReturn(token);
+    } catch (e) {
+      this.log(`route ${r.id}: a bad token frame from stage ${st.stage}: ${(e as Error).message}`);
     }
   }
 

@@ -12,9 +12,10 @@ import type { GgufHeader } from '../gguf/types.ts';
 import type { Manifest } from '../gguf/verify.ts';
 import { parseManifest } from '../gguf/verify.ts';
 import { Sampler } from '../model/sampler.ts';
-import { helloProof } from '../protocol/control.ts';
+import { helloProof, toBase64 } from '../protocol/control.ts';
 import type { CandidatePair, HopKind, PeerHello, PeerToServer, ServerToPeer } from '../protocol/control.ts';
 import { headerFromWire } from '../protocol/header-wire.ts';
+import { encodeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { fetchJson } from '../transport/server-json.ts';
@@ -230,7 +231,7 @@ export class PeerCore {
     switch (msg.t) {
       case 'challenge': {
         const offer = this.joining?.offer;
-        if (offer) void helloProof(this.opts.secret, String(msg.nonce)).then((proof) => this.opts.send({ t: 'hello', proof, ...offer }));
+        if (offer) void helloProof(this.opts.secret, String(msg.nonce)).then((proof) => this.opts.send({ t: 'hello', proof, directReturn: true, ...offer }));
         return true;
       }
       case 'welcome':
@@ -345,7 +346,9 @@ export class PeerCore {
       if (rewire?.upstreamPeer !== undefined) this.opts.onUpstream?.(rewire.upstreamPeer);
       const link = await this.opts.linkNext(target, this.context(a, next, () => seq === this.seq));
       if (!ctx.current) throw new MeshError('LOAD_FAILED', 'superseded');
-      const service = new StageService({ backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: link.link, samplerFactory: stageSampler });
+      // the last stage's one-way token goes to the server over the control socket
+      const returnTo = (token: Frame): void => this.opts.send({ t: 'return', routeId: a.routeId, stage: a.stage, frame: toBase64(encodeFrame(token)) });
+      const service = new StageService({ backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: link.link, samplerFactory: stageSampler, returnTo });
       this.serving = { assignment: a, service, kept, next };
       // a neighbour replaced while this stage was linking: link to it now
       const late = this.pendingRewire as Rewire | null;

@@ -10,6 +10,10 @@
 //   peer → server  {t:'relay', to, id, frame}          a request frame (base64) for peer `to`'s stage,
 //   server → peer  {t:'relay-reply', id, frame|error}  used when no data channel could open
 //   peer → server  {t:'telemetry', routeId, stage, …}  load progress, hop kind, frame counters
+//
+// Every peer of this implementation (hello `directReturn: true`) also sends, as the last stage,
+//   peer → server  {t:'return', routeId, stage, frame}  a sampled Token (base64 frame) for the
+//                  session's owner, one-way: the answer to a ReturnDirect step (frame.ts)
 
 import { MeshError } from '../errors.ts';
 import type { ShardRange } from '../gguf/types.ts';
@@ -36,6 +40,8 @@ export interface PeerHello {
   adapter?: unknown;
   /** a native node that answers and opens WebRTC data channels (browser peers always do) */
   rtc?: boolean;
+  /** takes FrameFlag.ReturnDirect and, as the last stage, sends the token to the server as a `return` message */
+  directReturn?: boolean;
 }
 
 export interface ModelBrief {
@@ -83,6 +89,8 @@ export type PeerToServer =
   | { t: 'rewired'; routeId: number; stage: number }
   /** a graceful leave (SIGTERM, the page's Leave button): move my sessions, then answer leave-ok */
   | { t: 'leave' }
+  /** the last stage's one-way token (a base64 Token frame) for the session manager: the answer to a ReturnDirect step */
+  | { t: 'return'; routeId: number; stage: number; frame: string }
   /** browser peers (below): signal/relay are routed before this union is consulted */
   | { t: 'telemetry'; routeId: number; stage: number; [k: string]: unknown };
 

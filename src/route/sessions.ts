@@ -6,11 +6,17 @@
 // client sees the same tokens and no error. Where no repair comes — or it fails — the session
 // fails naming the stage, and its KV cache is freed on every stage still there. Fault handling
 // lives here and nowhere else; stages only compute.
+//
+// The one-way token path: on a route whose stages all take FrameFlag.ReturnDirect, a sampled
+// step goes into stage 0 with that flag, and its Token comes from the last stage straight to
+// `deliverReturn` (over the last stage's control socket) instead of climbing back through every
+// stage; the chain's Status answers still come back, off the token's critical path, and carry
+// any error (naming the stage) as before.
 
 import { MeshError } from '../errors.ts';
-import { FrameType, makeFrame } from '../protocol/frame.ts';
+import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, jsonFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, jsonFrame, payloadBody, replyAddress, timingsOf, tokensFrame, withTimings } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
@@ -46,6 +52,8 @@ export interface RouteHandle {
   suspectStall?(): Promise<void>;
   /** how each hop is carried (webrtc, relay, ws, …), when the route knows */
   hops?(): HopLink[];
+  /** every stage takes FrameFlag.ReturnDirect and the last one reaches the session manager one-way (deliverReturn) */
+  directReturn?(): boolean;
 }
 
 export interface SessionInfo {
@@ -94,6 +102,10 @@ interface Session {
   /** the route repair this session last heard of (its `since` dates the repair) */
   repairSeen: RouteRepair | null;
   repairs: number;
+  /** a step of this session waits for the route's repair (it is not in flight: a hand-over need not wait for it) */
+  parked: boolean;
+  /** told when the session parks */
+  onPark: Set<() => void>;
 }
 
 export interface SessionManagerOptions {
@@ -136,6 +148,32 @@ function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   return Promise.race([p, late]).finally(() => clearTimeout(timer));
 }
 
+/** How long a step whose chain has answered waits for its one-way token before it counts as stalled (ms). */
+const RETURN_GRACE_MS = 10_000;
+
+/**
+ * A one-way token's timing records read as the climbing path's (downstream = everything after
+ * the stage, handle includes it). The records went forward before anything downstream happened,
+ * and no two stages share a clock, so the step's wire time is measured here as a whole — the
+ * step's time minus every stage's handling — and shared evenly over its N + 1 hops; then, from
+ * the last stage up, downstream_k = one hop + handle_{k+1} and handle_k grows by downstream_k
+ * (the last stage's downstream is its return hop), so the usual breakdown reads one hop as each
+ * stage's transfer and its overhead stays its own.
+ */
+function withHopShares(token: Frame, stepMs: number): Frame {
+  const records = [...timingsOf(token)].sort((a, b) => a.stage - b.stage);
+  if (records.length === 0) return token;
+  const handled = records.reduce((a, r) => a + r.handleUs, 0);
+  const hopUs = Math.max(0, stepMs * 1000 - handled) / (records.length + 1);
+  let after = 0; // the next stage's handle time, downstream included
+  for (let i = records.length - 1; i >= 0; i--) {
+    const downstreamUs = hopUs + after;
+    records[i] = { ...records[i]!, downstreamUs, handleUs: records[i]!.handleUs + downstreamUs };
+    after = records[i]!.handleUs;
+  }
+  return withTimings({ ...token, flags: token.flags & ~FrameFlag.Timings, payload: payloadBody(token) }, records);
+}
+
 /** Events kept per session so a late subscriber still sees progress. */
 const EVENT_BUFFER = 256;
 
@@ -144,6 +182,8 @@ export class SessionManager {
   private listeners = new Map<string, Set<TelemetryListener>>();
   private buffers = new Map<string, TelemetryEvent[]>();
   private sweeper: NodeJS.Timeout;
+  /** one-way tokens awaited, by `${sessionId}:${position after the step}` */
+  private returns = new Map<string, (token: Frame) => void>();
   readonly idleTtlMs: number;
 
   constructor(
@@ -207,7 +247,7 @@ export class SessionManager {
     await route.repair?.()?.done;
     const s: Session = {
       life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, promptLength: body.promptLength ?? null, onFail: new Set(),
-      body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0,
+      body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0, parked: false, onPark: new Set(),
     };
     this.sessions.set(sessionId, s);
     this.prune();
@@ -289,7 +329,7 @@ export class SessionManager {
           const reply = await this.rebuild(s);
           if (reply) return reply; // f was the last frame the route had not answered
         }
-        return await this.answerOf(s, s.route.entry().request(f));
+        return await this.answerOf(s, this.send(s, f));
       } catch (e) {
         const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
         if (!LOSS_SYMPTOMS.has(err.code)) throw err;
@@ -300,6 +340,39 @@ export class SessionManager {
         if (!repairing() || attempt >= MAX_REPAIR_ATTEMPTS) throw err;
       }
     }
+  }
+
+  /**
+   * Sends a step into stage 0. A sampled step on a route that takes the one-way path gets
+   * ReturnDirect: its answer is the Token the last stage sends to `deliverReturn`, or the
+   * chain's error, whichever comes first.
+   */
+  private send(s: Session, f: Frame): Promise<Frame> {
+    const entry = s.route.entry();
+    if (!(f.flags & FrameFlag.Sample) || f.flags & FrameFlag.WantLogits || !s.route.directReturn?.()) return entry.request(f);
+    const key = `${f.sessionId}:${f.position + f.nTokens}`;
+    const sent = performance.now();
+    const returned = new Promise<Frame>((resolve) => this.returns.set(key, (token) => resolve(withHopShares(token, performance.now() - sent))));
+    const acked = entry.request({ ...f, flags: f.flags | FrameFlag.ReturnDirect }).then((ack) => {
+      // a last stage with no way to us answers with the token itself
+      if (ack.type !== FrameType.Status) return ack;
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new MeshError('STAGE_STALLED', `session ${f.sessionId}: the route answered position ${f.position} but its token never came back`, { stage: s.route.stagePeers().length - 1 })), RETURN_GRACE_MS);
+      });
+      return Promise.race([returned, late]).finally(() => clearTimeout(timer));
+    });
+    return Promise.race([returned, acked]).finally(() => this.returns.delete(key));
+  }
+
+  /** A Token the last stage sent one-way (ReturnDirect); false when no step waits for it. */
+  deliverReturn(token: Frame): boolean {
+    const key = `${token.sessionId}:${token.position}`;
+    const waiting = this.returns.get(key);
+    if (!waiting || token.type !== FrameType.Token) return false;
+    this.returns.delete(key);
+    waiting(token);
+    return true;
   }
 
   /** A step's reply; when none comes within the step deadline, the route looks for a stalled stage (and keeps waiting when it finds none). */
@@ -327,7 +400,13 @@ export class SessionManager {
       s.repairSeen = repair;
       this.publish(s.life.sessionId, { type: 'route_repairing', sessionId: s.life.sessionId, routeId: s.route.id, stages: [...repair.stages] });
     }
-    await repair.done;
+    s.parked = true;
+    for (const wake of [...s.onPark]) wake();
+    try {
+      await repair.done;
+    } finally {
+      s.parked = false;
+    }
   }
 
   /** Rebuilds the session on the stages whose peer changed (state `repairing` meanwhile), then sends again what the last stage never answered; returns the last reply. */
@@ -412,7 +491,19 @@ export class SessionManager {
 
   /** Resolves once every step and repair of the route's sessions so far has finished (a graceful hand-over waits for this). */
   async settled(routeId: number): Promise<void> {
-    await Promise.all([...this.sessions.values()].filter((s) => s.route.id === routeId).map((s) => s.lock));
+    // a step parked on the repair is not in flight: waiting for it would wait for ourselves
+    // (a graceful leave's hand-over is part of the repair that step waits for)
+    const quiet = (s: Session): Promise<void> =>
+      new Promise<void>((resolve) => {
+        const done = (): void => {
+          s.onPark.delete(done);
+          resolve();
+        };
+        if (s.parked) return resolve();
+        s.onPark.add(done);
+        void s.lock.then(done, done);
+      });
+    await Promise.all([...this.sessions.values()].filter((s) => s.route.id === routeId).map(quiet));
   }
 
   /** Cancels every live session an owner (a client connection) opened. */
