@@ -20,6 +20,8 @@ export interface SessionOpenBody {
   promptLength?: number;
   /** random draws the session's sampler has made already: a replacement last stage skips them, so seeded sampling continues as it would have */
   draws?: number;
+  /** how the sampled token reaches the session manager: 'direct' (default, where every stage takes it: the last stage sends it one-way) or 'climb' (back up through every stage) */
+  tokenPath?: 'direct' | 'climb';
 }
 
 /** Body of a Rewind frame: the sampler's draws for the positions kept. */

@@ -349,7 +349,7 @@ export class SessionManager {
    */
   private send(s: Session, f: Frame): Promise<Frame> {
     const entry = s.route.entry();
-    if (!(f.flags & FrameFlag.Sample) || f.flags & FrameFlag.WantLogits || !s.route.directReturn?.()) return entry.request(f);
+    if (!(f.flags & FrameFlag.Sample) || f.flags & FrameFlag.WantLogits || s.body.tokenPath === 'climb' || !s.route.directReturn?.()) return entry.request(f);
     const key = `${f.sessionId}:${f.position + f.nTokens}`;
     const sent = performance.now();
     const returned = new Promise<Frame>((resolve) => this.returns.set(key, (token) => resolve(withHopShares(token, performance.now() - sent))));
