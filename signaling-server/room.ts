@@ -10,7 +10,6 @@ import { MeshError } from '../src/errors.ts';
 import type { ShardRange } from '../src/gguf/types.ts';
 import type { GgufHeader } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
-import { planRoute } from '../src/route/planner.ts';
 import type { PlannerPeer } from '../src/route/planner.ts';
 import { modelTraits, servable } from '../src/model/serve-capability.ts';
 import type { ModelTraits, Servable } from '../src/model/serve-capability.ts';
@@ -23,6 +22,8 @@ import { WsLink } from '../src/transport/ws.ts';
 import { decodeFrame, FrameType, makeFrame } from '../src/protocol/frame.ts';
 import { fromBase64 } from '../src/protocol/control.ts';
 import { RouteKeeper } from './route-repair.ts';
+import { choosePlan } from './plan-choice.ts';
+import type { PlannerKind, SpeedFacts } from './plan-choice.ts';
 import type { RepairState } from './route-repair.ts';
 
 export type RouteStatus = 'forming' | 'loading' | 'ready' | 'repairing' | 'degraded' | 'closed';
@@ -44,6 +45,8 @@ export interface Peer {
   excluded?: string;
   /** asked to leave gracefully: takes no new stage or standby */
   leaving?: boolean;
+  /** the control socket's round trip (ms), smoothed over heartbeats */
+  rttMs?: number;
 }
 
 export interface RouteStage {
@@ -172,6 +175,8 @@ export interface RoomOptions {
   repairTimeoutMs?: number;
   /** spares load their standby shard ahead of time (default true) */
   standby?: boolean;
+  /** 'speed' (default): by measured speed and round trips where every peer reports a speed; 'memory': in proportion to memory, in join order */
+  planner?: PlannerKind;
 }
 
 export class Room {
@@ -408,17 +413,21 @@ export class Room {
     }
     // only what each peer can compute, decided here, before anyone fetches a byte
     const able = peers.map((p) => ({ p, can: this.servableBy(p) })).filter(({ can }) => can.wholeModel);
-    const plannerPeers: PlannerPeer[] = able.map(({ p, can }) => ({
+    const plannerPeers: Array<PlannerPeer & SpeedFacts> = able.map(({ p, can }) => ({
       id: p.id,
       memoryBytes: p.hello.memoryBytes,
       layers: p.hello.layers,
       held: this.heldRangeOf(p),
       serves: can.ranges ? 'ranges' : 'whole-model',
+      speed: p.hello.speed,
+      rttMs: p.rttMs,
     }));
     const unable = peers.filter((p) => !this.servableBy(p).wholeModel);
-    const plan = plannerPeers.length
-      ? planRoute({ nLayer: this.model.nLayer, peers: plannerPeers, shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer) })
+    const choice = plannerPeers.length ? choosePlan(this.opts.planner ?? 'speed', this.model.header, this.model.nLayer, plannerPeers) : null;
+    const plan = choice
+      ? choice.plan
       : { ok: false as const, reason: `no peer can serve ${(this.traits ??= modelTraits(this.model.header)).architecture}: ${unable.map((p) => `${p.id} (${p.hello.backend}): ${this.servableBy(p).reason}`).join('; ')}` };
+    if (choice?.by === 'speed') this.log(`planned by speed: predicted ${choice.predictedMs!.toFixed(2)} ms per token${choice.memorySplitMs !== undefined ? ` (the memory split: ${choice.memorySplitMs.toFixed(2)} ms)` : ''}`);
     if (current && current.status === 'forming' && !plan.ok) {
       current.reason = plan.reason;
       return;
@@ -479,7 +488,7 @@ export class Room {
     const { proof: _proof, t: _t, ...hello } = p.hello;
     const stage = this.route?.stages.find((s) => s.peerId === id);
     const can = this.servableBy(p);
-    return { id, ...hello, excluded: p.excluded ?? null, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+    return { id, ...hello, rttMs: p.rttMs ?? null, excluded: p.excluded ?? null, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
   }
 
   summary(): Record<string, unknown> {

@@ -38,15 +38,23 @@ export interface RoomModel {
   id: string;
   manifest: Manifest;
   header(): Promise<GgufHeader>;
+  /** where the model is read, as the room describes it (at this server's origin when it hosts it), and its layers */
+  url?: string;
+  nLayer?: number;
 }
 
 /** Reads the room's model id and manifest (JSON from the server: no model bytes). */
 export async function fetchRoomModel(base: string, roomId: string, secret: string): Promise<RoomModel> {
-  const room = await fetchJson<{ model: { id: string } }>(`${base}/v1/rooms/${roomId}`, secret);
+  const room = await fetchJson<{ model: { id: string; url?: string; nLayer?: number } }>(`${base}/v1/rooms/${roomId}`, secret);
   const api = `${base}/v1/models/${encodeURIComponent(room.model.id)}`;
   const manifest = parseManifest(await fetchJson<unknown>(`${api}/manifest`, secret));
   let header: GgufHeader | null = null;
-  return { id: room.model.id, manifest, header: async () => (header ??= headerFromWire(await fetchJson<unknown>(`${api}/header`, secret))) };
+  const hosted = room.model.url ? new URL(room.model.url) : null;
+  const url = hosted && hosted.pathname.startsWith('/models/') ? `${base}${hosted.pathname}` : room.model.url;
+  return {
+    id: room.model.id, manifest, header: async () => (header ??= headerFromWire(await fetchJson<unknown>(`${api}/header`, secret))),
+    ...(url ? { url } : {}), ...(room.model.nLayer ? { nLayer: room.model.nLayer } : {}),
+  };
 }
 
 /**

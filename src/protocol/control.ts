@@ -42,6 +42,26 @@ export interface PeerHello {
   rtc?: boolean;
   /** takes FrameFlag.ReturnDirect and, as the last stage, sends the token to the server as a `return` message */
   directReturn?: boolean;
+  /** its own measured speed (peer/calibrate.ts), for the planner that knows speed (route/speed-planner.ts) */
+  speed?: PeerSpeed;
+}
+
+/** A peer's measured compute speed on the room's model, per layer. */
+export interface PeerSpeed {
+  /** one decode step (one token) through one layer (ms) */
+  decodeMsPerLayer: number;
+  /** prefill: one token through one layer, in a 16-token chunk (ms) */
+  prefillMsPerTokenLayer: number;
+  /** 'calibration' at join; 'steps' from the stage's live decode steps */
+  source: 'calibration' | 'steps';
+}
+
+/** A speed as the server keeps it: finite, non-negative numbers only (else none). */
+export function cleanSpeed(v: unknown): PeerSpeed | undefined {
+  const s = v as Partial<PeerSpeed> | undefined;
+  const ok = (x: unknown): x is number => typeof x === 'number' && Number.isFinite(x) && x >= 0;
+  if (!s || !ok(s.decodeMsPerLayer) || !ok(s.prefillMsPerTokenLayer)) return undefined;
+  return { decodeMsPerLayer: s.decodeMsPerLayer, prefillMsPerTokenLayer: s.prefillMsPerTokenLayer, source: s.source === 'steps' ? 'steps' : 'calibration' };
 }
 
 export interface ModelBrief {

@@ -1,0 +1,148 @@
+// `npm run bench -- wan [--layers 6 --embd 512 --ffn 1536 --vocab 2048 --decode 12 --rounds 3 --prefill 64] [--no-sweep]`
+// Routes of real `serve` + `node` processes on loopback, slow and far peers made with the nodes'
+// test-only shaping (peer/test-shaping.ts: the kernel here has no netem): decode ms/token and
+// prefill tok/s beside the model's prediction (route/speed-planner.ts predictStepMs: Σ compute
+// + the hops' latency), against the single process measured in the same run.
+//  - planner cases: 3 nodes, one 4× slower (slow-peer) or 40 ms of round trip away (far-peer);
+//    the memory split (serve --planner memory) against the planner that knows speed and links
+//    (goal ≥ 1.5×);
+//  - the RTT sweep: 2 and 3 stages with every node's round trip raised by 0, 10, 40, 100 ms.
+import { existsSync, mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { CpuBackend } from '../src/backends/cpu/backend.ts';
+import { openTensorSource } from '../src/gguf/source.ts';
+import { makeModelFile } from '../src/model/synthetic-model.ts';
+import { InProcessChain } from '../src/route/generation.ts';
+import { RouteSessionClient } from '../src/route/client.ts';
+import { joinRoom } from '../src/route/remote.ts';
+import { fetchJson } from '../src/transport/server-json.ts';
+import { predictStepMs } from '../src/route/speed-planner.ts';
+import type { PeerSpeedRecord } from '../src/route/speed-planner.ts';
+import type { PlannedStage } from '../src/route/planner.ts';
+import { argmax } from '../src/model/sampler.ts';
+import { killAllCli, spawnCli } from './processes.ts';
+
+const arg = (args: string[], name: string, fallback: number): number => {
+  const i = args.indexOf(`--${name}`);
+  return i >= 0 ? Number(args[i + 1]) : fallback;
+};
+const round = (x: number, d = 2): number => Math.round(x * 10 ** d) / 10 ** d;
+
+interface NodeShape {
+  slow?: number;
+  delayMs?: number;
+}
+
+interface RouteRun {
+  planner: 'memory' | 'speed';
+  stages: Array<{ peer: string; layers: string; slow: number; delayMs: number }>;
+  decode_ms_per_token: number;
+  predicted_ms_per_token: number | null;
+  prefill_tok_s: { one_frame: number; chunks_of_16: number };
+  same_tokens_as_single: boolean;
+}
+
+export async function run(args: string[]): Promise<unknown> {
+  const shape = { layers: arg(args, 'layers', 6), embd: arg(args, 'embd', 512), ffn: arg(args, 'ffn', 1536), vocab: arg(args, 'vocab', 2048), heads: 8 };
+  const nDecode = arg(args, 'decode', 12);
+  const rounds = arg(args, 'rounds', 3);
+  const nPrefill = arg(args, 'prefill', 64);
+  const dir = join(process.cwd(), '.cache');
+  mkdirSync(dir, { recursive: true });
+  const path = join(dir, `bench-route-${shape.layers}x${shape.embd}x${shape.ffn}x${shape.vocab}.gguf`);
+  if (!existsSync(path)) await makeModelFile(path, { arch: 'llama', ...shape, ctx: 4096, type: 'f32', seed: 7 });
+  const prompt = Array.from({ length: nPrefill }, (_, i) => (i * 37 + 1) % shape.vocab);
+
+  // the single process, for the ratio and the tokens
+  const source = await openTensorSource(path);
+  const single = new CpuBackend();
+  await single.load(source, { start: 0, end: shape.layers });
+  const chain = new InProcessChain([single]);
+  await chain.openSession('s', nPrefill + nDecode * rounds + 8);
+  let tok = argmax(await chain.forward('s', Int32Array.from(prompt), 0));
+  const singleTokens = [tok];
+  let best = Infinity;
+  for (let r = 0; r < rounds; r++) {
+    const t0 = performance.now();
+    for (let i = 0; i < nDecode; i++) {
+      tok = argmax(await chain.forward('s', Int32Array.of(tok), nPrefill + r * nDecode + i));
+      singleTokens.push(tok);
+    }
+    best = Math.min(best, (performance.now() - t0) / nDecode);
+  }
+  await single.dispose();
+  await source.close();
+
+  const measure = (planner: 'memory' | 'speed', nodes: NodeShape[]): Promise<RouteRun> => routeRun(path, planner, nodes, prompt, nDecode, rounds, singleTokens);
+  const cases: Record<string, unknown> = {};
+  for (const [name, nodes] of [
+    ['slow_peer', [{}, {}, { slow: 4 }]],
+    ['far_peer', [{}, {}, { delayMs: 20 }]],
+  ] as Array<[string, NodeShape[]]>) {
+    const memory = await measure('memory', nodes);
+    const speed = await measure('speed', nodes);
+    cases[name] = { memory, speed, speedup_speed_vs_memory: round(memory.decode_ms_per_token / speed.decode_ms_per_token, 3), goal: 1.5 };
+  }
+  const sweep: unknown[] = [];
+  if (!args.includes('--no-sweep')) {
+    for (const stages of [2, 3]) {
+      for (const rtt of [0, 10, 40, 100]) {
+        // every node's links gain rtt/2 of round trip per side: stage to stage rtt, server to stage rtt/2
+        const r = await measure('memory', Array.from({ length: stages }, () => ({ delayMs: rtt / 4 })));
+        sweep.push({ n_stages: stages, added_rtt_ms: rtt, ...r, ratio_vs_single: round(best / r.decode_ms_per_token, 3), within_prediction: r.predicted_ms_per_token ? round(r.decode_ms_per_token / r.predicted_ms_per_token, 3) : null });
+      }
+    }
+  }
+  return { model: { path, ...shape }, single_process_decode_ms_per_token: round(best), cases, rtt_sweep: sweep };
+}
+
+/** One route of real processes: serve with `planner`, one node per shape, then prefill and decode through the server. */
+async function routeRun(model: string, planner: 'memory' | 'speed', nodes: NodeShape[], prompt: number[], nDecode: number, rounds: number, singleTokens: number[]): Promise<RouteRun> {
+  try {
+    // the plan waits for a few heartbeats, so each peer's round trip is known to the planner
+    const [, joinUrl] = await spawnCli(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', model, '--min-peers', String(nodes.length), '--plan-delay', '2000', '--standby', 'off', '--planner', planner]).waitFor(/join:\s+(\S+)/);
+    const names: string[] = [];
+    for (const [i, n] of nodes.entries()) {
+      names.push(`w${i}`);
+      const shaping = [...(n.slow ? ['--test-slow-factor', String(n.slow)] : []), ...(n.delayMs ? ['--test-link-delay-ms', String(n.delayMs)] : [])];
+      await spawnCli(['node', '--join', joinUrl!, '--no-cache', '--memory', '4GiB', '--name', `w${i}`, ...shaping]).waitFor(/joined room/);
+    }
+    const joined = await joinRoom(joinUrl!, undefined, 60_000);
+    const route = await fetchJson<{ stages: Array<{ peerId: string; shard: { start: number; end: number } }> }>(`${joined.base}/v1/routes/${joined.routeId}`, joined.secret);
+    const { peers } = await fetchJson<{ peers: Array<{ id: string; memoryBytes: number; speed?: { decodeMsPerLayer: number }; rttMs: number | null }> }>(`${joined.base}/v1/rooms/${joined.roomId}/peers`, joined.secret);
+    const shapeOf = (peerId: string): NodeShape => nodes[Number(/^w(\d+)/.exec(peerId)?.[1] ?? -1)] ?? {};
+    const prefill: Record<string, number> = {};
+    for (const chunk of [prompt.length, 16]) {
+      const p = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: prompt.length + 8, hiddenDtype: 'f16' });
+      const t0 = performance.now();
+      await p.prefill(prompt, chunk);
+      prefill[chunk === prompt.length ? 'one_frame' : 'chunks_of_16'] = round((prompt.length * 1000) / (performance.now() - t0));
+      await p.close();
+    }
+    const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: prompt.length + nDecode * rounds + 8, hiddenDtype: 'f16' });
+    let tok = await c.prefill(prompt, prompt.length);
+    const tokens = [tok];
+    let best = Infinity;
+    for (let r = 0; r < rounds; r++) {
+      const t0 = performance.now();
+      for (let i = 0; i < nDecode; i++) tokens.push((tok = await c.decode(tok)));
+      best = Math.min(best, (performance.now() - t0) / nDecode);
+    }
+    await c.close();
+    await joined.close();
+    const records: PeerSpeedRecord[] = peers.map((p) => ({ id: p.id, memoryBytes: p.memoryBytes, decodeMsPerLayer: p.speed?.decodeMsPerLayer ?? NaN, rttMs: p.rttMs ?? 0 }));
+    const stages: PlannedStage[] = route.stages.map((s) => ({ peerId: s.peerId, shard: s.shard }));
+    const predicted = records.every((r) => Number.isFinite(r.decodeMsPerLayer)) ? predictStepMs({ nLayer: route.stages.at(-1)!.shard.end, peers: records, shardBytes: () => 0 }, stages) : null;
+    return {
+      planner,
+      stages: route.stages.map((s) => ({ peer: s.peerId, layers: `${s.shard.start}-${s.shard.end}`, slow: shapeOf(s.peerId).slow ?? 1, delayMs: shapeOf(s.peerId).delayMs ?? 0 })),
+      decode_ms_per_token: round(best),
+      predicted_ms_per_token: predicted === null ? null : round(predicted),
+      prefill_tok_s: prefill as RouteRun['prefill_tok_s'],
+      same_tokens_as_single: JSON.stringify(tokens) === JSON.stringify(singleTokens.slice(0, tokens.length)),
+    };
+  } finally {
+    killAllCli();
+    await new Promise((r) => setTimeout(r, 300));
+  }
+}
