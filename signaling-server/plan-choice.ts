@@ -1,5 +1,6 @@
-// Which planner plans a room's route: explicit `--layers` and held ranges go to the memory
-// planner (route/planner.ts), as before; otherwise, where every peer that serves layer ranges
+// Which planner plans a room's route: `serve --planner memory` (the default), explicit
+// `--layers` and held ranges go to the memory planner (route/planner.ts), as before; with
+// `--planner speed`, where every peer that serves layer ranges
 // has a measured speed (its hello's calibration), the planner that knows speed and links
 // (route/speed-planner.ts) picks the chain — peers, order, ranges — of least predicted decode
 // time, with each peer's control-socket round trip as its link. Budgets (issue 25) plug in as

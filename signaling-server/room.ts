@@ -175,7 +175,7 @@ export interface RoomOptions {
   repairTimeoutMs?: number;
   /** spares load their standby shard ahead of time (default true) */
   standby?: boolean;
-  /** 'speed' (default): by measured speed and round trips where every peer reports a speed; 'memory': in proportion to memory, in join order */
+  /** 'memory' (default): in proportion to memory, in join order; 'speed': by measured speed and round trips where every peer reports a speed */
   planner?: PlannerKind;
 }
 
@@ -423,7 +423,7 @@ export class Room {
       rttMs: p.rttMs,
     }));
     const unable = peers.filter((p) => !this.servableBy(p).wholeModel);
-    const choice = plannerPeers.length ? choosePlan(this.opts.planner ?? 'speed', this.model.header, this.model.nLayer, plannerPeers) : null;
+    const choice = plannerPeers.length ? choosePlan(this.opts.planner ?? 'memory', this.model.header, this.model.nLayer, plannerPeers) : null;
     const plan = choice
       ? choice.plan
       : { ok: false as const, reason: `no peer can serve ${(this.traits ??= modelTraits(this.model.header)).architecture}: ${unable.map((p) => `${p.id} (${p.hello.backend}): ${this.servableBy(p).reason}`).join('; ')}` };
@@ -492,7 +492,7 @@ export class Room {
   }
 
   summary(): Record<string, unknown> {
-    return { id: this.id, model: this.brief(), peers: this.peers.size, route: this.route ? { id: this.route.id, status: this.route.status, reason: this.route.reason } : null };
+    return { id: this.id, model: this.brief(), planner: this.opts.planner ?? 'memory', peers: this.peers.size, route: this.route ? { id: this.route.id, status: this.route.status, reason: this.route.reason } : null };
   }
 
   dispose(): void {

@@ -48,7 +48,7 @@ export interface NodePeerOptions {
   cacheDir?: string | null;
   /** WebRTC data channels to and from tabs (default true; off: those hops use the server relay) */
   webrtc?: boolean;
-  /** measure this node's speed on one layer of the room's model before joining (default true; cpu and webgpu backends) */
+  /** measure this node's speed on one layer of the room's model before joining, where the room plans by speed (default true; cpu and webgpu backends) */
   calibrate?: boolean;
   /** test only (test-shaping.ts): forward passes take this many times as long */
   testSlowFactor?: number;
@@ -123,7 +123,7 @@ function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact:
 
 /** This node's speed on the room's model, or null (not asked, a backend it is not measured on, or it failed: then said in the log). */
 async function measureSpeed(opts: NodePeerOptions, model: RoomModel, load: (ctx: LoadContext) => Promise<ShardLoad>, log: (line: string) => void): Promise<PeerSpeed | null> {
-  if (opts.calibrate === false || (opts.backend !== 'cpu' && opts.backend !== 'webgpu') || !model.url || !model.nLayer) return null;
+  if (opts.calibrate === false || model.planner !== 'speed' || (opts.backend !== 'cpu' && opts.backend !== 'webgpu') || !model.url || !model.nLayer) return null;
   try {
     const speed = await calibrate(load, { modelUrl: model.url, nLayer: model.nLayer, nEmbd: hyperParameters(await model.header()).n_embd });
     log(`speed: ${speed.decodeMsPerLayer.toFixed(3)} ms per layer per decoded token, ${speed.prefillMsPerTokenLayer.toFixed(3)} ms per layer per prefilled token`);

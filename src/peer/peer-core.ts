@@ -41,11 +41,13 @@ export interface RoomModel {
   /** where the model is read, as the room describes it (at this server's origin when it hosts it), and its layers */
   url?: string;
   nLayer?: number;
+  /** how the room plans routes: 'speed' wants each peer's measured speed in its hello */
+  planner?: string;
 }
 
 /** Reads the room's model id and manifest (JSON from the server: no model bytes). */
 export async function fetchRoomModel(base: string, roomId: string, secret: string): Promise<RoomModel> {
-  const room = await fetchJson<{ model: { id: string; url?: string; nLayer?: number } }>(`${base}/v1/rooms/${roomId}`, secret);
+  const room = await fetchJson<{ model: { id: string; url?: string; nLayer?: number }; planner?: string }>(`${base}/v1/rooms/${roomId}`, secret);
   const api = `${base}/v1/models/${encodeURIComponent(room.model.id)}`;
   const manifest = parseManifest(await fetchJson<unknown>(`${api}/manifest`, secret));
   let header: GgufHeader | null = null;
@@ -53,7 +55,7 @@ export async function fetchRoomModel(base: string, roomId: string, secret: strin
   const url = hosted && hosted.pathname.startsWith('/models/') ? `${base}${hosted.pathname}` : room.model.url;
   return {
     id: room.model.id, manifest, header: async () => (header ??= headerFromWire(await fetchJson<unknown>(`${api}/header`, secret))),
-    ...(url ? { url } : {}), ...(room.model.nLayer ? { nLayer: room.model.nLayer } : {}),
+    ...(url ? { url } : {}), ...(room.model.nLayer ? { nLayer: room.model.nLayer } : {}), ...(room.planner ? { planner: room.planner } : {}),
   };
 }
 

@@ -27,7 +27,7 @@ function interfaceAddresses(): string[] {
 }
 
 function plannerOption(v: string | undefined): 'speed' | 'memory' {
-  if (v === undefined || v === 'speed' || v === 'memory') return v ?? 'speed';
+  if (v === undefined || v === 'speed' || v === 'memory') return v ?? 'memory';
   throw new UsageError(`--planner must be speed or memory, got '${v}'`);
 }
 
@@ -59,7 +59,7 @@ export const command: Command = {
     'repair-timeout': { type: 'string', description: 'a route that lost a stage waits this long for a replacement before its sessions fail (ms; 0 = never repair)', default: '30000', valueName: '<ms>' },
     heartbeat: { type: 'string', description: 'ping every peer this often (ms)', default: '500', valueName: '<ms>' },
     'heartbeat-timeout': { type: 'string', description: 'a peer that answers no ping for this long is lost (ms)', default: '3500', valueName: '<ms>' },
-    planner: { type: 'string', description: 'how routes are planned: by measured speed and round trips where every peer reports a speed (speed), or in proportion to memory (memory)', default: 'speed', valueName: '<speed|memory>' },
+    planner: { type: 'string', description: 'how routes are planned: in proportion to memory (memory), or by measured speed and round trips where every peer reports one (speed: nodes then measure themselves on one layer as they join)', default: 'memory', valueName: '<memory|speed>' },
     standby: { type: 'string', description: 'spares load the shard they would take over ahead of time (on), or only when they take it over (off)', default: 'on', valueName: '<on|off>' },
     'step-timeout': { type: 'string', description: 'a step unanswered this long makes the server look for a stalled stage (ms)', default: '30000', valueName: '<ms>' },
     quiet: { type: 'boolean', description: 'print only the join URLs, not room events' },
