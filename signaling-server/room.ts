@@ -343,12 +343,12 @@ export class Room {
     }
   }
 
-  /** A one-way token from the route's last stage (only it may answer for the route's sessions). */
+  /** A one-way answer: a Token from the route's last stage (only it samples), or an Error from any of its stages. */
   private deliverReturn(r: Route, st: RouteStage, frame: string): void {
-    if (st.stage !== r.stages.length - 1) return this.log(`route ${r.id}: stage ${st.stage} sent a token, but only the last stage answers; ignored`);
     try {
-      const token = decodeFrame(fromBase64(frame));
-      if (token.routeId === r.id) this.opts.sessions.deliverReturn(token);
+      const f = decodeFrame(fromBase64(frame));
+      if (f.type === FrameType.Token && st.stage !== r.stages.length - 1) return this.log(`route ${r.id}: stage ${st.stage} sent a token, but only the last stage samples; ignored`);
+      if (f.routeId === r.id) this.opts.sessions.deliverReturn(f);
     } catch (e) {
       this.log(`route ${r.id}: a bad token frame from stage ${st.stage}: ${(e as Error).message}`);
     }

@@ -88,7 +88,7 @@ export async function startLoopbackRoute(stages: LoopbackStage[], opts: Loopback
     directReturn: () => opts.directReturn !== false,
   };
   const manager = new SessionManager((id) => (id === route.id ? route : undefined), opts.sessions);
-  services[services.length - 1]!.setReturnTo((token) => void manager.deliverReturn(token));
+  for (const svc of services) svc.setReturnTo((answer) => void manager.deliverReturn(answer));
   const clientLink = new LocalLink((f) => manager.handle(f));
   return {
     manager,

@@ -20,6 +20,7 @@ import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame } from '../protoco
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, decodeRows, hiddenFrame, hiddenRowsFrame, jsonFrame, logitsFrame, payloadBody, replyAddress, timingsOf, tokensFrame, withTimings } from '../protocol/payload.ts';
 import type { StepTiming } from '../protocol/payload.ts';
+import { errorReplyFor } from '../transport/link.ts';
 import type { FrameLink } from '../transport/link.ts';
 import type { StageTiming } from '../route/telemetry.ts';
 import type { ResendBody, RewindBody, SamplerSettings, SessionOpenBody } from '../protocol/session.ts';
@@ -52,8 +53,10 @@ export interface StageServiceOptions {
   downstream: FrameLink | null;
   samplerFactory?: SamplerFactory;
   /**
-   * the last stage's one-way way to the session's owner: a Token for a ReturnDirect frame goes
-   * here instead of into the reply (absent: the token climbs back as the reply, as before)
+   * the one-way way to the session's owner: on the last stage a ReturnDirect step's Token goes
+   * here instead of into the reply; on the others, with it the stage answers a ReturnDirect step
+   * as soon as it forwarded it and sends a failure downstream here as an Error (position = the
+   * step's end). Absent: the token and the answers climb back as replies, as before.
    */
   returnTo?: ((token: Frame) => void) | undefined;
 }
@@ -309,6 +312,17 @@ export class StageService {
       }
       // one-way: this stage's timing (and the ones before) ride forward to the last stage
       const sending = flags & FrameFlag.ReturnDirect && flags & FrameFlag.WantTimings ? withTimings(out, step.records()) : out;
+      const owner = this.opts.returnTo;
+      if (flags & FrameFlag.ReturnDirect && owner) {
+        // one-way: answer at once, so the next step's frame on our connection need not wait for
+        // the answers climbing back; a failure downstream goes to the owner one-way too
+        const end = f.position + f.nTokens;
+        void next.request(sending).then(
+          () => undefined,
+          (e) => owner({ ...errorReplyFor(f, (s.pipelineError ??= this.downstreamError(e, next))), position: end }),
+        );
+        return jsonFrame(FrameType.Status, { routeId: f.routeId, sessionId: f.sessionId }, { stage: this.opts.stage, position: end, forwarded: true });
+      }
       try {
         return await next.request(sending);
       } catch (e) {

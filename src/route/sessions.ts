@@ -16,7 +16,7 @@
 import { MeshError } from '../errors.ts';
 import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, jsonFrame, payloadBody, replyAddress, timingsOf, tokensFrame, withTimings } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, errorFromFrame, jsonFrame, payloadBody, replyAddress, timingsOf, tokensFrame, withTimings } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
@@ -148,9 +148,6 @@ function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   return Promise.race([p, late]).finally(() => clearTimeout(timer));
 }
 
-/** How long a step whose chain has answered waits for its one-way token before it counts as stalled (ms). */
-const RETURN_GRACE_MS = 10_000;
-
 /**
  * A one-way token's timing records read as the climbing path's (downstream = everything after
  * the stage, handle includes it). The records went forward before anything downstream happened,
@@ -182,8 +179,8 @@ export class SessionManager {
   private listeners = new Map<string, Set<TelemetryListener>>();
   private buffers = new Map<string, TelemetryEvent[]>();
   private sweeper: NodeJS.Timeout;
-  /** one-way tokens awaited, by `${sessionId}:${position after the step}` */
-  private returns = new Map<string, (token: Frame) => void>();
+  /** one-way answers awaited, by `${sessionId}:${position after the step}` */
+  private returns = new Map<string, { resolve: (token: Frame) => void; reject: (e: Error) => void }>();
   readonly idleTtlMs: number;
 
   constructor(
@@ -352,26 +349,29 @@ export class SessionManager {
     if (!(f.flags & FrameFlag.Sample) || f.flags & FrameFlag.WantLogits || s.body.tokenPath === 'climb' || !s.route.directReturn?.()) return entry.request(f);
     const key = `${f.sessionId}:${f.position + f.nTokens}`;
     const sent = performance.now();
-    const returned = new Promise<Frame>((resolve) => this.returns.set(key, (token) => resolve(withHopShares(token, performance.now() - sent))));
-    const acked = entry.request({ ...f, flags: f.flags | FrameFlag.ReturnDirect }).then((ack) => {
-      // a last stage with no way to us answers with the token itself
-      if (ack.type !== FrameType.Status) return ack;
-      let timer: NodeJS.Timeout | undefined;
-      const late = new Promise<never>((_, reject) => {
-        timer = setTimeout(() => reject(new MeshError('STAGE_STALLED', `session ${f.sessionId}: the route answered position ${f.position} but its token never came back`, { stage: s.route.stagePeers().length - 1 })), RETURN_GRACE_MS);
-      });
-      return Promise.race([returned, late]).finally(() => clearTimeout(timer));
+    // a stage lost meanwhile: the step's answer may never come; the repair sends it again
+    let lost = (): void => undefined;
+    const returned = new Promise<Frame>((resolve, reject) => {
+      this.returns.set(key, { resolve: (token) => resolve(withHopShares(token, performance.now() - sent)), reject });
+      lost = () => reject(new MeshError('STAGE_LOST', `session ${f.sessionId}: a stage of route ${s.route.id} was lost during the step at position ${f.position}`));
+      s.onFail.add(lost);
     });
-    return Promise.race([returned, acked]).finally(() => this.returns.delete(key));
+    // the chain's answer is a Status (or, from a last stage with no way to us, the token itself)
+    const acked = entry.request({ ...f, flags: f.flags | FrameFlag.ReturnDirect }).then((ack) => (ack.type === FrameType.Status ? returned : ack));
+    return Promise.race([returned, acked]).finally(() => {
+      this.returns.delete(key);
+      s.onFail.delete(lost);
+    });
   }
 
-  /** A Token the last stage sent one-way (ReturnDirect); false when no step waits for it. */
-  deliverReturn(token: Frame): boolean {
-    const key = `${token.sessionId}:${token.position}`;
+  /** A one-way answer (ReturnDirect): the last stage's Token, or a stage's Error; false when no step waits for it. */
+  deliverReturn(frame: Frame): boolean {
+    const key = `${frame.sessionId}:${frame.position}`;
     const waiting = this.returns.get(key);
-    if (!waiting || token.type !== FrameType.Token) return false;
+    if (!waiting || (frame.type !== FrameType.Token && frame.type !== FrameType.Error)) return false;
     this.returns.delete(key);
-    waiting(token);
+    if (frame.type === FrameType.Error) waiting.reject(errorFromFrame(frame));
+    else waiting.resolve(frame);
     return true;
   }
 
