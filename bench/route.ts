@@ -24,24 +24,30 @@ import { stepBreakdown } from '../src/route/telemetry.ts';
 import type { StepStageTiming } from '../src/route/telemetry.ts';
 import { killAllCli, spawnCli } from './processes.ts';
 
-function arg(args: string[], name: string, fallback: number): number {
+export function arg(args: string[], name: string, fallback: number): number {
   const i = args.indexOf(`--${name}`);
   return i >= 0 ? Number(args[i + 1]) : fallback;
+}
+
+/** The route benchmarks' synthetic llama model (`--layers --embd --ffn --vocab`), made once under .cache/. */
+export async function benchModel(args: string[]): Promise<{ shape: { layers: number; embd: number; ffn: number; vocab: number; heads: number }; path: string }> {
+  const shape = { layers: arg(args, 'layers', 6), embd: arg(args, 'embd', 512), ffn: arg(args, 'ffn', 1536), vocab: arg(args, 'vocab', 2048), heads: 8 };
+  const dir = join(process.cwd(), '.cache');
+  mkdirSync(dir, { recursive: true });
+  const path = join(dir, `bench-route-${shape.layers}x${shape.embd}x${shape.ffn}x${shape.vocab}.gguf`);
+  if (!existsSync(path)) await makeModelFile(path, { arch: 'llama', ...shape, ctx: 4096, type: 'f32', seed: 7 });
+  return { shape, path };
 }
 
 const round = (x: number, d = 2): number => Math.round(x * 10 ** d) / 10 ** d;
 const avg = (xs: number[]): number => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
 
 export async function run(args: string[]): Promise<unknown> {
-  const shape = { layers: arg(args, 'layers', 6), embd: arg(args, 'embd', 512), ffn: arg(args, 'ffn', 1536), vocab: arg(args, 'vocab', 2048), heads: 8 };
+  const { shape, path } = await benchModel(args);
   const nDecode = arg(args, 'decode', 16);
   const rounds = arg(args, 'rounds', 4);
   const nPrefill = arg(args, 'prefill', 128);
   const long = arg(args, 'long', 1024);
-  const dir = join(process.cwd(), '.cache');
-  mkdirSync(dir, { recursive: true });
-  const path = join(dir, `bench-route-${shape.layers}x${shape.embd}x${shape.ffn}x${shape.vocab}.gguf`);
-  if (!existsSync(path)) await makeModelFile(path, { arch: 'llama', ...shape, ctx: 4096, type: 'f32', seed: 7 });
   const source: ByteTensorSource = await openTensorSource(path);
   const prompt = Array.from({ length: nPrefill }, (_, i) => (i * 37 + 1) % shape.vocab);
 

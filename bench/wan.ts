@@ -7,25 +7,17 @@
 //    the memory split (serve --planner memory) against the planner that knows speed and links
 //    (goal ≥ 1.5×);
 //  - the RTT sweep: 2 and 3 stages with every node's round trip raised by 0, 10, 40, 100 ms.
-import { existsSync, mkdirSync } from 'node:fs';
-import { join } from 'node:path';
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
-import { makeModelFile } from '../src/model/synthetic-model.ts';
 import { InProcessChain } from '../src/route/generation.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { joinRoom } from '../src/route/remote.ts';
 import { fetchJson } from '../src/transport/server-json.ts';
-import { predictStepMs } from '../src/route/speed-planner.ts';
-import type { PeerSpeedRecord } from '../src/route/speed-planner.ts';
-import type { PlannedStage } from '../src/route/planner.ts';
+import { headLayers } from '../signaling-server/plan-choice.ts';
 import { argmax } from '../src/model/sampler.ts';
 import { killAllCli, spawnCli } from './processes.ts';
+import { arg, benchModel } from './route.ts';
 
-const arg = (args: string[], name: string, fallback: number): number => {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 ? Number(args[i + 1]) : fallback;
-};
 const round = (x: number, d = 2): number => Math.round(x * 10 ** d) / 10 ** d;
 
 interface NodeShape {
@@ -38,23 +30,21 @@ interface RouteRun {
   stages: Array<{ peer: string; layers: string; slow: number; delayMs: number }>;
   decode_ms_per_token: number;
   predicted_ms_per_token: number | null;
+  calibrated: Array<{ peer: string; decode_ms_per_layer: number | null; rtt_ms: number | null }>;
   prefill_tok_s: { one_frame: number; chunks_of_16: number };
   same_tokens_as_single: boolean;
 }
 
 export async function run(args: string[]): Promise<unknown> {
-  const shape = { layers: arg(args, 'layers', 6), embd: arg(args, 'embd', 512), ffn: arg(args, 'ffn', 1536), vocab: arg(args, 'vocab', 2048), heads: 8 };
+  const { shape, path } = await benchModel(args);
   const nDecode = arg(args, 'decode', 12);
   const rounds = arg(args, 'rounds', 3);
   const nPrefill = arg(args, 'prefill', 64);
-  const dir = join(process.cwd(), '.cache');
-  mkdirSync(dir, { recursive: true });
-  const path = join(dir, `bench-route-${shape.layers}x${shape.embd}x${shape.ffn}x${shape.vocab}.gguf`);
-  if (!existsSync(path)) await makeModelFile(path, { arch: 'llama', ...shape, ctx: 4096, type: 'f32', seed: 7 });
   const prompt = Array.from({ length: nPrefill }, (_, i) => (i * 37 + 1) % shape.vocab);
 
   // the single process, for the ratio and the tokens
   const source = await openTensorSource(path);
+  const head = headLayers(source.header, shape.layers);
   const single = new CpuBackend();
   await single.load(source, { start: 0, end: shape.layers });
   const chain = new InProcessChain([single]);
@@ -73,7 +63,22 @@ export async function run(args: string[]): Promise<unknown> {
   await single.dispose();
   await source.close();
 
-  const measure = (planner: 'memory' | 'speed', nodes: NodeShape[]): Promise<RouteRun> => routeRun(path, planner, nodes, prompt, nDecode, rounds, singleTokens);
+  // the model's prediction from this run's single-process step: Σ compute (a layer costs one
+  // share of it, the head `head` shares, times the node's slow factor) + every hop's added
+  // latency (a node's delay on each side it touches) + 0.2 ms per hop
+  const layerMs = best / (shape.layers + head);
+  const predict = (stages: RouteRun['stages']): number => {
+    let ms = 0.2 * (stages.length + 1);
+    stages.forEach((s, i) => {
+      const [a, b] = s.layers.split('-').map(Number);
+      ms += (b! - a!) * layerMs * s.slow + s.delayMs * 2; // in and out of this node
+    });
+    return ms + head * layerMs * stages.at(-1)!.slow;
+  };
+  const measure = async (planner: 'memory' | 'speed', nodes: NodeShape[]): Promise<RouteRun> => {
+    const r = await routeRun(path, planner, nodes, prompt, nDecode, rounds, singleTokens);
+    return { ...r, predicted_ms_per_token: round(predict(r.stages)) };
+  };
   const cases: Record<string, unknown> = {};
   for (const [name, nodes] of [
     ['slow_peer', [{}, {}, { slow: 4 }]],
@@ -130,14 +135,12 @@ async function routeRun(model: string, planner: 'memory' | 'speed', nodes: NodeS
     }
     await c.close();
     await joined.close();
-    const records: PeerSpeedRecord[] = peers.map((p) => ({ id: p.id, memoryBytes: p.memoryBytes, decodeMsPerLayer: p.speed?.decodeMsPerLayer ?? NaN, rttMs: p.rttMs ?? 0 }));
-    const stages: PlannedStage[] = route.stages.map((s) => ({ peerId: s.peerId, shard: s.shard }));
-    const predicted = records.every((r) => Number.isFinite(r.decodeMsPerLayer)) ? predictStepMs({ nLayer: route.stages.at(-1)!.shard.end, peers: records, shardBytes: () => 0 }, stages) : null;
     return {
       planner,
       stages: route.stages.map((s) => ({ peer: s.peerId, layers: `${s.shard.start}-${s.shard.end}`, slow: shapeOf(s.peerId).slow ?? 1, delayMs: shapeOf(s.peerId).delayMs ?? 0 })),
       decode_ms_per_token: round(best),
-      predicted_ms_per_token: predicted === null ? null : round(predicted),
+      predicted_ms_per_token: null,
+      calibrated: peers.map((p) => ({ peer: p.id, decode_ms_per_layer: p.speed ? round(p.speed.decodeMsPerLayer, 3) : null, rtt_ms: p.rttMs === null ? null : round(p.rttMs) })),
       prefill_tok_s: prefill as RouteRun['prefill_tok_s'],
       same_tokens_as_single: JSON.stringify(tokens) === JSON.stringify(singleTokens.slice(0, tokens.length)),
     };

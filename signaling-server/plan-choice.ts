@@ -31,7 +31,7 @@ export interface PlanChoice {
 }
 
 /** The head's decode cost in layers: its bytes over one middle layer's (decode reads every weight once). */
-function headLayers(header: GgufHeader, nLayer: number): number {
+export function headLayers(header: GgufHeader, nLayer: number): number {
   if (nLayer < 3) return 0;
   const layer = shardBytes(header, { start: 1, end: 2 }, nLayer);
   const last = shardBytes(header, { start: nLayer - 1, end: nLayer }, nLayer);

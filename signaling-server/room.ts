@@ -19,8 +19,8 @@ import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
 import type { HopLink, TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
-import { decodeFrame, FrameType, makeFrame } from '../src/protocol/frame.ts';
-import { fromBase64 } from '../src/protocol/control.ts';
+import { FrameType, makeFrame } from '../src/protocol/frame.ts';
+import { deliverReturn } from './token-return.ts';
 import { RouteKeeper } from './route-repair.ts';
 import { choosePlan } from './plan-choice.ts';
 import type { PlannerKind, SpeedFacts } from './plan-choice.ts';
@@ -318,7 +318,7 @@ export class Room {
     // a replacement taking over a stage (a graceful leave: the stage still names the leaving peer)
     const replacing = this.keeper.replacementStage(r, peer) === msg.stage;
     if (st.peerId !== peer.id && !replacing) return;
-    if (msg.t === 'return') return this.deliverReturn(r, st, msg.frame);
+    if (msg.t === 'return') return deliverReturn(this, r, st.stage, msg.frame);
     if (msg.t === 'ready') {
       st.loadMs = msg.loadMs;
       st.bytesRead = msg.bytesRead;
@@ -340,17 +340,6 @@ export class Room {
       st.status = 'failed';
       st.error = { code: msg.code, message: msg.message };
       r.setStatus('degraded', `stage ${st.stage} (${peer.id}) failed to load: ${msg.code} ${msg.message}`);
-    }
-  }
-
-  /** A one-way answer: a Token from the route's last stage (only it samples), or an Error from any of its stages. */
-  private deliverReturn(r: Route, st: RouteStage, frame: string): void {
-    try {
-      const f = decodeFrame(fromBase64(frame));
-      if (f.type === FrameType.Token && st.stage !== r.stages.length - 1) return this.log(`route ${r.id}: stage ${st.stage} sent a token, but only the last stage samples; ignored`);
-      if (f.routeId === r.id) this.opts.sessions.deliverReturn(f);
-    } catch (e) {
-      this.log(`route ${r.id}: a bad token frame from stage ${st.stage}: ${(e as Error).message}`);
     }
   }
 

@@ -16,7 +16,8 @@
 import { MeshError } from '../errors.ts';
 import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, errorFromFrame, jsonFrame, payloadBody, replyAddress, timingsOf, tokensFrame, withTimings } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, jsonFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
+import { DirectReturns } from './token-return.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
@@ -148,29 +149,6 @@ function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   return Promise.race([p, late]).finally(() => clearTimeout(timer));
 }
 
-/**
- * A one-way token's timing records read as the climbing path's (downstream = everything after
- * the stage, handle includes it). The records went forward before anything downstream happened,
- * and no two stages share a clock, so the step's wire time is measured here as a whole — the
- * step's time minus every stage's handling — and shared evenly over its N + 1 hops; then, from
- * the last stage up, downstream_k = one hop + handle_{k+1} and handle_k grows by downstream_k
- * (the last stage's downstream is its return hop), so the usual breakdown reads one hop as each
- * stage's transfer and its overhead stays its own.
- */
-function withHopShares(token: Frame, stepMs: number): Frame {
-  const records = [...timingsOf(token)].sort((a, b) => a.stage - b.stage);
-  if (records.length === 0) return token;
-  const handled = records.reduce((a, r) => a + r.handleUs, 0);
-  const hopUs = Math.max(0, stepMs * 1000 - handled) / (records.length + 1);
-  let after = 0; // the next stage's handle time, downstream included
-  for (let i = records.length - 1; i >= 0; i--) {
-    const downstreamUs = hopUs + after;
-    records[i] = { ...records[i]!, downstreamUs, handleUs: records[i]!.handleUs + downstreamUs };
-    after = records[i]!.handleUs;
-  }
-  return withTimings({ ...token, flags: token.flags & ~FrameFlag.Timings, payload: payloadBody(token) }, records);
-}
-
 /** Events kept per session so a late subscriber still sees progress. */
 const EVENT_BUFFER = 256;
 
@@ -179,8 +157,8 @@ export class SessionManager {
   private listeners = new Map<string, Set<TelemetryListener>>();
   private buffers = new Map<string, TelemetryEvent[]>();
   private sweeper: NodeJS.Timeout;
-  /** one-way answers awaited, by `${sessionId}:${position after the step}` */
-  private returns = new Map<string, { resolve: (token: Frame) => void; reject: (e: Error) => void }>();
+  /** one-way answers of steps in flight (token-return.ts) */
+  private returns = new DirectReturns();
   readonly idleTtlMs: number;
 
   constructor(
@@ -347,32 +325,12 @@ export class SessionManager {
   private send(s: Session, f: Frame): Promise<Frame> {
     const entry = s.route.entry();
     if (!(f.flags & FrameFlag.Sample) || f.flags & FrameFlag.WantLogits || s.body.tokenPath === 'climb' || !s.route.directReturn?.()) return entry.request(f);
-    const key = `${f.sessionId}:${f.position + f.nTokens}`;
-    const sent = performance.now();
-    // a stage lost meanwhile: the step's answer may never come; the repair sends it again
-    let lost = (): void => undefined;
-    const returned = new Promise<Frame>((resolve, reject) => {
-      this.returns.set(key, { resolve: (token) => resolve(withHopShares(token, performance.now() - sent)), reject });
-      lost = () => reject(new MeshError('STAGE_LOST', `session ${f.sessionId}: a stage of route ${s.route.id} was lost during the step at position ${f.position}`));
-      s.onFail.add(lost);
-    });
-    // the chain's answer is a Status (or, from a last stage with no way to us, the token itself)
-    const acked = entry.request({ ...f, flags: f.flags | FrameFlag.ReturnDirect }).then((ack) => (ack.type === FrameType.Status ? returned : ack));
-    return Promise.race([returned, acked]).finally(() => {
-      this.returns.delete(key);
-      s.onFail.delete(lost);
-    });
+    return this.returns.send(entry, f, s.onFail, s.route.id);
   }
 
   /** A one-way answer (ReturnDirect): the last stage's Token, or a stage's Error; false when no step waits for it. */
   deliverReturn(frame: Frame): boolean {
-    const key = `${frame.sessionId}:${frame.position}`;
-    const waiting = this.returns.get(key);
-    if (!waiting || (frame.type !== FrameType.Token && frame.type !== FrameType.Error)) return false;
-    this.returns.delete(key);
-    if (frame.type === FrameType.Error) waiting.reject(errorFromFrame(frame));
-    else waiting.resolve(frame);
-    return true;
+    return this.returns.deliver(frame);
   }
 
   /** A step's reply; when none comes within the step deadline, the route looks for a stalled stage (and keeps waiting when it finds none). */
