@@ -1,7 +1,7 @@
-// `npm run bench -- wan [--layers 6 --embd 512 --ffn 1536 --vocab 2048 --decode 12 --rounds 3 --prefill 64] [--no-sweep]`
+// `npm run bench -- wan [--layers 6 --embd 512 --ffn 1536 --vocab 2048 --decode 12 --rounds 3 --prefill 64] [--no-cases] [--no-sweep]`
 // Routes of real `serve` + `node` processes on loopback, slow and far peers made with the nodes'
 // test-only shaping (peer/test-shaping.ts: the kernel here has no netem): decode ms/token and
-// prefill tok/s beside the model's prediction (route/speed-planner.ts predictStepMs: Σ compute
+// prefill tok/s (the one-way token path; the climbing path's ms/token beside it) beside the model's prediction (route/speed-planner.ts predictStepMs: Σ compute
 // + the hops' latency), against the single process measured in the same run.
 //  - planner cases: 3 nodes, one 4× slower (slow-peer) or 40 ms of round trip away (far-peer);
 //    the memory split (serve --planner memory) against the planner that knows speed and links
@@ -29,6 +29,8 @@ interface RouteRun {
   planner: 'memory' | 'speed';
   stages: Array<{ peer: string; layers: string; slow: number; delayMs: number }>;
   decode_ms_per_token: number;
+  /** the same route with the token climbing back through every stage (session tokenPath 'climb') */
+  climbing_path_ms_per_token: number;
   predicted_ms_per_token: number | null;
   calibrated: Array<{ peer: string; decode_ms_per_layer: number | null; rtt_ms: number | null }>;
   prefill_tok_s: { one_frame: number; chunks_of_16: number };
@@ -80,7 +82,7 @@ export async function run(args: string[]): Promise<unknown> {
     return { ...r, predicted_ms_per_token: round(predict(r.stages)) };
   };
   const cases: Record<string, unknown> = {};
-  for (const [name, nodes] of [
+  for (const [name, nodes] of args.includes('--no-cases') ? [] : [
     ['slow_peer', [{}, {}, { slow: 4 }]],
     ['far_peer', [{}, {}, { delayMs: 20 }]],
   ] as Array<[string, NodeShape[]]>) {
@@ -93,7 +95,11 @@ export async function run(args: string[]): Promise<unknown> {
     for (const stages of [2, 3]) {
       for (const rtt of [0, 10, 40, 100]) {
         // every node's links gain rtt/2 of round trip per side: stage to stage rtt, server to stage rtt/2
-        const r = await measure('memory', Array.from({ length: stages }, () => ({ delayMs: rtt / 4 })));
+        const r = await measure('memory', Array.from({ length: stages }, () => ({ delayMs: rtt / 4 }))).catch((e: Error) => e);
+        if (r instanceof Error) {
+          sweep.push({ n_stages: stages, added_rtt_ms: rtt, error: r.message });
+          continue;
+        }
         sweep.push({ n_stages: stages, added_rtt_ms: rtt, ...r, ratio_vs_single: round(best / r.decode_ms_per_token, 3), within_prediction: r.predicted_ms_per_token ? round(r.decode_ms_per_token / r.predicted_ms_per_token, 3) : null });
       }
     }
@@ -105,7 +111,7 @@ export async function run(args: string[]): Promise<unknown> {
 async function routeRun(model: string, planner: 'memory' | 'speed', nodes: NodeShape[], prompt: number[], nDecode: number, rounds: number, singleTokens: number[]): Promise<RouteRun> {
   try {
     // the plan waits for a few heartbeats, so each peer's round trip is known to the planner
-    const [, joinUrl] = await spawnCli(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', model, '--min-peers', String(nodes.length), '--plan-delay', '2000', '--standby', 'off', '--planner', planner]).waitFor(/join:\s+(\S+)/);
+    const [, joinUrl] = await spawnCli(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', model, '--min-peers', String(nodes.length), '--plan-delay', '2000', '--standby', 'off', '--planner', planner, '--heartbeat-timeout', '20000']).waitFor(/join:\s+(\S+)/);
     const names: string[] = [];
     for (const [i, n] of nodes.entries()) {
       names.push(`w${i}`);
@@ -124,21 +130,38 @@ async function routeRun(model: string, planner: 'memory' | 'speed', nodes: NodeS
       prefill[chunk === prompt.length ? 'one_frame' : 'chunks_of_16'] = round((prompt.length * 1000) / (performance.now() - t0));
       await p.close();
     }
-    const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: prompt.length + nDecode * rounds + 8, hiddenDtype: 'f16' });
-    let tok = await c.prefill(prompt, prompt.length);
-    const tokens = [tok];
+    // the one-way token path and the climbing one on the same route, rounds interleaved
+    const decoder = async (tokenPath: 'direct' | 'climb'): Promise<{ tokens: number[]; round(): Promise<number>; close(): Promise<void> }> => {
+      const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: prompt.length + nDecode * rounds + 8, hiddenDtype: 'f16', tokenPath });
+      let tok = await c.prefill(prompt, prompt.length);
+      const tokens = [tok];
+      return {
+        tokens,
+        async round() {
+          const t0 = performance.now();
+          for (let i = 0; i < nDecode; i++) tokens.push((tok = await c.decode(tok)));
+          return (performance.now() - t0) / nDecode;
+        },
+        close: () => c.close(),
+      };
+    };
+    const direct = await decoder('direct');
+    const climb = await decoder('climb');
     let best = Infinity;
+    let bestClimb = Infinity;
     for (let r = 0; r < rounds; r++) {
-      const t0 = performance.now();
-      for (let i = 0; i < nDecode; i++) tokens.push((tok = await c.decode(tok)));
-      best = Math.min(best, (performance.now() - t0) / nDecode);
+      best = Math.min(best, await direct.round());
+      bestClimb = Math.min(bestClimb, await climb.round());
     }
-    await c.close();
+    const tokens = direct.tokens;
+    await direct.close();
+    await climb.close();
     await joined.close();
     return {
       planner,
       stages: route.stages.map((s) => ({ peer: s.peerId, layers: `${s.shard.start}-${s.shard.end}`, slow: shapeOf(s.peerId).slow ?? 1, delayMs: shapeOf(s.peerId).delayMs ?? 0 })),
       decode_ms_per_token: round(best),
+      climbing_path_ms_per_token: round(bestClimb),
       predicted_ms_per_token: null,
       calibrated: peers.map((p) => ({ peer: p.id, decode_ms_per_layer: p.speed ? round(p.speed.decodeMsPerLayer, 3) : null, rtt_ms: p.rttMs === null ? null : round(p.rttMs) })),
       prefill_tok_s: prefill as RouteRun['prefill_tok_s'],
