@@ -1,7 +1,9 @@
 // One stage of a route, as a frame handler: it runs its backend over incoming tokens (stage 0)
 // or hidden states (later stages), passes hidden states straight to the next stage, and — on
 // the last stage — samples the next token (or returns logits when asked). The reply travels
-// back up the chain, so stage 0 sees every sampled token before the client does.
+// back up the chain — or, on the one-way token path (FrameFlag.ReturnDirect), the last stage
+// hands the token straight to the session's owner (`returnTo`) and the stages answer each
+// other with a Status off the token's critical path: N + 1 hops per token instead of 2N.
 //
 // Session open/close/status frames act on this stage only: the session's owner sends them to
 // every stage itself, so a lost stage can never keep another stage's KV cache alive.
@@ -16,7 +18,9 @@ import type { HiddenRows, StageBackend, StageInput, ShardRange } from '../backen
 import { argmax, tokenLogprob } from '../model/sampler.ts';
 import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame, MAX_TOP_LOGPROBS } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, decodeRows, hiddenFrame, hiddenRowsFrame, jsonFrame, logitsFrame, replyAddress, sampledFrame, withTimings } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, decodeRows, hiddenFrame, hiddenRowsFrame, jsonFrame, logitsFrame, payloadBody, replyAddress, sampledFrame, timingsOf, withTimings } from '../protocol/payload.ts';
+import type { StepTiming } from '../protocol/payload.ts';
+import { errorReplyFor } from '../transport/link.ts';
 import type { FrameLink } from '../transport/link.ts';
 import type { StageTiming } from '../route/telemetry.ts';
 import type { ResendBody, RewindBody, SamplerSettings, SessionOpenBody } from '../protocol/session.ts';
@@ -49,6 +53,22 @@ export interface StageServiceOptions {
   /** the next stage, or null on the last stage */
   downstream: FrameLink | null;
   samplerFactory?: SamplerFactory;
+  /**
+   * the one-way way to the session's owner: on the last stage a ReturnDirect step's Token goes
+   * here instead of into the reply; on the others, with it the stage answers a ReturnDirect step
+   * as soon as it forwarded it and sends a failure downstream here as an Error (position = the
+   * step's end). Absent: the token and the answers climb back as replies, as before.
+   */
+  returnTo?: ((token: Frame) => void) | undefined;
+}
+
+/** One step's measures on this stage, and the timing records it carries forward (ReturnDirect). */
+interface StepContext {
+  computeMs: number;
+  downstreamMs: number;
+  bytesOut: number;
+  /** the records of the stages before (from the incoming Hidden frame's trailer) and this one's, as of now */
+  records(): StepTiming[];
 }
 
 interface StageSession {
@@ -75,6 +95,8 @@ export class StageService {
   /** whole frames (header + payload) sent downstream, and how many */
   wireBytesOut = 0;
   framesOut = 0;
+  /** tokens this (last) stage sent one-way to the session's owner (ReturnDirect) */
+  tokensReturned = 0;
 
   constructor(private readonly opts: StageServiceOptions) {}
 
@@ -88,6 +110,10 @@ export class StageService {
 
   setDownstream(link: FrameLink | null): void {
     this.opts.downstream = link;
+  }
+
+  setReturnTo(send: ((token: Frame) => void) | undefined): void {
+    this.opts.returnTo = send;
   }
 
   readonly handle = async (f: Frame): Promise<Frame> => {
@@ -117,10 +143,14 @@ export class StageService {
       case FrameType.Decode:
         if (!this.isFirst) throw new MeshError('STAGE_INPUT_KIND', `stage ${this.opts.stage} takes hidden states, not token ids`);
         return this.compute(f, { kind: 'tokens', tokens: decodeI32(f.payload) });
-      case FrameType.Hidden:
+      case FrameType.Hidden: {
         if (this.isFirst) throw new MeshError('STAGE_INPUT_KIND', 'stage 0 takes token ids, not hidden states');
-        this.bytesIn += f.payload.byteLength;
-        return this.compute(f, this.opts.backend.forwardRows ? hiddenRowsOf(f) : { kind: 'hidden', hidden: decodeRows(f.payload, f.dtype), nTokens: f.nTokens });
+        // on the one-way path the stages before send their timing records forward in a trailer
+        const carried = timingsOf(f);
+        const h: Frame = { ...f, flags: f.flags & ~FrameFlag.Timings, payload: payloadBody(f) };
+        this.bytesIn += h.payload.byteLength;
+        return this.compute(h, this.opts.backend.forwardRows ? hiddenRowsOf(h) : { kind: 'hidden', hidden: decodeRows(h.payload, h.dtype), nTokens: h.nTokens }, carried);
+      }
       default:
         throw new MeshError('FRAME_BAD_TYPE', `frame type: a stage does not accept ${FrameType[f.type]} frames`, { field: 'type' });
     }
@@ -211,35 +241,42 @@ export class StageService {
     return s;
   }
 
-  private async compute(f: Frame, input: StageInput | HiddenRows): Promise<Frame> {
+  private async compute(f: Frame, input: StageInput | HiddenRows, carried: StepTiming[] = []): Promise<Frame> {
     const s = this.session(f.sessionId);
     const started = performance.now();
     const timing = s.timing;
     timing.steps++;
     const bytesIn = f.type === FrameType.Hidden ? HEADER_BYTES + f.payload.byteLength : 0;
     timing.bytesIn += bytesIn;
-    const step = { computeMs: 0, downstreamMs: 0, bytesOut: 0 };
+    const arrived = f.receivedAt ?? started;
+    const step: StepContext = {
+      computeMs: 0,
+      downstreamMs: 0,
+      bytesOut: 0,
+      records: () => [
+        ...carried,
+        {
+          stage: this.opts.stage,
+          position: f.position,
+          computeUs: step.computeMs * 1000,
+          downstreamUs: step.downstreamMs * 1000,
+          handleUs: (performance.now() - arrived) * 1000,
+          queueUs: (started - arrived) * 1000,
+          bytesIn,
+          bytesOut: step.bytesOut,
+        },
+      ],
+    };
     let reply: Frame;
     try {
       reply = await this.computeStep(f, s, input, step);
     } finally {
       timing.handleMs += performance.now() - started;
     }
-    if (!(f.flags & FrameFlag.WantTimings)) return reply;
+    // on the one-way path the records went forward with the hidden states, not back
+    if (!(f.flags & FrameFlag.WantTimings) || f.flags & FrameFlag.ReturnDirect) return reply;
     // this stage's part of the step joins the trailer on its way back up the chain
-    const arrived = f.receivedAt ?? started;
-    return withTimings(reply, [
-      {
-        stage: this.opts.stage,
-        position: f.position,
-        computeUs: step.computeMs * 1000,
-        downstreamUs: step.downstreamMs * 1000,
-        handleUs: (performance.now() - arrived) * 1000,
-        queueUs: (started - arrived) * 1000,
-        bytesIn,
-        bytesOut: step.bytesOut,
-      },
-    ]);
+    return withTimings(reply, step.records().slice(carried.length));
   }
 
   /** A downstream failure as this stage reports it: the failing stage named. */
@@ -257,7 +294,7 @@ export class StageService {
     return backend.forward(f.sessionId, input, f.position);
   }
 
-  private async computeStep(f: Frame, s: StageSession, input: StageInput | HiddenRows, step: { computeMs: number; downstreamMs: number; bytesOut: number }): Promise<Frame> {
+  private async computeStep(f: Frame, s: StageSession, input: StageInput | HiddenRows, step: StepContext): Promise<Frame> {
     if (s.pipelineError) throw s.pipelineError;
     const { output, computeMs } = await this.forward(f, s, input);
     // after the forward: a refused frame leaves no trace
@@ -267,7 +304,7 @@ export class StageService {
     const replay = (f.flags & FrameFlag.Replay) !== 0;
     const sampleNow = !replay && (f.type === FrameType.Decode || (f.flags & FrameFlag.Sample) !== 0);
     if (output.kind !== 'logits') {
-      const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.WantTimings)) | (sampleNow ? FrameFlag.Sample : 0);
+      const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.ReturnDirect)) | (sampleNow ? FrameFlag.Sample : 0);
       const at = { routeId: f.routeId, sessionId: f.sessionId };
       const out =
         output.kind === 'rows'
@@ -294,8 +331,21 @@ export class StageService {
         );
         return jsonFrame(FrameType.Status, { routeId: f.routeId, sessionId: f.sessionId }, { stage: this.opts.stage, position: f.position + f.nTokens, pipelined: true });
       }
+      // one-way: this stage's timing (and the ones before) ride forward to the last stage
+      const sending = flags & FrameFlag.ReturnDirect && flags & FrameFlag.WantTimings ? withTimings(out, step.records()) : out;
+      const owner = this.opts.returnTo;
+      if (flags & FrameFlag.ReturnDirect && owner) {
+        // one-way: answer at once, so the next step's frame on our connection need not wait for
+        // the answers climbing back; a failure downstream goes to the owner one-way too
+        const end = f.position + f.nTokens;
+        void next.request(sending).then(
+          () => undefined,
+          (e) => owner({ ...errorReplyFor(f, (s.pipelineError ??= this.downstreamError(e, next))), position: end }),
+        );
+        return jsonFrame(FrameType.Status, { routeId: f.routeId, sessionId: f.sessionId }, { stage: this.opts.stage, position: end, forwarded: true });
+      }
       try {
-        return await next.request(out);
+        return await next.request(sending);
       } catch (e) {
         // an earlier pipelined chunk's failure explains this one best
         throw s.pipelineError ?? this.downstreamError(e, next);
@@ -308,10 +358,16 @@ export class StageService {
     const at = { routeId: f.routeId, sessionId: f.sessionId };
     if (f.flags & FrameFlag.WantLogits && !replay) return logitsFrame(at, nextPosition, output.logits);
     if (!sampleNow) return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: nextPosition, ...(replay ? { replayed: true } : {}) });
-    const token = s.sample!(output.logits, s.history.length > nextPosition ? s.history.slice(0, nextPosition) : s.history);
+    const sampled = s.sample!(output.logits, s.history.length > nextPosition ? s.history.slice(0, nextPosition) : s.history);
     // the token sampled here occupies position nextPosition: it joins the history when the history reaches that far
-    if (s.history.length === nextPosition) s.history.push(token);
-    return sampledFrame(at, nextPosition, token, s.logprobs === null ? null : tokenLogprob(output.logits, token, s.logprobs));
+    if (s.history.length === nextPosition) s.history.push(sampled);
+    const token = sampledFrame(at, nextPosition, sampled, s.logprobs === null ? null : tokenLogprob(output.logits, sampled, s.logprobs));
+    if (!(f.flags & FrameFlag.ReturnDirect)) return token;
+    const timed = f.flags & FrameFlag.WantTimings ? withTimings(token, step.records()) : token;
+    if (!this.opts.returnTo) return timed; // no way to the owner here: the token climbs back
+    this.opts.returnTo(timed);
+    this.tokensReturned++;
+    return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: nextPosition, returned: true });
   }
 
   /** A session's counters on this stage; a session that is not open holds nothing. */

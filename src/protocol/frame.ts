@@ -66,8 +66,15 @@ export enum FrameFlag {
   Timings = 1 << 4,
   /** a repair replay: the stage computes (filling its KV cache and output log) and answers Status; nothing goes downstream, nothing is sampled */
   Replay = 1 << 5,
+  /**
+   * the one-way token path: the last stage sends its Token/Logits answer straight to the
+   * session's owner (the server's session manager, as a `return` control message) instead of
+   * back up the chain, and answers the stage before it with a Status; stages before it pass
+   * the flag on, and with WantTimings carry their timing records forward on the Hidden frame
+   */
+  ReturnDirect = 1 << 6,
 }
-const KNOWN_FLAGS = FrameFlag.Sample | FrameFlag.Reply | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.Timings | FrameFlag.Replay;
+const KNOWN_FLAGS = FrameFlag.Sample | FrameFlag.Reply | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.Timings | FrameFlag.Replay | FrameFlag.ReturnDirect;
 
 /** One stage's step timing in a trailer: 8 u32 (see docs/protocol.md). */
 export const TIMING_RECORD_BYTES = 32;

@@ -25,6 +25,8 @@ export interface SessionOpenBody {
   tokens?: number[];
   /** the last stage answers each sampled token with its log-probability and this many top alternatives (0–20); absent: no log-probabilities */
   logprobs?: number;
+  /** how the sampled token reaches the session manager: 'direct' (default, where every stage takes it: the last stage sends it one-way) or 'climb' (back up through every stage) */
+  tokenPath?: 'direct' | 'climb';
 }
 
 /**
