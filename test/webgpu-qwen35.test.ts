@@ -10,6 +10,7 @@ import { CHUNK, deltaLayerBytes } from '../src/backends/cpu/delta-chunk.ts';
 import type { StageBackend, StageOutput } from '../src/backends/types.ts';
 import type { WebGpuBackend } from '../src/backends/webgpu/backend.ts';
 import { createNodeWebGpuBackend } from '../src/backends/webgpu/node.ts';
+import type { WebGpuStageOptions } from '../src/backends/webgpu/stage.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import type { TensorSource } from '../src/gguf/types.ts';
 import { configFromHeader } from '../src/model/config.ts';
@@ -37,9 +38,9 @@ async function source(path: string): Promise<TensorSource> {
   return s;
 }
 
-async function gpuStage(path: string, start = 0, end?: number): Promise<WebGpuBackend> {
+async function gpuStage(path: string, start = 0, end?: number, options: WebGpuStageOptions = {}): Promise<WebGpuBackend> {
   const s = await source(path);
-  const b = await createNodeWebGpuBackend();
+  const b = await createNodeWebGpuBackend(options);
   await b.load(s, { start, end: end ?? configFromHeader(s.header).nLayer });
   return b;
 }
@@ -62,10 +63,12 @@ describe('qwen35 / qwen35moe on WebGPU against llama.cpp', () => {
     ['qwen35 F32, WebGPU alone', DENSE, false],
     ['qwen35moe F32, CPU [0, 1) + WebGPU [1, 4)', MOE, true],
     ['qwen35moe Q8_0, WebGPU alone', { ...MOE, type: 'q8_0' }, false],
-  ] as const)('%s: greedy 12 tokens', async (label, options, cpuFirst) => {
+    // the kernels hardware adapters take: workgroup-reduced mat-vec, gather-by-expert decode, tiled prefill
+    ['qwen35moe F32, WebGPU alone with the hardware kernels', MOE, false, { matVec: 'mul_mat_vec', matMul: 'mul_mat_tiled' }],
+  ] as const)('%s: greedy 12 tokens', async (label, options, cpuFirst, gpuOptions: WebGpuStageOptions = {}) => {
     const path = await syntheticModel(options);
     const oracle = await LlamaModelFfi.load(path);
-    const stages = cpuFirst ? [await cpuStage(path, 0, 1), await gpuStage(path, 1)] : [await gpuStage(path)];
+    const stages = cpuFirst ? [await cpuStage(path, 0, 1), await gpuStage(path, 1)] : [await gpuStage(path, 0, undefined, gpuOptions)];
     const chain = new InProcessChain(stages);
     try {
       const exact = !('type' in options);
