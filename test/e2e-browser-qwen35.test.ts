@@ -10,7 +10,7 @@ import type { ViteDevServer } from 'vite';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { HttpLink } from '../src/transport/http.ts';
 import { PROMPT } from './support/arch-cases.ts';
-import { closeBrowserTest, launchChromium, startPeerPage, waitForPeerState } from './support/browser-route.ts';
+import { closeBrowserTest, joinTab, launchChromium, startPeerPage } from './support/browser-route.ts';
 import { LlamaModelFfi, oracleGreedy } from './support/llamacpp-oracle.ts';
 import { readHeader } from '../src/gguf/parse.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
@@ -46,11 +46,7 @@ describe('qwen35moe over a browser tab and a native node', () => {
     expect(prompt.length).toBeGreaterThan(32);
     const serve = await spawnServe(model, ['--min-peers', '2']);
     try {
-      context = await browser.newContext();
-      const page = await context.newPage();
-      page.on('console', (m) => m.type() === 'error' && console.log(`[tab] ${m.text()}`));
-      await page.goto(`${pageBase}#${new URLSearchParams({ join: serve.joinUrl, name: 'tab', memory: String(1 << 30) })}`);
-      await waitForPeerState(page, (s) => s.status === 'idle' || s.status === 'ready', 'tab joined');
+      ({ context } = await joinTab(browser, pageBase, serve.joinUrl));
       await spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', '1GiB', '--name', 'cpu']).waitFor(/joined room/);
       const route = await waitForRoute(serve, 'ready', 90_000);
       expect(route.stages.map((s: any) => s.peer.backend).sort()).toEqual(['cpu', 'webgpu']);
@@ -83,10 +79,7 @@ describe('qwen35moe over a tab and a native node, the node killed mid-stream', (
     const reference = tokenizer.decode(eog < 0 ? ref : ref.slice(0, eog));
     const serve = await spawnServe(model, ['--min-peers', '2', '--heartbeat', '500', '--heartbeat-timeout', '2500', '--repair-timeout', '8000']);
     try {
-      const ctx = await browser.newContext();
-      const page = await ctx.newPage();
-      await page.goto(`${pageBase}#${new URLSearchParams({ join: serve.joinUrl, name: 'tab', memory: String(1 << 30) })}`);
-      await waitForPeerState(page, (s) => s.status === 'idle' || s.status === 'ready', 'tab joined');
+      const { context: ctx } = await joinTab(browser, pageBase, serve.joinUrl);
       const node = (name: string) => spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', '1GiB', '--name', name]);
       const first = node('cpu0');
       await first.waitFor(/joined room/);
