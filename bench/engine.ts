@@ -76,7 +76,7 @@ function speedOf(t: GenerationTimings): Speed {
  * context per model and thread count, cleared between rounds (a fresh context's first decode
  * also allocates its buffers, which the backends pay at session open, outside the timing)
  */
-function timeBare(ctx: LlamaContextFfi, prompt: number[], n: number): Speed {
+export function timeBare(ctx: LlamaContextFfi, prompt: number[], n: number): Speed {
   ctx.clear();
   let t0 = performance.now();
   let logits = ctx.decode(prompt);

@@ -2,11 +2,13 @@
 //   --prefill 128 --contexts 16,256,1024,2048 --threads N] [--no-processes]`
 // A 3-stage route of CPU stages over loopback WebSockets (stage sampling, hidden states in f16)
 // — in this process, and as real `serve` + 3 `node` processes — against the same model in one
-// process (one CPU backend, no sockets), on a synthetic f32 llama model. Reports decode tok/s
-// and their ratio to one process, prefill tok/s against decode tok/s on the route (per prefill
-// chunk size), the decode step time at several contexts, and bytes per token per hop.
-// Goals: decode step at context 1024 ≤ 1.3× the step at 16; route prefill ≥ 10× route decode
-// (in this process and as processes). The route/one-process decode ratio is reported too.
+// process (one CPU backend, no sockets), on a synthetic f32 llama model: decode tok/s over the
+// one-way token path (`direct`: N + 1 hops per token) and the climbing one (`climb`: 2N), each
+// round interleaved with a single-process round so a shared machine's load hits all alike, and
+// their ratios (issue 18's goal ≥ 0.90, reported here); prefill tok/s per prefill chunk size
+// against decode tok/s on the route, the decode step time at several contexts, and bytes per
+// token per hop. Goals: decode step at context 1024 ≤ 1.3× the step at 16; route prefill ≥ 10×
+// route decode (in this process and as processes).
 
 import { existsSync, mkdirSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
@@ -16,9 +18,9 @@ import { openTensorSource } from '../src/gguf/source.ts';
 import { makeModelFile } from '../src/model/synthetic-model.ts';
 import { InProcessChain } from '../src/route/generation.ts';
 import { DEFAULT_PREFILL_CHUNK, RouteSessionClient } from '../src/route/client.ts';
-import type { FrameLink } from '../src/transport/link.ts';
 import { startLoopbackRoute } from '../src/peer/loopback.ts';
 import { joinRoom } from '../src/route/remote.ts';
+import type { FrameLink } from '../src/transport/link.ts';
 import { argmax } from '../src/model/sampler.ts';
 import { HEADER_BYTES } from '../src/protocol/frame.ts';
 import { stepBreakdown } from '../src/route/telemetry.ts';
@@ -26,11 +28,22 @@ import type { StepStageTiming } from '../src/route/telemetry.ts';
 import { best, finishLoad, goal, machineLoad, round2 } from './lib/goals.ts';
 import { killAllCli, spawnCli } from './processes.ts';
 
-function arg(args: string[], name: string, fallback: number): number {
+export function arg(args: string[], name: string, fallback: number): number {
   const i = args.indexOf(`--${name}`);
   return i >= 0 ? Number(args[i + 1]) : fallback;
 }
 
+/** The route benchmarks' synthetic llama model (`--layers --embd --ffn --vocab`), made once under .cache/. */
+export async function benchModel(args: string[]): Promise<{ shape: { layers: number; embd: number; ffn: number; vocab: number; heads: number }; path: string }> {
+  const shape = { layers: arg(args, 'layers', 6), embd: arg(args, 'embd', 512), ffn: arg(args, 'ffn', 1536), vocab: arg(args, 'vocab', 2048), heads: 8 };
+  const dir = join(process.cwd(), '.cache');
+  mkdirSync(dir, { recursive: true });
+  const path = join(dir, `bench-route-${shape.layers}x${shape.embd}x${shape.ffn}x${shape.vocab}.gguf`);
+  if (!existsSync(path)) await makeModelFile(path, { arch: 'llama', ...shape, ctx: 4096, type: 'f32', seed: 7 });
+  return { shape, path };
+}
+
+const round = (x: number, d = 2): number => Math.round(x * 10 ** d) / 10 ** d;
 const avg = (xs: number[]): number => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
 /** prefill chunk sizes tried on the route (the client's default among them) */
 const CHUNKS = [...new Set([16, 32, DEFAULT_PREFILL_CHUNK, 128])].sort((a, b) => a - b);
@@ -75,7 +88,7 @@ async function stepTimes(t: RouteTarget, contexts: number[], vocab: number, roun
 }
 
 export async function run(args: string[]): Promise<unknown> {
-  const shape = { layers: arg(args, 'layers', 6), embd: arg(args, 'embd', 512), ffn: arg(args, 'ffn', 1536), vocab: arg(args, 'vocab', 2048), heads: 8 };
+  const { shape, path } = await benchModel(args);
   const nDecode = arg(args, 'decode', 16);
   const rounds = arg(args, 'rounds', 4);
   const nPrefill = arg(args, 'prefill', 128);
@@ -83,20 +96,18 @@ export async function run(args: string[]): Promise<unknown> {
   const i = args.indexOf('--contexts');
   const contexts = (i >= 0 ? args[i + 1]! : '16,256,1024,2048').split(',').map(Number);
   const load = machineLoad();
-  const dir = join(process.cwd(), '.cache');
-  mkdirSync(dir, { recursive: true });
-  const path = join(dir, `bench-route-${shape.layers}x${shape.embd}x${shape.ffn}x${shape.vocab}.gguf`);
-  if (!existsSync(path)) await makeModelFile(path, { arch: 'llama', ...shape, ctx: 4096, type: 'f32', seed: 7 });
   const source = await openTensorSource(path);
   const prompt = Array.from({ length: nPrefill }, (_, i) => (i * 37 + 1) % shape.vocab);
-  const ctxLen = nPrefill + rounds * nDecode + 8;
+  const ctxLen = nPrefill + 2 * rounds * nDecode + 8; // the single process decodes beside the in-process and the process routes
 
   // ---- single process: one backend over all layers, argmax here ----
   const single = createNodeCpuBackend({ threads });
   await single.load(source, { start: 0, end: shape.layers });
   const chain = new InProcessChain([single]);
   await chain.openSession('single', ctxLen);
+  const t0 = performance.now();
   let logits = await chain.forward('single', Int32Array.from(prompt), 0);
+  const singlePrefillMs = performance.now() - t0;
   let singleTok = argmax(logits);
   const singleTokens = [singleTok];
   let singlePos = nPrefill;
@@ -110,7 +121,7 @@ export async function run(args: string[]): Promise<unknown> {
     return performance.now() - start;
   };
 
-  // ---- 3 stages over loopback WebSockets ----
+  // ---- 3 stages over loopback WebSockets: the one-way token path and the climbing one, side by side ----
   const cut = [0, Math.round(shape.layers / 3), Math.round((2 * shape.layers) / 3), shape.layers];
   const stages = [];
   for (let i = 0; i < 3; i++) {
@@ -120,66 +131,64 @@ export async function run(args: string[]): Promise<unknown> {
   }
   const route = await startLoopbackRoute(stages, { nLayer: shape.layers });
   const target = { link: route.clientLink, routeId: route.route.id };
-  const c = await RouteSessionClient.open(route.clientLink, route.route.id, { contextLength: ctxLen, hiddenDtype: 'f16' });
-  c.wantTimings = true; // each stage reports compute/transfer per step (a 32-byte record per stage on the reply)
-  let routeTok = await c.prefill(prompt, nPrefill);
-  const routeTokens = [routeTok];
+  const inProcess: Record<TokenPath, RouteDecoder> = {
+    direct: await routeDecoder(route.clientLink, route.route.id, 'direct', prompt, ctxLen, nDecode),
+    climb: await routeDecoder(route.clientLink, route.route.id, 'climb', prompt, ctxLen, nDecode),
+  };
   const before = route.services.map((s) => s.wireBytesOut);
   const framesBefore = route.services.map((s) => s.framesOut);
-  const steps: StepStageTiming[][] = [];
-  const routeDecode = async (): Promise<number> => {
-    const start = performance.now();
-    for (let i = 0; i < nDecode; i++) {
-      routeTok = await c.decode(routeTok);
-      routeTokens.push(routeTok);
-      steps.push(stepBreakdown(c.lastTimings));
-    }
-    return performance.now() - start;
-  };
   // interleaved rounds, best of each: the machine is shared, so the minimum is the least noisy
-  const singleTimes: number[] = [];
-  const routeTimes: number[] = [];
-  for (let r = 0; r < rounds; r++) {
-    singleTimes.push(await singleDecode());
-    routeTimes.push(await routeDecode());
-  }
-  await chain.releaseSession('single');
+  const times = await interleaved({ single: singleDecode, direct: inProcess.direct.round, climb: inProcess.climb.round }, rounds);
   const hopBytes = route.services.slice(0, 2).map((s, i) => (s.wireBytesOut - before[i]!) / (s.framesOut - framesBefore[i]!));
-  await c.close();
+  const sameTokens = (d: RouteDecoder): boolean => JSON.stringify(singleTokens.slice(0, d.tokens.length)) === JSON.stringify(d.tokens);
+  const steps = inProcess.direct.steps;
+  for (const d of Object.values(inProcess)) await d.client.close();
   const routePrefill = await prefillTimes(target, prompt, ctxLen, rounds);
   const stepMs = await stepTimes(target, contexts, shape.vocab, rounds);
   await route.close();
   for (const s of stages) await s.backend.dispose();
+
+  // ---- the same route as real processes: serve + 3 nodes on loopback, client over the server, rounds interleaved with the single process ----
+  const processes = args.includes('--no-processes') ? null : await processRoute(path, cut, prompt, nDecode, rounds, ctxLen, threads, singleDecode);
+  await chain.releaseSession('single');
   await single.dispose();
   await source.close();
 
-  // ---- the same route as real processes: serve + 3 nodes on loopback, client over the server ----
-  const processes = args.includes('--no-processes') ? null : await processRoute(path, cut, prompt, nDecode, rounds, ctxLen, threads);
-
-  const singleDecodeTokS = (nDecode * 1000) / best(singleTimes);
-  const routeDecodeTokS = (nDecode * 1000) / best(routeTimes);
-  const tokS = (ms: Record<number, number>) => Object.fromEntries(Object.entries(ms).map(([k, v]) => [`chunk_${k}`, round2((nPrefill * 1000) / v)]));
+  const tokS = (ms: number): number => round((nDecode * 1000) / ms);
+  const ratio = (ms: number, base: number): number => round(base / ms, 3);
+  const prefillTokS = (ms: Record<number, number>) => Object.fromEntries(Object.entries(ms).map(([k, v]) => [`chunk_${k}`, round2((nPrefill * 1000) / v)]));
   const bestPrefill = (ms: Record<number, number>) => (nPrefill * 1000) / Math.min(...Object.values(ms));
   const goals = [
     goal('decode step at context 1024 / at context 16 (CPU route)', (stepMs[1024] ?? NaN) / (stepMs[16] ?? NaN), 'max', 1.3),
-    goal('route prefill / route decode tok/s (in this process)', bestPrefill(routePrefill) / routeDecodeTokS, 'min', 10),
+    goal('route prefill / route decode tok/s (in this process)', bestPrefill(routePrefill) / ((nDecode * 1000) / times.best.direct!), 'min', 10),
   ];
-  if (processes) goals.push(goal('route prefill / route decode tok/s (3 node processes)', bestPrefill(processes.prefillMs) / ((nDecode * 1000) / best(processes.times)), 'min', 10));
+  if (processes) goals.push(goal('route prefill / route decode tok/s (3 node processes)', bestPrefill(processes.prefillMs) / ((nDecode * 1000) / processes.times.best.direct!), 'min', 10));
   return {
     model: { path, ...shape, stages: cut.slice(0, 3).map((s, i) => `${s}-${cut[i + 1]}`) },
     threads_per_stage: threads,
     // hidden states cross the hops as f16: where two logits of this random model nearly tie,
     // the route's greedy token may part from the one-process run (f32 hops give the same tokens)
-    same_tokens_as_one_process: JSON.stringify(singleTokens) === JSON.stringify(routeTokens),
-    first_different_token: singleTokens.findIndex((t, i) => t !== routeTokens[i]),
-    decode_rounds: { rounds, tokens_per_round: nDecode, single_ms: singleTimes.map(round2), route_ms: routeTimes.map(round2) },
-    single_process: { decode_tok_s: round2(singleDecodeTokS) },
-    // issue 18's goal (≥ 0.9, a one-way token path), reported here, checked there
-    decode_ratio_route_vs_single: round2(routeDecodeTokS / singleDecodeTokS),
-    route_3_stage_loopback_ws: { decode_tok_s: round2(routeDecodeTokS), prefill_tok_s: tokS(routePrefill) },
+    same_tokens: sameTokens(inProcess.direct) && sameTokens(inProcess.climb),
+    decode_rounds: { rounds, tokens_per_round: nDecode, ms: Object.fromEntries(Object.entries(times.all).map(([k, v]) => [k, v.map((x) => round(x))])) },
+    single_process: { prefill_tok_s: round((nPrefill * 1000) / singlePrefillMs), decode_tok_s: tokS(times.best.single!) },
+    route_3_stage_loopback_ws: {
+      prefill_tok_s: prefillTokS(routePrefill),
+      decode_tok_s: { direct: tokS(times.best.direct!), climb: tokS(times.best.climb!) },
+      decode_ratio_vs_single: { direct: ratio(times.best.direct!, times.best.single!), climb: ratio(times.best.climb!, times.best.single!) },
+    },
     ...(processes
-      ? { route_3_node_processes: { decode_ms_per_round: processes.times.map(round2), decode_tok_s: round2((nDecode * 1000) / best(processes.times)), prefill_tok_s: tokS(processes.prefillMs) } }
+      ? {
+          route_3_node_processes: {
+            decode_ms_per_round: Object.fromEntries(Object.entries(processes.times.all).map(([k, v]) => [k, v.map((x) => round(x))])),
+            decode_tok_s: { single: tokS(processes.times.best.single!), direct: tokS(processes.times.best.direct!), climb: tokS(processes.times.best.climb!) },
+            prefill_tok_s: prefillTokS(processes.prefillMs),
+            same_tokens: processes.sameTokens,
+          },
+          decode_ratio_processes_vs_single: { direct: ratio(processes.times.best.direct!, processes.times.best.single!), climb: ratio(processes.times.best.climb!, processes.times.best.single!) },
+        }
       : {}),
+    goal_ratio: 0.9,
+    hops_per_token: { direct: 'N + 1 = 4 (server → stage 0 → 1 → 2 → server)', climb: '2N = 6 (server → 0 → 1 → 2 → 1 → 0 → server)' },
     decode_step_ms: Object.fromEntries(Object.entries(stepMs).map(([k, v]) => [`context_${k}`, round2(v)])),
     decode_step_breakdown_ms: [0, 1, 2].map((k) => ({
       stage: k,
@@ -194,8 +203,58 @@ export async function run(args: string[]): Promise<unknown> {
   };
 }
 
-/** Decode round times and prefill times per chunk (ms) of a 3-node route of real processes, driven through the server. */
-async function processRoute(model: string, cut: number[], prompt: number[], nDecode: number, rounds: number, ctxLen: number, threads: number): Promise<{ times: number[]; prefillMs: Record<number, number> }> {
+type TokenPath = 'direct' | 'climb';
+
+/** One session decoding rounds of `nDecode` tokens on a route, over either token path. */
+interface RouteDecoder {
+  client: RouteSessionClient;
+  prefillMs: number;
+  tokens: number[];
+  steps: StepStageTiming[][];
+  round(): Promise<number>;
+}
+
+async function routeDecoder(link: FrameLink, routeId: number, tokenPath: TokenPath, prompt: number[], ctxLen: number, nDecode: number): Promise<RouteDecoder> {
+  const client = await RouteSessionClient.open(link, routeId, { contextLength: ctxLen, hiddenDtype: 'f16', tokenPath });
+  client.wantTimings = true; // each stage reports compute/transfer per step (a 32-byte record per stage)
+  const t0 = performance.now();
+  let tok = await client.prefill(prompt, prompt.length);
+  const d: RouteDecoder = {
+    client,
+    prefillMs: performance.now() - t0,
+    tokens: [tok],
+    steps: [],
+    async round() {
+      const start = performance.now();
+      for (let i = 0; i < nDecode; i++) {
+        tok = await client.decode(tok);
+        d.tokens.push(tok);
+        d.steps.push(stepBreakdown(client.lastTimings));
+      }
+      return performance.now() - start;
+    },
+  };
+  return d;
+}
+
+/** Runs each round function in turn, `rounds` times; every time, and the best per name. */
+async function interleaved(fns: Record<string, () => Promise<number>>, rounds: number): Promise<{ all: Record<string, number[]>; best: Record<string, number> }> {
+  const all: Record<string, number[]> = Object.fromEntries(Object.keys(fns).map((k) => [k, []]));
+  for (let r = 0; r < rounds; r++) for (const [k, fn] of Object.entries(fns)) all[k]!.push(await fn());
+  return { all, best: Object.fromEntries(Object.entries(all).map(([k, v]) => [k, Math.min(...v)])) };
+}
+
+/** Decode rounds of a 3-node route of real processes, driven through the server, over both token paths, interleaved with the single process's rounds. */
+async function processRoute(
+  model: string,
+  cut: number[],
+  prompt: number[],
+  nDecode: number,
+  rounds: number,
+  ctxLen: number,
+  threads: number,
+  singleDecode: () => Promise<number>,
+): Promise<{ times: { all: Record<string, number[]>; best: Record<string, number> }; prefillMs: Record<number, number>; sameTokens: boolean }> {
   try {
     // a stage computes on its event loop's thread, and on a shared machine (load 15 on 2 cores) a
     // load or a chunk can keep it from answering pings for longer than the default 3.5 s
@@ -204,18 +263,15 @@ async function processRoute(model: string, cut: number[], prompt: number[], nDec
     for (let i = 0; i < 3; i++) await spawnCli(['node', '--join', joinUrl!, '--no-cache', '--threads', String(threads), '--layers', `${cut[i]}-${cut[i + 1]}`]).waitFor(/joined room/);
     const joined = await joinRoom(joinUrl!, undefined, 60_000);
     const target = { link: joined.link, routeId: joined.routeId };
-    const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: ctxLen, hiddenDtype: 'f16' });
-    let tok = await c.prefill(prompt, prompt.length);
-    const times: number[] = [];
-    for (let r = 0; r < rounds; r++) {
-      const t0 = performance.now();
-      for (let i = 0; i < nDecode; i++) tok = await c.decode(tok);
-      times.push(performance.now() - t0);
-    }
-    await c.close();
     const prefillMs = await prefillTimes(target, prompt, ctxLen, rounds);
+    const direct = await routeDecoder(joined.link, joined.routeId, 'direct', prompt, ctxLen, nDecode);
+    const climb = await routeDecoder(joined.link, joined.routeId, 'climb', prompt, ctxLen, nDecode);
+    const times = await interleaved({ single: singleDecode, direct: direct.round, climb: climb.round }, rounds);
+    const sameTokens = JSON.stringify(direct.tokens) === JSON.stringify(climb.tokens);
+    await direct.client.close();
+    await climb.client.close();
     await joined.close();
-    return { times, prefillMs };
+    return { times, prefillMs, sameTokens };
   } finally {
     killAllCli();
   }

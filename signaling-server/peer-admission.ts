@@ -5,7 +5,7 @@
 
 import { randomBytes } from 'node:crypto';
 import type WebSocket from 'ws';
-import { helloProof } from '../src/protocol/control.ts';
+import { cleanSpeed, helloProof } from '../src/protocol/control.ts';
 import type { PeerHello, PeerToServer } from '../src/protocol/control.ts';
 import { isServeCapability } from '../src/model/serve-capability.ts';
 import { secretMatches } from '../src/transport/frame-server.ts';
@@ -30,7 +30,13 @@ export const DEFAULT_LIVENESS: Liveness = { heartbeatMs: 500, heartbeatTimeoutMs
  */
 function watchLiveness(room: Room, peer: Peer, ws: WebSocket, l: Liveness): () => void {
   let lastPong = Date.now();
-  ws.on('pong', () => (lastPong = Date.now()));
+  let pingAt = 0;
+  ws.on('pong', () => {
+    lastPong = Date.now();
+    // the planner's link estimate: the control socket's round trip, smoothed
+    if (pingAt > 0) peer.rttMs = peer.rttMs === undefined ? lastPong - pingAt : 0.7 * peer.rttMs + 0.3 * (lastPong - pingAt);
+    pingAt = 0;
+  });
   const timer = setInterval(() => {
     const silent = Date.now() - lastPong;
     if (silent > l.heartbeatTimeoutMs) {
@@ -39,7 +45,10 @@ function watchLiveness(room: Room, peer: Peer, ws: WebSocket, l: Liveness): () =
       ws.terminate();
       return;
     }
-    if (ws.readyState === ws.OPEN) ws.ping();
+    if (ws.readyState === ws.OPEN) {
+      pingAt = Date.now();
+      ws.ping();
+    }
   }, l.heartbeatMs);
   timer.unref();
   return () => clearInterval(timer);
@@ -60,6 +69,8 @@ function cleanHello(msg: PeerHello): PeerHello {
     ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
     ...(msg.adapter ? { adapter: msg.adapter } : {}),
     ...(msg.rtc === true ? { rtc: true } : {}),
+    ...(msg.directReturn === true ? { directReturn: true } : {}),
+    ...(cleanSpeed(msg.speed) ? { speed: cleanSpeed(msg.speed)! } : {}),
     ...(isServeCapability(msg.serves) ? { serves: msg.serves } : {}),
   };
 }

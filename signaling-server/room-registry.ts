@@ -37,6 +37,8 @@ export interface RoomRegistryOptions {
   repairTimeoutMs?: number;
   /** spares load their standby shard ahead of time (default true) */
   standby?: boolean;
+  /** which planner plans routes (room.ts) */
+  planner?: 'speed' | 'memory';
   /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
   heartbeatMs?: number;
   /** a peer silent this long is lost (ms, default 3.5 s) */
@@ -137,6 +139,7 @@ export class RoomRegistry {
         ...(iceServers ? { iceServers } : {}),
         ...(this.opts.repairTimeoutMs !== undefined ? { repairTimeoutMs: this.opts.repairTimeoutMs } : {}),
         ...(this.opts.standby === false ? { standby: false } : {}),
+        ...(this.opts.planner ? { planner: this.opts.planner } : {}),
       },
     );
     this.rooms.push(room);

@@ -10,7 +10,6 @@ import { MeshError } from '../src/errors.ts';
 import type { ShardRange } from '../src/gguf/types.ts';
 import type { GgufHeader } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
-import { planRoute } from '../src/route/planner.ts';
 import type { PlannerPeer } from '../src/route/planner.ts';
 import { modelTraits, servable } from '../src/model/serve-capability.ts';
 import type { ModelTraits, Servable } from '../src/model/serve-capability.ts';
@@ -21,7 +20,10 @@ import type { FrameLink } from '../src/transport/link.ts';
 import type { HopLink, TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
 import { FrameType, makeFrame } from '../src/protocol/frame.ts';
+import { deliverReturn } from './token-return.ts';
 import { RouteKeeper } from './route-repair.ts';
+import { choosePlan } from './plan-choice.ts';
+import type { PlannerKind, SpeedFacts } from './plan-choice.ts';
 import type { RepairState } from './route-repair.ts';
 
 export type RouteStatus = 'forming' | 'loading' | 'ready' | 'repairing' | 'degraded' | 'closed';
@@ -43,6 +45,8 @@ export interface Peer {
   excluded?: string;
   /** asked to leave gracefully: takes no new stage or standby */
   leaving?: boolean;
+  /** the control socket's round trip (ms), smoothed over heartbeats */
+  rttMs?: number;
 }
 
 export interface RouteStage {
@@ -111,6 +115,11 @@ export class Route implements RouteHandle {
     return this.stages.map((s) => s.peerId);
   }
 
+  /** every stage's peer takes ReturnDirect and sends the last stage's token as a `return` message (the PyTorch peer does not yet) */
+  directReturn(): boolean {
+    return this.stages.every((s) => this.room.peers.get(s.peerId)?.hello.directReturn === true);
+  }
+
   stageBackends(): string[] {
     return this.stages.map((s) => this.room.peers.get(s.peerId)?.hello.backend ?? '?');
   }
@@ -166,6 +175,8 @@ export interface RoomOptions {
   repairTimeoutMs?: number;
   /** spares load their standby shard ahead of time (default true) */
   standby?: boolean;
+  /** 'memory' (default): in proportion to memory, in join order; 'speed': by measured speed and round trips where every peer reports a speed */
+  planner?: PlannerKind;
 }
 
 export class Room {
@@ -307,6 +318,7 @@ export class Room {
     // a replacement taking over a stage (a graceful leave: the stage still names the leaving peer)
     const replacing = this.keeper.replacementStage(r, peer) === msg.stage;
     if (st.peerId !== peer.id && !replacing) return;
+    if (msg.t === 'return') return deliverReturn(this, r, st.stage, msg.frame);
     if (msg.t === 'ready') {
       st.loadMs = msg.loadMs;
       st.bytesRead = msg.bytesRead;
@@ -390,17 +402,21 @@ export class Room {
     }
     // only what each peer can compute, decided here, before anyone fetches a byte
     const able = peers.map((p) => ({ p, can: this.servableBy(p) })).filter(({ can }) => can.wholeModel);
-    const plannerPeers: PlannerPeer[] = able.map(({ p, can }) => ({
+    const plannerPeers: Array<PlannerPeer & SpeedFacts> = able.map(({ p, can }) => ({
       id: p.id,
       memoryBytes: p.hello.memoryBytes,
       layers: p.hello.layers,
       held: this.heldRangeOf(p),
       serves: can.ranges ? 'ranges' : 'whole-model',
+      speed: p.hello.speed,
+      rttMs: p.rttMs,
     }));
     const unable = peers.filter((p) => !this.servableBy(p).wholeModel);
-    const plan = plannerPeers.length
-      ? planRoute({ nLayer: this.model.nLayer, peers: plannerPeers, shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer) })
+    const choice = plannerPeers.length ? choosePlan(this.opts.planner ?? 'memory', this.model.header, this.model.nLayer, plannerPeers) : null;
+    const plan = choice
+      ? choice.plan
       : { ok: false as const, reason: `no peer can serve ${(this.traits ??= modelTraits(this.model.header)).architecture}: ${unable.map((p) => `${p.id} (${p.hello.backend}): ${this.servableBy(p).reason}`).join('; ')}` };
+    if (choice?.by === 'speed') this.log(`planned by speed: predicted ${choice.predictedMs!.toFixed(2)} ms per token${choice.memorySplitMs !== undefined ? ` (the memory split: ${choice.memorySplitMs.toFixed(2)} ms)` : ''}`);
     if (current && current.status === 'forming' && !plan.ok) {
       current.reason = plan.reason;
       return;
@@ -461,11 +477,11 @@ export class Room {
     const { proof: _proof, t: _t, ...hello } = p.hello;
     const stage = this.route?.stages.find((s) => s.peerId === id);
     const can = this.servableBy(p);
-    return { id, ...hello, excluded: p.excluded ?? null, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+    return { id, ...hello, rttMs: p.rttMs ?? null, excluded: p.excluded ?? null, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
   }
 
   summary(): Record<string, unknown> {
-    return { id: this.id, model: this.brief(), peers: this.peers.size, route: this.route ? { id: this.route.id, status: this.route.status, reason: this.route.reason } : null };
+    return { id: this.id, model: this.brief(), planner: this.opts.planner ?? 'memory', peers: this.peers.size, route: this.route ? { id: this.route.id, status: this.route.status, reason: this.route.reason } : null };
   }
 
   dispose(): void {

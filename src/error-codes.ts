@@ -41,7 +41,7 @@ const GGUF = {
 
 const MODEL = {
   BAD_MODEL_METADATA: { status: 500, meaning: 'the metadata describes a model this runtime cannot build a config for' },
-  UNSUPPORTED_ARCHITECTURE: { status: 500, meaning: 'the architecture is not one the engines run (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3), or uses a feature of it they lack (experts on a dense architecture, grouped expert selection)' },
+  UNSUPPORTED_ARCHITECTURE: { status: 500, meaning: 'the architecture is not one the engines run (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, qwen35, qwen35moe), or uses a feature of it they lack (experts on a dense architecture, grouped expert selection)' },
   UNSUPPORTED_ROPE_SCALING: { status: 500, meaning: 'the RoPE scaling type is not none, linear, yarn or longrope' },
   TOKENIZER_MISSING: { status: 500, meaning: 'the model has no tokenizer.ggml.model' },
   TOKENIZER_MISSING_VOCAB: { status: 500, meaning: 'tokenizer.ggml.tokens is missing or not an array of strings' },
@@ -174,6 +174,7 @@ const PEER = {
   AUTH_FAILED: { status: 401, meaning: 'the room secret is missing or wrong' },
   JOIN_FAILED: { status: 500, meaning: 'the peer could not reach the server or its control connection closed while joining' },
   LOAD_FAILED: { status: 500, meaning: 'loading a stage failed with an error that was not a MeshError' },
+  CALIBRATION_FAILED: { status: 500, meaning: "a peer could not measure its own speed on one layer of the room's model (it joins without a speed; the planner splits by memory)" },
   MODEL_FETCH_FAILED: { status: 500, meaning: "downloading the model's file from the server failed" },
   RELAY_FAILED: { status: 500, meaning: 'a frame relayed through the server got no answer' },
   RELAY_REFUSED: { status: 500, meaning: 'the server refuses to relay this frame between these peers' },

@@ -93,6 +93,38 @@ describe('stub route over loopback sockets', () => {
     await c.close();
   });
 
+  it('one-way token path: the last stage hands every sampled token to the session manager; the same tokens as the climbing path', async () => {
+    const climbing = await stubRoute([[0, 2], [2, 4], [4, 6]], { directReturn: false });
+    const oneWay = await stubRoute([[0, 2], [2, 4], [4, 6]]);
+    const ref = await generate(climbing, 12, 'f16');
+    const got = await generate(oneWay, 12, 'f16');
+    expect(got.tokens).toEqual(ref.tokens);
+    expect(climbing.services[2]!.tokensReturned).toBe(0);
+    expect(oneWay.services[2]!.tokensReturned).toBe(12); // the prefill's sampled chunk and 11 decode steps
+    // timings rode forward with the hidden states and reach the client whole, with each hop's share filled in
+    got.client.wantTimings = true;
+    await got.client.decode(got.tokens.at(-1)!);
+    const [s0, s1, s2] = got.client.lastTimings;
+    expect(got.client.lastTimings.map((x) => x.stage)).toEqual([0, 1, 2]);
+    expect(s1!.bytesIn).toBe(s0!.bytesOut);
+    expect(s0!.downstreamUs).toBeGreaterThanOrEqual(s1!.handleUs);
+    expect(s1!.downstreamUs).toBeGreaterThanOrEqual(s2!.handleUs);
+    expect(s2!.handleUs).toBeGreaterThanOrEqual(s2!.computeUs);
+    const info = await got.client.info();
+    expect(info.position).toBe(PROMPT.length + 12);
+    await got.client.close();
+    await ref.client.close();
+  });
+
+  it('one-way token path: a stage failing mid-step still fails the step naming it', async () => {
+    const r = await stubRoute([[0, 2], [2, 4], [4, 6]]);
+    const c = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64 });
+    const t = await c.prefill(PROMPT, 64);
+    await r.servers[2]!.close(); // the last stage is gone: its hop breaks, no token comes
+    const err = await expectRejects(c.decode(t), 'STAGE_UNREACHABLE');
+    expect(err.details?.stage).toBe(2);
+  });
+
   it('concurrent sessions on one route keep separate KV caches', async () => {
     const single = await stubRoute([[0, 6]], { carrier: 'local' });
     const chain = await stubRoute([[0, 2], [2, 4], [4, 6]]);

@@ -110,8 +110,9 @@ const ENGINE_OPS: ReadonlySet<OpId> = new Set<OpId>([
   'geglu', 'post_norms', 'embed_scale', 'query_scale', 'swa_mask', 'fused_qkv', 'fused_gate_up', 'longrope_factors', 'logit_softcap',
 ]);
 export const BACKEND_OPS: Readonly<Record<'cpu' | 'webgpu', ReadonlySet<OpId>>> = {
-  cpu: ENGINE_OPS,
-  webgpu: ENGINE_OPS,
+  // both also run Qwen3.5's hybrid blocks (text positions: its M-RoPE is a partial NeoX rope)
+  cpu: new Set<OpId>([...ENGINE_OPS, ...QWEN35]),
+  webgpu: new Set<OpId>([...ENGINE_OPS, ...QWEN35]),
 };
 
 /**

@@ -12,8 +12,9 @@ import { SUPPORTED_WEIGHT_TYPES } from './webgpu/shader-library.ts';
 
 export type BackendName = 'cpu' | 'webgpu' | 'llamacpp';
 
+
 const CAPABILITIES: Readonly<Record<BackendName, ServeCapability>> = {
-  // the CPU reference and the WGSL kernels read their model through configFromHeader
+  // the CPU reference and the WGSL kernels read their model through configFromHeader (Qwen3.5 included)
   cpu: { rangeArchitectures: [...SUPPORTED_ARCHITECTURES], wholeModelArchitectures: [...SUPPORTED_ARCHITECTURES], weightTypes: DEQUANT_TYPES.map(ggmlTypeName) },
   webgpu: { rangeArchitectures: [...SUPPORTED_ARCHITECTURES], wholeModelArchitectures: [...SUPPORTED_ARCHITECTURES], weightTypes: SUPPORTED_WEIGHT_TYPES.map(ggmlTypeName) },
   // llama.cpp reads every ggml type; ranges only where the range path is checked (range-stage.ts)

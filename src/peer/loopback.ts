@@ -28,6 +28,8 @@ export interface LoopbackOptions {
   messageLimit?: number;
   samplerFactory?: SamplerFactory;
   sessions?: SessionManagerOptions;
+  /** the one-way token path (FrameFlag.ReturnDirect): the last stage hands tokens straight to the session manager (default true) */
+  directReturn?: boolean;
 }
 
 export interface LoopbackRoute {
@@ -83,8 +85,10 @@ export async function startLoopbackRoute(stages: LoopbackStage[], opts: Loopback
     entry: () => entry,
     stageLinks: () => control,
     stagePeers: () => services.map((_, i) => servers[i]?.url ?? `local-${i}`),
+    directReturn: () => opts.directReturn !== false,
   };
   const manager = new SessionManager((id) => (id === route.id ? route : undefined), opts.sessions);
+  for (const svc of services) svc.setReturnTo((answer) => void manager.deliverReturn(answer));
   const clientLink = new LocalLink((f) => manager.handle(f));
   return {
     manager,

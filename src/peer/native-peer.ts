@@ -12,7 +12,7 @@ import type { ShardRange } from '../backends/types.ts';
 import { backendCapability } from '../backends/capabilities.ts';
 import type { WebGpuBackend } from '../backends/webgpu/backend.ts';
 import { parseJoinUrl } from '../protocol/control.ts';
-import type { PeerToServer, RelayReply } from '../protocol/control.ts';
+import type { PeerSpeed, PeerToServer, RelayReply } from '../protocol/control.ts';
 import { startFrameServer } from '../transport/frame-server.ts';
 import type { FrameServer } from '../transport/frame-server.ts';
 import { serveFrames } from '../transport/ws.ts';
@@ -20,7 +20,10 @@ import { tlsOptions } from '../transport/tls-trust.ts';
 import { linkNativeNext, loadNativeShard, nodeWebGpuBackend } from './native-stage.ts';
 import type { BackendKind, NativeStageEnv } from './native-stage.ts';
 import { fetchRoomModel, PeerCore } from './peer-core.ts';
-import type { HelloOffer } from './peer-core.ts';
+import type { HelloOffer, LoadContext, RoomModel, ShardLoad } from './peer-core.ts';
+import { calibrate } from './calibrate.ts';
+import { delayedHandler, delayedLink, later, slowedBackend } from './test-shaping.ts';
+import { hyperParameters } from '../gguf/summary.ts';
 import { NativeRtc } from './native-rtc.ts';
 import { RelayLink } from './relay-link.ts';
 import type { StageService } from './stage-service.ts';
@@ -47,6 +50,12 @@ export interface NodePeerOptions {
   threads?: number;
   /** WebRTC data channels to and from tabs (default true; off: those hops use the server relay) */
   webrtc?: boolean;
+  /** measure this node's speed on one layer of the room's model before joining, where the room plans by speed (default true; cpu and webgpu backends) */
+  calibrate?: boolean;
+  /** test only (test-shaping.ts): forward passes take this many times as long */
+  testSlowFactor?: number;
+  /** test only (test-shaping.ts): every frame and control message in and out waits this long (ms) */
+  testLinkDelayMs?: number;
   log?: (line: string) => void;
 }
 
@@ -97,7 +106,7 @@ function watchControl(ws: WebSocket, base: string): { gone: Promise<Error>; clos
 }
 
 /** What the hello offers: the backend, memory, where frames reach this node, what it holds verified. */
-function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact: string; units: string[]; adapter: unknown; rtc: boolean }): HelloOffer {
+function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact: string; units: string[]; adapter: unknown; rtc: boolean; speed: PeerSpeed | null }): HelloOffer {
   return {
     backend: opts.backend,
     memoryBytes: opts.memoryBytes,
@@ -110,7 +119,21 @@ function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact:
     ...(opts.layers ? { layers: opts.layers } : {}),
     ...(has.adapter ? { adapter: has.adapter } : {}),
     ...(has.rtc ? { rtc: true } : {}),
+    ...(has.speed ? { speed: has.speed } : {}),
   };
+}
+
+/** This node's speed on the room's model, or null (not asked, a backend it is not measured on, or it failed: then said in the log). */
+async function measureSpeed(opts: NodePeerOptions, model: RoomModel, load: (ctx: LoadContext) => Promise<ShardLoad>, log: (line: string) => void): Promise<PeerSpeed | null> {
+  if (opts.calibrate === false || model.planner !== 'speed' || (opts.backend !== 'cpu' && opts.backend !== 'webgpu') || !model.url || !model.nLayer) return null;
+  try {
+    const speed = await calibrate(load, { modelUrl: model.url, nLayer: model.nLayer, nEmbd: hyperParameters(await model.header()).n_embd });
+    log(`speed: ${speed.decodeMsPerLayer.toFixed(3)} ms per layer per decoded token, ${speed.prefillMsPerTokenLayer.toFixed(3)} ms per layer per prefilled token`);
+    return speed;
+  } catch (e) {
+    log(`${(e as MeshError).code ?? 'CALIBRATION_FAILED'}: ${(e as Error).message}`);
+    return null;
+  }
 }
 
 export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
@@ -126,9 +149,10 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   let rtc: NativeRtc | null = null;
   // the control socket opens once the frame server listens: the hello names its address
   let control: WebSocket | null = null;
-  const send = (m: PeerToServer): void => {
+  const delay = opts.testLinkDelayMs ?? 0;
+  const send = later((m: PeerToServer): void => {
     if (control?.readyState === WebSocket.OPEN) control.send(JSON.stringify(m));
-  };
+  }, delay);
   const env: NativeStageEnv = {
     backend: opts.backend, memoryBytes: opts.memoryBytes, carrier: opts.carrier ?? 'ws', cacheDir, base, secret: opts.secret, model, send, log,
     ...(opts.threads ? { threads: opts.threads } : {}),
@@ -139,13 +163,20 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       return gpu;
     },
     // a browser next stage has no listen address: frames go through the server (peer/relay-link.ts)
-    relayTo: (to) => (relay = new RelayLink(to, (r) => control!.send(JSON.stringify(r)))),
+    relayTo: (to) => (relay = new RelayLink(to, later((r) => control!.send(JSON.stringify(r)), delay))),
     rtc: () => rtc,
+  };
+  const loadShard = async (ctx: LoadContext): Promise<ShardLoad> => {
+    const load = await loadNativeShard(ctx, env);
+    return { ...load, backend: slowedBackend(load.backend, opts.testSlowFactor ?? 1) };
   };
   const core = new PeerCore({
     secret: opts.secret, send, log,
-    loadShard: (ctx) => loadNativeShard(ctx, env),
-    linkNext: (next, ctx) => linkNativeNext(next, ctx, env),
+    loadShard,
+    linkNext: async (next, ctx) => {
+      const l = await linkNativeNext(next, ctx, env);
+      return l.link ? { ...l, link: delayedLink(l.link, delay) } : l;
+    },
     onAssign: (a) => {
       rtc?.released();
       rtc?.setUpstream(a.upstreamPeer ?? null);
@@ -154,29 +185,33 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     onReady: (a, _load, link) => rtc?.serving(a.routeId, a.stage, link.hop?.kind ?? 'none', link.hop?.candidatePair ?? null),
     onRelease: () => rtc?.released(),
   });
+  const handle = delayedHandler(core.handle, delay);
+  const speed = await measureSpeed(opts, model, loadShard, log);
   const server = await startFrameServer({
     host: opts.listenHost ?? '127.0.0.1',
     port: opts.listenPort ?? 0,
     secret: opts.secret,
-    handler: core.handle,
+    handler: handle,
     status: () => ({ peerId: core.peerId, backend: opts.backend, memoryBytes: opts.memoryBytes, routeId: core.routeId, ...(core.service ? core.service.status() : {}) }),
   });
 
   // data channels to and from tabs (./native-rtc.ts); null where WebRTC is off or will not load
   // (loaded before the control socket opens: its challenge must find the listener below)
-  rtc = opts.webrtc === false ? null : await NativeRtc.start({ sendJson: (m) => send(m as PeerToServer), handler: core.handle, log });
-  const ws = (control = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`, tlsOptions())); // a pinned local CA (tls-trust.ts)
-  serveFrames(ws, core.handle);
+  rtc = opts.webrtc === false ? null : await NativeRtc.start({ sendJson: (m) => send(m as PeerToServer), handler: handle, log });
+  // (a test's link delay answers the server's heartbeat late too: its round trip is the planner's link)
+  const ws = (control = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`, { ...tlsOptions(), ...(delay > 0 ? { autoPong: false } : {}) })); // a pinned local CA (tls-trust.ts)
+  if (delay > 0) ws.on('ping', (data) => setTimeout(() => ws.readyState === WebSocket.OPEN && ws.pong(data), 2 * delay));
+  serveFrames(ws, handle);
   const { gone, closed } = watchControl(ws, base);
-  ws.on('message', (data, isBinary) => {
+  ws.on('message', later((data: WebSocket.RawData, isBinary: boolean) => {
     if (isBinary) return; // frames: serveFrames answers them
     const m = JSON.parse(data.toString()) as { t: string };
     if (core.onMessage(m)) return;
     // a relay reply is for this node's own relay link, else for the relay WebRTC fell back to
     if (m.t === 'relay-reply' && relay?.deliver(m as RelayReply)) return;
     rtc?.onControl(m);
-  });
-  const joining = core.join(helloOffer(opts, server, { artifact: model.manifest.artifact.sha256, units, adapter, rtc: rtc !== null }), gone);
+  }, delay));
+  const joining = core.join(helloOffer(opts, server, { artifact: model.manifest.artifact.sha256, units, adapter, rtc: rtc !== null, speed }), gone);
   try {
     const w = await joining;
     if (w.iceServers?.length) rtc?.useIceServers(w.iceServers);

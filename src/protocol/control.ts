@@ -10,6 +10,10 @@
 //   peer → server  {t:'relay', to, id, frame}          a request frame (base64) for peer `to`'s stage,
 //   server → peer  {t:'relay-reply', id, frame|error}  used when no data channel could open
 //   peer → server  {t:'telemetry', routeId, stage, …}  load progress, hop kind, frame counters
+//
+// Every peer of this implementation (hello `directReturn: true`) also sends, as the last stage,
+//   peer → server  {t:'return', routeId, stage, frame}  a sampled Token (base64 frame) for the
+//                  session's owner, one-way: the answer to a ReturnDirect step (frame.ts)
 
 import { MeshError } from '../errors.ts';
 import type { ShardRange } from '../gguf/types.ts';
@@ -36,6 +40,28 @@ export interface PeerHello {
   adapter?: unknown;
   /** a native node that answers and opens WebRTC data channels (browser peers always do) */
   rtc?: boolean;
+  /** takes FrameFlag.ReturnDirect and, as the last stage, sends the token to the server as a `return` message */
+  directReturn?: boolean;
+  /** its own measured speed (peer/calibrate.ts), for the planner that knows speed (route/speed-planner.ts) */
+  speed?: PeerSpeed;
+}
+
+/** A peer's measured compute speed on the room's model, per layer. */
+export interface PeerSpeed {
+  /** one decode step (one token) through one layer (ms) */
+  decodeMsPerLayer: number;
+  /** prefill: one token through one layer, in a 16-token chunk (ms) */
+  prefillMsPerTokenLayer: number;
+  /** 'calibration' at join; 'steps' from the stage's live decode steps */
+  source: 'calibration' | 'steps';
+}
+
+/** A speed as the server keeps it: finite, non-negative numbers only (else none). */
+export function cleanSpeed(v: unknown): PeerSpeed | undefined {
+  const s = v as Partial<PeerSpeed> | undefined;
+  const ok = (x: unknown): x is number => typeof x === 'number' && Number.isFinite(x) && x >= 0;
+  if (!s || !ok(s.decodeMsPerLayer) || !ok(s.prefillMsPerTokenLayer)) return undefined;
+  return { decodeMsPerLayer: s.decodeMsPerLayer, prefillMsPerTokenLayer: s.prefillMsPerTokenLayer, source: s.source === 'steps' ? 'steps' : 'calibration' };
 }
 
 export interface ModelBrief {
@@ -83,6 +109,8 @@ export type PeerToServer =
   | { t: 'rewired'; routeId: number; stage: number }
   /** a graceful leave (SIGTERM, the page's Leave button): move my sessions, then answer leave-ok */
   | { t: 'leave' }
+  /** the last stage's one-way token (a base64 Token frame) for the session manager: the answer to a ReturnDirect step */
+  | { t: 'return'; routeId: number; stage: number; frame: string }
   /** browser peers (below): signal/relay are routed before this union is consulted */
   | { t: 'telemetry'; routeId: number; stage: number; [k: string]: unknown };
 

@@ -6,18 +6,25 @@
 // client sees the same tokens and no error. Where no repair comes — or it fails — the session
 // fails naming the stage, and its KV cache is freed on every stage still there. Fault handling
 // lives here and nowhere else; stages only compute.
+//
+// The one-way token path: on a route whose stages all take FrameFlag.ReturnDirect, a sampled
+// step goes into stage 0 with that flag, and its Token comes from the last stage straight to
+// `deliverReturn` (over the last stage's control socket) instead of climbing back through every
+// stage; the chain's Status answers still come back, off the token's critical path, and carry
+// any error (naming the stage) as before.
 
 import { MeshError } from '../errors.ts';
-import { FrameType, makeFrame } from '../protocol/frame.ts';
+import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, jsonFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, jsonFrame, repairFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
+import { DirectReturns } from './token-return.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
-import type { SessionOpenBody } from '../protocol/session.ts';
+import type { RewindBody, SessionOpenBody } from '../protocol/session.ts';
 import type { HopLink, HopTelemetry, TelemetryEvent, TelemetryListener } from './telemetry.ts';
 import { hopTelemetry } from './telemetry.ts';
-import { reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
+import { historyBefore, reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
 import type { HistoryEntry, RebuildResult } from './repair.ts';
 
 /** A route's repair in progress: which stages lost their peer, since when, and when it ends. */
@@ -46,6 +53,8 @@ export interface RouteHandle {
   suspectStall?(): Promise<void>;
   /** how each hop is carried (webrtc, relay, ws, …), when the route knows */
   hops?(): HopLink[];
+  /** every stage takes FrameFlag.ReturnDirect and the last one reaches the session manager one-way (deliverReturn) */
+  directReturn?(): boolean;
 }
 
 export interface SessionInfo {
@@ -94,6 +103,10 @@ interface Session {
   /** the route repair this session last heard of (its `since` dates the repair) */
   repairSeen: RouteRepair | null;
   repairs: number;
+  /** a step of this session waits for the route's repair (it is not in flight: a hand-over need not wait for it) */
+  parked: boolean;
+  /** told when the session parks */
+  onPark: Set<() => void>;
 }
 
 export interface SessionManagerOptions {
@@ -144,6 +157,8 @@ export class SessionManager {
   private listeners = new Map<string, Set<TelemetryListener>>();
   private buffers = new Map<string, TelemetryEvent[]>();
   private sweeper: NodeJS.Timeout;
+  /** one-way answers of steps in flight (token-return.ts) */
+  private returns = new DirectReturns();
   readonly idleTtlMs: number;
 
   constructor(
@@ -164,10 +179,10 @@ export class SessionManager {
     for (const l of this.listeners.get(sessionId) ?? []) l(e);
   }
 
-  /** Replays a session's events so far, then delivers new ones until unsubscribed. */
-  subscribe(sessionId: string, listener: TelemetryListener): () => void {
+  /** Replays a session's events so far (unless `fromNow`: a kept session continued by a new request), then delivers new ones until unsubscribed. */
+  subscribe(sessionId: string, listener: TelemetryListener, fromNow = false): () => void {
     this.get(sessionId);
-    for (const e of this.buffers.get(sessionId) ?? []) listener(e);
+    if (!fromNow) for (const e of this.buffers.get(sessionId) ?? []) listener(e);
     let set = this.listeners.get(sessionId);
     if (!set) this.listeners.set(sessionId, (set = new Set()));
     set.add(listener);
@@ -188,6 +203,8 @@ export class SessionManager {
       case FrameType.Prefill:
       case FrameType.Decode:
         return this.step(f);
+      case FrameType.Rewind:
+        return this.locked(this.get(f.sessionId), () => this.continueAt(f));
       case FrameType.SessionClose:
         await this.close(f.sessionId, 'closed');
         return jsonFrame(FrameType.Status, replyAddress(f), this.brief(f.sessionId));
@@ -207,7 +224,7 @@ export class SessionManager {
     await route.repair?.()?.done;
     const s: Session = {
       life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, promptLength: body.promptLength ?? null, onFail: new Set(),
-      body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0,
+      body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0, parked: false, onPark: new Set(),
     };
     this.sessions.set(sessionId, s);
     this.prune();
@@ -289,7 +306,7 @@ export class SessionManager {
           const reply = await this.rebuild(s);
           if (reply) return reply; // f was the last frame the route had not answered
         }
-        return await this.answerOf(s, s.route.entry().request(f));
+        return await this.answerOf(s, this.send(s, f));
       } catch (e) {
         const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
         if (!LOSS_SYMPTOMS.has(err.code)) throw err;
@@ -300,6 +317,22 @@ export class SessionManager {
         if (!repairing() || attempt >= MAX_REPAIR_ATTEMPTS) throw err;
       }
     }
+  }
+
+  /**
+   * Sends a step into stage 0. A sampled step on a route that takes the one-way path gets
+   * ReturnDirect: its answer is the Token the last stage sends to `deliverReturn`, or the
+   * chain's error, whichever comes first.
+   */
+  private send(s: Session, f: Frame): Promise<Frame> {
+    const entry = s.route.entry();
+    if (!(f.flags & FrameFlag.Sample) || f.flags & FrameFlag.WantLogits || s.body.tokenPath === 'climb' || !s.route.directReturn?.()) return entry.request(f);
+    return this.returns.send(entry, f, s.onFail, s.route.id);
+  }
+
+  /** A one-way answer (ReturnDirect): the last stage's Token, or a stage's Error; false when no step waits for it. */
+  deliverReturn(frame: Frame): boolean {
+    return this.returns.deliver(frame);
   }
 
   /** A step's reply; when none comes within the step deadline, the route looks for a stalled stage (and keeps waiting when it finds none). */
@@ -327,7 +360,13 @@ export class SessionManager {
       s.repairSeen = repair;
       this.publish(s.life.sessionId, { type: 'route_repairing', sessionId: s.life.sessionId, routeId: s.route.id, stages: [...repair.stages] });
     }
-    await repair.done;
+    s.parked = true;
+    for (const wake of [...s.onPark]) wake();
+    try {
+      await repair.done;
+    } finally {
+      s.parked = false;
+    }
   }
 
   /** Rebuilds the session on the stages whose peer changed (state `repairing` meanwhile), then sends again what the last stage never answered; returns the last reply. */
@@ -362,6 +401,33 @@ export class SessionManager {
     const at = { routeId: s.route.id, sessionId: s.life.sessionId };
     for (const h of s.history.slice(s.confirmedEntries)) reply = await this.answerOf(s, s.route.entry().request(tokensFrame(h.type, at, h.position, h.tokens, h.flags)));
     return reply;
+  }
+
+  /**
+   * A client continues an idle session from position p (KV reuse: a new chat turn that shares
+   * the first p tokens): every stage forgets positions from p on and takes the new sampler
+   * settings; the kept history (what a repair replays) is cut at p.
+   */
+  private async continueAt(f: Frame): Promise<Frame> {
+    const s = this.get(f.sessionId);
+    if (s.life.state !== 'idle') throw new MeshError('SESSION_BAD_STATE', `session ${f.sessionId} is ${s.life.state}; only an idle session continues at a new position`);
+    if (f.routeId !== s.route.id) throw new MeshError('FRAME_BAD_ROUTE', `frame route id: session ${f.sessionId} runs on route ${s.route.id}, not ${f.routeId}`, { field: 'route id' });
+    if (f.position > s.position) throw new MeshError('POSITION_MISMATCH', `session ${f.sessionId} holds ${s.position} positions; cannot continue at ${f.position}`, { expected: s.position, got: f.position });
+    const body = { ...decodeJson<RewindBody>(f.payload), draws: 0 };
+    const links = s.route.stageLinks();
+    try {
+      await Promise.all(links.map((l, i) => (l ? l.request(repairFrame(FrameType.Rewind, { routeId: s.route.id, sessionId: f.sessionId }, f.position, body)) : Promise.reject(new MeshError('STAGE_UNREACHABLE', `stage ${i} has no peer`, { stage: i })))));
+    } catch (e) {
+      const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
+      await this.fail(s, { code: err.code, message: `continuing the session failed: ${err.message}`, ...(typeof err.details?.stage === 'number' ? { stage: err.details.stage } : {}) });
+      throw err;
+    }
+    s.history = historyBefore(s.history, f.position);
+    s.position = s.confirmedPosition = f.position;
+    s.confirmedEntries = s.history.length;
+    s.confirmedDraws = 0;
+    s.body = { ...s.body, ...(body.sampler ? { sampler: body.sampler } : {}), ...(body.logprobs !== undefined ? { logprobs: body.logprobs ?? undefined } : {}), ...(body.tokens ? { tokens: [] } : {}) };
+    return jsonFrame(FrameType.Status, replyAddress(f), this.brief(f.sessionId));
   }
 
   /** Runs `fn` after the session's previous step or repair. */
@@ -412,7 +478,19 @@ export class SessionManager {
 
   /** Resolves once every step and repair of the route's sessions so far has finished (a graceful hand-over waits for this). */
   async settled(routeId: number): Promise<void> {
-    await Promise.all([...this.sessions.values()].filter((s) => s.route.id === routeId).map((s) => s.lock));
+    // a step parked on the repair is not in flight: waiting for it would wait for ourselves
+    // (a graceful leave's hand-over is part of the repair that step waits for)
+    const quiet = (s: Session): Promise<void> =>
+      new Promise<void>((resolve) => {
+        const done = (): void => {
+          s.onPark.delete(done);
+          resolve();
+        };
+        if (s.parked) return resolve();
+        s.onPark.add(done);
+        void s.lock.then(done, done);
+      });
+    await Promise.all([...this.sessions.values()].filter((s) => s.route.id === routeId).map(quiet));
   }
 
   /** Cancels every live session an owner (a client connection) opened. */

@@ -3,7 +3,7 @@
 // polling a tab's peer state until it reaches what a test waits for.
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
-import type { Browser, Page } from 'playwright-core';
+import type { Browser, BrowserContext, Page } from 'playwright-core';
 import { createServer } from 'vite';
 import type { ViteDevServer } from 'vite';
 import type { LlamaModel } from 'node-llama-cpp';
@@ -57,4 +57,14 @@ export async function waitForPeerState(page: Page, ok: (s: BrowserPeerState) => 
     }
     await new Promise((r) => setTimeout(r, 200));
   }
+}
+
+/** A new context and page in `browser` that opens the peer page joined to `joinUrl` as `name` (1 GiB), once it has joined; page errors are logged. */
+export async function joinTab(browser: Browser, pageBase: string, joinUrl: string, name = 'tab'): Promise<{ context: BrowserContext; page: Page }> {
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  page.on('console', (m) => m.type() === 'error' && console.log(`[${name}] ${m.text()}`));
+  await page.goto(`${pageBase}#${new URLSearchParams({ join: joinUrl, name, memory: String(1 << 30) })}`);
+  await waitForPeerState(page, (s) => s.status === 'idle' || s.status === 'ready', `${name} joined`);
+  return { context, page };
 }

@@ -11,6 +11,7 @@ import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBack
 import { MAX_BATCH, embed, forwardLayers, lastLogits } from './forward.ts';
 import { KvCache } from './kv-cache.ts';
 import type { WorkerFactory } from './compute-pool.ts';
+import { RecurrentState } from './recurrent-state.ts';
 import { sharedMemoryAvailable } from './wasm-arena.ts';
 import type { MemoryAdvisor } from './wasm-arena.ts';
 import { loadShardWeights } from './weights.ts';
@@ -87,7 +88,12 @@ export class CpuBackend implements StageBackend {
     if (!Number.isSafeInteger(options.contextLength) || options.contextLength <= 0) {
       throw new MeshError('BAD_CONTEXT_LENGTH', `context length must be a positive integer, got ${options.contextLength}`);
     }
-    this.sessions.set(sessionId, new KvCache(this.model().weights.arena, shard.end - shard.start, config.nHeadKv, config.headDim, options.contextLength));
+    const recurrent = config.recurrentLayers.slice(shard.start, shard.end);
+    const attends = config.linearAttention ? recurrent.map((r) => !r) : undefined;
+    const kv = new KvCache(this.model().weights.arena, shard.end - shard.start, config.nHeadKv, config.headDim, options.contextLength, attends);
+    // Gated DeltaNet layers: a fixed-size state per session instead of keys and values
+    if (config.linearAttention) kv.recurrent = new RecurrentState(config.linearAttention, recurrent);
+    this.sessions.set(sessionId, kv);
   }
 
   async releaseSession(sessionId: string): Promise<void> {
@@ -98,6 +104,9 @@ export class CpuBackend implements StageBackend {
   async truncateSession(sessionId: string, position: number): Promise<void> {
     const kv = this.session(sessionId);
     checkTruncate(sessionId, position, kv.length);
+    // recurrent state first (within its chunk, to its checkpoint or to 0, else POSITION_MISMATCH,
+    // changing nothing), then the keys and values
+    kv.recurrent?.rewind(sessionId, position);
     kv.truncate(position);
   }
 
@@ -137,7 +146,15 @@ export class CpuBackend implements StageBackend {
     }
     if (n === 0) throw new MeshError('BAD_STAGE_INPUT', 'forward needs at least one token');
 
-    forwardLayers(config, weights, kv, x, n);
+    try {
+      forwardLayers(config, weights, kv, x, n);
+    } catch (e) {
+      // a forward that failed part-way (maybe after some of its batches) must not leave some
+      // layers' recurrent state or keys advanced: back to where it started
+      kv.recurrent?.rewind(sessionId, position);
+      kv.truncate(position);
+      throw e;
+    }
 
     const output: StageOutput = shardHasHead(shard, config.nLayer)
       ? { kind: 'logits', logits: lastLogits(config, weights, x, n) }
@@ -147,7 +164,7 @@ export class CpuBackend implements StageBackend {
 
   sessionStats(sessionId: string): SessionStats {
     const kv = this.session(sessionId);
-    return { position: kv.length, kvBytes: kv.bytes, processedTokens: [...kv.processedTokens] };
+    return { position: kv.length, kvBytes: kv.bytes, processedTokens: [...kv.processedTokens], ...(kv.recurrent ? { recurrentBytes: kv.recurrent.bytes } : {}) };
   }
 
   /** ids of the open sessions */

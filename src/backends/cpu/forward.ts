@@ -8,7 +8,10 @@ import type { ModelConfig } from '../../model/config.ts';
 import { attendCached, attentionScratchBytes } from './attention.ts';
 import { swigluInArena } from './arena-ops.ts';
 import { moeFfn } from './ffn.ts';
+import type { DenseFfn, MoeFfn } from './ffn.ts';
 import { geglu } from './gelu.ts';
+import { hybridMixer } from './hybrid-layer.ts';
+import type { HybridLayerWeights } from './hybrid-layer.ts';
 import type { KvCache } from './kv-cache.ts';
 import { addBias, addInPlace, rmsnorm, rope, scaleInPlace } from './ops.ts';
 import type { WasmArena } from './wasm-arena.ts';
@@ -80,6 +83,8 @@ export const MAX_BATCH = 128;
  * [kv.length, kv.length + n), and advances the cache. x: [n × nEmbd]
  */
 export function forwardLayers(cfg: ModelConfig, weights: ShardWeights, kv: KvCache, x: Float32Array, n: number): void {
+  // once per forward, not per batch: a rewind to where the forward started stays possible
+  kv.recurrent?.beginForward(kv.length);
   for (let t0 = 0; t0 < n; t0 += MAX_BATCH) {
     const m = Math.min(MAX_BATCH, n - t0);
     forwardBatch(cfg, weights, kv, x.subarray(t0 * cfg.nEmbd, (t0 + m) * cfg.nEmbd), m);
@@ -92,7 +97,10 @@ function forwardBatch(cfg: ModelConfig, weights: ShardWeights, kv: KvCache, x: F
   const s = scratchFor(cfg, weights, kv.arena, n, pos);
   try {
     for (let l = 0; l < weights.layers.length; l++) {
-      forwardLayer(cfg, weights.layers[l]!, kv, l, weights.layerStart + l, x, n, pos, s);
+      const w = weights.layers[l]!;
+      // Qwen3.5 blocks (Gated DeltaNet or gated attention) have their own token mixer
+      if ('mixer' in w) forwardHybridLayer(cfg, w, kv, l, weights.layerStart + l, x, n, pos, s);
+      else forwardLayer(cfg, w, kv, l, weights.layerStart + l, x, n, pos, s);
       kv.processedTokens[l]! += n;
     }
   } finally {
@@ -146,26 +154,43 @@ function forwardLayer(
   // residual
   addInPlace(x, s.out);
 
-  // feed-forward norm
+  // feed-forward norm, feed-forward
   rmsnorm(s.xb, x, w.ffnNorm, n, nEmbd, rmsEps);
-  if (w.ffn.kind === 'moe') {
-    // a mixture of experts (only the routed experts' matrices are read)
-    moeFfn(w.ffn, cfg.moe!, cfg.ffnActivation, s.out, s.xb, n);
-  } else {
-    // gate and up projections, SwiGLU (on the arena's threads) or GeGLU, down projection
-    const rows = w.ffn.wGate.rows;
-    const gate = s.gate.subarray(0, n * rows);
-    const up = s.up.subarray(0, n * rows);
-    w.ffn.wGate.matmul(gate, s.xb, n);
-    w.ffn.wUp.matmul(up, s.xb, n);
-    if (cfg.ffnActivation === 'gelu') geglu(gate, gate, up);
-    else swigluInArena(kv.arena, gate, up);
-    w.ffn.wDown.matmul(s.out, gate, n);
-  }
+  feedForward(cfg, w.ffn, kv, n, s);
   // post-norm (gemma3)
   if (w.ffnPostNorm) rmsnorm(s.out, s.out, w.ffnPostNorm, n, nEmbd, rmsEps);
   // residual
   addInPlace(x, s.out);
+}
+
+/**
+ * A Qwen3.5 block: attn_norm → token mixer (Gated DeltaNet or gated attention, ./hybrid-layer.ts)
+ * → residual → post_attention_norm → feed-forward → residual.
+ */
+function forwardHybridLayer(cfg: ModelConfig, w: HybridLayerWeights, kv: KvCache, l: number, il: number, x: Float32Array, n: number, pos: number, s: Scratch): void {
+  rmsnorm(s.xb, x, w.attnNorm, n, cfg.nEmbd, cfg.rmsEps);
+  hybridMixer(cfg, w.mixer, kv, l, il, n, pos, s);
+  addInPlace(x, s.out);
+  rmsnorm(s.xb, x, w.ffnNorm, n, cfg.nEmbd, cfg.rmsEps);
+  feedForward(cfg, w.ffn, kv, n, s);
+  addInPlace(x, s.out);
+}
+
+/** s.out = the feed-forward of s.xb: dense, or a mixture of experts (only the routed experts' matrices are read). */
+function feedForward(cfg: ModelConfig, ffn: DenseFfn | MoeFfn, kv: KvCache, n: number, s: Scratch): void {
+  if (ffn.kind === 'moe') {
+    moeFfn(ffn, cfg.moe!, cfg.ffnActivation, s.out, s.xb, n);
+    return;
+  }
+  // gate and up projections, SwiGLU (on the arena's threads) or GeGLU, down projection
+  const rows = ffn.wGate.rows;
+  const gate = s.gate.subarray(0, n * rows);
+  const up = s.up.subarray(0, n * rows);
+  ffn.wGate.matmul(gate, s.xb, n);
+  ffn.wUp.matmul(up, s.xb, n);
+  if (cfg.ffnActivation === 'gelu') geglu(gate, gate, up);
+  else swigluInArena(kv.arena, gate, up);
+  ffn.wDown.matmul(s.out, gate, n);
 }
 
 /** Logits of the last token: output norm, then the head. x: [n × nEmbd]; returns [nVocab] */

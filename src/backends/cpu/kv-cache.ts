@@ -9,9 +9,12 @@
 // Capacity grows by doubling up to the session's context length (a short chat does not reserve
 // the whole context up front); growing moves the cache head by head, in place where the cache
 // ends the arena. Capacity is a multiple of 4, so kernels can read positions in fours; unused
-// positions stay zero.
+// positions stay zero. Layers that attend through a recurrent state instead (Qwen3.5's Gated
+// DeltaNet) hold no keys or values in the region; their fixed-size state rides along in
+// `recurrent` (./recurrent-state.ts, plain f32 arrays outside the arena).
 
 import { MeshError } from '../../errors.ts';
+import type { RecurrentState } from './recurrent-state.ts';
 import type { WasmArena } from './wasm-arena.ts';
 
 const INITIAL_POSITIONS = 256;
@@ -23,8 +26,14 @@ export class KvCache {
   readonly processedTokens: number[];
   /** positions the cache holds now */
   capacity: number;
-  /** byte offset of the cache's region: per layer K then V, each nHeadKv × capacity × headDim f32 */
+  /** the recurrent layers' state (conv rows, delta-rule state), or null when every layer attends */
+  recurrent: RecurrentState | null = null;
+  /** byte offset of the cache's region: per attending layer K then V, each nHeadKv × capacity × headDim f32 */
   private base: number;
+  /** per shard layer: its place among the attending layers in the region (-1: keeps no K/V) */
+  private readonly slots: number[];
+  /** layers that keep keys and values */
+  private readonly nSlots: number;
 
   constructor(
     readonly arena: WasmArena,
@@ -33,7 +42,12 @@ export class KvCache {
     readonly headDim: number,
     /** most positions the session may hold */
     readonly contextLength: number,
+    /** per shard layer: whether it keeps keys and values (default: all) */
+    attends?: readonly boolean[],
   ) {
+    let next = 0;
+    this.slots = Array.from({ length: nLayers }, (_, l) => (attends && !attends[l] ? -1 : next++));
+    this.nSlots = next;
     this.capacity = round4(Math.min(contextLength, INITIAL_POSITIONS));
     this.base = arena.alloc(this.regionBytes(this.capacity), true);
     this.processedTokens = new Array<number>(nLayers).fill(0);
@@ -51,12 +65,12 @@ export class KvCache {
 
   /** byte offset of K for layer l, KV head h: [capacity × headDim] */
   keys(l: number, h: number): number {
-    return this.base + ((2 * l * this.nHeadKv + h) * this.capacity * this.headDim) * 4;
+    return this.base + ((2 * this.slots[l]! * this.nHeadKv + h) * this.capacity * this.headDim) * 4;
   }
 
   /** byte offset of Vᵀ for layer l, KV head h: [headDim × capacity] */
   values(l: number, h: number): number {
-    return this.base + (((2 * l + 1) * this.nHeadKv + h) * this.capacity * this.headDim) * 4;
+    return this.base + (((2 * this.slots[l]! + 1) * this.nHeadKv + h) * this.capacity * this.headDim) * 4;
   }
 
   /** Makes room for positions [length, length + nTokens); CONTEXT_FULL past contextLength. */
@@ -80,7 +94,7 @@ export class KvCache {
     const heap = this.arena.heap;
     const old = this.base >> 2, now = next >> 2;
     const { headDim: hd, length: n } = this;
-    for (let run = 2 * this.nLayers * this.nHeadKv - 1; run >= 0; run--) {
+    for (let run = 2 * this.nSlots * this.nHeadKv - 1; run >= 0; run--) {
       const at = run * hd; // floats before this run, per position of capacity
       const isV = Math.floor(run / this.nHeadKv) % 2 === 1;
       if (!isV) {
@@ -125,6 +139,7 @@ export class KvCache {
     const heap = this.arena.heap;
     const { headDim: hd, capacity: cap, length: n } = this;
     for (let l = 0; l < this.nLayers; l++) {
+      if (this.slots[l]! < 0) continue;
       for (let h = 0; h < this.nHeadKv; h++) {
         const kh = this.keys(l, h) >> 2, vh = this.values(l, h) >> 2;
         heap.fill(0, kh + position * hd, kh + n * hd);
@@ -139,10 +154,12 @@ export class KvCache {
     if (this.base >= 0) this.arena.free(this.base);
     this.base = -1;
     this.capacity = 0;
+    this.recurrent?.free();
+    this.recurrent = null;
   }
 
   private regionBytes(capacity: number): number {
-    return 2 * this.nLayers * this.nHeadKv * capacity * this.headDim * 4;
+    return 2 * this.nSlots * this.nHeadKv * capacity * this.headDim * 4;
   }
 }
 

@@ -12,6 +12,8 @@ import type { ModelConfig } from '../../model/config.ts';
 import { OUTPUT_NORM_TENSOR, OUTPUT_TENSOR, TOKEN_EMBD_TENSOR, shardHasEmbedding, shardHasHead, shardTensors } from '../shard.ts';
 import type { ShardRange } from '../types.ts';
 import { activationFormatFor } from './act-round.ts';
+import { loadHybridLayer } from './hybrid-layer.ts';
+import type { HybridLayerWeights } from './hybrid-layer.ts';
 import { loadLayer } from './layer-weights.ts';
 import type { LayerWeights, TensorLoader } from './layer-weights.ts';
 import { DenseMatrix, Int8Matrix, QuantizedMatrix, packInt8, stagingWithCopies } from './matrices.ts';
@@ -79,7 +81,7 @@ export interface ShardWeights {
   /** token embedding [nVocab × nEmbd], when the shard starts at layer 0 */
   tokenEmbd: Matrix | null;
   /** layers [shard.start, shard.end), index 0 = shard.start */
-  layers: LayerWeights[];
+  layers: (LayerWeights | HybridLayerWeights)[];
   /** output norm [nEmbd] and head [nVocab × nEmbd], when the shard ends at the last layer */
   outputNorm: Float32Array | null;
   output: Matrix | null;
@@ -198,8 +200,8 @@ export async function loadShardWeights(
     },
   };
 
-  const layers: LayerWeights[] = [];
-  for (let il = shard.start; il < shard.end; il++) layers.push(loadLayer(loader, config, il));
+  const layers: (LayerWeights | HybridLayerWeights)[] = [];
+  for (let il = shard.start; il < shard.end; il++) layers.push(config.linearAttention ? loadHybridLayer(loader, config, il) : loadLayer(loader, config, il));
 
   const tokenEmbd = shardHasEmbedding(shard) ? matrix(TOKEN_EMBD_TENSOR, config.nEmbd, config.nVocab) : null;
   let outputNorm: Float32Array | null = null;
@@ -211,13 +213,17 @@ export async function loadShardWeights(
       : matrix(OUTPUT_TENSOR, config.nEmbd, config.nVocab);
   }
   const layerMatrices = [...made.values()].filter((m) => m !== tokenEmbd && m !== output);
-  return { layerStart: shard.start, tokenEmbd, layers, outputNorm, output, bytes, arena, staging: stagingOf(layerMatrices, moeMatrices(layers), output) };
+  return { layerStart: shard.start, tokenEmbd, layers, outputNorm, output, bytes, arena, staging: stagingOf(layerMatrices, copiedMatrices(layers), output) };
 }
 
-/** the matrices a mixture of experts multiplies with buffers of its own (./ffn.ts), outside the arena */
-function moeMatrices(layers: readonly LayerWeights[]): Set<Matrix> {
+/**
+ * the matrices multiplied with buffers of their own, outside the arena: a mixture of experts'
+ * (./ffn.ts) and a Qwen3.5 block's token mixer (./hybrid-layer.ts)
+ */
+function copiedMatrices(layers: readonly (LayerWeights | HybridLayerWeights)[]): Set<Matrix> {
   const out = new Set<Matrix>();
   for (const l of layers) {
+    if ('mixer' in l) for (const m of Object.values(l.mixer)) if (typeof m === 'object' && 'matmul' in m) out.add(m as Matrix);
     if (l.ffn.kind !== 'moe') continue;
     for (const m of [l.ffn.router, ...l.ffn.gate, ...l.ffn.up, ...l.ffn.down]) out.add(m);
     if (l.ffn.shared) for (const m of [l.ffn.shared.gateInp, l.ffn.shared.ffn.wGate, l.ffn.shared.ffn.wUp, l.ffn.shared.ffn.wDown]) out.add(m);

@@ -16,6 +16,8 @@ import { fromWire } from './engine.ts';
 import type { BufferStats, StageEngine, WireResult, WorkerApi } from './engine.ts';
 import { quantKindOf } from './shader-library.ts';
 import type { KvType } from './shader-library.ts';
+import { CHUNK } from '../cpu/delta-chunk.ts';
+import { gpuDeltaLayerBytes } from './delta-net.ts';
 import { kvCapacity } from './kv-capacity.ts';
 import type { StageModel, StageTensor, WebGpuStageOptions } from './stage.ts';
 
@@ -25,6 +27,8 @@ interface MirroredSession {
   /** positions the stage's cache holds (it grows as the stage's does: kvCapacity) */
   capacity: number;
   processedTokens: number[];
+  /** Qwen3.5: whether the stage holds a rewind checkpoint of the DeltaNet state (session-recurrent.ts's rules) */
+  checkpointed: boolean;
 }
 
 export class WebGpuBackend implements StageBackend {
@@ -117,6 +121,7 @@ export class WebGpuBackend implements StageBackend {
       contextLength: options.contextLength,
       capacity: kvCapacity(0, 1, options.contextLength),
       processedTokens: new Array<number>(nLayers).fill(0),
+      checkpointed: false,
     });
   }
 
@@ -127,13 +132,18 @@ export class WebGpuBackend implements StageBackend {
 
   async truncateSession(sessionId: string, position: number): Promise<void> {
     await this.engine.truncateSession(sessionId, position);
-    this.sessions.get(sessionId)!.position = position;
+    const s = this.sessions.get(sessionId)!;
+    // a rewind behind the current chunk restored or dropped the checkpoint
+    if (Math.floor(position / CHUNK) < Math.floor(s.position / CHUNK)) s.checkpointed = false;
+    s.position = position;
   }
 
   async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
     const result = await this.engine.forward(sessionId, input, position);
     const s = this.sessions.get(sessionId)!;
     const n = input.kind === 'tokens' ? input.tokens.length : input.nTokens;
+    // a forward that folds a chunk checkpoints the DeltaNet state first
+    if ((position % CHUNK) + n >= CHUNK) s.checkpointed = true;
     s.position = position + n;
     s.capacity = kvCapacity(s.capacity, s.position, s.contextLength);
     for (let l = 0; l < s.processedTokens.length; l++) s.processedTokens[l]! += n;
@@ -144,8 +154,12 @@ export class WebGpuBackend implements StageBackend {
     const s = this.sessions.get(sessionId);
     if (!s) throw new MeshError('SESSION_UNKNOWN', `no session ${sessionId} on this stage`);
     const c = this.loaded();
-    const kvBytes = 2 * s.processedTokens.length * s.capacity * c.nHeadKv * c.headDim * (this.kvType === 'f16' ? 2 : 4);
-    return { position: s.position, kvBytes, processedTokens: [...s.processedTokens] };
+    const recurrent = c.recurrentLayers.slice(this.shard!.start, this.shard!.end).filter(Boolean).length;
+    const kvLayers = s.processedTokens.length - recurrent;
+    const kvBytes = 2 * kvLayers * s.capacity * c.nHeadKv * c.headDim * (this.kvType === 'f16' ? 2 : 4);
+    const stats: SessionStats = { position: s.position, kvBytes, processedTokens: [...s.processedTokens] };
+    if (c.linearAttention) stats.recurrentBytes = recurrent * gpuDeltaLayerBytes(c.linearAttention) * (s.checkpointed ? 2 : 1);
+    return stats;
   }
 
   async dispose(): Promise<void> {
