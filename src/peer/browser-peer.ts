@@ -26,8 +26,10 @@ export interface BrowserPeerOptions {
   /** the secret, when the link carries none */
   secret?: string;
   name?: string;
-  /** bytes offered for weights (default: from the adapter and navigator.deviceMemory) */
+  /** bytes offered for weights (default: measured, memory-probe.ts) */
   memoryBytes?: number;
+  /** the most the memory probe tries (default: defaultProbeCap) */
+  probeCapBytes?: number;
   /** shard cache (default: one over `storage`); null disables caching */
   cache?: ShardCache | null;
   /** where the default cache keeps slices: IndexedDB (default) or the Origin Private File
@@ -82,7 +84,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   const state = joiningState(roomId);
   const changed = (): void => opts.onState?.(state);
 
-  const caps = await detectCapabilities(opts.memoryBytes);
+  const caps = await detectCapabilities({ ...(opts.memoryBytes !== undefined ? { memoryBytes: opts.memoryBytes } : {}), ...(opts.probeCapBytes ? { probeCapBytes: opts.probeCapBytes } : {}) });
   state.capabilities = caps;
   if (caps.backend === 'none') {
     Object.assign(state, { status: 'client-only', reason: caps.reason });
