@@ -21,6 +21,7 @@ import type { FrameLink } from '../src/transport/link.ts';
 import type { HopLink, TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
 import { FrameType, makeFrame } from '../src/protocol/frame.ts';
+import { MEMORY_FAILURE_CODES, memoryLowered, noteMemoryFailure, plannedMemory } from './peer-memory.ts';
 import { RouteKeeper } from './route-repair.ts';
 import type { RepairState } from './route-repair.ts';
 
@@ -43,6 +44,8 @@ export interface Peer {
   excluded?: string;
   /** asked to leave gracefully: takes no new stage or standby */
   leaving?: boolean;
+  /** bytes of the smallest shard that failed here for want of memory (peer-memory.ts) */
+  memoryFailedBytes?: number;
 }
 
 export interface RouteStage {
@@ -245,6 +248,11 @@ export class Room {
     this.peers.delete(peer.id);
     this.keeper.spares.delete(peer.id);
     this.log(`peer ${peer.id} left: ${why}`);
+    this.stageGone(peer, why);
+  }
+
+  /** `peer` can no longer serve its stage (it left, or its device was lost): repair the route, or degrade and replan. */
+  stageGone(peer: Peer, why: string): void {
     const r = this.route;
     if (!r || r.status === 'closed') return this.schedulePlan();
     const st = r.stages.find((s) => s.peerId === peer.id);
@@ -273,6 +281,11 @@ export class Room {
     void this.opts.sessions.stageLost(r.id, st.stage, 'left gracefully (its sessions move to a replacement)', { peerId: peer.id, repairing: true });
   }
 
+  /** Bytes of tensor data shard `range` of this room's model needs. */
+  shardBytes(range: ShardRange): number {
+    return shardBytes(this.model.header, range, this.model.nLayer);
+  }
+
   /** Tells a leaving peer it may go (`moved`: its stage is served elsewhere). */
   leaveDone(peerId: string, moved: boolean): void {
     const p = this.peers.get(peerId);
@@ -298,6 +311,7 @@ export class Room {
   onPeerMessage(peer: Peer, msg: PeerToServer): void {
     if (msg.t === 'hello') return;
     if (msg.t === 'leave') return this.peerLeaving(peer);
+    if (msg.t === 'memory') return memoryLowered(this, peer, msg);
     if (msg.t === 'standby-ready' || msg.t === 'standby-failed') return this.keeper.onStandby(peer, msg.t === 'standby-ready', msg.t === 'standby-failed' ? `${msg.code} ${msg.message}` : '');
     const r = this.route;
     if (!r || msg.routeId !== r.id) return;
@@ -324,10 +338,14 @@ export class Room {
       this.emit({ type: 'stage_loading', routeId: r.id, stage: st.stage, bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal });
     } else if (msg.t === 'load-failed') {
       if (/HASH_MISMATCH/.test(msg.code)) peer.excluded = `${msg.code}: ${msg.message}`;
+      const memory = MEMORY_FAILURE_CODES.has(msg.code);
+      if (memory) noteMemoryFailure(peer, this.shardBytes(st.shard));
       if (replacing) return this.keeper.replacementFailed(r, peer, `${msg.code} ${msg.message}`);
       st.status = 'failed';
       st.error = { code: msg.code, message: msg.message };
       r.setStatus('degraded', `stage ${st.stage} (${peer.id}) failed to load: ${msg.code} ${msg.message}`);
+      // the shard did not fit: plan again now, with less on this peer (never the same range)
+      if (memory) this.schedulePlan();
     }
   }
 
@@ -392,14 +410,14 @@ export class Room {
     const able = peers.map((p) => ({ p, can: this.servableBy(p) })).filter(({ can }) => can.wholeModel);
     const plannerPeers: PlannerPeer[] = able.map(({ p, can }) => ({
       id: p.id,
-      memoryBytes: p.hello.memoryBytes,
+      memoryBytes: plannedMemory(p),
       layers: p.hello.layers,
       held: this.heldRangeOf(p),
       serves: can.ranges ? 'ranges' : 'whole-model',
     }));
     const unable = peers.filter((p) => !this.servableBy(p).wholeModel);
     const plan = plannerPeers.length
-      ? planRoute({ nLayer: this.model.nLayer, peers: plannerPeers, shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer) })
+      ? planRoute({ nLayer: this.model.nLayer, peers: plannerPeers, shardBytes: (range) => this.shardBytes(range) })
       : { ok: false as const, reason: `no peer can serve ${(this.traits ??= modelTraits(this.model.header)).architecture}: ${unable.map((p) => `${p.id} (${p.hello.backend}): ${this.servableBy(p).reason}`).join('; ')}` };
     if (current && current.status === 'forming' && !plan.ok) {
       current.reason = plan.reason;
@@ -461,7 +479,7 @@ export class Room {
     const { proof: _proof, t: _t, ...hello } = p.hello;
     const stage = this.route?.stages.find((s) => s.peerId === id);
     const can = this.servableBy(p);
-    return { id, ...hello, excluded: p.excluded ?? null, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+    return { id, ...hello, plannedMemoryBytes: plannedMemory(p), excluded: p.excluded ?? null, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
   }
 
   summary(): Record<string, unknown> {

@@ -14,6 +14,7 @@ import { MeshError } from '../src/errors.ts';
 import type { ShardRange } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
 import type { RouteRepair } from '../src/route/sessions.ts';
+import { plannedMemory } from './peer-memory.ts';
 import type { Peer, Room, Route } from './room.ts';
 
 export interface RepairOptions {
@@ -123,7 +124,7 @@ export class RouteKeeper {
   canServe(p: Peer, shard: ShardRange): boolean {
     const whole = shard.start === 0 && shard.end === this.room.model.nLayer;
     if (p.hello.backend === 'llamacpp' && !whole) return false;
-    return shardBytes(this.room.model.header, shard, this.room.model.nLayer) <= p.hello.memoryBytes;
+    return shardBytes(this.room.model.header, shard, this.room.model.nLayer) <= plannedMemory(p);
   }
 
   /** Peers of the room serving no stage of `r` and taking over none. */

@@ -4,6 +4,7 @@
 // or the server relay (hops.ts), keeps the state the page shows, and reports telemetry.
 
 import { MeshError } from '../errors.ts';
+import { shardBytes } from '../backends/shard.ts';
 import type { ShardRange, StageBackend } from '../backends/types.ts';
 import type { CandidatePair, HopKind, PeerTelemetry, PipeCounters, RelayReply, SignalFromPeer } from '../protocol/control.ts';
 import { servePipe } from '../transport/webrtc-link.ts';
@@ -13,6 +14,7 @@ import type { ControlSocket } from './control-socket.ts';
 import { Hops } from './hops.ts';
 import { modelHeaders, PeerCore, progressGate } from './peer-core.ts';
 import type { Assignment, LoadContext, NextLink, NextStage, RoomModel, ShardLoad } from './peer-core.ts';
+import { budgetAfterFailure } from './memory-probe.ts';
 import { loadSlice, sliceSource } from './slice-loader.ts';
 import type { LoadedSlice, SliceProgress } from './slice-loader.ts';
 
@@ -66,6 +68,9 @@ export interface BrowserStageOptions {
   log: (line: string) => void;
 }
 
+/** Load failures that mean this tab could not keep the shard: its budget is lowered and the server told. */
+const MEMORY_FAILURES = new Set(['WEBGPU_OUT_OF_MEMORY', 'WEBGPU_DEVICE_LOST']);
+
 export class BrowserStage {
   readonly core: PeerCore;
   readonly hops: Hops;
@@ -84,7 +89,10 @@ export class BrowserStage {
       onAssign: (a) => (this.upstreamPeer = a.upstreamPeer ?? null),
       onUpstream: (peerId) => (this.upstreamPeer = peerId),
       onReady: (a) => this.ready(a),
-      onFailed: (_a, err) => this.update({ status: 'failed', error: { code: err.code, message: err.message } }),
+      onFailed: (a, err) => {
+        this.update({ status: 'failed', error: { code: err.code, message: err.message } });
+        if (MEMORY_FAILURES.has(err.code)) void this.lowerBudget(a, err.code, err.message);
+      },
       onRelease: () => this.update({ status: 'idle', routeId: null, stage: null, shard: null, hop: null }),
     });
     servePipe(control.frames, this.core.handle, { smallMessageBytes: control.frames.maxMessageSize });
@@ -137,8 +145,32 @@ export class BrowserStage {
     if (cache) state.heldUnits = await cache.heldUnits(model.manifest.artifact.sha256).catch(() => state.heldUnits);
     const backend = ctx.keep(await this.o.backend(), (b) => b.dispose());
     await backend.load(sliceSource(await model.header(), model.manifest, tensors, a.modelUrl), a.shard);
+    // a device lost later (a GPU reset, a crashed GPU process) ends this stage: hand it on with a lower budget
+    backend.deviceLost?.().then(
+      (why) => ctx.current && this.deviceLost(a, why),
+      () => undefined,
+    );
     if (standby) this.update({ standby: { shard: { ...a.shard }, load: loaded } });
     return { backend, bytesRead: slice.fetchedBytes, detail: `${slice.fetchedBytes} bytes fetched, ${slice.cachedBytes} from cache` };
+  }
+
+  /** The device of a loaded stage (or standby) was lost: the stage fails, and the server hears the lowered budget. */
+  private deviceLost(a: LoadContext['assignment'], why: string): void {
+    const message = `the WebGPU device was lost (${why}) holding layers ${a.shard.start}-${a.shard.end}`;
+    this.o.log(message);
+    if (a.t !== 'standby') this.update({ status: 'failed', error: { code: 'WEBGPU_DEVICE_LOST', message } });
+    void this.lowerBudget(a, 'WEBGPU_DEVICE_LOST', message);
+  }
+
+  /** After a shard did not fit (or its device was lost): below it and at most half, told to the server, which plans with it. */
+  private async lowerBudget(a: LoadContext['assignment'], code: string, message: string): Promise<void> {
+    const caps = this.o.state.capabilities;
+    if (!caps) return;
+    const failed = shardBytes(await this.o.model.header(), a.shard, a.nLayer);
+    caps.memoryBytes = budgetAfterFailure(caps.memoryBytes, failed);
+    this.o.changed();
+    this.o.log(`memory budget lowered to ${caps.memoryBytes} bytes after ${code} on a ${failed}-byte shard`);
+    this.o.control.sendJson({ t: 'memory', memoryBytes: caps.memoryBytes, code, message, routeId: a.routeId, stage: a.stage });
   }
 
   /** PeerCore's `linkNext`: a data channel to the next browser stage; the relay to a native one, or when none opens. */

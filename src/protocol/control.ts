@@ -83,6 +83,8 @@ export type PeerToServer =
   | { t: 'rewired'; routeId: number; stage: number }
   /** a graceful leave (SIGTERM, the page's Leave button): move my sessions, then answer leave-ok */
   | { t: 'leave' }
+  /** the peer holds less than it offered: out of memory or its device lost (code), while serving or loading `stage` of `routeId` if named */
+  | { t: 'memory'; memoryBytes: number; code: string; message: string; routeId?: number; stage?: number }
   /** browser peers (below): signal/relay are routed before this union is consulted */
   | { t: 'telemetry'; routeId: number; stage: number; [k: string]: unknown };
 

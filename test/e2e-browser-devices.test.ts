@@ -1,0 +1,116 @@
+// Browser peers on real devices, in headless Chromium (WebGPU on SwiftShader) against a real
+// `gguf-mesh serve` on stories260K: a tab whose GPU device is lost (its GPU process crashed
+// through the DevTools protocol) lowers its budget and tells the server, which re-plans once,
+// never handing the tab the range it lost, and the route gives llama.cpp's tokens again.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { Browser, BrowserContext, Page } from 'playwright-core';
+import type { ViteDevServer } from 'vite';
+import type { LlamaModel } from 'node-llama-cpp';
+import type { Manifest } from '../src/gguf/verify.ts';
+import { buildManifest } from '../src/gguf/manifest.ts';
+import { shardTensors } from '../src/gguf/verify.ts';
+import { RouteSessionClient } from '../src/route/client.ts';
+import { HttpLink } from '../src/transport/http.ts';
+import { closeBrowserTest, launchChromium, peerState, startPeerPage, waitForPeerState } from './support/browser-route.ts';
+import { greedyGenerate, loadModel } from './support/llama.ts';
+import { getJson, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
+import type { ServeInfo } from './support/mesh.ts';
+import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
+
+const N = 12;
+let modelPath: string;
+let manifest: Manifest;
+let expected: number[];
+let llamaModel: LlamaModel;
+let vite: ViteDevServer;
+let pageBase: string;
+
+beforeAll(async () => {
+  modelPath = await stories260K();
+  manifest = await buildManifest(modelPath);
+  llamaModel = await loadModel(modelPath);
+  expected = await greedyGenerate(llamaModel, STORIES_PROMPT_TOKENS, N);
+  ({ vite, pageBase } = await startPeerPage());
+});
+
+afterAll(() => closeBrowserTest(undefined, vite, llamaModel));
+
+async function openTab(browser: Browser, serve: ServeInfo, name: string, extra: Record<string, string> = {}): Promise<{ context: BrowserContext; page: Page }> {
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  page.on('console', (m) => m.type() === 'error' && console.log(`[${name}] ${m.text()}`));
+  await page.goto(`${pageBase}#${new URLSearchParams({ join: serve.joinUrl, name, memory: String(1 << 30), ...extra })}`);
+  await waitForPeerState(page, (s) => s.status === 'idle' || s.status === 'ready', `${name} joined`);
+  return { context, page };
+}
+
+async function greedyOverHttp(serve: ServeInfo, routeId: number): Promise<number[]> {
+  const c = await RouteSessionClient.open(new HttpLink(serve.base, { authorization: `Bearer ${serve.secret}` }), routeId, { contextLength: 64 });
+  const tokens = [await c.prefill(STORIES_PROMPT_TOKENS, 2)];
+  while (tokens.length < N) tokens.push(await c.decode(tokens.at(-1)!));
+  await c.close();
+  return tokens;
+}
+
+const bytesOf = (shard: { start: number; end: number }): number => shardTensors(manifest, shard.start, shard.end).reduce((s, t) => s + t.byte_length, 0);
+
+describe('a tab whose GPU device is lost while serving', () => {
+  let serve: ServeInfo;
+  let browser: Browser;
+
+  beforeAll(async () => {
+    serve = await spawnServe(modelPath, ['--min-peers', '2', '--repair-timeout', '1500']);
+    browser = await launchChromium(); // a browser of its own: a crashed GPU process loses every device in it
+  });
+  afterAll(async () => {
+    await browser?.close();
+    await serve?.proc.kill();
+  });
+
+  it('lowers its budget, and the server re-plans once without handing the lost range back; tokens equal llama.cpp\'s', async () => {
+    const tab = await openTab(browser, serve, 'g0');
+    const node = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', '1GiB', '--name', 'native']);
+    await node.waitFor(/joined room/);
+    const first = await waitForRoute(serve, 'ready', 60_000);
+    const lostStage = first.stages.find((s: any) => s.peerId.startsWith('g0-'));
+    expect(lostStage).toBeDefined();
+    expect(await greedyOverHttp(serve, first.id)).toEqual(expected);
+
+    // a real device loss: the browser's GPU process dies (the DevTools protocol's Browser.crashGpuProcess)
+    const cdp = await browser.newBrowserCDPSession();
+    await cdp.send('Browser.crashGpuProcess');
+    const failed = await waitForPeerState(tab.page, (s) => s.error?.code === 'WEBGPU_DEVICE_LOST', 'device loss seen', 20_000);
+    expect(failed.capabilities!.memoryBytes).toBeLessThan(bytesOf(lostStage.shard));
+    expect(failed.capabilities!.memoryBytes).toBeLessThanOrEqual(2 ** 29);
+
+    // repair finds no spare within 1.5 s, the route degrades, and the room plans anew, once
+    let second: any;
+    const deadline = Date.now() + 60_000;
+    for (;;) {
+      const { body } = await getJson(`${serve.base}/v1/rooms/${serve.roomId}`, serve.secret);
+      if (body.route && body.route.id !== first.id && body.route.status === 'ready') {
+        second = (await getJson(`${serve.base}/v1/routes/${body.route.id}`, serve.secret)).body;
+        break;
+      }
+      if (Date.now() > deadline) throw new Error(`no new ready route: ${JSON.stringify(body)}\n${serve.proc.output()}`);
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    const again = second.stages.find((s: any) => s.peerId === lostStage.peerId);
+    if (again) {
+      expect(again.shard).not.toEqual(lostStage.shard);
+      expect(bytesOf(again.shard)).toBeLessThan(bytesOf(lostStage.shard));
+    }
+    const peers = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.peers;
+    const g0 = peers.find((p: any) => p.id === lostStage.peerId);
+    expect(g0.memoryBytes).toBe(failed.capabilities!.memoryBytes);
+    expect(g0.plannedMemoryBytes).toBeLessThan(bytesOf(lostStage.shard));
+    expect(await greedyOverHttp(serve, second.id)).toEqual(expected);
+    // no plan–fail loop: one more route, and it stays
+    await new Promise((r) => setTimeout(r, 2000));
+    const { body: room } = await getJson(`${serve.base}/v1/rooms/${serve.roomId}`, serve.secret);
+    expect(room.route.id).toBe(second.id);
+    expect(second.id).toBe(first.id + 1);
+    console.log(`[memory] g0 served layers ${lostStage.shard.start}-${lostStage.shard.end} (${bytesOf(lostStage.shard)} bytes); after the device loss it offers ${g0.memoryBytes}, plans give it ${g0.plannedMemoryBytes}; new route: ${second.stages.map((s: any) => `${s.peerId.split('-')[0]} ${s.shard.start}-${s.shard.end}`).join(', ')}`);
+    await tab.context.close();
+  });
+});
