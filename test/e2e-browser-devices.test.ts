@@ -114,3 +114,82 @@ describe('a tab whose GPU device is lost while serving', () => {
     await tab.context.close();
   });
 });
+
+/** Recent events of a room or session (`path`: the stream replays them to a new subscriber), read for `ms`. */
+async function eventsOf(serve: ServeInfo, path: string, ms = 800): Promise<any[]> {
+  const ctl = new AbortController();
+  const res = await fetch(`${serve.base}${path}/events`, { headers: { authorization: `Bearer ${serve.secret}` }, signal: ctl.signal });
+  const reader = res.body!.getReader();
+  let text = '';
+  const stop = setTimeout(() => ctl.abort(), ms);
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += new TextDecoder().decode(value);
+    }
+  } catch {
+    // aborted: what came so far is the replay
+  }
+  clearTimeout(stop);
+  return [...text.matchAll(/^data: (.*)$/gm)].map((m) => JSON.parse(m[1]!));
+}
+
+async function until<T>(what: string, probe: () => Promise<T | null | undefined | false>, timeoutMs = 60_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await probe();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`${what}: not reached in ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
+describe('a serving tab whose page goes away (pagehide)', () => {
+  let serve: ServeInfo;
+  let browser: Browser;
+
+  beforeAll(async () => {
+    serve = await spawnServe(modelPath, ['--min-peers', '2']);
+    browser = await launchChromium();
+  });
+  afterAll(async () => {
+    if (process.env.DUMP) console.log(serve?.proc.output());
+    await browser?.close();
+    await serve?.proc.kill();
+  });
+
+  it('holds a wake lock while serving, hands its stage to the spare on pagehide, and the client gets the same tokens with no error', async () => {
+    const s0 = await openTab(browser, serve, 's0', { suspend: 'leave' });
+    const s1 = await openTab(browser, serve, 's1', { suspend: 'leave' });
+    const route = await waitForRoute(serve, 'ready', 60_000);
+    expect(route.stages).toHaveLength(2);
+    for (const t of [s0, s1]) await until('wake lock held', () => t.page.evaluate(() => window.__suspension?.state.wakeLock === 'held'), 10_000);
+    const spare = await openTab(browser, serve, 'spare', { suspend: 'leave' });
+    await until('warm spare', async () => (await getJson(`${serve.base}/v1/routes/${route.id}`, serve.secret)).body.spares.some((s: any) => s.status === 'ready'));
+    // a spare serves no stage yet: it holds no wake lock
+    expect(await spare.page.evaluate(() => window.__suspension!.state.wakeLock)).toBe('released');
+
+    const victim = route.stages[1].peerId.startsWith('s1-') ? s1 : s0;
+    const victimId = (await peerState(victim.page))!.peerId;
+    const c = await RouteSessionClient.open(new HttpLink(serve.base, { authorization: `Bearer ${serve.secret}` }), route.id, { contextLength: 64 });
+    const tokens = [await c.prefill(STORIES_PROMPT_TOKENS, 2)];
+    while (tokens.length < N / 2) tokens.push(await c.decode(tokens.at(-1)!));
+    // the page unloads: a real pagehide, after which its socket closes
+    await victim.page.goto('about:blank');
+    while (tokens.length < N) tokens.push(await c.decode(tokens.at(-1)!));
+    const sessionEvents = await eventsOf(serve, `/v1/sessions/${c.sessionId}`);
+    await c.close();
+    expect(tokens).toEqual(expected);
+
+    const events = await eventsOf(serve, `/v1/rooms/${serve.roomId}`);
+    const lost = events.filter((e) => e.type === 'stage_lost' && e.peerId === victimId);
+    expect(lost[0]?.cause).toMatch(/gracefully/); // the leave came before the socket closed
+    expect(sessionEvents.some((e) => e.type === 'error')).toBe(false);
+    const repaired = sessionEvents.find((e) => e.type === 'route_repaired');
+    expect(repaired).toBeDefined();
+    const now = await waitForRoute(serve, 'ready', 30_000);
+    expect(now.stages.map((s: any) => s.peerId)).not.toContain(victimId);
+    console.log(`[suspend] ${victimId} left on pagehide; route ${now.id}: ${now.stages.map((s: any) => s.peerId).join(' → ')}; repair replayed ${repaired.tokensReplayed} tokens in ${repaired.repairMs} ms`);
+  });
+});
