@@ -1,9 +1,16 @@
 // Browser peers on real devices, in headless Chromium (WebGPU on SwiftShader) against a real
 // `gguf-mesh serve` on stories260K: a tab whose GPU device is lost (its GPU process crashed
 // through the DevTools protocol) lowers its budget and tells the server, which re-plans once,
-// never handing the tab the range it lost, and the route gives llama.cpp's tokens again.
+// never handing the tab the range it lost, and the route gives llama.cpp's tokens again; a
+// serving tab whose page goes away hands its stage to a spare first; a tab's persisted shard
+// cache survives a browser restart with zero model bytes fetched.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { chromium } from 'playwright-core';
 import type { Browser, BrowserContext, Page } from 'playwright-core';
+import { chromiumArgs } from '../vite.config.ts';
 import type { ViteDevServer } from 'vite';
 import type { LlamaModel } from 'node-llama-cpp';
 import type { Manifest } from '../src/gguf/verify.ts';
@@ -191,5 +198,51 @@ describe('a serving tab whose page goes away (pagehide)', () => {
     const now = await waitForRoute(serve, 'ready', 30_000);
     expect(now.stages.map((s: any) => s.peerId)).not.toContain(victimId);
     console.log(`[suspend] ${victimId} left on pagehide; route ${now.id}: ${now.stages.map((s: any) => s.peerId).join(' → ')}; repair replayed ${repaired.tokensReplayed} tokens in ${repaired.repairMs} ms`);
+  });
+});
+
+describe('a persisted shard cache', () => {
+  let serve: ServeInfo;
+  const profile = mkdtempSync(join(tmpdir(), 'gguf-mesh-profile-'));
+
+  beforeAll(async () => {
+    serve = await spawnServe(modelPath, ['--min-peers', '1']);
+  });
+  afterAll(async () => {
+    await serve?.proc.kill();
+    rmSync(profile, { recursive: true, force: true });
+  });
+
+  /** One browser run on the same profile: the tab joins, serves the whole model, and the browser closes. */
+  async function run(name: string): Promise<{ state: any; fetched: number | undefined }> {
+    const context = await chromium.launchPersistentContext(profile, { executablePath: process.env.CHROME_PATH ?? '/usr/bin/chromium', args: chromiumArgs });
+    try {
+      // the permission a browser grants an installed or much-used site: persist() then answers true
+      const cdp = await context.browser()?.newBrowserCDPSession() ?? await context.newCDPSession(context.pages()[0] ?? await context.newPage());
+      await cdp.send('Browser.grantPermissions', { permissions: ['durableStorage'], origin: new URL(pageBase).origin });
+      const page = context.pages()[0] ?? await context.newPage();
+      await page.goto(`${pageBase}#${new URLSearchParams({ join: serve.joinUrl, name, memory: String(1 << 30) })}`);
+      const state = await waitForPeerState(page, (s) => s.status === 'ready', `${name} serving`, 60_000);
+      const fetches = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
+      return { state, fetched: fetches[state.peerId!]?.bytes };
+    } finally {
+      await context.close();
+    }
+  }
+
+  it('is asked to persist, shows quota and usage, and survives a browser restart: zero bytes fetched', async () => {
+    const first = await run('p0');
+    expect(first.state.storage.persisted).toBe(true);
+    expect(first.state.storage.quotaBytes).toBeGreaterThan(0);
+    expect(first.state.storage.usageBytes).toBeGreaterThanOrEqual(first.state.load.totalBytes);
+    expect(first.fetched).toBeGreaterThanOrEqual(first.state.load.totalBytes);
+    await waitForRoute(serve, 'degraded', 30_000).catch(() => undefined); // the tab left with the browser
+    const second = await run('p1');
+    expect(second.state.heldUnits.length).toBeGreaterThan(0);
+    expect(second.state.load.fetchedBytes).toBe(0);
+    expect(second.state.load.cachedBytes).toBe(second.state.load.totalBytes);
+    expect(second.fetched ?? 0).toBe(0);
+    expect(second.state.storage.evictedUnits).toEqual([]);
+    console.log(`[storage] first run fetched ${first.fetched} bytes; after the restart 0 fetched, ${second.state.load.cachedBytes} from the cache; usage ${second.state.storage.usageBytes} of ${second.state.storage.quotaBytes}`);
   });
 });

@@ -12,6 +12,7 @@ import { parseJoinUrl } from '../protocol/control.ts';
 import { ShardCache } from '../storage/shard-cache.ts';
 import { indexedDbStore } from '../storage/kv-store.ts';
 import { opfsStore } from '../storage/opfs-store.ts';
+import { requestPersistence } from '../storage/persistence.ts';
 import { BrowserStage, joiningState } from './browser-stage.ts';
 import type { BrowserPeerState } from './browser-stage.ts';
 import { detectCapabilities } from './capabilities.ts';
@@ -98,6 +99,10 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   state.artifact = model.manifest.artifact.sha256;
   const { cache, held } = await openShardCache(opts, model.manifest, log);
   state.heldUnits = held;
+  if (cache && cache.store.kind !== 'memory') {
+    state.storage = await requestPersistence();
+    log(`shard cache storage: ${state.storage.persisted ? 'persistent' : 'may be evicted by the browser'}${state.storage.quotaBytes !== null ? `; ${state.storage.usageBytes} of ${state.storage.quotaBytes} bytes used` : ''}`);
+  }
 
   const control = await openControlSocket(base, roomId);
   const stage = new BrowserStage({

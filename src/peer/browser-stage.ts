@@ -9,6 +9,8 @@ import type { ShardRange, StageBackend } from '../backends/types.ts';
 import type { CandidatePair, HopKind, PeerTelemetry, PipeCounters, RelayReply, SignalFromPeer } from '../protocol/control.ts';
 import { servePipe } from '../transport/webrtc-link.ts';
 import type { ShardCache } from '../storage/shard-cache.ts';
+import { evictedUnits, storageEstimate } from '../storage/persistence.ts';
+import type { StorageStatus } from '../storage/persistence.ts';
 import type { BrowserCapabilities } from './capabilities.ts';
 import type { ControlSocket } from './control-socket.ts';
 import { Hops } from './hops.ts';
@@ -28,6 +30,8 @@ export interface BrowserPeerState {
   capabilities: BrowserCapabilities | null;
   artifact: string | null;
   heldUnits: string[];
+  /** the shard cache's storage: persistent or not, quota and usage, units found evicted */
+  storage: StorageStatus | null;
   routeId: number | null;
   stage: number | null;
   shard: ShardRange | null;
@@ -46,7 +50,7 @@ export interface BrowserPeerState {
 
 export function joiningState(roomId: string): BrowserPeerState {
   return {
-    status: 'joining', reason: null, peerId: null, roomId, capabilities: null, artifact: null, heldUnits: [],
+    status: 'joining', reason: null, peerId: null, roomId, capabilities: null, artifact: null, heldUnits: [], storage: null,
     routeId: null, stage: null, shard: null, progress: null, load: null, error: null,
     hop: null, candidatePair: null, downstreamChannel: null, upstreamChannels: {}, relayed: null, standby: null,
   };
@@ -142,7 +146,7 @@ export class BrowserStage {
     const { tensors, cacheError, ...facts } = slice;
     const loaded = { ...facts, cacheError: cacheError ? `${cacheError.code}: ${cacheError.message}` : null };
     if (!standby) state.load = loaded;
-    if (cache) state.heldUnits = await cache.heldUnits(model.manifest.artifact.sha256).catch(() => state.heldUnits);
+    if (cache) await this.cacheChecked(slice);
     const backend = ctx.keep(await this.o.backend(), (b) => b.dispose());
     await backend.load(sliceSource(await model.header(), model.manifest, tensors, a.modelUrl), a.shard);
     // a device lost later (a GPU reset, a crashed GPU process) ends this stage: hand it on with a lower budget
@@ -171,6 +175,15 @@ export class BrowserStage {
     this.o.changed();
     this.o.log(`memory budget lowered to ${caps.memoryBytes} bytes after ${code} on a ${failed}-byte shard`);
     this.o.control.sendJson({ t: 'memory', memoryBytes: caps.memoryBytes, code, message, routeId: a.routeId, stage: a.stage });
+  }
+
+  /** After a load: units advertised as held but fetched were evicted (said, and held again now); the cache's units and the storage estimate refreshed. */
+  private async cacheChecked(slice: LoadedSlice): Promise<void> {
+    const { state, cache, model } = this.o;
+    const evicted = evictedUnits(state.heldUnits, slice.fetchedUnits);
+    if (evicted.length) this.o.log(`the browser evicted cached units ${evicted.join(', ')}: fetched and verified again`);
+    state.heldUnits = await cache!.heldUnits(model.manifest.artifact.sha256).catch(() => state.heldUnits);
+    if (state.storage) state.storage = { ...state.storage, ...(await storageEstimate()), evictedUnits: [...new Set([...state.storage.evictedUnits, ...evicted])] };
   }
 
   /** PeerCore's `linkNext`: a data channel to the next browser stage; the relay to a native one, or when none opens. */
