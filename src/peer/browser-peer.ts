@@ -97,6 +97,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   // the room's model, its manifest and header (JSON from the server: no model bytes)
   const model = await fetchRoomModel(base, roomId, secret);
   state.artifact = model.manifest.artifact.sha256;
+  state.modelBytes = model.manifest.artifact.size;
   const { cache, held } = await openShardCache(opts, model.manifest, log);
   state.heldUnits = held;
   if (cache && cache.store.kind !== 'memory') {

@@ -29,6 +29,8 @@ export interface BrowserPeerState {
   roomId: string;
   capabilities: BrowserCapabilities | null;
   artifact: string | null;
+  /** bytes of the room's model (all files) */
+  modelBytes: number | null;
   heldUnits: string[];
   /** the shard cache's storage: persistent or not, quota and usage, units found evicted */
   storage: StorageStatus | null;
@@ -50,7 +52,7 @@ export interface BrowserPeerState {
 
 export function joiningState(roomId: string): BrowserPeerState {
   return {
-    status: 'joining', reason: null, peerId: null, roomId, capabilities: null, artifact: null, heldUnits: [], storage: null,
+    status: 'joining', reason: null, peerId: null, roomId, capabilities: null, artifact: null, modelBytes: null, heldUnits: [], storage: null,
     routeId: null, stage: null, shard: null, progress: null, load: null, error: null,
     hop: null, candidatePair: null, downstreamChannel: null, upstreamChannels: {}, relayed: null, standby: null,
   };
