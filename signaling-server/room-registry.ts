@@ -20,6 +20,7 @@ import type { RelayLedger } from './browser-peers.ts';
 import { FetchLog } from './model-host.ts';
 import { Room } from './room.ts';
 import { iceServersMinting } from './turn.ts';
+import type { StagePolicy } from './stage-policy.ts';
 import type { Route } from './room.ts';
 
 export interface RoomRegistryOptions {
@@ -37,6 +38,8 @@ export interface RoomRegistryOptions {
   repairTimeoutMs?: number;
   /** spares load their standby shard ahead of time (default true) */
   standby?: boolean;
+  /** who may be a stage: a minimum stay and memory (stage-policy.ts; default: anyone, at once) */
+  stagePolicy?: StagePolicy;
   /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
   heartbeatMs?: number;
   /** a peer silent this long is lost (ms, default 3.5 s) */
@@ -137,6 +140,7 @@ export class RoomRegistry {
         ...(iceServers ? { iceServers } : {}),
         ...(this.opts.repairTimeoutMs !== undefined ? { repairTimeoutMs: this.opts.repairTimeoutMs } : {}),
         ...(this.opts.standby === false ? { standby: false } : {}),
+        ...(this.opts.stagePolicy ? { stagePolicy: this.opts.stagePolicy } : {}),
       },
     );
     this.rooms.push(room);

@@ -23,6 +23,8 @@ import { WsLink } from '../src/transport/ws.ts';
 import { FrameType, makeFrame } from '../src/protocol/frame.ts';
 import { MEMORY_FAILURE_CODES, memoryLowered, noteMemoryFailure, plannedMemory } from './peer-memory.ts';
 import { RouteKeeper } from './route-repair.ts';
+import { OPEN_POLICY, waitBeforeStage } from './stage-policy.ts';
+import type { StagePolicy } from './stage-policy.ts';
 import type { RepairState } from './route-repair.ts';
 
 export type RouteStatus = 'forming' | 'loading' | 'ready' | 'repairing' | 'degraded' | 'closed';
@@ -169,6 +171,8 @@ export interface RoomOptions {
   repairTimeoutMs?: number;
   /** spares load their standby shard ahead of time (default true) */
   standby?: boolean;
+  /** who may be a stage (stage-policy.ts; default: every peer, at once) */
+  stagePolicy?: StagePolicy;
 }
 
 export class Room {
@@ -401,7 +405,7 @@ export class Room {
   plan(): void {
     const current = this.route;
     if (current && (current.status === 'ready' || current.status === 'loading' || current.status === 'repairing')) return;
-    const peers = [...this.peers.values()].filter((p) => this.keeper.eligible(p));
+    const peers = this.stageCandidates();
     if (peers.length < this.opts.minPeers) {
       if (current?.status === 'forming') current.reason = `waiting for peers: ${peers.length} of ${this.opts.minPeers}`;
       return;
@@ -440,6 +444,20 @@ export class Room {
     route.setStatus('loading');
     // downstream first: the last stage starts loading before the ones that will send to it
     for (const st of [...route.stages].reverse()) this.assignStage(route, st.stage, this.peers.get(st.peerId)!);
+  }
+
+  /** Peers that may take a stage now; a replan is scheduled for when the next newcomer may (stage-policy.ts). */
+  private stageCandidates(): Peer[] {
+    const policy = this.opts.stagePolicy ?? OPEN_POLICY;
+    let next = Infinity;
+    const out = [...this.peers.values()].filter((p) => {
+      if (!this.keeper.eligible(p)) return false;
+      const wait = waitBeforeStage(policy, { joinedAt: p.joinedAt, memoryBytes: plannedMemory(p), holdsShard: this.heldRangeOf(p) !== undefined });
+      if (wait > 0) next = Math.min(next, wait);
+      return wait === 0;
+    });
+    if (Number.isFinite(next)) setTimeout(() => this.schedulePlan(), next + 10).unref();
+    return out;
   }
 
   /** What of this room's model a peer can compute, from the capability its hello advertised. */

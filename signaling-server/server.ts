@@ -35,6 +35,7 @@ import type { FetchLog } from './model-host.ts';
 import { admitPeer, DEFAULT_LIVENESS } from './peer-admission.ts';
 import type { Room } from './room.ts';
 import { RoomRegistry } from './room-registry.ts';
+import type { StagePolicy } from './stage-policy.ts';
 import type { ServerTls } from './tls.ts';
 
 export interface SignalingServerOptions {
@@ -56,6 +57,8 @@ export interface SignalingServerOptions {
   repairTimeoutMs?: number;
   /** spares load their standby shard ahead of time (default true) */
   standby?: boolean;
+  /** who may be a stage: a minimum stay and memory (stage-policy.ts; default: anyone, at once) */
+  stagePolicy?: StagePolicy;
   /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
   heartbeatMs?: number;
   /** a peer silent this long is lost (ms, default 3.5 s) */
