@@ -23,7 +23,8 @@ import { WsLink } from '../src/transport/ws.ts';
 import { FrameType, makeFrame } from '../src/protocol/frame.ts';
 import { MEMORY_FAILURE_CODES, memoryLowered, noteMemoryFailure, plannedMemory } from './peer-memory.ts';
 import { RouteKeeper } from './route-repair.ts';
-import { OPEN_POLICY, waitBeforeStage } from './stage-policy.ts';
+import { shardSources } from './shard-sources.ts';
+import { OPEN_POLICY, stageCandidates } from './stage-policy.ts';
 import type { StagePolicy } from './stage-policy.ts';
 import type { RepairState } from './route-repair.ts';
 
@@ -384,7 +385,7 @@ export class Room {
     const next = r.stages[stage + 1];
     const nextHello = next ? this.peers.get(next.peerId)?.hello : undefined;
     const upstreamPeer = r.stages[stage - 1]?.peerId ?? null;
-    this.send(peer, { t: 'assign', routeId: r.id, stage, shard: { ...st.shard }, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), ...this.downstreamOf(next?.peerId ?? null, nextHello), upstreamPeer });
+    this.send(peer, { t: 'assign', routeId: r.id, stage, shard: { ...st.shard }, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), ...this.downstreamOf(next?.peerId ?? null, nextHello), upstreamPeer, sources: shardSources(this, peer, st.shard) });
   }
 
   /** How a stage reaches peer `peerId` as its next stage: its listen address, and whether it answers data channels (tabs always do; a native node says so in its hello). */
@@ -405,7 +406,7 @@ export class Room {
   plan(): void {
     const current = this.route;
     if (current && (current.status === 'ready' || current.status === 'loading' || current.status === 'repairing')) return;
-    const peers = this.stageCandidates();
+    const peers = stageCandidates(this, this.opts.stagePolicy ?? OPEN_POLICY);
     if (peers.length < this.opts.minPeers) {
       if (current?.status === 'forming') current.reason = `waiting for peers: ${peers.length} of ${this.opts.minPeers}`;
       return;
@@ -444,20 +445,6 @@ export class Room {
     route.setStatus('loading');
     // downstream first: the last stage starts loading before the ones that will send to it
     for (const st of [...route.stages].reverse()) this.assignStage(route, st.stage, this.peers.get(st.peerId)!);
-  }
-
-  /** Peers that may take a stage now; a replan is scheduled for when the next newcomer may (stage-policy.ts). */
-  private stageCandidates(): Peer[] {
-    const policy = this.opts.stagePolicy ?? OPEN_POLICY;
-    let next = Infinity;
-    const out = [...this.peers.values()].filter((p) => {
-      if (!this.keeper.eligible(p)) return false;
-      const wait = waitBeforeStage(policy, { joinedAt: p.joinedAt, memoryBytes: plannedMemory(p), holdsShard: this.heldRangeOf(p) !== undefined });
-      if (wait > 0) next = Math.min(next, wait);
-      return wait === 0;
-    });
-    if (Number.isFinite(next)) setTimeout(() => this.schedulePlan(), next + 10).unref();
-    return out;
   }
 
   /** What of this room's model a peer can compute, from the capability its hello advertised. */

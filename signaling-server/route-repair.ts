@@ -15,6 +15,7 @@ import type { ShardRange } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
 import type { RouteRepair } from '../src/route/sessions.ts';
 import { plannedMemory } from './peer-memory.ts';
+import { shardSources } from './shard-sources.ts';
 import type { Peer, Room, Route } from './room.ts';
 
 export interface RepairOptions {
@@ -147,7 +148,7 @@ export class RouteKeeper {
       const pick = fits.find((st) => wanted && st.shard.start === wanted.start && st.shard.end === wanted.end) ?? [...fits].sort((a, b) => count(a.stage) - count(b.stage) || b.stage - a.stage)[0]!;
       this.spares.set(p.id, { peerId: p.id, stage: pick.stage, shard: { ...pick.shard }, status: 'loading' });
       this.room.log(`peer ${p.id}: spare for stage ${pick.stage} (layers ${pick.shard.start}-${pick.shard.end}), loading its standby shard`);
-      this.room.send(p, { t: 'standby', routeId: r.id, stage: pick.stage, shard: { ...pick.shard }, nLayer: this.room.model.nLayer, modelUrl: this.room.modelUrlFor(p) });
+      this.room.send(p, { t: 'standby', routeId: r.id, stage: pick.stage, shard: { ...pick.shard }, nLayer: this.room.model.nLayer, modelUrl: this.room.modelUrlFor(p), sources: shardSources(this.room, p, pick.shard) });
     }
   }
 

@@ -5,6 +5,9 @@
 // `minMemoryBytes` to give. Until then it is a spare: it warms up a standby shard, which makes
 // it a ready replacement, and it chats like any client.
 
+import { plannedMemory } from './peer-memory.ts';
+import type { Peer, Room } from './room.ts';
+
 export interface StagePolicy {
   /** a peer joins routes only after this long in the room (ms; 0 = at once) */
   minStayMs: number;
@@ -27,4 +30,17 @@ export function waitBeforeStage(policy: StagePolicy, c: StageCandidate, now = Da
   if (c.memoryBytes < policy.minMemoryBytes) return Infinity;
   if (c.holdsShard) return 0;
   return Math.max(0, c.joinedAt + policy.minStayMs - now);
+}
+
+/** Peers of `room` that may take a stage now; a replan is scheduled for when the next newcomer may. */
+export function stageCandidates(room: Room, policy: StagePolicy): Peer[] {
+  let next = Infinity;
+  const out = [...room.peers.values()].filter((p) => {
+    if (!room.keeper.eligible(p)) return false;
+    const wait = waitBeforeStage(policy, { joinedAt: p.joinedAt, memoryBytes: plannedMemory(p), holdsShard: room.heldRangeOf(p) !== undefined });
+    if (wait > 0) next = Math.min(next, wait);
+    return wait === 0;
+  });
+  if (Number.isFinite(next)) setTimeout(() => room.schedulePlan(), next + 10).unref();
+  return out;
 }

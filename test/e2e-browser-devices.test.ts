@@ -246,3 +246,56 @@ describe('a persisted shard cache', () => {
     console.log(`[storage] first run fetched ${first.fetched} bytes; after the restart 0 fetched, ${second.state.load.cachedBytes} from the cache; usage ${second.state.storage.usageBytes} of ${second.state.storage.quotaBytes}`);
   });
 });
+
+describe('shards from other peers', () => {
+  let serve: ServeInfo;
+  let browser: Browser;
+
+  beforeAll(async () => {
+    serve = await spawnServe(modelPath, ['--min-peers', '2']);
+    browser = await launchChromium();
+  });
+  afterAll(async () => {
+    if (process.env.DUMP) console.log(serve?.proc.output());
+    await browser?.close();
+    await serve?.proc.kill();
+  });
+
+  it('a third tab, the model hosting blocked for it, loads its shard from a serving tab over WebRTC, verified, and serves it', async () => {
+    const x0 = await openTab(browser, serve, 'x0');
+    const x1 = await openTab(browser, serve, 'x1');
+    const route = await waitForRoute(serve, 'ready', 60_000);
+    expect(route.stages).toHaveLength(2);
+    // the newcomer's browser context refuses every request for the model's bytes: only peers can give them
+    const context = await browser.newContext();
+    let blocked = 0;
+    await context.route(/\/models\/[^/]+\.gguf/, (r) => {
+      blocked++;
+      return r.abort('blockedbyclient');
+    });
+    const page = await context.newPage();
+    page.on('console', (m) => m.type() === 'error' && console.log(`[x2] ${m.text()}`));
+    await page.goto(`${pageBase}#${new URLSearchParams({ join: serve.joinUrl, name: 'x2', memory: String(1 << 30) })}`);
+    const spare = await waitForPeerState(page, (s) => s.standby !== null, 'x2 holds its standby shard', 60_000);
+    const sourceStage = route.stages.find((s: any) => s.shard.start === spare.standby!.shard.start && s.shard.end === spare.standby!.shard.end);
+    const source = sourceStage.peerId.startsWith('x0-') ? x0 : x1;
+    const load = spare.standby!.load as any;
+    expect(load.fetchedBytes).toBe(0);
+    expect(load.peerBytes).toEqual({ [sourceStage.peerId]: load.totalBytes });
+    expect(blocked).toBe(0); // it never needed the server
+    const fetches = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
+    expect(fetches[spare.peerId!]).toBeUndefined();
+    expect((await peerState(source.page))!.served.servedBytes).toBe(load.totalBytes);
+
+    // the bytes it got are the model's: its stage computes llama.cpp's tokens once the source leaves
+    await source.context.close();
+    // status and stages from one answer: the room's status read apart from them may be older
+    const repaired = await until('route repaired onto x2', async () => {
+      const r = (await getJson(`${serve.base}/v1/routes/${route.id}`, serve.secret)).body;
+      return r.status === 'ready' && r.stages.some((s: any) => s.peerId === spare.peerId) ? r : null;
+    }, 40_000);
+    expect(await greedyOverHttp(serve, repaired.id)).toEqual(expected);
+    console.log(`[p2p] x2 loaded layers ${spare.standby!.shard.start}-${spare.standby!.shard.end} (${load.totalBytes} bytes) from ${sourceStage.peerId} over WebRTC, 0 from the server (whose hosting was blocked for it); server bytes sent in all: ${Object.values(fetches).reduce((a: number, c: any) => a + c.bytes, 0)} for a ${manifest.tensor_data_bytes}-byte model`);
+    await context.close();
+  });
+});

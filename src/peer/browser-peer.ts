@@ -116,7 +116,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   const offer = { backend: 'webgpu', memoryBytes: caps.memoryBytes, serves: backendCapability('webgpu'), ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: caps.adapter };
   const welcome = await stage.core.join(offer, control.closed);
   // a server on the internet may announce STUN/TURN servers; on a LAN none are needed
-  if (Array.isArray(welcome.iceServers)) stage.hops.useIceServers(welcome.iceServers as RTCIceServer[]);
+  if (Array.isArray(welcome.iceServers)) stage.useIceServers(welcome.iceServers as RTCIceServer[]);
   Object.assign(state, { peerId: stage.core.peerId, status: 'idle' });
   changed();
   log(`joined room ${roomId} as ${state.peerId} (model ${model.id}; holding ${state.heldUnits.length ? state.heldUnits.join(', ') : 'nothing'})`);

@@ -17,6 +17,8 @@ import { Hops } from './hops.ts';
 import { modelHeaders, PeerCore, progressGate } from './peer-core.ts';
 import type { Assignment, LoadContext, NextLink, NextStage, RoomModel, ShardLoad } from './peer-core.ts';
 import { budgetAfterFailure } from './memory-probe.ts';
+import { ShardExchange } from './shard-exchange.ts';
+import type { ExchangeCounters } from './shard-exchange.ts';
 import { loadSlice, sliceSource } from './slice-loader.ts';
 import type { LoadedSlice, SliceProgress } from './slice-loader.ts';
 
@@ -34,6 +36,8 @@ export interface BrowserPeerState {
   heldUnits: string[];
   /** the shard cache's storage: persistent or not, quota and usage, units found evicted */
   storage: StorageStatus | null;
+  /** shard bytes this tab sent to other peers loading them */
+  served: ExchangeCounters;
   routeId: number | null;
   stage: number | null;
   shard: ShardRange | null;
@@ -52,7 +56,7 @@ export interface BrowserPeerState {
 
 export function joiningState(roomId: string): BrowserPeerState {
   return {
-    status: 'joining', reason: null, peerId: null, roomId, capabilities: null, artifact: null, modelBytes: null, heldUnits: [], storage: null,
+    status: 'joining', reason: null, peerId: null, roomId, capabilities: null, artifact: null, modelBytes: null, heldUnits: [], storage: null, served: { servedTensors: 0, servedBytes: 0 },
     routeId: null, stage: null, shard: null, progress: null, load: null, error: null,
     hop: null, candidatePair: null, downstreamChannel: null, upstreamChannels: {}, relayed: null, standby: null,
   };
@@ -80,6 +84,9 @@ const MEMORY_FAILURES = new Set(['WEBGPU_OUT_OF_MEMORY', 'WEBGPU_DEVICE_LOST']);
 export class BrowserStage {
   readonly core: PeerCore;
   readonly hops: Hops;
+  /** shard bytes to and from other peers */
+  readonly exchange: ShardExchange;
+  private iceServers: RTCIceServer[] | undefined;
   /** the only peer whose data channel this stage answers: the assigned previous stage */
   private upstreamPeer: string | null = null;
   private downstreamSeq = 0;
@@ -112,9 +119,24 @@ export class BrowserStage {
       log: o.log,
     });
     state.upstreamChannels = this.hops.upstreamChannels;
+    this.iceServers = o.iceServers;
+    this.exchange = new ShardExchange({
+      manifest: o.model.manifest,
+      cache: o.cache,
+      sendJson: (m) => control.sendJson(m),
+      iceServers: () => this.iceServers,
+      ...(o.iceTransportPolicy ? { iceTransportPolicy: o.iceTransportPolicy } : {}),
+      ...(o.rtcTimeoutMs ? { timeoutMs: o.rtcTimeoutMs } : {}),
+      log: o.log,
+    });
+    state.served = this.exchange.counters;
     control.onJson((m) => {
       if (this.core.onMessage(m)) return;
-      if (m.t === 'signal') this.hops.onSignal(m as unknown as SignalFromPeer);
+      if (m.t === 'signal') {
+        const signal = m as unknown as SignalFromPeer;
+        if (ShardExchange.owns(signal)) this.exchange.onSignal(signal);
+        else this.hops.onSignal(signal);
+      }
       else if (m.t === 'relay-reply') this.hops.onRelayReply(m as unknown as RelayReply);
     });
   }
@@ -142,6 +164,7 @@ export class BrowserStage {
         this.update({ progress: p });
         if (due(p.doneBytes, p.totalBytes)) this.telemetry('loading', { load: p });
       },
+      peers: (a.sources ?? []).map((id) => ({ peerId: id, fetch: (names) => this.exchange.fetch(id, names) })),
       onMismatch: (e) => this.o.log(`hash mismatch: ${e.message}`),
       onCacheError: (e) => this.o.log(`shard cache: ${e.code} ${e.message}`),
     });
@@ -237,8 +260,15 @@ export class BrowserStage {
     });
   }
 
+  /** ICE servers the signaling server announced, for stage hops and shard channels. */
+  useIceServers(servers: RTCIceServer[]): void {
+    this.hops.useIceServers(servers);
+    this.iceServers ??= servers;
+  }
+
   /** Releases the stage (a load in flight is discarded) and closes every channel. */
   async close(): Promise<void> {
+    this.exchange.close();
     await this.core.close();
     await this.hops.close();
   }
