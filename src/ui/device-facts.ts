@@ -18,6 +18,12 @@ export function budgetText(s: BrowserPeerState): string {
   return `${formatBytes(c.memoryBytes)} (measured: held ${formatBytes(p.measuredBytes)}, stopped by ${stop})${lowered}`;
 }
 
+/** The "thank you for helping" line: what this tab gave other peers (null before it gave anything). */
+export function helpedText(s: BrowserPeerState): string | null {
+  if (!s.served.servedBytes) return null;
+  return `Thank you for helping: this tab sent ${formatBytes(s.served.servedBytes)} of the model (${s.served.servedTensors} tensors) to other peers, bytes the server did not have to send.`;
+}
+
 export function storageText(s: BrowserPeerState): string {
   const st = s.storage;
   if (!st) return '–';

@@ -8,7 +8,7 @@ import { startBrowserPeer } from '../peer/browser-peer.ts';
 import type { BrowserPeer, BrowserPeerState } from '../peer/browser-peer.ts';
 import { guardSuspension } from '../peer/suspension.ts';
 import type { SuspensionGuard } from '../peer/suspension.ts';
-import { awakeText, budgetText, nativeNodeAdvice, storageText } from './device-facts.ts';
+import { awakeText, budgetText, helpedText, nativeNodeAdvice, storageText } from './device-facts.ts';
 import { field, h, replace } from './dom.ts';
 import { formatBytes, parseBytes } from './format.ts';
 import type { RoomLink } from './room-api.ts';
@@ -57,6 +57,7 @@ export function createPeerView(opts: PeerViewOptions): PeerView {
   const storage = h('dd', {}, '–');
   const awake = h('dd', {}, '–');
   const advice = h('p', { class: 'advice', hidden: true });
+  const thanks = h('p', { class: 'thanks', hidden: true });
   const chargingOnly = h('input', { type: 'checkbox' });
   let guard: SuspensionGuard | null = null;
   const bar = h('div', { class: 'bar-fill' });
@@ -75,6 +76,7 @@ export function createPeerView(opts: PeerViewOptions): PeerView {
     progress,
     error,
     advice,
+    thanks,
     h('div', { class: 'row' }, field('Budget to offer on joining', memoryInput, 'e.g. 2GiB; empty = measured'), h('label', {}, chargingOnly, ' serve only while charging'), joinButton),
   );
 
@@ -95,6 +97,9 @@ export function createPeerView(opts: PeerViewOptions): PeerView {
     const tip = nativeNodeAdvice(s, opts.link.joinUrl);
     advice.hidden = tip === null;
     advice.textContent = tip ?? '';
+    const helped = helpedText(s);
+    thanks.hidden = helped === null;
+    thanks.textContent = helped ?? '';
     layers.textContent = s.shard ? `[${s.shard.start}, ${s.shard.end}) — stage ${s.stage} of route ${s.routeId}` : 'none yet';
     const held = s.heldUnits.length;
     cache.textContent = s.load
