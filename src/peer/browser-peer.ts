@@ -41,6 +41,8 @@ export interface BrowserPeerOptions {
   iceTransportPolicy?: RTCIceTransportPolicy;
   /** how long to wait for a data channel before relaying (ms, default 10 s) */
   rtcTimeoutMs?: number;
+  /** load shard bytes from peers the server names as holding them (default true; false: the server's hosting only) */
+  peerShards?: boolean;
   /** the stage backend (default: WebGPU in a dedicated worker) */
   backend?: () => Promise<StageBackend>;
   /** how often a serving peer reports its frame counters to the server (ms, default 2000) */
@@ -112,6 +114,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     ...(opts.iceServers ? { iceServers: opts.iceServers } : {}),
     ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
     ...(opts.rtcTimeoutMs ? { rtcTimeoutMs: opts.rtcTimeoutMs } : {}),
+    ...(opts.peerShards === false ? { peerShards: false } : {}),
   });
   const offer = { backend: 'webgpu', memoryBytes: caps.memoryBytes, serves: backendCapability('webgpu'), ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: caps.adapter };
   const welcome = await stage.core.join(offer, control.closed);

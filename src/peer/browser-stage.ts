@@ -75,6 +75,8 @@ export interface BrowserStageOptions {
   iceServers?: RTCIceServer[];
   iceTransportPolicy?: RTCIceTransportPolicy;
   rtcTimeoutMs?: number;
+  /** false: ignore the shard sources the server names */
+  peerShards?: boolean;
   log: (line: string) => void;
 }
 
@@ -164,7 +166,7 @@ export class BrowserStage {
         this.update({ progress: p });
         if (due(p.doneBytes, p.totalBytes)) this.telemetry('loading', { load: p });
       },
-      peers: (a.sources ?? []).map((id) => ({ peerId: id, fetch: (names) => this.exchange.fetch(id, names) })),
+      peers: (this.o.peerShards === false ? [] : (a.sources ?? [])).map((id) => ({ peerId: id, fetch: (names) => this.exchange.fetch(id, names) })),
       onMismatch: (e) => this.o.log(`hash mismatch: ${e.message}`),
       onCacheError: (e) => this.o.log(`shard cache: ${e.code} ${e.message}`),
     });
