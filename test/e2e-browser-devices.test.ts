@@ -11,42 +11,46 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chromium } from 'playwright-core';
 import type { Browser, BrowserContext, Page } from 'playwright-core';
 import { chromiumArgs } from '../vite.config.ts';
-import type { ViteDevServer } from 'vite';
-import type { LlamaModel } from 'node-llama-cpp';
-import type { Manifest } from '../src/gguf/verify.ts';
-import { buildManifest } from '../src/gguf/manifest.ts';
 import { shardTensors } from '../src/gguf/verify.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { HttpLink } from '../src/transport/http.ts';
-import { closeBrowserTest, launchChromium, peerState, startPeerPage, waitForPeerState } from './support/browser-route.ts';
-import { greedyGenerate, loadModel } from './support/llama.ts';
+import { closeBrowserTest, launchChromium, peerState, startPeerPage, storiesOracle, waitForPeerState } from './support/browser-route.ts';
 import { getJson, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
-import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
+import { STORIES_PROMPT_TOKENS } from './support/models.ts';
 
 const N = 12;
-let modelPath: string;
-let manifest: Manifest;
-let expected: number[];
-let llamaModel: LlamaModel;
-let vite: ViteDevServer;
-let pageBase: string;
+/** stories260K, its manifest, llama.cpp's greedy tokens; the peer page's server */
+let oracle: Awaited<ReturnType<typeof storiesOracle>>;
+let pages: Awaited<ReturnType<typeof startPeerPage>>;
 
 beforeAll(async () => {
-  modelPath = await stories260K();
-  manifest = await buildManifest(modelPath);
-  llamaModel = await loadModel(modelPath);
-  expected = await greedyGenerate(llamaModel, STORIES_PROMPT_TOKENS, N);
-  ({ vite, pageBase } = await startPeerPage());
+  oracle = await storiesOracle(N);
+  pages = await startPeerPage();
 });
 
-afterAll(() => closeBrowserTest(undefined, vite, llamaModel));
+afterAll(() => closeBrowserTest(undefined, pages?.vite, oracle?.llamaModel));
+
+/** A serve process and a browser of its own for one describe block (a crashed GPU process loses every device in its browser). */
+function servedRoom(serveArgs: string[]): { serve: ServeInfo; browser: Browser } {
+  const room = {} as { serve: ServeInfo; browser: Browser };
+  beforeAll(async () => {
+    room.serve = await spawnServe(oracle.modelPath, serveArgs);
+    room.browser = await launchChromium();
+  });
+  afterAll(async () => {
+    if (process.env.DUMP) console.log(room.serve?.proc.output());
+    await room.browser?.close();
+    await room.serve?.proc.kill();
+  });
+  return room;
+}
 
 async function openTab(browser: Browser, serve: ServeInfo, name: string, extra: Record<string, string> = {}): Promise<{ context: BrowserContext; page: Page }> {
   const context = await browser.newContext();
   const page = await context.newPage();
   page.on('console', (m) => m.type() === 'error' && console.log(`[${name}] ${m.text()}`));
-  await page.goto(`${pageBase}#${new URLSearchParams({ join: serve.joinUrl, name, memory: String(1 << 30), ...extra })}`);
+  await page.goto(`${pages.pageBase}#${new URLSearchParams({ join: serve.joinUrl, name, memory: String(1 << 30), ...extra })}`);
   await waitForPeerState(page, (s) => s.status === 'idle' || s.status === 'ready', `${name} joined`);
   return { context, page };
 }
@@ -59,29 +63,20 @@ async function greedyOverHttp(serve: ServeInfo, routeId: number): Promise<number
   return tokens;
 }
 
-const bytesOf = (shard: { start: number; end: number }): number => shardTensors(manifest, shard.start, shard.end).reduce((s, t) => s + t.byte_length, 0);
+const bytesOf = (shard: { start: number; end: number }): number => shardTensors(oracle.manifest, shard.start, shard.end).reduce((s, t) => s + t.byte_length, 0);
 
 describe('a tab whose GPU device is lost while serving', () => {
-  let serve: ServeInfo;
-  let browser: Browser;
-
-  beforeAll(async () => {
-    serve = await spawnServe(modelPath, ['--min-peers', '2', '--repair-timeout', '1500']);
-    browser = await launchChromium(); // a browser of its own: a crashed GPU process loses every device in it
-  });
-  afterAll(async () => {
-    await browser?.close();
-    await serve?.proc.kill();
-  });
+  const room = servedRoom(['--min-peers', '2', '--repair-timeout', '1500']);
 
   it('lowers its budget, and the server re-plans once without handing the lost range back; tokens equal llama.cpp\'s', async () => {
+    const { serve, browser } = room;
     const tab = await openTab(browser, serve, 'g0');
     const node = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', '1GiB', '--name', 'native']);
     await node.waitFor(/joined room/);
     const first = await waitForRoute(serve, 'ready', 60_000);
     const lostStage = first.stages.find((s: any) => s.peerId.startsWith('g0-'));
     expect(lostStage).toBeDefined();
-    expect(await greedyOverHttp(serve, first.id)).toEqual(expected);
+    expect(await greedyOverHttp(serve, first.id)).toEqual(oracle.expected);
 
     // a real device loss: the browser's GPU process dies (the DevTools protocol's Browser.crashGpuProcess)
     const cdp = await browser.newBrowserCDPSession();
@@ -111,11 +106,11 @@ describe('a tab whose GPU device is lost while serving', () => {
     const g0 = peers.find((p: any) => p.id === lostStage.peerId);
     expect(g0.memoryBytes).toBe(failed.capabilities!.memoryBytes);
     expect(g0.plannedMemoryBytes).toBeLessThan(bytesOf(lostStage.shard));
-    expect(await greedyOverHttp(serve, second.id)).toEqual(expected);
+    expect(await greedyOverHttp(serve, second.id)).toEqual(oracle.expected);
     // no plan–fail loop: one more route, and it stays
     await new Promise((r) => setTimeout(r, 2000));
-    const { body: room } = await getJson(`${serve.base}/v1/rooms/${serve.roomId}`, serve.secret);
-    expect(room.route.id).toBe(second.id);
+    const { body: now } = await getJson(`${serve.base}/v1/rooms/${serve.roomId}`, serve.secret);
+    expect(now.route.id).toBe(second.id);
     expect(second.id).toBe(first.id + 1);
     console.log(`[memory] g0 served layers ${lostStage.shard.start}-${lostStage.shard.end} (${bytesOf(lostStage.shard)} bytes); after the device loss it offers ${g0.memoryBytes}, plans give it ${g0.plannedMemoryBytes}; new route: ${second.stages.map((s: any) => `${s.peerId.split('-')[0]} ${s.shard.start}-${s.shard.end}`).join(', ')}`);
     await tab.context.close();
@@ -153,20 +148,10 @@ async function until<T>(what: string, probe: () => Promise<T | null | undefined 
 }
 
 describe('a serving tab whose page goes away (pagehide)', () => {
-  let serve: ServeInfo;
-  let browser: Browser;
-
-  beforeAll(async () => {
-    serve = await spawnServe(modelPath, ['--min-peers', '2']);
-    browser = await launchChromium();
-  });
-  afterAll(async () => {
-    if (process.env.DUMP) console.log(serve?.proc.output());
-    await browser?.close();
-    await serve?.proc.kill();
-  });
+  const room = servedRoom(['--min-peers', '2']);
 
   it('holds a wake lock while serving, hands its stage to the spare on pagehide, and the client gets the same tokens with no error', async () => {
+    const { serve, browser } = room;
     const s0 = await openTab(browser, serve, 's0', { suspend: 'leave' });
     const s1 = await openTab(browser, serve, 's1', { suspend: 'leave' });
     const route = await waitForRoute(serve, 'ready', 60_000);
@@ -187,7 +172,7 @@ describe('a serving tab whose page goes away (pagehide)', () => {
     while (tokens.length < N) tokens.push(await c.decode(tokens.at(-1)!));
     const sessionEvents = await eventsOf(serve, `/v1/sessions/${c.sessionId}`);
     await c.close();
-    expect(tokens).toEqual(expected);
+    expect(tokens).toEqual(oracle.expected);
 
     const events = await eventsOf(serve, `/v1/rooms/${serve.roomId}`);
     const lost = events.filter((e) => e.type === 'stage_lost' && e.peerId === victimId);
@@ -206,7 +191,7 @@ describe('a persisted shard cache', () => {
   const profile = mkdtempSync(join(tmpdir(), 'gguf-mesh-profile-'));
 
   beforeAll(async () => {
-    serve = await spawnServe(modelPath, ['--min-peers', '1']);
+    serve = await spawnServe(oracle.modelPath, ['--min-peers', '1']);
   });
   afterAll(async () => {
     await serve?.proc.kill();
@@ -219,9 +204,9 @@ describe('a persisted shard cache', () => {
     try {
       // the permission a browser grants an installed or much-used site: persist() then answers true
       const cdp = await context.browser()?.newBrowserCDPSession() ?? await context.newCDPSession(context.pages()[0] ?? await context.newPage());
-      await cdp.send('Browser.grantPermissions', { permissions: ['durableStorage'], origin: new URL(pageBase).origin });
+      await cdp.send('Browser.grantPermissions', { permissions: ['durableStorage'], origin: new URL(pages.pageBase).origin });
       const page = context.pages()[0] ?? await context.newPage();
-      await page.goto(`${pageBase}#${new URLSearchParams({ join: serve.joinUrl, name, memory: String(1 << 30) })}`);
+      await page.goto(`${pages.pageBase}#${new URLSearchParams({ join: serve.joinUrl, name, memory: String(1 << 30) })}`);
       const state = await waitForPeerState(page, (s) => s.status === 'ready', `${name} serving`, 60_000);
       const fetches = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
       return { state, fetched: fetches[state.peerId!]?.bytes };
@@ -248,20 +233,10 @@ describe('a persisted shard cache', () => {
 });
 
 describe('shards from other peers', () => {
-  let serve: ServeInfo;
-  let browser: Browser;
-
-  beforeAll(async () => {
-    serve = await spawnServe(modelPath, ['--min-peers', '2']);
-    browser = await launchChromium();
-  });
-  afterAll(async () => {
-    if (process.env.DUMP) console.log(serve?.proc.output());
-    await browser?.close();
-    await serve?.proc.kill();
-  });
+  const room = servedRoom(['--min-peers', '2']);
 
   it('a third tab, the model hosting blocked for it, loads its shard from a serving tab over WebRTC, verified, and serves it', async () => {
+    const { serve, browser } = room;
     const x0 = await openTab(browser, serve, 'x0');
     const x1 = await openTab(browser, serve, 'x1');
     const route = await waitForRoute(serve, 'ready', 60_000);
@@ -275,7 +250,7 @@ describe('shards from other peers', () => {
     });
     const page = await context.newPage();
     page.on('console', (m) => m.type() === 'error' && console.log(`[x2] ${m.text()}`));
-    await page.goto(`${pageBase}#${new URLSearchParams({ join: serve.joinUrl, name: 'x2', memory: String(1 << 30) })}`);
+    await page.goto(`${pages.pageBase}#${new URLSearchParams({ join: serve.joinUrl, name: 'x2', memory: String(1 << 30) })}`);
     const spare = await waitForPeerState(page, (s) => s.standby !== null, 'x2 holds its standby shard', 60_000);
     const sourceStage = route.stages.find((s: any) => s.shard.start === spare.standby!.shard.start && s.shard.end === spare.standby!.shard.end);
     const source = sourceStage.peerId.startsWith('x0-') ? x0 : x1;
@@ -294,8 +269,8 @@ describe('shards from other peers', () => {
       const r = (await getJson(`${serve.base}/v1/routes/${route.id}`, serve.secret)).body;
       return r.status === 'ready' && r.stages.some((s: any) => s.peerId === spare.peerId) ? r : null;
     }, 40_000);
-    expect(await greedyOverHttp(serve, repaired.id)).toEqual(expected);
-    console.log(`[p2p] x2 loaded layers ${spare.standby!.shard.start}-${spare.standby!.shard.end} (${load.totalBytes} bytes) from ${sourceStage.peerId} over WebRTC, 0 from the server (whose hosting was blocked for it); server bytes sent in all: ${Object.values(fetches).reduce((a: number, c: any) => a + c.bytes, 0)} for a ${manifest.tensor_data_bytes}-byte model`);
+    expect(await greedyOverHttp(serve, repaired.id)).toEqual(oracle.expected);
+    console.log(`[p2p] x2 loaded layers ${spare.standby!.shard.start}-${spare.standby!.shard.end} (${load.totalBytes} bytes) from ${sourceStage.peerId} over WebRTC, 0 from the server (whose hosting was blocked for it); server bytes sent in all: ${Object.values(fetches).reduce((a: number, c: any) => a + c.bytes, 0)} for a ${oracle.manifest.tensor_data_bytes}-byte model`);
     await context.close();
   });
 });
