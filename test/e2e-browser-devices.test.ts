@@ -3,13 +3,14 @@
 // through the DevTools protocol) lowers its budget and tells the server, which re-plans once,
 // never handing the tab the range it lost, and the route gives llama.cpp's tokens again; a
 // serving tab whose page goes away hands its stage to a spare first; a tab's persisted shard
-// cache survives a browser restart with zero model bytes fetched.
+// cache survives a browser restart with zero model bytes fetched, and one evicted after the tab
+// advertised it is fetched and verified again; a tab loads its shard from another tab.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chromium } from 'playwright-core';
-import type { Browser, BrowserContext, Page } from 'playwright-core';
+import type { Browser, BrowserContext, CDPSession, Page } from 'playwright-core';
 import { chromiumArgs } from '../vite.config.ts';
 import { shardTensors } from '../src/gguf/verify.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
@@ -191,22 +192,25 @@ describe('a persisted shard cache', () => {
   const profile = mkdtempSync(join(tmpdir(), 'gguf-mesh-profile-'));
 
   beforeAll(async () => {
-    serve = await spawnServe(oracle.modelPath, ['--min-peers', '1']);
+    // a plan delay long enough to clear a joined tab's storage before its assignment comes
+    serve = await spawnServe(oracle.modelPath, ['--min-peers', '1', '--plan-delay', '2000']);
   });
   afterAll(async () => {
     await serve?.proc.kill();
     rmSync(profile, { recursive: true, force: true });
   });
 
-  /** One browser run on the same profile: the tab joins, serves the whole model, and the browser closes. */
-  async function run(name: string): Promise<{ state: any; fetched: number | undefined }> {
+  /** One browser run on the same profile: the tab joins (`joined` runs then), serves the whole model, and the browser closes. */
+  async function run(name: string, joined?: (cdp: CDPSession) => Promise<void>): Promise<{ state: any; fetched: number | undefined }> {
     const context = await chromium.launchPersistentContext(profile, { executablePath: process.env.CHROME_PATH ?? '/usr/bin/chromium', args: chromiumArgs });
     try {
-      // the permission a browser grants an installed or much-used site: persist() then answers true
+      // the permission a browser grants an installed or much-used site: persist() then answers true (a persistent context has no browser handle: a page session)
       const cdp = await context.browser()?.newBrowserCDPSession() ?? await context.newCDPSession(context.pages()[0] ?? await context.newPage());
       await cdp.send('Browser.grantPermissions', { permissions: ['durableStorage'], origin: new URL(pages.pageBase).origin });
       const page = context.pages()[0] ?? await context.newPage();
       await page.goto(`${pages.pageBase}#${new URLSearchParams({ join: serve.joinUrl, name, memory: String(1 << 30) })}`);
+      await waitForPeerState(page, (s) => s.status === 'idle', `${name} joined`, 30_000);
+      if (joined) await joined(await context.newCDPSession(page));
       const state = await waitForPeerState(page, (s) => s.status === 'ready', `${name} serving`, 60_000);
       const fetches = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
       return { state, fetched: fetches[state.peerId!]?.bytes };
@@ -229,6 +233,13 @@ describe('a persisted shard cache', () => {
     expect(second.fetched ?? 0).toBe(0);
     expect(second.state.storage.evictedUnits).toEqual([]);
     console.log(`[storage] first run fetched ${first.fetched} bytes; after the restart 0 fetched, ${second.state.load.cachedBytes} from the cache; usage ${second.state.storage.usageBytes} of ${second.state.storage.quotaBytes}`);
+    await waitForRoute(serve, 'degraded', 30_000).catch(() => undefined);
+
+    // evicted after the tab advertised its units: the browser clears the origin's IndexedDB (as under storage pressure)
+    const third = await run('p2', (cdp) => cdp.send('Storage.clearDataForOrigin', { origin: new URL(pages.pageBase).origin, storageTypes: 'indexeddb' }).then(() => undefined));
+    expect(third.state.storage.evictedUnits.sort()).toEqual([...third.state.load.units].sort());
+    expect(third.state.load.cachedBytes).toBe(0);
+    expect(third.fetched).toBeGreaterThanOrEqual(third.state.load.totalBytes); // fetched and verified again, nothing missing served
   });
 });
 
