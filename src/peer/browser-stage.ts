@@ -129,6 +129,7 @@ export class BrowserStage {
       iceServers: () => this.iceServers,
       ...(o.iceTransportPolicy ? { iceTransportPolicy: o.iceTransportPolicy } : {}),
       ...(o.rtcTimeoutMs ? { timeoutMs: o.rtcTimeoutMs } : {}),
+      onServed: () => o.changed(),
       log: o.log,
     });
     state.served = this.exchange.counters;

@@ -31,6 +31,8 @@ export interface ShardExchangeOptions {
   iceServers?: () => RTCIceServer[] | undefined;
   iceTransportPolicy?: RTCIceTransportPolicy;
   timeoutMs?: number;
+  /** after each request this tab answered (the counters changed) */
+  onServed?: () => void;
   log: (line: string) => void;
 }
 
@@ -146,6 +148,7 @@ export class ShardExchange {
       this.counters.servedBytes += bytes.byteLength;
     }
     await pipe.send(encodeJson({ t: 'done', id: req.id, missing }));
+    this.o.onServed?.();
   }
 
   /**
