@@ -44,6 +44,8 @@ interface LostStage {
   warm: boolean;
   /** graceful leave: the leaving peer serves until the replacement is ready */
   graceful: boolean;
+  /** told when a leaving peer goes away before its hand-over is done: its steps in flight will not settle */
+  gone?: () => void;
   phase: 'waiting' | 'loading' | 'rewiring' | 'done';
 }
 
@@ -176,15 +178,27 @@ export class RouteKeeper {
       rep.timer.unref();
     }
     const existing = rep.lost.get(stage);
+    let converted = false;
+    let swapped = false;
     if (existing && existing.replacement === lostPeer) {
       // the replacement itself was lost before it was ready: find another
       existing.replacement = null;
       existing.phase = 'waiting';
     } else if (!existing) {
       rep.lost.set(stage, { stage, lostPeer, cause, replacement: null, warm: false, graceful, phase: 'waiting' });
+    } else if (existing.graceful && !graceful && existing.lostPeer === lostPeer) {
+      // a leaving peer gone mid-hand-over (a closed tab that said leave first): a plain repair from here
+      existing.graceful = false;
+      existing.cause = cause;
+      existing.gone?.();
+      converted = true;
+      swapped = existing.phase === 'rewiring' || existing.phase === 'done';
     }
-    if (!graceful) {
-      r.stages[stage]!.status = 'lost';
+    if (!graceful && !swapped) {
+      const st = r.stages[stage]!;
+      const taking = converted && existing!.phase === 'loading' && existing!.replacement ? this.room.peers.get(existing!.replacement) : undefined;
+      if (taking) Object.assign(st, { peerId: taking.id, status: 'loading', listen: taking.hello.listen ?? null });
+      else st.status = 'lost';
       if (firstLoss || r.status === 'ready') r.setStatus('repairing', `stage ${stage} (${lostPeer}) ${graceful ? 'is leaving' : 'lost'}: ${cause}`);
     }
     this.room.emit({ type: 'stage_lost', routeId: r.id, stage, peerId: lostPeer, cause });
@@ -254,7 +268,7 @@ export class RouteKeeper {
     if (l.graceful) {
       // new steps wait from here; the ones in flight finish on the leaving peer
       if (r.status === 'ready') r.setStatus('repairing', `stage ${stage} (${l.lostPeer}) is leaving; ${p.id} takes over`);
-      await this.room.sessions.settled(r.id);
+      await Promise.race([this.room.sessions.settled(r.id), new Promise<void>((resolve) => (l.gone = resolve))]);
       const st = r.stages[stage]!;
       st.peerId = p.id;
       st.listen = p.hello.listen ?? null;

@@ -148,10 +148,10 @@ async function until<T>(what: string, probe: () => Promise<T | null | undefined 
   }
 }
 
-describe('a serving tab whose page goes away (pagehide)', () => {
+describe('a serving tab whose page goes away', () => {
   const room = servedRoom(['--min-peers', '2']);
 
-  it('holds a wake lock while serving, hands its stage to the spare on pagehide, and the client gets the same tokens with no error', async () => {
+  it('holds a wake lock while serving; when its page unloads (hidden, then gone) it hands its stage to the spare and the client gets the same tokens with no error', async () => {
     const { serve, browser } = room;
     const s0 = await openTab(browser, serve, 's0', { suspend: 'leave' });
     const s1 = await openTab(browser, serve, 's1', { suspend: 'leave' });
@@ -168,7 +168,7 @@ describe('a serving tab whose page goes away (pagehide)', () => {
     const c = await RouteSessionClient.open(new HttpLink(serve.base, { authorization: `Bearer ${serve.secret}` }), route.id, { contextLength: 64 });
     const tokens = [await c.prefill(STORIES_PROMPT_TOKENS, 2)];
     while (tokens.length < N / 2) tokens.push(await c.decode(tokens.at(-1)!));
-    // the page unloads: a real pagehide, after which its socket closes
+    // the page unloads for real: visibilitychange (hidden) starts the hand-over, then its socket closes
     await victim.page.goto('about:blank');
     while (tokens.length < N) tokens.push(await c.decode(tokens.at(-1)!));
     const sessionEvents = await eventsOf(serve, `/v1/sessions/${c.sessionId}`);
@@ -177,13 +177,14 @@ describe('a serving tab whose page goes away (pagehide)', () => {
 
     const events = await eventsOf(serve, `/v1/rooms/${serve.roomId}`);
     const lost = events.filter((e) => e.type === 'stage_lost' && e.peerId === victimId);
-    expect(lost[0]?.cause).toMatch(/gracefully/); // the leave came before the socket closed
+    // an unloading document turns hidden first: the tab said leave before its socket closed
+    expect(lost[0]?.cause).toMatch(/gracefully/);
     expect(sessionEvents.some((e) => e.type === 'error')).toBe(false);
     const repaired = sessionEvents.find((e) => e.type === 'route_repaired');
     expect(repaired).toBeDefined();
     const now = await waitForRoute(serve, 'ready', 30_000);
     expect(now.stages.map((s: any) => s.peerId)).not.toContain(victimId);
-    console.log(`[suspend] ${victimId} left on pagehide; route ${now.id}: ${now.stages.map((s: any) => s.peerId).join(' → ')}; repair replayed ${repaired.tokensReplayed} tokens in ${repaired.repairMs} ms`);
+    console.log(`[suspend] ${victimId}'s page unloaded; route ${now.id}: ${now.stages.map((s: any) => s.peerId).join(' → ')}; repair replayed ${repaired.tokensReplayed} tokens in ${repaired.repairMs} ms`);
   });
 });
 

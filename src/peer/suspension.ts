@@ -1,13 +1,13 @@
 // A serving tab and the page lifecycle. Phones suspend background tabs within seconds, and a
 // frozen tab answers no frame: so a tab hands its stage over (the graceful leave of
 // BrowserPeer.leave: the server moves the sessions to a replacement) as soon as it is hidden,
-// frozen or unloaded, and joins again when it is shown or resumed. While it serves it holds a
+// or frozen (an unloading page turns hidden first), and joins again when it is shown or resumed. While it serves it holds a
 // Screen Wake Lock where the browser has one (the lock drops by itself when the page is hidden,
 // so it is asked for again on the way back). "Serve only while charging" leaves when the
 // Battery Status API says the device went on battery, and rejoins when it is plugged in.
 
 export type WakeLockState = 'held' | 'released' | 'unsupported' | `refused: ${string}`;
-export type SuspendedBy = 'hidden' | 'frozen' | 'unloaded' | 'battery' | null;
+export type SuspendedBy = 'hidden' | 'frozen' | 'battery' | null;
 
 export interface SuspensionState {
   wakeLock: WakeLockState;
@@ -93,7 +93,7 @@ export function guardSuspension(o: SuspensionOptions): SuspensionGuard {
     changed();
     log(`page ${why}: handing this tab's stage over`);
     dropLock();
-    // at once, not after a promise: on pagehide the page may be gone before a later task runs
+    // at once, not after a promise: a page being frozen may run no later task
     const left = o.leave();
     moving = Promise.all([moving, left]).catch((e: Error) => log(`hand-over failed: ${e.message}`));
   };
@@ -109,12 +109,12 @@ export function guardSuspension(o: SuspensionOptions): SuspensionGuard {
 
   const onVisibility = (): void => (document.visibilityState === 'hidden' ? suspend('hidden') : (resume(), update()));
   const onFreeze = (): void => suspend('frozen');
-  const onPageHide = (): void => suspend('unloaded');
+  // an unloading page turns hidden first (visibilitychange), so it says leave before its socket
+  // closes; the server then finishes the hand-over as a repair (route-repair.ts)
   const onPageShow = (e: PageTransitionEvent): void => void (e.persisted && resume());
   document.addEventListener('visibilitychange', onVisibility);
   document.addEventListener('freeze', onFreeze);
   document.addEventListener('resume', resume);
-  window.addEventListener('pagehide', onPageHide);
   window.addEventListener('pageshow', onPageShow);
 
   let battery: BatteryManagerLike | null = null;
@@ -144,7 +144,6 @@ export function guardSuspension(o: SuspensionOptions): SuspensionGuard {
       document.removeEventListener('visibilitychange', onVisibility);
       document.removeEventListener('freeze', onFreeze);
       document.removeEventListener('resume', resume);
-      window.removeEventListener('pagehide', onPageHide);
       window.removeEventListener('pageshow', onPageShow);
       battery?.removeEventListener('chargingchange', onCharging);
     },
