@@ -132,11 +132,12 @@ export class StageService {
       throw new MeshError('BAD_REQUEST', `session open: contextLength must be a positive integer, got ${String(body.contextLength)}`);
     }
     if (this.sessions.has(f.sessionId)) throw new MeshError('SESSION_EXISTS', `session ${f.sessionId} is already open`);
-    await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
     const draws = count(body.draws ?? 0, 'session open: draws');
     const settings = body.sampler ?? {};
+    const sample = this.samplerFor(settings, draws); // bad settings are refused before the backend holds the session
+    await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
     this.sessions.set(f.sessionId, {
-      sample: this.samplerFor(settings, draws),
+      sample,
       settings,
       history: Array.isArray(body.tokens) ? body.tokens.map(Number) : [],
       logprobs: logprobsSetting(body.logprobs),
@@ -159,12 +160,14 @@ export class StageService {
     const s = this.session(f.sessionId);
     const body = decodeJson<Partial<RewindBody> | null>(f.payload);
     const draws = count(body?.draws ?? 0, 'rewind: draws');
+    const settings = body?.sampler ?? s.settings;
+    const sample = this.samplerFor(settings, draws); // bad settings refuse the rewind before it changes anything
     await this.opts.backend.truncateSession(f.sessionId, f.position);
     s.log.truncate(f.position);
     s.pipelineError = null;
-    if (body?.sampler) s.settings = body.sampler;
+    s.settings = settings;
+    s.sample = sample;
     if (body?.logprobs !== undefined) s.logprobs = logprobsSetting(body.logprobs);
-    s.sample = this.samplerFor(s.settings, draws);
     // the penalty history: positions kept, then the tokens the client says come from `from` on
     if (s.history.length > f.position) s.history.length = f.position;
     const from = body?.from ?? f.position;
