@@ -181,11 +181,13 @@ async function frameProbes(sock: RawSocket): Promise<Record<string, unknown>> {
   // a negative presence penalty of -100 lifts every token of the history above the rest: the greedy pick shows which history the stage holds
   const penalties = { frequencyPenalty: 0.5, presencePenalty: -100 };
   await probe('open, a bad sampler', encodeFrame(jsonFrame(FrameType.SessionOpen, at2(71), { contextLength: 8, sampler: { topP: 0 } })));
+  await probe('open, tokens not ids', encodeFrame(jsonFrame(FrameType.SessionOpen, at2(82), { contextLength: 8, tokens: [1, -2] })));
   await probe('open with tokens and logprobs', encodeFrame(jsonFrame(FrameType.SessionOpen, at2(72), { contextLength: 8, sampler: penalties, tokens: STORIES_PROMPT_TOKENS, logprobs: 2 })));
   await probe('prefill, sampled, penalised, logprobs', encodeFrame(tokensFrame(FrameType.Prefill, at2(73), 0, STORIES_PROMPT_TOKENS, FrameFlag.Sample)));
   await probe('decode, penalised, logprobs', encodeFrame(tokensFrame(FrameType.Decode, at2(74), 5, [432])));
   const rewind2 = (seq: number, pos: number, body: unknown) => encodeFrame(repairFrame(FrameType.Rewind, at2(seq), pos, body));
   await probe('rewind, a bad sampler', rewind2(75, 5, { draws: 0, sampler: { temperature: -1 } }));
+  await probe('rewind, from not a count', rewind2(83, 5, { draws: 0, tokens: [1], from: 'x' }));
   await probe('status after the refused rewind', encodeFrame(makeFrame({ type: FrameType.Status, ...at2(76) })));
   await probe('rewind to a new turn: greedy, no logprobs', rewind2(77, 5, { draws: 0, sampler: { temperature: 0 }, logprobs: null }));
   await probe('decode in the new turn', encodeFrame(tokensFrame(FrameType.Decode, at2(78), 5, [432])));
@@ -252,13 +254,15 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'a token frame with logprobs': stageErr(70, 'FRAME_BAD_TYPE', { field: 'type' }),
       'a token frame of width 3': bad('FRAME_BAD_DIMENSION', 'width'),
       'open, a bad sampler': stageErr(71, 'BAD_SAMPLER_OPTION'),
-      // the refused open left nothing behind: the same session id opens
+      'open, tokens not ids': stageErr(82, 'BAD_REQUEST'),
+      // the refused opens left nothing behind: the same session id opens
       'open with tokens and logprobs': { status: { stage: 0, state: 'open', position: 0 }, seq: 72 },
       // llama.cpp's greedy 432 is the top alternative; the lifted history picks the prompt's 378
       'prefill, sampled, penalised, logprobs': { token: 378, width: 6, logprob: -9.59, top: [[432, -0.03], [383, -3.55]], position: 5, seq: 73 },
       // 378 is in the history twice now (the prompt's and the one sampled at 5): the frequency penalty takes 261
       'decode, penalised, logprobs': { token: 261, width: 6, logprob: -4.53, top: [[383, -0.07], [322, -2.98]], position: 6, seq: 74 },
       'rewind, a bad sampler': stageErr(75, 'BAD_SAMPLER_OPTION'),
+      'rewind, from not a count': stageErr(83, 'BAD_REQUEST'),
       'status after the refused rewind': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6], replayLogBytes: 0 }, backend: 'string', timing: TIMING_KEYS, seq: 76 },
       'rewind to a new turn: greedy, no logprobs': { status: { stage: 0, position: 5 }, seq: 77 },
       'decode in the new turn': { token: 383, position: 6, seq: 78 },

@@ -96,7 +96,7 @@ class StageService:
             raise MeshError("BAD_REQUEST", f"session open: contextLength must be a positive integer, got {ctx!r}")
         if f.session_id in self.sessions:
             raise MeshError("SESSION_EXISTS", f"session {f.session_id} is already open")
-        draws = _count(body.get("draws", 0), "session open: draws")
+        draws = _count(_or(body.get("draws"), 0), "session open: draws")
         settings = body.get("sampler")
         sample = self._sampler(settings, draws)  # bad settings are refused before the engine holds the session
         history = _tokens(body.get("tokens"), "session open: tokens")
@@ -128,11 +128,11 @@ class StageService:
         body = fr.decode_json(f)
         if not isinstance(body, dict):
             body = {}
-        draws = _count(body.get("draws", 0), "rewind: draws")
+        draws = _count(_or(body.get("draws"), 0), "rewind: draws")
         settings = body["sampler"] if isinstance(body.get("sampler"), dict) else s.settings
         sample = self._sampler(settings, draws)  # bad settings refuse the rewind before it changes anything
-        tokens = _tokens(body.get("tokens"), "rewind: tokens") if "tokens" in body else None
-        start = _count(body.get("from", f.position), "rewind: from")
+        tokens = _tokens(body.get("tokens"), "rewind: tokens") if body.get("tokens") is not None else None
+        start = _count(_or(body.get("from"), f.position), "rewind: from")
         await self._run(self.engine.truncate_session, f.session_id, f.position)
         s.log.truncate(f.position)
         s.pipeline_error = None
@@ -304,6 +304,11 @@ def _count(v, what: str) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise MeshError("BAD_REQUEST", f"{what} must be a non-negative integer, got {v!r}")
     return v
+
+
+def _or(v, default):
+    """A JSON field's value, `default` where it is absent or null."""
+    return default if v is None else v
 
 
 def _tokens(v, what: str) -> list[int]:
