@@ -20,6 +20,7 @@ import type { RelayLedger } from './browser-peers.ts';
 import { FetchLog } from './model-host.ts';
 import { Room } from './room.ts';
 import { iceServersMinting } from './turn.ts';
+import type { StagePolicy } from './stage-policy.ts';
 import type { Route } from './room.ts';
 
 export interface RoomRegistryOptions {
@@ -39,6 +40,8 @@ export interface RoomRegistryOptions {
   standby?: boolean;
   /** which planner plans routes (room.ts) */
   planner?: 'speed' | 'memory';
+  /** who may be a stage: a minimum stay and memory (stage-policy.ts; default: anyone, at once) */
+  stagePolicy?: StagePolicy;
   /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
   heartbeatMs?: number;
   /** a peer silent this long is lost (ms, default 3.5 s) */
@@ -140,6 +143,7 @@ export class RoomRegistry {
         ...(this.opts.repairTimeoutMs !== undefined ? { repairTimeoutMs: this.opts.repairTimeoutMs } : {}),
         ...(this.opts.standby === false ? { standby: false } : {}),
         ...(this.opts.planner ? { planner: this.opts.planner } : {}),
+        ...(this.opts.stagePolicy ? { stagePolicy: this.opts.stagePolicy } : {}),
       },
     );
     this.rooms.push(room);

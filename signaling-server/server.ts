@@ -35,6 +35,7 @@ import type { FetchLog } from './model-host.ts';
 import { admitPeer, DEFAULT_LIVENESS } from './peer-admission.ts';
 import type { Room } from './room.ts';
 import { RoomRegistry } from './room-registry.ts';
+import type { StagePolicy } from './stage-policy.ts';
 import type { ServerTls } from './tls.ts';
 
 export interface SignalingServerOptions {
@@ -58,6 +59,8 @@ export interface SignalingServerOptions {
   standby?: boolean;
   /** 'memory' (default): in proportion to memory; 'speed': the planner that knows speed and round trips, where every peer reports a speed */
   planner?: 'speed' | 'memory';
+  /** who may be a stage: a minimum stay and memory (stage-policy.ts; default: anyone, at once) */
+  stagePolicy?: StagePolicy;
   /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
   heartbeatMs?: number;
   /** a peer silent this long is lost (ms, default 3.5 s) */

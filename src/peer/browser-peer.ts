@@ -13,6 +13,7 @@ import { parseJoinUrl } from '../protocol/control.ts';
 import { ShardCache } from '../storage/shard-cache.ts';
 import { indexedDbStore } from '../storage/kv-store.ts';
 import { opfsStore } from '../storage/opfs-store.ts';
+import { requestPersistence } from '../storage/persistence.ts';
 import { BrowserStage, joiningState } from './browser-stage.ts';
 import type { BrowserPeerState } from './browser-stage.ts';
 import { detectCapabilities } from './capabilities.ts';
@@ -28,8 +29,10 @@ export interface BrowserPeerOptions {
   /** the secret, when the link carries none */
   secret?: string;
   name?: string;
-  /** bytes offered for weights (default: from the adapter and navigator.deviceMemory) */
+  /** bytes offered for weights (default: measured, memory-probe.ts) */
   memoryBytes?: number;
+  /** the most the memory probe tries (default: defaultProbeCap) */
+  probeCapBytes?: number;
   /** shard cache (default: one over `storage`); null disables caching */
   cache?: ShardCache | null;
   /** where the default cache keeps slices: IndexedDB (default) or the Origin Private File
@@ -42,6 +45,8 @@ export interface BrowserPeerOptions {
   rtcTimeoutMs?: number;
   /** 'auto' (default): WebGPU where the tab has an adapter, else the CPU engine; or force one */
   compute?: ComputePreference;
+  /** load shard bytes from peers the server names as holding them (default true; false: the server's hosting only) */
+  peerShards?: boolean;
   /** the stage backend (default: WebGPU or the CPU engine in a dedicated worker) */
   backend?: () => Promise<StageBackend>;
   /** how often a serving peer reports its frame counters to the server (ms, default 2000) */
@@ -86,7 +91,11 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   const state = joiningState(roomId);
   const changed = (): void => opts.onState?.(state);
 
-  const caps = await detectCapabilities(opts.memoryBytes, opts.compute);
+  const caps = await detectCapabilities({
+    ...(opts.memoryBytes !== undefined ? { memoryBytes: opts.memoryBytes } : {}),
+    ...(opts.probeCapBytes ? { probeCapBytes: opts.probeCapBytes } : {}),
+    ...(opts.compute ? { prefer: opts.compute } : {}),
+  });
   state.capabilities = caps;
   if (caps.backend === 'none') {
     Object.assign(state, { status: 'client-only', reason: caps.reason });
@@ -98,8 +107,13 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   // the room's model, its manifest and header (JSON from the server: no model bytes)
   const model = await fetchRoomModel(base, roomId, secret);
   state.artifact = model.manifest.artifact.sha256;
+  state.modelBytes = model.manifest.artifact.size;
   const { cache, held } = await openShardCache(opts, model.manifest, log);
   state.heldUnits = held;
+  if (cache && cache.store.kind !== 'memory') {
+    state.storage = await requestPersistence();
+    log(`shard cache storage: ${state.storage.persisted ? 'persistent' : 'may be evicted by the browser'}${state.storage.quotaBytes !== null ? `; ${state.storage.usageBytes} of ${state.storage.quotaBytes} bytes used` : ''}`);
+  }
 
   const control = await openControlSocket(base, roomId);
   const stage = new BrowserStage({
@@ -108,12 +122,13 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     ...(opts.iceServers ? { iceServers: opts.iceServers } : {}),
     ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
     ...(opts.rtcTimeoutMs ? { rtcTimeoutMs: opts.rtcTimeoutMs } : {}),
+    ...(opts.peerShards === false ? { peerShards: false } : {}),
   });
   if (caps.backend === 'cpu') log(`no WebGPU: ${caps.reason}`);
   const offer = { backend: caps.backend, memoryBytes: caps.memoryBytes, serves: backendCapability(caps.backend), ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: caps.adapter };
   const welcome = await stage.core.join(offer, control.closed);
   // a server on the internet may announce STUN/TURN servers; on a LAN none are needed
-  if (Array.isArray(welcome.iceServers)) stage.hops.useIceServers(welcome.iceServers as RTCIceServer[]);
+  if (Array.isArray(welcome.iceServers)) stage.useIceServers(welcome.iceServers as RTCIceServer[]);
   Object.assign(state, { peerId: stage.core.peerId, status: 'idle' });
   changed();
   log(`joined room ${roomId} as ${state.peerId} (model ${model.id}; holding ${state.heldUnits.length ? state.heldUnits.join(', ') : 'nothing'})`);

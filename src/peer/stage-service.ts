@@ -162,13 +162,15 @@ export class StageService {
       throw new MeshError('BAD_REQUEST', `session open: contextLength must be a positive integer, got ${String(body.contextLength)}`);
     }
     if (this.sessions.has(f.sessionId)) throw new MeshError('SESSION_EXISTS', `session ${f.sessionId} is already open`);
-    await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
     const draws = count(body.draws ?? 0, 'session open: draws');
     const settings = body.sampler ?? {};
+    const sample = this.samplerFor(settings, draws); // bad settings are refused before the backend holds the session
+    const history = tokenIds(body.tokens, 'session open: tokens') ?? [];
+    await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
     this.sessions.set(f.sessionId, {
-      sample: this.samplerFor(settings, draws),
+      sample,
       settings,
-      history: Array.isArray(body.tokens) ? body.tokens.map(Number) : [],
+      history,
       logprobs: logprobsSetting(body.logprobs),
       log: new ReplayLog(),
       hiddenDtype: body.hiddenDtype === 'f32' ? DType.F32 : DType.F16,
@@ -189,18 +191,21 @@ export class StageService {
     const s = this.session(f.sessionId);
     const body = decodeJson<Partial<RewindBody> | null>(f.payload);
     const draws = count(body?.draws ?? 0, 'rewind: draws');
+    const settings = body?.sampler ?? s.settings;
+    const sample = this.samplerFor(settings, draws); // bad settings refuse the rewind before it changes anything
+    const tokens = tokenIds(body?.tokens, 'rewind: tokens');
+    const from = count(body?.from ?? f.position, 'rewind: from');
     await this.opts.backend.truncateSession(f.sessionId, f.position);
     s.log.truncate(f.position);
     s.pipelineError = null;
-    if (body?.sampler) s.settings = body.sampler;
+    s.settings = settings;
+    s.sample = sample;
     if (body?.logprobs !== undefined) s.logprobs = logprobsSetting(body.logprobs);
-    s.sample = this.samplerFor(s.settings, draws);
     // the penalty history: positions kept, then the tokens the client says come from `from` on
     if (s.history.length > f.position) s.history.length = f.position;
-    const from = body?.from ?? f.position;
-    if (Array.isArray(body?.tokens) && from <= s.history.length) {
+    if (tokens && from <= s.history.length) {
       s.history.length = from;
-      s.history.push(...body!.tokens!.map(Number));
+      s.history.push(...tokens);
     }
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: f.position });
   }
@@ -420,6 +425,13 @@ export class StageService {
 function count(v: unknown, what: string): number {
   if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) throw new MeshError('BAD_REQUEST', `${what} must be a non-negative integer, got ${JSON.stringify(v)}`);
   return v;
+}
+
+/** Token ids from a JSON body (absent: undefined), else BAD_REQUEST naming the field. */
+function tokenIds(v: unknown, what: string): number[] | undefined {
+  if (v === undefined || v === null) return undefined;
+  if (!Array.isArray(v) || !v.every((t) => Number.isInteger(t) && t >= 0)) throw new MeshError('BAD_REQUEST', `${what} must be a list of token ids, got ${JSON.stringify(v).slice(0, 80)}`);
+  return v as number[];
 }
 
 /** Positions [a, b) of a Status hash query. */

@@ -86,10 +86,11 @@ export type ServerToPeer =
   | { t: 'challenge'; nonce: string }
   /** iceServers: for browser peers that meet across the internet (absent: none configured, fine on a LAN) */
   | { t: 'welcome'; peerId: string; roomId: string; model: ModelBrief; iceServers?: IceServer[] }
-  | { t: 'assign'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string; downstream: string | null; downstreamPeer?: string | null; upstreamPeer?: string | null; downstreamRtc?: boolean }
+  /** sources: peers that hold the shard verified and may send its bytes (browser peers ask them first, then modelUrl) */
+  | { t: 'assign'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string; downstream: string | null; downstreamPeer?: string | null; upstreamPeer?: string | null; downstreamRtc?: boolean; sources?: string[] }
   | { t: 'release'; routeId: number }
   /** a spare: load and verify this shard now, serve nothing yet; a later `assign` of the same shard takes it over at once */
-  | { t: 'standby'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string }
+  | { t: 'standby'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string; sources?: string[] }
   /** a repair replaced a neighbour: send hidden states to a new next stage and/or accept them from a new previous one */
   | { t: 'rewire'; routeId: number; stage: number; downstream?: string | null; downstreamPeer?: string | null; downstreamRtc?: boolean; upstreamPeer?: string | null }
   /** the answer to `leave`: the peer's sessions are served elsewhere now (or could not be moved: `moved: false`); it may go */
@@ -111,6 +112,8 @@ export type PeerToServer =
   | { t: 'leave' }
   /** the last stage's one-way token (a base64 Token frame) for the session manager: the answer to a ReturnDirect step */
   | { t: 'return'; routeId: number; stage: number; frame: string }
+  /** the peer holds less than it offered: out of memory or its device lost (code), while serving or loading `stage` of `routeId` if named */
+  | { t: 'memory'; memoryBytes: number; code: string; message: string; routeId?: number; stage?: number }
   /** browser peers (below): signal/relay are routed before this union is consulted */
   | { t: 'telemetry'; routeId: number; stage: number; [k: string]: unknown };
 

@@ -9,7 +9,11 @@ import type { ViteDevServer } from 'vite';
 import type { LlamaModel } from 'node-llama-cpp';
 import { chromiumArgs } from '../../vite.config.ts';
 import type { BrowserPeerState } from '../../src/peer/browser-peer.ts';
+import { buildManifest } from '../../src/gguf/manifest.ts';
+import type { Manifest } from '../../src/gguf/verify.ts';
 import { REPO_ROOT } from './cli.ts';
+import { greedyGenerate, loadModel } from './llama.ts';
+import { stories260K, STORIES_PROMPT_TOKENS } from './models.ts';
 import { killAll } from './mesh.ts';
 
 /** A vite dev server for the peer page on a free loopback port; `pageBase` is its root URL. */
@@ -29,6 +33,14 @@ export async function startPeerPage(): Promise<{ vite: ViteDevServer; pageBase: 
 /** Headless Chromium with the project's WebGPU flags; launch() gives it a fresh temporary profile, and each context is isolated storage. */
 export function launchChromium(): Promise<Browser> {
   return chromium.launch({ executablePath: process.env.CHROME_PATH ?? '/usr/bin/chromium', args: chromiumArgs });
+}
+
+/** What the browser-route tests check against: stories260K, its manifest, llama.cpp on it, and its greedy continuation of the standard prompt (`n` tokens). */
+export async function storiesOracle(n: number): Promise<{ modelPath: string; manifest: Manifest; llamaModel: LlamaModel; expected: number[] }> {
+  const modelPath = await stories260K();
+  const manifest = await buildManifest(modelPath);
+  const llamaModel = await loadModel(modelPath);
+  return { modelPath, manifest, llamaModel, expected: await greedyGenerate(llamaModel, STORIES_PROMPT_TOKENS, n) };
 }
 
 /** afterAll: closes the browser, the page server and the llama.cpp oracle (any may be unset when beforeAll failed early), kills every spawned process. */

@@ -89,6 +89,11 @@ export class WebGpuBackend implements StageBackend {
     return this.finalStats ?? this.engine.bufferStats();
   }
 
+  /** resolves with why the GPU device was lost while this stage held its shard (never after dispose) */
+  deviceLost(): Promise<string> {
+    return this.engine.whenLost();
+  }
+
   async load(source: TensorSource, shard: ShardRange): Promise<void> {
     if (this.config) throw new MeshError('ALREADY_LOADED', 'this backend already holds a shard; dispose it first');
     const config = configFromHeader(source.header);
@@ -196,6 +201,7 @@ function workerEngine(remote: Comlink.Remote<WorkerApi>, adapter: AdapterSummary
     truncateSession: (id, position) => call(remote.truncateSession(id, position)),
     forward: (id, input, position) => call(remote.forward(id, input, position)),
     bufferStats: () => call(remote.bufferStats()),
+    whenLost: () => call(remote.whenLost()),
     dispose: () => call(remote.dispose()),
   };
 }

@@ -35,6 +35,8 @@ export class WebGpuStage {
   private pass: ForwardPass | null = null;
   private readonly sessions = new Map<string, SessionKv>();
   private lost: string | null = null;
+  /** resolves with why the device was lost (never once the stage is disposed): a serving peer hands its stage on */
+  readonly lostReason: Promise<string>;
   /** calls run one at a time: they share scratch buffers, the readback buffer and error scopes */
   private tail: Promise<unknown> = Promise.resolve();
   private disposed = false;
@@ -49,8 +51,12 @@ export class WebGpuStage {
     this.library = new KernelLibrary(device, sources);
     this.resources = new SubmitResources(this.memory);
     this.kernels = chooseStageKernels(adapter, options);
-    void device.lost.then((info) => {
-      if (!this.disposed) this.lost = `${info.reason}: ${info.message}`;
+    this.lostReason = new Promise((resolve) => {
+      void device.lost.then((info) => {
+        if (this.disposed) return;
+        this.lost = `${info.reason}: ${info.message}`;
+        resolve(this.lost);
+      });
     });
   }
 
