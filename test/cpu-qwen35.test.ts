@@ -6,6 +6,7 @@
 // a forward that crossed a chunk end, to 0, refused elsewhere), and its memory accounting.
 import { afterAll, describe, expect, it } from 'vitest';
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
+import { MAX_BATCH } from '../src/backends/cpu/forward.ts';
 import { CHUNK, DeltaChunkState, deltaLayerBytes, deltaStep } from '../src/backends/cpu/delta-chunk.ts';
 import { deltaRuleRecurrent, l2NormRows } from '../src/backends/cpu/delta-net.ts';
 import { silu } from '../src/backends/cpu/ops.ts';
@@ -237,6 +238,24 @@ describe('recurrent state in a session', () => {
     expect(await logitsAt('s', 2 * CHUNK + 2, 2 * CHUNK + 3)).toEqual(c);
     await be.releaseSession('s');
     expect(be.sessionIds()).toEqual([]);
+    await be.dispose();
+  });
+
+  it(`rewinds to the start of a forward longer than one batch (${MAX_BATCH} tokens) across chunk ends: the same logits, KV and state`, async () => {
+    const be = await stage(await syntheticModel(MOE));
+    const tokens = Int32Array.from({ length: MAX_BATCH + 2 * CHUNK + 9 }, (_, i) => (i * 29 + 3) % 1000);
+    const from = 10;
+    const forward = async () => {
+      const out = (await be.forward('s', { kind: 'tokens', tokens: tokens.subarray(from) }, from)).output;
+      return out.kind === 'logits' ? Array.from(out.logits) : [];
+    };
+    await be.openSession('s', { contextLength: 512 });
+    await be.forward('s', { kind: 'tokens', tokens: tokens.subarray(0, from) }, 0);
+    const first = await forward();
+    // the forward ran in two batches and folded several chunks: the checkpoint is its start
+    await be.truncateSession('s', from);
+    expect(be.sessionStats('s').position).toBe(from);
+    expect(await forward()).toEqual(first);
     await be.dispose();
   });
 
