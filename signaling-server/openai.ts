@@ -7,6 +7,7 @@
 // frees the KV cache on every stage.
 
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import * as v from 'valibot';
 import { randomBytes } from 'node:crypto';
 import { httpStatusFor, MeshError } from '../src/errors.ts';
 import { ChatTemplate } from '../src/model/chat-template.ts';
@@ -19,25 +20,31 @@ import type { SessionManager } from '../src/route/sessions.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { LocalLink } from '../src/transport/link.ts';
 import { readJsonBody, sendJson } from '../src/transport/http.ts';
+import { list, text, validate } from '../src/protocol/validate.ts';
 import type { Room } from './room.ts';
 
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
 /** how long a streamed request waits for a forming/loading route (ms) */
 const ROUTE_WAIT_MS = 120_000;
 
-interface CompletionBody {
-  model?: string;
-  prompt?: string | string[];
-  messages?: Array<{ role: string; content: string | Array<{ type: string; text?: string }> }>;
-  max_tokens?: number;
-  max_completion_tokens?: number;
-  temperature?: number;
-  top_p?: number;
-  seed?: number;
-  stop?: string | string[];
-  stream?: boolean;
-  stream_options?: { include_usage?: boolean };
-}
+const part = v.object({ type: text(64), text: v.optional(v.string()) });
+const chatMessage = v.object({ role: text(64), content: v.union([v.string(), list(part, 1024), v.null()]) });
+const maxTokens = v.nullish(v.pipe(v.number(), v.integer(), v.minValue(0)));
+/** An OpenAI completion or chat request; unknown fields are ignored, as OpenAI's own API does for most. */
+const completionSchema = v.object({
+  model: v.optional(text(256)),
+  prompt: v.optional(v.union([v.string(), v.tuple([v.string()])])),
+  messages: v.optional(v.pipe(list(chatMessage, 10_000), v.minLength(1))),
+  max_tokens: maxTokens,
+  max_completion_tokens: maxTokens,
+  temperature: v.nullish(v.pipe(v.number(), v.finite(), v.minValue(0), v.maxValue(2))),
+  top_p: v.nullish(v.pipe(v.number(), v.finite(), v.gtValue(0), v.maxValue(1))),
+  seed: v.nullish(v.pipe(v.number(), v.integer(), v.minValue(-(2 ** 53)), v.maxValue(2 ** 53))),
+  stop: v.nullish(v.union([v.string(), list(v.string(), 4)])),
+  stream: v.nullish(v.boolean()),
+  stream_options: v.nullish(v.object({ include_usage: v.optional(v.boolean()) })),
+});
+type CompletionBody = v.InferOutput<typeof completionSchema>;
 
 export interface OpenAiContext {
   sessions: SessionManager;
@@ -50,17 +57,22 @@ function tokenizerOf(room: Room): Tokenizer {
   return t;
 }
 
+/** OpenAI's error shape: `param` names the field, `code` is OpenAI's where it has one (context_length_exceeded). */
 function openAiError(res: ServerResponse, e: unknown): void {
   const err = e instanceof MeshError ? e : new MeshError('INTERNAL', String(e));
-  sendJson(res, httpStatusFor(err.code), {
-    error: { message: err.message, type: err.code === 'AUTH_FAILED' ? 'authentication_error' : 'invalid_request_error', code: err.code, ...err.details },
+  const status = httpStatusFor(err.code);
+  const type = err.code === 'AUTH_FAILED' ? 'authentication_error' : status === 429 ? 'rate_limit_error' : status >= 500 ? 'server_error' : 'invalid_request_error';
+  const { field, ...details } = err.details ?? {};
+  if (typeof details.retryAfterS === 'number') res.setHeader('retry-after', String(details.retryAfterS));
+  sendJson(res, status, {
+    error: { message: err.message, type, param: typeof field === 'string' ? field : null, code: err.code === 'CONTEXT_LENGTH_EXCEEDED' ? 'context_length_exceeded' : err.code, ...details },
   });
 }
 
 async function readCompletionBody(req: IncomingMessage): Promise<CompletionBody> {
   const body = await readJsonBody(req, MAX_BODY_BYTES, 'an OpenAI request object');
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new MeshError('BAD_REQUEST', 'the request body must be a JSON object');
-  return body as CompletionBody;
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new MeshError('BAD_REQUEST', 'the request body must be a JSON object', { field: '(whole)' });
+  return validate(completionSchema, body, 'request body', 'BAD_REQUEST');
 }
 
 function pickRoom(body: CompletionBody, allowed: Room[]): Room {
@@ -69,14 +81,38 @@ function pickRoom(body: CompletionBody, allowed: Room[]): Room {
   return room;
 }
 
-function num(v: unknown, name: string, lo: number, hi: number, fallback: number): number {
-  if (v === undefined || v === null) return fallback;
-  if (typeof v !== 'number' || !Number.isFinite(v) || v < lo || v > hi) throw new MeshError('BAD_REQUEST', `${name} must be a number in [${lo}, ${hi}], got ${JSON.stringify(v)}`);
-  return v;
+function messageText(content: string | Array<{ type: string; text?: string | undefined }> | null): string {
+  if (content === null) return '';
+  return typeof content === 'string' ? content : content.filter((p) => p.type === 'text').map((p) => p.text ?? '').join('');
 }
 
-function messageText(content: string | Array<{ type: string; text?: string }>): string {
-  return typeof content === 'string' ? content : content.filter((p) => p.type === 'text').map((p) => p.text ?? '').join('');
+/** What the loop needs from a request: its prompt tokens and settings, checked against the model's context. */
+function generationRequest(room: Room, body: CompletionBody, chat: boolean) {
+  const tokenizer = tokenizerOf(room);
+  let promptText: string;
+  if (chat) {
+    if (!body.messages) throw new MeshError('BAD_REQUEST', 'request body: messages: a chat completion needs a non-empty array of messages', { field: 'messages' });
+    const messages: ChatMessage[] = body.messages.map((m) => ({ role: m.role, content: messageText(m.content) }));
+    promptText = ChatTemplate.fromMetadata(room.model.header.metadata, { tokenizer, fallback: true }).prompt(tokenizer, messages);
+  } else {
+    if (body.prompt === undefined) throw new MeshError('BAD_REQUEST', 'request body: prompt: a completion needs a prompt string', { field: 'prompt' });
+    promptText = typeof body.prompt === 'string' ? body.prompt : body.prompt[0];
+  }
+  const promptTokens = tokenizer.encode(promptText);
+  const nCtx = configFromHeader(room.model.header).nCtxTrain;
+  const asked = body.max_completion_tokens ?? body.max_tokens;
+  const maxTokens = asked ?? (chat ? Math.max(0, Math.min(512, nCtx - promptTokens.length)) : Math.min(16, Math.max(0, nCtx - promptTokens.length)));
+  // OpenAI's rule: the prompt and the completion must fit the context, or the request is a 400
+  if (promptTokens.length + Math.max(1, maxTokens) > nCtx) {
+    throw new MeshError(
+      'CONTEXT_LENGTH_EXCEEDED',
+      `This model's maximum context length is ${nCtx} tokens. However, you requested ${promptTokens.length + maxTokens} tokens (${promptTokens.length} in the ${chat ? 'messages' : 'prompt'}, ${maxTokens} for the completion). Please reduce the length of the ${chat ? 'messages' : 'prompt'} or completion.`,
+      { field: chat ? 'messages' : 'prompt', promptTokens: promptTokens.length, maxTokens, contextLength: nCtx },
+    );
+  }
+  const seed = body.seed === undefined || body.seed === null ? undefined : Math.floor(body.seed) >>> 0;
+  const stop = body.stop === undefined || body.stop === null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
+  return { tokenizer, promptTokens, maxTokens, temperature: body.temperature ?? 1, topP: body.top_p ?? 1, seed, stop };
 }
 
 export function modelsList(allowed: Room[]): unknown {
@@ -100,23 +136,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
   try {
     const body = await readCompletionBody(req);
     const room = pickRoom(body, allowed);
-    const tokenizer = tokenizerOf(room);
-    let promptText: string;
-    if (chat) {
-      if (!Array.isArray(body.messages) || body.messages.length === 0) throw new MeshError('BAD_REQUEST', 'messages must be a non-empty array');
-      const messages: ChatMessage[] = body.messages.map((m) => ({ role: String(m.role), content: messageText(m.content) }));
-      promptText = ChatTemplate.fromMetadata(room.model.header.metadata, { tokenizer, fallback: true }).prompt(tokenizer, messages);
-    } else {
-      if (typeof body.prompt !== 'string' && !(Array.isArray(body.prompt) && body.prompt.length === 1)) throw new MeshError('BAD_REQUEST', 'prompt must be a string');
-      promptText = Array.isArray(body.prompt) ? String(body.prompt[0]) : body.prompt;
-    }
-    const promptTokens = tokenizer.encode(promptText);
-    const nCtx = configFromHeader(room.model.header).nCtxTrain;
-    const maxTokens = Math.floor(num(body.max_completion_tokens ?? body.max_tokens, 'max_tokens', 0, nCtx, chat ? Math.max(0, Math.min(512, nCtx - promptTokens.length)) : 16));
-    const temperature = num(body.temperature, 'temperature', 0, 2, 1);
-    const topP = num(body.top_p, 'top_p', Number.MIN_VALUE, 1, 1);
-    const seed = body.seed === undefined ? undefined : Math.floor(num(body.seed, 'seed', -(2 ** 53), 2 ** 53, 0)) >>> 0;
-    const stop = body.stop === undefined || body.stop === null ? [] : Array.isArray(body.stop) ? body.stop.map(String) : [String(body.stop)];
+    const { tokenizer, promptTokens, maxTokens, temperature, topP, seed, stop } = generationRequest(room, body, chat);
     const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomBytes(12).toString('hex')}`;
     const created = Math.floor(Date.now() / 1000);
     const model = room.model.id;

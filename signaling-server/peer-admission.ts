@@ -5,8 +5,9 @@
 
 import { randomBytes } from 'node:crypto';
 import type WebSocket from 'ws';
-import { helloProof } from '../src/protocol/control.ts';
-import type { PeerHello, PeerToServer } from '../src/protocol/control.ts';
+import { MeshError } from '../src/errors.ts';
+import { helloProof, parsePeerMessage } from '../src/protocol/control.ts';
+import type { PeerHello, PeerMessage } from '../src/protocol/control.ts';
 import { secretMatches } from '../src/transport/frame-server.ts';
 import { handleBrowserPeerMessage } from './browser-peers.ts';
 import type { BrowserPeerRoom, RelayLedger } from './browser-peers.ts';
@@ -14,23 +15,8 @@ import type { Peer, Room } from './room.ts';
 
 /** How long a new socket may take to prove the secret. */
 const HELLO_TIMEOUT_MS = 10_000;
-
-/** The hello as the room keeps it: only known fields, each of its type; the proof dropped. */
-function cleanHello(msg: PeerHello): PeerHello {
-  return {
-    t: 'hello',
-    proof: '',
-    backend: String(msg.backend),
-    memoryBytes: Number(msg.memoryBytes) || 0,
-    ...(msg.name ? { name: String(msg.name) } : {}),
-    ...(msg.listen ? { listen: String(msg.listen) } : {}),
-    ...(msg.httpUrl ? { httpUrl: String(msg.httpUrl) } : {}),
-    ...(msg.layers ? { layers: { start: Number(msg.layers.start), end: Number(msg.layers.end) } } : {}),
-    ...(typeof msg.artifact === 'string' ? { artifact: msg.artifact } : {}),
-    ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
-    ...(msg.adapter ? { adapter: msg.adapter } : {}),
-  };
-}
+/** Largest message read before the peer proved the secret (a hello is a few KiB). */
+const MAX_HELLO_TEXT = 256 * 1024;
 
 /** The room as the browser-peer router sees it. */
 function browserPeerView(room: Room): BrowserPeerRoom {
@@ -63,29 +49,45 @@ export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger): void 
   };
   const helloTimer = setTimeout(() => !peer && refuse('HELLO_TIMEOUT', `no hello within ${HELLO_TIMEOUT_MS / 1000} s`), HELLO_TIMEOUT_MS);
   helloTimer.unref();
-  ws.on('message', (data, isBinary) => {
-    if (isBinary) return; // frame replies: the peer's WsLink reads them
-    let msg: PeerToServer;
+  // an admitted peer's bad message is answered and dropped; before admission it ends the socket
+  const onAdmitted = (p: Peer, text: string): void => {
+    let msg: PeerMessage;
     try {
-      msg = JSON.parse(data.toString()) as PeerToServer;
-    } catch {
-      return refuse('BAD_MESSAGE', 'control messages are JSON');
+      msg = parsePeerMessage(text);
+    } catch (e) {
+      const err = e as MeshError;
+      room.log(`peer ${p.id}: ${err.message}`);
+      return room.send(p, { t: 'error', code: err.code, message: err.message });
     }
-    if (peer) {
-      const p = peer;
-      if (!handleBrowserPeerMessage(view, p.id, msg, (m) => room.send(p, m as never), ledger)) room.onPeerMessage(p, msg);
-      return;
-    }
+    if (msg.t === 'hello') return room.send(p, { t: 'error', code: 'BAD_MESSAGE', message: 'already admitted: a second hello is not read' });
+    if (msg.t === 'signal' || msg.t === 'relay') handleBrowserPeerMessage(view, p.id, msg, (m) => room.send(p, m as never), ledger);
+    else room.onPeerMessage(p, msg);
+  };
+  const onHello = (text: string): void => {
     // until welcome, the hello (once) is the only message read; its proof is checked before admission
-    if (msg.t !== 'hello' || helloSeen) return refuse('BAD_MESSAGE', 'the first message must be hello, and the only one until welcome');
+    const msg = parsePeerMessage(text, MAX_HELLO_TEXT);
+    if (msg.t !== 'hello' || helloSeen) throw new MeshError('BAD_MESSAGE', 'the first message must be hello, and the only one until welcome');
     helloSeen = true;
-    const hello = msg;
+    const { proof: presented, ...offer } = msg;
     void expectedProof.then((proof) => {
-      if (!secretMatches(hello.proof, proof)) return refuse('AUTH_FAILED', 'wrong room secret');
+      if (!secretMatches(presented, proof)) return refuse('AUTH_FAILED', 'wrong room secret');
       if (ws.readyState !== ws.OPEN) return;
       clearTimeout(helloTimer);
-      peer = room.addPeer(cleanHello(hello), ws);
+      const hello: PeerHello = { ...offer, proof: '' };
+      peer = room.addPeer(hello, ws);
     });
+  };
+  ws.on('message', (data, isBinary) => {
+    if (isBinary) return; // frame replies: the peer's WsLink reads them
+    const text = data.toString();
+    try {
+      if (peer) onAdmitted(peer, text);
+      else onHello(text);
+    } catch (e) {
+      const err = e instanceof MeshError ? e : new MeshError('INTERNAL', String(e));
+      if (peer) room.log(`peer ${peer.id}: message handler failed: ${err.message}`);
+      else refuse(err.code, err.message);
+    }
   });
   ws.on('close', () => {
     clearTimeout(helloTimer);

@@ -235,7 +235,13 @@ export class Room {
     if (this.planTimer) clearTimeout(this.planTimer);
     this.planTimer = setTimeout(() => {
       this.planTimer = null;
-      this.plan();
+      // a timer's throw would end the server: a plan that cannot be made is the route's reason
+      try {
+        this.plan();
+      } catch (e) {
+        this.log(`planning failed: ${(e as Error).message}`);
+        if (this.route && this.route.status !== 'closed') this.route.reason = `planning failed: ${(e as Error).message}`;
+      }
     }, this.opts.planDelayMs);
     this.planTimer.unref();
   }

@@ -175,9 +175,10 @@ const PEER = {
 
 const SERVER = {
   BAD_REQUEST: { status: 400, meaning: 'the request body or a parameter is malformed' },
+  CONTEXT_LENGTH_EXCEEDED: { status: 400, meaning: "the prompt and max_tokens together exceed the model's context (OpenAI's context_length_exceeded)" },
   BODY_TOO_LARGE: { status: 413, meaning: 'a request body is larger than the endpoint accepts' },
   BODY_NOT_JSON: { status: 400, meaning: 'a request body that must be JSON is not' },
-  BAD_MESSAGE: { status: 500, meaning: 'a control message is not JSON or comes out of order' },
+  BAD_MESSAGE: { status: 400, meaning: 'a control message is not JSON, does not match its schema (the field is named), or comes out of order' },
   HELLO_TIMEOUT: { status: 500, meaning: 'a peer sent no hello in time after connecting' },
   FORBIDDEN: { status: 403, meaning: 'rooms are opened only from the machine that runs the server' },
   NOT_SUPPORTED: { status: 500, meaning: 'this server does not open rooms for other models' },

@@ -94,7 +94,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   const { cache, held } = await openShardCache(opts, model.manifest, log);
   state.heldUnits = held;
 
-  const control = await openControlSocket(base, roomId);
+  const control = await openControlSocket(base, roomId, (e) => log(`ignored a control message from the server: ${e.message}`));
   const stage = new BrowserStage({
     base, secret, model, control, cache, state, changed, log,
     backend: opts.backend ?? defaultBackend,

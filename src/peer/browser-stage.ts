@@ -5,7 +5,7 @@
 
 import { MeshError } from '../errors.ts';
 import type { ShardRange, StageBackend } from '../backends/types.ts';
-import type { HopKind, PeerTelemetry, PipeCounters, RelayReply, SignalFromPeer } from '../protocol/control.ts';
+import type { HopKind, PeerTelemetry, PipeCounters } from '../protocol/control.ts';
 import { servePipe } from '../transport/webrtc-link.ts';
 import type { ShardCache } from '../storage/shard-cache.ts';
 import type { BrowserCapabilities } from './capabilities.ts';
@@ -93,8 +93,8 @@ export class BrowserStage {
     state.upstreamChannels = this.hops.upstreamChannels;
     control.onJson((m) => {
       if (this.core.onMessage(m)) return;
-      if (m.t === 'signal') this.hops.onSignal(m as unknown as SignalFromPeer);
-      else if (m.t === 'relay-reply') this.hops.onRelayReply(m as unknown as RelayReply);
+      if (m.t === 'signal') this.hops.onSignal(m);
+      else if (m.t === 'relay-reply') this.hops.onRelayReply(m);
     });
   }
 

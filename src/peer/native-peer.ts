@@ -9,8 +9,8 @@ import { meshCacheDir } from '../cache-dir.ts';
 import { MeshError } from '../errors.ts';
 import type { ShardRange } from '../backends/types.ts';
 import type { WebGpuBackend } from '../backends/webgpu/backend.ts';
-import { parseJoinUrl } from '../protocol/control.ts';
-import type { PeerToServer, RelayReply } from '../protocol/control.ts';
+import { parseJoinUrl, parseServerMessage } from '../protocol/control.ts';
+import type { PeerToServer, ServerMessage } from '../protocol/control.ts';
 import { startFrameServer } from '../transport/frame-server.ts';
 import type { FrameServer } from '../transport/frame-server.ts';
 import { serveFrames } from '../transport/ws.ts';
@@ -125,8 +125,13 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   const { gone, closed } = watchControl(ws, base);
   ws.on('message', (data, isBinary) => {
     if (isBinary) return; // frames: serveFrames answers them
-    const m = JSON.parse(data.toString()) as { t: string };
-    if (!core.onMessage(m) && m.t === 'relay-reply') relay?.deliver(m as RelayReply);
+    let m: ServerMessage;
+    try {
+      m = parseServerMessage(data.toString());
+    } catch (e) {
+      return log(`ignored a control message from the server: ${(e as Error).message}`);
+    }
+    if (!core.onMessage(m) && m.t === 'relay-reply') relay?.deliver(m);
   });
   const joining = core.join(
     {
@@ -138,7 +143,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       units,
       ...(opts.name ? { name: opts.name } : {}),
       ...(opts.layers ? { layers: opts.layers } : {}),
-      ...(adapter ? { adapter } : {}),
+      ...(adapter ? { adapter: { ...adapter } } : {}),
     },
     gone,
   );

@@ -13,7 +13,7 @@ import type { Manifest } from '../gguf/verify.ts';
 import { parseManifest } from '../gguf/verify.ts';
 import { Sampler } from '../model/sampler.ts';
 import { helloProof } from '../protocol/control.ts';
-import type { PeerHello, PeerToServer, ServerToPeer } from '../protocol/control.ts';
+import type { PeerHello, PeerToServer, ServerMessage, ServerToPeer } from '../protocol/control.ts';
 import { headerFromWire } from '../protocol/header-wire.ts';
 import type { Frame } from '../protocol/frame.ts';
 import type { FrameLink } from '../transport/link.ts';
@@ -163,20 +163,21 @@ export class PeerCore {
   }
 
   /** A control message from the server; false for those the environment handles (signal, relay-reply). */
-  onMessage(m: ServerToPeer | { t: string }): boolean {
-    const msg = m as ServerToPeer;
+  onMessage(msg: ServerMessage): boolean {
     switch (msg.t) {
       case 'challenge': {
         const offer = this.joining?.offer;
-        if (offer) void helloProof(this.opts.secret, String(msg.nonce)).then((proof) => this.opts.send({ t: 'hello', proof, ...offer }));
+        if (offer) void helloProof(this.opts.secret, msg.nonce).then((proof) => this.opts.send({ t: 'hello', proof, ...offer }));
         return true;
       }
       case 'welcome':
-        this.peerId = String(msg.peerId);
+        this.peerId = msg.peerId;
         this.joining?.resolve(msg);
         return true;
       case 'error':
-        this.joining?.reject(MeshError.fromWire(String(msg.code), String(msg.message)));
+        // while joining, the refusal; later, the server telling why it dropped a message of ours
+        if (this.joining && !this.peerId) this.joining.reject(MeshError.fromWire(msg.code, msg.message));
+        else this.opts.log(`server: ${msg.code}: ${msg.message}`);
         return true;
       case 'assign':
         void this.assign(msg);

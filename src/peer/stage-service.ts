@@ -14,7 +14,8 @@ import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, decodeRows, hiddenFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame, withTimings } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import type { StageTiming } from '../route/telemetry.ts';
-import type { SamplerSettings, SessionOpenBody } from '../protocol/session.ts';
+import { parseSessionOpen } from '../protocol/session.ts';
+import type { SamplerSettings } from '../protocol/session.ts';
 
 export type TokenSampler = (logits: Float32Array) => number;
 export type SamplerFactory = (settings: SamplerSettings) => TokenSampler;
@@ -102,10 +103,7 @@ export class StageService {
   }
 
   private async open(f: Frame): Promise<Frame> {
-    const body = decodeJson<SessionOpenBody>(f.payload);
-    if (!Number.isInteger(body.contextLength) || body.contextLength < 1) {
-      throw new MeshError('BAD_REQUEST', `session open: contextLength must be a positive integer, got ${String(body.contextLength)}`);
-    }
+    const body = parseSessionOpen(decodeJson(f.payload));
     if (this.sessions.has(f.sessionId)) throw new MeshError('SESSION_EXISTS', `session ${f.sessionId} is already open`);
     await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
     const settings = body.sampler ?? {};

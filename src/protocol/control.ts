@@ -11,62 +11,167 @@
 //   server → peer  {t:'relay-reply', id, frame|error}  used when no data channel could open
 //   peer → server  {t:'telemetry', routeId, stage, …}  load progress, hop kind, frame counters
 
+import * as v from 'valibot';
 import { MeshError } from '../errors.ts';
-import type { ShardRange } from '../gguf/types.ts';
+import { count, finiteNumber, list, parseJsonText, plainObject, text, u32, validate } from './validate.ts';
 
-export interface PeerHello {
-  t: 'hello';
+// ---- schemas: every message either side reads is parsed against one of these first (unknown
+// fields are dropped, a missing or mistyped one is BAD_MESSAGE naming it)
+
+const shardRange = v.object({ start: u32, end: u32 });
+/** what a browser or Dawn adapter says about itself: a flat record of short values */
+const adapterInfo = v.pipe(
+  v.record(text(64), v.union([text(256), finiteNumber, v.boolean(), v.null(), list(text(64), 256)])),
+  v.check((o) => Object.keys(o).length <= 32, 'an adapter description has at most 32 fields'),
+);
+/** a shard unit name as the manifest has them: embed, layer.N, head, global */
+const unitName = v.pipe(v.string(), v.regex(/^(embed|head|global|layer\.\d{1,6})$/));
+const errorCode = v.pipe(v.string(), v.regex(/^[A-Z][A-Z0-9_]{0,63}$/));
+
+export const helloSchema = v.object({
+  t: v.literal('hello'),
   /** hex HMAC-SHA256(key = room secret, message = nonce) */
-  proof: string;
-  name?: string;
-  backend: string;
-  memoryBytes: number;
+  proof: v.pipe(v.string(), v.regex(/^[0-9a-f]{64}$/)),
+  name: v.optional(text(64)),
+  backend: text(32),
+  memoryBytes: count,
   /** where other stages reach this peer: ws://host:port/v1/frames (absent: not reachable) */
-  listen?: string;
+  listen: v.optional(v.pipe(text(512), v.regex(/^wss?:\/\//))),
   /** http://host:port for the binary HTTP protocol */
-  httpUrl?: string;
-  layers?: ShardRange;
-  /** browser peers: the artifact (sha256) whose shard units they hold verified, and those units */
-  artifact?: string;
-  units?: string[];
-  /** browser peers: the WebGPU adapter */
-  adapter?: unknown;
-}
+  httpUrl: v.optional(v.pipe(text(512), v.regex(/^https?:\/\//))),
+  layers: v.optional(shardRange),
+  /** the artifact (sha256) whose shard units the peer holds verified, and those units */
+  artifact: v.optional(v.pipe(v.string(), v.regex(/^[0-9a-f]{64}$/))),
+  units: v.optional(list(unitName, 100_000)),
+  /** the WebGPU adapter (browser peers, native peers on Dawn) */
+  adapter: v.optional(v.nullable(adapterInfo)),
+});
+export type PeerHello = v.InferOutput<typeof helloSchema>;
 
-export interface ModelBrief {
-  id: string;
-  /** where to read the GGUF (HTTP Range), with the room secret as a Bearer token */
-  url: string;
-  nLayer: number;
-  /** bytes of the whole artifact (all files of a split GGUF) */
-  fileBytes: number;
-  /** files of the artifact: 1, or the parts of a split GGUF (`url` names the first; the rest follow its name) */
-  files?: number;
-}
+const counters = v.object({
+  framesSent: count,
+  framesReceived: count,
+  messagesSent: count,
+  messagesReceived: count,
+  bytesSent: count,
+  bytesReceived: count,
+  sentByType: v.record(text(32), count),
+  receivedByType: v.record(text(32), count),
+  largestMessage: count,
+});
+/** Frames and bytes that crossed one carrier, by direction and frame type. */
+export type PipeCounters = v.InferOutput<typeof counters>;
 
-/** A STUN or TURN server as WebRTC's RTCIceServer takes it. */
-export interface IceServer {
-  urls: string;
-  username?: string;
-  credential?: string;
-}
+const hopKind = v.picklist(['webrtc', 'relay', 'none']);
+/** How a stage reaches its next stage. */
+export type HopKind = v.InferOutput<typeof hopKind>;
 
-export type ServerToPeer =
-  | { t: 'challenge'; nonce: string }
-  /** iceServers: for browser peers that meet across the internet (absent: none configured, fine on a LAN) */
-  | { t: 'welcome'; peerId: string; roomId: string; model: ModelBrief; iceServers?: IceServer[] }
-  | { t: 'assign'; routeId: number; stage: number; shard: ShardRange; nLayer: number; modelUrl: string; downstream: string | null; downstreamPeer?: string | null; upstreamPeer?: string | null }
-  | { t: 'release'; routeId: number }
-  | { t: 'error'; code: string; message: string };
+export const telemetrySchema = v.object({
+  t: v.literal('telemetry'),
+  routeId: u32,
+  stage: u32,
+  phase: v.picklist(['loading', 'ready', 'failed']),
+  load: v.optional(v.object({ doneBytes: count, totalBytes: count, fetchedBytes: count, cachedBytes: count })),
+  /** cached units reused / fetched, after loading */
+  cache: v.optional(v.object({ hit: list(unitName, 100_000), fetched: list(unitName, 100_000), error: v.nullable(text(512)) })),
+  /** to the next stage */
+  hop: v.optional(hopKind),
+  /** frames over the data channel to the next stage (upstream side) */
+  downstreamChannel: v.optional(v.nullable(counters)),
+  /** frames over data channels from previous stages (downstream side) */
+  upstreamChannels: v.optional(v.pipe(v.record(text(64), counters), v.check((o) => Object.keys(o).length <= 64, 'at most 64 channels'))),
+  /** frames relayed through the server to the next stage */
+  relayed: v.optional(v.object({ frames: count, bytes: count })),
+});
+export type PeerTelemetry = v.InferOutput<typeof telemetrySchema>;
 
-export type PeerToServer =
-  | PeerHello
-  | { t: 'ready'; routeId: number; stage: number; loadMs: number; bytesRead: number }
-  | { t: 'load-failed'; routeId: number; stage: number; code: string; message: string }
+/** The most bytes of one frame relayed as base64 through the server (the peer socket takes 64 MiB). */
+const MAX_RELAYED_BASE64 = 48 * 1024 * 1024;
+const base64 = (max: number) => v.pipe(v.string(), v.maxLength(max), v.regex(/^[A-Za-z0-9+/]*={0,2}$/));
+
+/** Every message a peer may send the server, by `t` (the fuzzer in test/hardening walks this). */
+export const PEER_MESSAGES = {
+  hello: helloSchema,
+  ready: v.object({ t: v.literal('ready'), routeId: u32, stage: u32, loadMs: v.pipe(finiteNumber, v.minValue(0)), bytesRead: count }),
+  'load-failed': v.object({ t: v.literal('load-failed'), routeId: u32, stage: u32, code: errorCode, message: text(4096) }),
   /** native peers while loading: verified shard bytes so far */
-  | { t: 'loading'; routeId: number; stage: number; bytesDone: number; bytesTotal: number }
-  /** browser peers (below): signal/relay are routed before this union is consulted */
-  | { t: 'telemetry'; routeId: number; stage: number; [k: string]: unknown };
+  loading: v.object({ t: v.literal('loading'), routeId: u32, stage: u32, bytesDone: count, bytesTotal: count }),
+  telemetry: telemetrySchema,
+  /** a simple-peer offer/answer/candidate for peer `to` (cid: one id per data channel attempt) */
+  signal: v.object({ t: v.literal('signal'), to: text(64), cid: text(64), signal: plainObject }),
+  /** a request frame (base64) for peer `to`'s stage, used when no data channel could open */
+  relay: v.object({ t: v.literal('relay'), to: text(64), id: u32, frame: base64(MAX_RELAYED_BASE64) }),
+} as const;
+
+export type PeerToServer = v.InferOutput<(typeof PEER_MESSAGES)['hello' | 'ready' | 'load-failed' | 'loading' | 'telemetry']>;
+export type SignalToPeer = v.InferOutput<(typeof PEER_MESSAGES)['signal']>;
+export type RelayRequest = v.InferOutput<(typeof PEER_MESSAGES)['relay']>;
+export type PeerMessage = PeerToServer | SignalToPeer | RelayRequest;
+
+const modelBrief = v.object({
+  id: text(256),
+  /** where to read the GGUF (HTTP Range), with the room secret as a Bearer token */
+  url: v.pipe(text(4096), v.regex(/^https?:\/\//)),
+  nLayer: u32,
+  /** bytes of the whole artifact (all files of a split GGUF) */
+  fileBytes: count,
+  /** files of the artifact: 1, or the parts of a split GGUF (`url` names the first; the rest follow its name) */
+  files: v.optional(u32),
+});
+export type ModelBrief = v.InferOutput<typeof modelBrief>;
+
+const iceServer = v.object({ urls: text(1024), username: v.optional(text(512)), credential: v.optional(text(512)) });
+/** A STUN or TURN server as WebRTC's RTCIceServer takes it. */
+export type IceServer = v.InferOutput<typeof iceServer>;
+const peerId = v.nullish(text(64));
+
+/** Every message the server may send a peer, by `t`. */
+export const SERVER_MESSAGES = {
+  challenge: v.object({ t: v.literal('challenge'), nonce: v.pipe(v.string(), v.regex(/^[0-9a-f]{16,128}$/)) }),
+  /** iceServers: for browser peers that meet across the internet (absent: none configured, fine on a LAN) */
+  welcome: v.object({ t: v.literal('welcome'), peerId: text(64), roomId: text(64), model: modelBrief, iceServers: v.optional(list(iceServer, 16)) }),
+  assign: v.object({
+    t: v.literal('assign'),
+    routeId: u32,
+    stage: u32,
+    shard: shardRange,
+    nLayer: u32,
+    modelUrl: v.pipe(text(4096), v.regex(/^https?:\/\//)),
+    downstream: v.nullable(v.pipe(text(512), v.regex(/^wss?:\/\//))),
+    downstreamPeer: peerId,
+    upstreamPeer: peerId,
+  }),
+  release: v.object({ t: v.literal('release'), routeId: u32 }),
+  error: v.object({ t: v.literal('error'), code: errorCode, message: text(4096) }),
+  signal: v.object({ t: v.literal('signal'), from: text(64), cid: text(64), signal: plainObject }),
+  'relay-reply': v.object({ t: v.literal('relay-reply'), id: u32, frame: v.optional(base64(MAX_RELAYED_BASE64)), error: v.optional(v.object({ code: errorCode, message: text(4096) })) }),
+} as const;
+
+export type ServerToPeer = v.InferOutput<(typeof SERVER_MESSAGES)['challenge' | 'welcome' | 'assign' | 'release' | 'error']>;
+export type SignalFromPeer = v.InferOutput<(typeof SERVER_MESSAGES)['signal']>;
+export type RelayReply = v.InferOutput<(typeof SERVER_MESSAGES)['relay-reply']>;
+export type ServerMessage = ServerToPeer | SignalFromPeer | RelayReply;
+
+/** Largest control message text (characters); relayed frames make the largest ones. */
+export const MAX_CONTROL_TEXT = MAX_RELAYED_BASE64 + 4096;
+
+function parseBy<T>(table: Record<string, v.GenericSchema<unknown, unknown>>, input: unknown, side: string): T {
+  if (typeof input !== 'object' || input === null || Array.isArray(input)) throw new MeshError('BAD_MESSAGE', `${side} control message: expected an object, got ${input === null ? 'null' : Array.isArray(input) ? 'an array' : typeof input}`, { field: '(whole)' });
+  const t = (input as { t?: unknown }).t;
+  const schema = typeof t === 'string' && Object.hasOwn(table, t) ? table[t] : undefined;
+  if (!schema) throw new MeshError('BAD_MESSAGE', `${side} control message: unknown type t=${JSON.stringify(t)?.slice(0, 40)} (known: ${Object.keys(table).join(', ')})`, { field: 't' });
+  return validate(schema, input, `${side} control message '${t as string}'`) as T;
+}
+
+/** A peer's control message (JSON text, or already parsed), checked against its schema. */
+export function parsePeerMessage(input: string | unknown, maxChars = MAX_CONTROL_TEXT): PeerMessage {
+  return parseBy(PEER_MESSAGES, typeof input === 'string' ? parseJsonText(input, maxChars, 'peer control message') : input, 'peer');
+}
+
+/** A server's control message (JSON text, or already parsed), checked against its schema. */
+export function parseServerMessage(input: string | unknown): ServerMessage {
+  return parseBy(SERVER_MESSAGES, typeof input === 'string' ? parseJsonText(input, MAX_CONTROL_TEXT, 'server control message') : input, 'server');
+}
 
 /** hex HMAC-SHA256(key = room secret, message = nonce): what a peer's hello proves the secret with. */
 export async function helloProof(secret: string, nonce: string): Promise<string> {
@@ -109,76 +214,8 @@ export function parseJoinUrl(url: string): { base: string; roomId: string; secre
   return { base: `${u.protocol}//${u.host}`, roomId: m[1]!, secret: params.get('secret'), params };
 }
 
-// ---- browser peers' messages
-
-export interface SignalToPeer {
-  t: 'signal';
-  to: string;
-  /** connection id chosen by the offering side: one per data channel attempt */
-  cid: string;
-  signal: unknown;
-}
-
-export interface SignalFromPeer {
-  t: 'signal';
-  from: string;
-  cid: string;
-  signal: unknown;
-}
-
-export interface RelayRequest {
-  t: 'relay';
-  to: string;
-  id: number;
-  /** base64 of one encoded frame */
-  frame: string;
-}
-
-export interface RelayReply {
-  t: 'relay-reply';
-  id: number;
-  frame?: string;
-  error?: { code: string; message: string };
-}
-
-/** Frames and bytes that crossed one carrier, by direction and frame type. */
-export interface PipeCounters {
-  framesSent: number;
-  framesReceived: number;
-  messagesSent: number;
-  messagesReceived: number;
-  bytesSent: number;
-  bytesReceived: number;
-  /** frames by type name, both directions */
-  sentByType: Record<string, number>;
-  receivedByType: Record<string, number>;
-  /** largest message handed to the carrier (bytes) */
-  largestMessage: number;
-}
-
 export function newCounters(): PipeCounters {
   return { framesSent: 0, framesReceived: 0, messagesSent: 0, messagesReceived: 0, bytesSent: 0, bytesReceived: 0, sentByType: {}, receivedByType: {}, largestMessage: 0 };
-}
-
-/** How a stage reaches its next stage. */
-export type HopKind = 'webrtc' | 'relay' | 'none';
-
-export interface PeerTelemetry {
-  t: 'telemetry';
-  routeId: number;
-  stage: number;
-  phase: 'loading' | 'ready' | 'failed';
-  load?: { doneBytes: number; totalBytes: number; fetchedBytes: number; cachedBytes: number };
-  /** cached units reused / fetched, after loading */
-  cache?: { hit: string[]; fetched: string[]; error: string | null };
-  /** to the next stage */
-  hop?: HopKind;
-  /** frames over the data channel to the next stage (upstream side) */
-  downstreamChannel?: PipeCounters | null;
-  /** frames over data channels from previous stages (downstream side) */
-  upstreamChannels?: Record<string, PipeCounters>;
-  /** frames relayed through the server to the next stage */
-  relayed?: { frames: number; bytes: number };
 }
 
 export function toBase64(bytes: Uint8Array): string {

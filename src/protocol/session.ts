@@ -2,22 +2,35 @@
 // a SessionOpen frame's JSON body, the server's session manager and every stage read it back.
 // Session ids are 128 random bits, hex, as the frame header carries them.
 
-/** Sampling on the last stage; absent or temperature 0 is greedy. */
-export interface SamplerSettings {
-  temperature?: number;
-  topK?: number;
-  topP?: number;
-  seed?: number;
-}
+import * as v from 'valibot';
+import { count, validate } from './validate.ts';
 
-/** Body of a SessionOpen frame. */
-export interface SessionOpenBody {
-  contextLength: number;
-  sampler?: SamplerSettings;
+/** The largest context a session may declare; the route's model caps it further. */
+export const MAX_CONTEXT_LENGTH = 1 << 24;
+
+const samplerSchema = v.object({
+  temperature: v.optional(v.pipe(v.number(), v.finite(), v.minValue(0), v.maxValue(100))),
+  topK: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(1 << 24))),
+  topP: v.optional(v.pipe(v.number(), v.finite(), v.minValue(0), v.maxValue(1))),
+  seed: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(0xffffffff))),
+});
+/** Sampling on the last stage; absent or temperature 0 is greedy. */
+export type SamplerSettings = v.InferOutput<typeof samplerSchema>;
+
+export const sessionOpenSchema = v.object({
+  contextLength: v.pipe(v.number(), v.integer(), v.minValue(1), v.maxValue(MAX_CONTEXT_LENGTH)),
+  sampler: v.optional(samplerSchema),
   /** how hidden states travel between stages (default f16) */
-  hiddenDtype?: 'f16' | 'f32';
+  hiddenDtype: v.optional(v.picklist(['f16', 'f32'])),
   /** prompt tokens the client will prefill, for progress reports */
-  promptLength?: number;
+  promptLength: v.optional(count),
+});
+/** Body of a SessionOpen frame. */
+export type SessionOpenBody = v.InferOutput<typeof sessionOpenSchema>;
+
+/** A SessionOpen frame's JSON body, checked: BAD_REQUEST naming the field. */
+export function parseSessionOpen(body: unknown): SessionOpenBody {
+  return validate(sessionOpenSchema, body, 'session open', 'BAD_REQUEST');
 }
 
 /** A fresh 128-bit session id in hex (crypto.getRandomValues: Node and browsers alike). */

@@ -11,6 +11,7 @@ import { decodeJson, jsonFrame, replyAddress } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
+import { parseSessionOpen } from '../protocol/session.ts';
 import type { SessionOpenBody } from '../protocol/session.ts';
 import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
 
@@ -117,7 +118,7 @@ export class SessionManager {
   async handle(f: Frame, owner?: unknown): Promise<Frame> {
     switch (f.type) {
       case FrameType.SessionOpen: {
-        const body = decodeJson<SessionOpenBody>(f.payload);
+        const body = parseSessionOpen(decodeJson(f.payload));
         await this.open(f.routeId, f.sessionId, body, owner);
         return jsonFrame(FrameType.Status, replyAddress(f), this.brief(f.sessionId));
       }
