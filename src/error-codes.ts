@@ -121,7 +121,7 @@ const PROTOCOL = {
   FRAME_BAD_RESERVED: { status: 400, meaning: 'the reserved header bytes are not zero' },
   FRAME_BAD_LENGTH: { status: 400, meaning: 'the payload length exceeds the limit or does not match count × width × size' },
   FRAME_BAD_PAYLOAD: { status: 400, meaning: 'a JSON payload is not UTF-8 JSON' },
-  FRAME_TOO_MANY_TOKENS: { status: 413, meaning: 'a Prefill or Hidden frame carries more tokens than the receiver takes in one frame (send smaller chunks)' },
+  FRAME_TOO_MANY_TOKENS: { status: 400, meaning: 'a Prefill or Hidden frame carries more tokens than the receiver takes in one frame (send smaller chunks)' },
   FRAME_TRUNCATED: { status: 400, meaning: 'the stream ended inside a frame' },
   FRAME_DECODE_FAILED: { status: 400, meaning: 'the frame decoder failed on earlier bytes and accepts no more' },
   FRAME_SESSION_MISMATCH: { status: 400, meaning: "the frame's session id is not the one the HTTP path names" },

@@ -19,7 +19,7 @@ import type { Frame } from '../protocol/frame.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { fetchJson } from '../transport/server-json.ts';
 import { StageService } from './stage-service.ts';
-import type { SamplerFactory } from './stage-service.ts';
+import type { SamplerFactory, StageServiceOptions } from './stage-service.ts';
 
 export type Assignment = Extract<ServerToPeer, { t: 'assign' }>;
 export type Welcome = Extract<ServerToPeer, { t: 'welcome' }>;
@@ -88,10 +88,14 @@ export interface StageLoad {
   detail: string;
 }
 
+/** A stage's limits, as a peer's operator sets them (defaults: STAGE_LIMITS). */
+export type StageLimits = Partial<Pick<StageServiceOptions, 'chunkTokens' | 'maxFrameTokens' | 'maxSessions' | 'idleTtlMs'>>;
+
 export interface PeerCoreOptions {
   secret: string;
   send: (m: PeerToServer) => void;
   log: (line: string) => void;
+  limits?: StageLimits;
   /** loads the assigned shard into a backend and links it to the next stage */
   loadStage: (ctx: LoadContext) => Promise<StageLoad>;
   /** told as an assignment arrives, before the previous stage is released */
@@ -208,7 +212,7 @@ export class PeerCore {
       await this.releaseStage();
       const load = await this.opts.loadStage(ctx);
       if (!ctx.current) return void (await kept.undo());
-      const service = new StageService({ backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: load.downstream, samplerFactory: stageSampler });
+      const service = new StageService({ ...this.opts.limits, backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: load.downstream, samplerFactory: stageSampler });
       this.serving = { assignment: a, service, kept };
       this.opts.onReady?.(a, load);
       this.opts.log(`stage ${a.stage} of route ${a.routeId}: layers ${a.shard.start}-${a.shard.end} ready (${load.detail})`);

@@ -13,11 +13,13 @@ import { DType, FrameFlag, FrameType, HEADER_BYTES } from '../protocol/frame.ts'
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, decodeRows, hiddenFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame, withTimings } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
+import { ComputeQueue } from './compute-queue.ts';
 import type { StageTiming } from '../route/telemetry.ts';
 import { parseSessionOpen } from '../protocol/session.ts';
 import type { SamplerSettings } from '../protocol/session.ts';
 
 export type TokenSampler = (logits: Float32Array) => number;
+type StageInput = Parameters<StageBackend['forward']>[1];
 export type SamplerFactory = (settings: SamplerSettings) => TokenSampler;
 
 
@@ -36,7 +38,21 @@ export interface StageServiceOptions {
   /** the next stage, or null on the last stage */
   downstream: FrameLink | null;
   samplerFactory?: SamplerFactory;
+  /** a frame of more tokens is computed in chunks of this many, other sessions' steps between them (default 64) */
+  chunkTokens?: number;
+  /** most tokens one Prefill or Hidden frame may carry (default 512) */
+  maxFrameTokens?: number;
+  /** most sessions open on this stage at once (default 64) */
+  maxSessions?: number;
+  /** a session with no frame for this long is released (ms, default 15 min: above the server's 5) */
+  idleTtlMs?: number;
 }
+
+/** How long a just-opened session's first frame is waited for before long prompts go on (ms): a round trip through the server. */
+const NEW_SESSION_HOLD_MS = 50;
+
+/** Defaults of the stage's limits (docs/ARCHITECTURE.md lists them). */
+export const STAGE_LIMITS = { chunkTokens: 64, maxFrameTokens: 512, maxSessions: 64, idleTtlMs: 15 * 60_000 };
 
 interface StageSession {
   sample: TokenSampler | null;
@@ -45,6 +61,17 @@ interface StageSession {
   timing: { steps: number; computeMs: number; downstreamMs: number; handleMs: number; bytesIn: number; bytesOut: number };
   /** the first failure of a pipelined prefill chunk downstream, reported on the next frame */
   pipelineError: MeshError | null;
+  /** performance.now() of the session's last frame, for expiry */
+  lastUsed: number;
+}
+
+/** What one frame's compute adds up to (over its chunks), for the timing trailer. */
+interface StepCost {
+  computeMs: number;
+  downstreamMs: number;
+  bytesOut: number;
+  /** waiting in the compute queue behind other sessions' work */
+  queueMs: number;
 }
 
 export class StageService {
@@ -56,7 +83,18 @@ export class StageService {
   wireBytesOut = 0;
   framesOut = 0;
 
-  constructor(private readonly opts: StageServiceOptions) {}
+  private readonly queue = new ComputeQueue();
+  private readonly limits: typeof STAGE_LIMITS;
+  private sweeper: ReturnType<typeof setInterval> | null = null;
+
+  constructor(private readonly opts: StageServiceOptions) {
+    this.limits = {
+      chunkTokens: opts.chunkTokens ?? STAGE_LIMITS.chunkTokens,
+      maxFrameTokens: opts.maxFrameTokens ?? STAGE_LIMITS.maxFrameTokens,
+      maxSessions: opts.maxSessions ?? STAGE_LIMITS.maxSessions,
+      idleTtlMs: opts.idleTtlMs ?? STAGE_LIMITS.idleTtlMs,
+    };
+  }
 
   get isFirst(): boolean {
     return this.opts.shard.start === 0;
@@ -91,9 +129,11 @@ export class StageService {
         return jsonFrame(FrameType.Status, replyAddress(f), f.sessionId === '0'.repeat(32) ? this.status() : this.sessionStatus(f.sessionId));
       case FrameType.Prefill:
       case FrameType.Decode:
+        this.checkFrameTokens(f);
         if (!this.isFirst) throw new MeshError('STAGE_INPUT_KIND', `stage ${this.opts.stage} takes hidden states, not token ids`);
         return this.compute(f, { kind: 'tokens', tokens: decodeI32(f.payload) });
       case FrameType.Hidden:
+        this.checkFrameTokens(f);
         if (this.isFirst) throw new MeshError('STAGE_INPUT_KIND', 'stage 0 takes token ids, not hidden states');
         this.bytesIn += f.payload.byteLength;
         return this.compute(f, { kind: 'hidden', hidden: decodeRows(f.payload, f.dtype), nTokens: f.nTokens });
@@ -102,10 +142,21 @@ export class StageService {
     }
   }
 
+  private checkFrameTokens(f: Frame): void {
+    if (f.nTokens > this.limits.maxFrameTokens) {
+      throw new MeshError('FRAME_TOO_MANY_TOKENS', `frame token count: ${f.nTokens} tokens in one frame, this stage takes at most ${this.limits.maxFrameTokens}`, { field: 'token count', limit: this.limits.maxFrameTokens });
+    }
+  }
+
   private async open(f: Frame): Promise<Frame> {
     const body = parseSessionOpen(decodeJson(f.payload));
     if (this.sessions.has(f.sessionId)) throw new MeshError('SESSION_EXISTS', `session ${f.sessionId} is already open`);
+    if (this.sessions.size >= this.limits.maxSessions) throw new MeshError('SESSION_LIMIT', `stage ${this.opts.stage} holds ${this.sessions.size} sessions, its limit`, { limit: this.limits.maxSessions, retryAfterS: 1 });
+    this.sweeper ??= setInterval(() => void this.expireIdle(), Math.min(60_000, this.limits.idleTtlMs / 4));
+    this.sweeper.unref?.();
     await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
+    // its first frame follows at once: give it the next turn over other sessions' long prompts
+    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
     const settings = body.sampler ?? {};
     const greedy = !settings.temperature;
     this.sessions.set(f.sessionId, {
@@ -114,14 +165,29 @@ export class StageService {
       hiddenDtype: body.hiddenDtype === 'f32' ? DType.F32 : DType.F16,
       timing: { steps: 0, computeMs: 0, downstreamMs: 0, handleMs: 0, bytesIn: 0, bytesOut: 0 },
       pipelineError: null,
+      lastUsed: performance.now(),
     });
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'open', position: 0 });
   }
 
   private async close(f: Frame): Promise<Frame> {
-    if (!this.sessions.delete(f.sessionId)) throw new MeshError('SESSION_UNKNOWN', `frame session id: session ${f.sessionId} is not open on stage ${this.opts.stage}`, { field: 'session id' });
-    await this.opts.backend.releaseSession(f.sessionId);
+    if (!this.sessions.has(f.sessionId)) throw new MeshError('SESSION_UNKNOWN', `frame session id: session ${f.sessionId} is not open on stage ${this.opts.stage}`, { field: 'session id' });
+    await this.release(f.sessionId, 'closed');
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'closed' });
+  }
+
+  /** Forgets a session: its queued chunks are dropped, the one computing finishes, then its KV is freed. */
+  private async release(sessionId: string, why: string): Promise<void> {
+    this.sessions.delete(sessionId);
+    await this.queue.cancel(sessionId, new MeshError('SESSION_CLOSED', `session ${sessionId} was ${why} on stage ${this.opts.stage}`));
+    await this.opts.backend.releaseSession(sessionId);
+  }
+
+  private async expireIdle(): Promise<void> {
+    const now = performance.now();
+    for (const [id, s] of [...this.sessions]) {
+      if (now - s.lastUsed >= this.limits.idleTtlMs) await this.release(id, 'expired (idle)').catch(() => undefined);
+    }
   }
 
   private session(id: string): StageSession {
@@ -130,17 +196,18 @@ export class StageService {
     return s;
   }
 
-  private async compute(f: Frame, input: Parameters<StageBackend['forward']>[1]): Promise<Frame> {
+  private async compute(f: Frame, input: StageInput): Promise<Frame> {
     const s = this.session(f.sessionId);
     const started = performance.now();
+    s.lastUsed = started;
     const timing = s.timing;
     timing.steps++;
     const bytesIn = f.type === FrameType.Hidden ? HEADER_BYTES + f.payload.byteLength : 0;
     timing.bytesIn += bytesIn;
-    const step = { computeMs: 0, downstreamMs: 0, bytesOut: 0 };
+    const step: StepCost = { computeMs: 0, downstreamMs: 0, bytesOut: 0, queueMs: 0 };
     let reply: Frame;
     try {
-      reply = await this.computeStep(f, s, input, step);
+      reply = f.nTokens > this.limits.chunkTokens ? await this.computeChunks(f, s, input, step) : await this.computeStep(f, s, input, step);
     } finally {
       timing.handleMs += performance.now() - started;
     }
@@ -154,7 +221,7 @@ export class StageService {
         computeUs: step.computeMs * 1000,
         downstreamUs: step.downstreamMs * 1000,
         handleUs: (performance.now() - arrived) * 1000,
-        queueUs: (started - arrived) * 1000,
+        queueUs: (started - arrived + step.queueMs) * 1000,
         bytesIn,
         bytesOut: step.bytesOut,
       },
@@ -168,11 +235,33 @@ export class StageService {
     return new MeshError(code, `stage ${this.opts.stage + 1} (${next.remote}): ${(e as Error).message}`, { stage: this.opts.stage + 1 });
   }
 
-  private async computeStep(f: Frame, s: StageSession, input: Parameters<StageBackend['forward']>[1], step: { computeMs: number; downstreamMs: number; bytesOut: number }): Promise<Frame> {
+  /**
+   * A frame of more than `chunkTokens` tokens, computed chunk by chunk: each chunk waits its turn
+   * in the compute queue (so other sessions' decode steps run between them) and goes on to the
+   * next stage as soon as it is done; only the last one carries the frame's Sample/WantLogits.
+   */
+  private async computeChunks(f: Frame, s: StageSession, input: StageInput, step: StepCost): Promise<Frame> {
+    const chunk = this.limits.chunkTokens;
+    let reply: Frame | null = null;
+    for (let at = 0; at < f.nTokens; at += chunk) {
+      const n = Math.min(chunk, f.nTokens - at);
+      const last = at + n >= f.nTokens;
+      const sub: Frame = { ...f, position: f.position + at, nTokens: n, flags: last ? f.flags : f.flags & ~(FrameFlag.Sample | FrameFlag.WantLogits) };
+      const width = input.kind === 'hidden' ? input.hidden.length / input.nTokens : 1;
+      const part: StageInput = input.kind === 'tokens' ? { kind: 'tokens', tokens: input.tokens.subarray(at, at + n) } : { kind: 'hidden', hidden: input.hidden.subarray(at * width, (at + n) * width), nTokens: n };
+      reply = await this.computeStep(sub, s, part, step);
+    }
+    return reply!;
+  }
+
+  private async computeStep(f: Frame, s: StageSession, input: StageInput, step: StepCost): Promise<Frame> {
     if (s.pipelineError) throw s.pipelineError;
-    const { output, computeMs } = await this.opts.backend.forward(f.sessionId, input, f.position);
+    if (!this.sessions.has(f.sessionId)) throw new MeshError('SESSION_CLOSED', `session ${f.sessionId} was closed on stage ${this.opts.stage}`);
+    const turn = await this.queue.run(f.sessionId, f.nTokens === 1 ? 'decode' : 'prefill', () => this.opts.backend.forward(f.sessionId, input, f.position));
+    const { output, computeMs } = turn.value;
+    step.queueMs += turn.waitedMs;
     s.timing.computeMs += computeMs;
-    step.computeMs = computeMs;
+    step.computeMs += computeMs;
     const sampleNow = f.type === FrameType.Decode || (f.flags & FrameFlag.Sample) !== 0;
     if (output.kind === 'hidden') {
       const next = this.opts.downstream;
@@ -183,7 +272,7 @@ export class StageService {
       this.wireBytesOut += HEADER_BYTES + out.payload.byteLength;
       this.framesOut++;
       s.timing.bytesOut += HEADER_BYTES + out.payload.byteLength;
-      step.bytesOut = HEADER_BYTES + out.payload.byteLength;
+      step.bytesOut += HEADER_BYTES + out.payload.byteLength;
       const sent = performance.now();
       if (!sampleNow && !(f.flags & FrameFlag.WantLogits)) {
         // a prefill chunk nobody waits on: pass it on and answer at once, so this stage
@@ -201,8 +290,9 @@ export class StageService {
         // an earlier pipelined chunk's failure explains this one best
         throw s.pipelineError ?? this.downstreamError(e, next);
       } finally {
-        step.downstreamMs = performance.now() - sent;
-        s.timing.downstreamMs += step.downstreamMs;
+        const ms = performance.now() - sent;
+        step.downstreamMs += ms;
+        s.timing.downstreamMs += ms;
       }
     }
     const nextPosition = f.position + f.nTokens;
@@ -241,10 +331,9 @@ export class StageService {
 
   /** Frees every session (the stage is leaving the route). */
   async releaseAll(): Promise<void> {
-    for (const id of [...this.sessions.keys()]) {
-      this.sessions.delete(id);
-      await this.opts.backend.releaseSession(id).catch(() => undefined);
-    }
+    if (this.sweeper) clearInterval(this.sweeper);
+    this.sweeper = null;
+    for (const id of [...this.sessions.keys()]) await this.release(id, 'released').catch(() => undefined);
   }
 
   get openSessions(): number {

@@ -24,6 +24,8 @@ export interface RouteHandle {
   stageLinks(): Array<FrameLink | null>;
   /** who serves each stage, for status and error messages */
   stagePeers(): string[];
+  /** the most positions a session may declare (the model's context), when known */
+  readonly contextLimit?: number | undefined;
 }
 
 export interface SessionInfo {
@@ -46,6 +48,8 @@ interface Session {
   generated: number;
   /** the owner's handle (a client connection), so a disconnect can cancel its sessions */
   owner: unknown;
+  /** who opened it (an API key's id), for per-client limits and who may see or close it */
+  principal: string | null;
   /** prompt tokens the client announced, for progress */
   promptLength: number | null;
   /** called once when the session fails (a step waiting to learn why) */
@@ -60,7 +64,16 @@ export interface SessionManagerOptions {
   /** finished sessions kept for status queries */
   keepFinished?: number;
   onChange?: (sessionId: string, state: SessionState) => void;
+  /** most tokens a Prefill frame may carry (default 512) */
+  maxFrameTokens?: number;
+  /** most live sessions one client (a connection, or a principal when known) may hold (default 16) */
+  maxSessionsPerClient?: number;
+  /** most live sessions on one route (default 64, the stages' own default) */
+  maxSessionsPerRoute?: number;
 }
+
+/** Defaults of the session manager's limits (docs/ARCHITECTURE.md lists them). */
+export const SESSION_LIMITS = { maxFrameTokens: 512, maxSessionsPerClient: 16, maxSessionsPerRoute: 64 };
 
 /** Step errors that a stage leaving causes downstream of the news: the hop to it broke, or a stage before it already dropped the session. */
 const LOSS_SYMPTOMS = new Set(['STAGE_UNREACHABLE', 'SESSION_UNKNOWN', 'LINK_CLOSED', 'LINK_FAILED']);
@@ -115,11 +128,11 @@ export class SessionManager {
   }
 
   /** Answers a client's frame (open, prefill, decode, close, status). */
-  async handle(f: Frame, owner?: unknown): Promise<Frame> {
+  async handle(f: Frame, owner?: unknown, principal: string | null = null): Promise<Frame> {
     switch (f.type) {
       case FrameType.SessionOpen: {
         const body = parseSessionOpen(decodeJson(f.payload));
-        await this.open(f.routeId, f.sessionId, body, owner);
+        await this.open(f.routeId, f.sessionId, body, owner, principal);
         return jsonFrame(FrameType.Status, replyAddress(f), this.brief(f.sessionId));
       }
       case FrameType.Prefill:
@@ -135,12 +148,16 @@ export class SessionManager {
     }
   }
 
-  async open(routeId: number, sessionId: string, body: SessionOpenBody, owner?: unknown): Promise<void> {
+  async open(routeId: number, sessionId: string, body: SessionOpenBody, owner?: unknown, principal: string | null = null): Promise<void> {
     const route = this.resolveRoute(routeId);
     if (!route) throw new MeshError('ROUTE_UNKNOWN', `no ready route ${routeId}`);
     if (this.sessions.has(sessionId)) throw new MeshError('SESSION_EXISTS', `session ${sessionId} already exists`);
     if (/^0+$/.test(sessionId)) throw new MeshError('FRAME_BAD_SESSION', 'frame session id: the all-zero id is reserved', { field: 'session id' });
-    const s: Session = { life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, promptLength: body.promptLength ?? null, onFail: new Set() };
+    this.checkSessionLimits(route, owner, principal);
+    if (route.contextLimit !== undefined && body.contextLength > route.contextLimit) {
+      throw new MeshError('BAD_REQUEST', `session open: contextLength ${body.contextLength} exceeds the model's context of ${route.contextLimit}`, { field: 'contextLength', limit: route.contextLimit });
+    }
+    const s: Session = { life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, principal, promptLength: body.promptLength ?? null, onFail: new Set() };
     this.sessions.set(sessionId, s);
     this.prune();
     this.opts.onChange?.(sessionId, 'opening');
@@ -159,8 +176,25 @@ export class SessionManager {
     this.move(s, 'idle');
   }
 
+  /** SESSION_LIMIT (429) when the client or the route holds as many live sessions as it may. */
+  private checkSessionLimits(route: RouteHandle, owner: unknown, principal: string | null): void {
+    const perClient = this.opts.maxSessionsPerClient ?? SESSION_LIMITS.maxSessionsPerClient;
+    const perRoute = this.opts.maxSessionsPerRoute ?? SESSION_LIMITS.maxSessionsPerRoute;
+    let mine = 0;
+    let onRoute = 0;
+    for (const x of this.sessions.values()) {
+      if (isTerminal(x.life.state)) continue;
+      if (x.route.id === route.id) onRoute++;
+      if (principal !== null ? x.principal === principal : owner !== undefined && x.owner === owner) mine++;
+    }
+    if (mine >= perClient) throw new MeshError('SESSION_LIMIT', `this client holds ${mine} live sessions, its limit; close one first`, { limit: perClient, retryAfterS: 1 });
+    if (onRoute >= perRoute) throw new MeshError('SESSION_LIMIT', `route ${route.id} runs ${onRoute} sessions, its limit`, { limit: perRoute, retryAfterS: 1 });
+  }
+
   /** Sends a prefill chunk or decode step into stage 0 and returns stage n−1's answer. */
   private async step(f: Frame): Promise<Frame> {
+    const maxTokens = this.opts.maxFrameTokens ?? SESSION_LIMITS.maxFrameTokens;
+    if (f.nTokens > maxTokens) throw new MeshError('FRAME_TOO_MANY_TOKENS', `frame token count: ${f.nTokens} tokens in one frame, at most ${maxTokens} (send the prompt in chunks)`, { field: 'token count', limit: maxTokens });
     const s = this.get(f.sessionId);
     if (f.routeId !== s.route.id) throw new MeshError('FRAME_BAD_ROUTE', `frame route id: session ${f.sessionId} runs on route ${s.route.id}, not ${f.routeId}`, { field: 'route id' });
     if (f.type === FrameType.Decode && s.position === 0) throw new MeshError('SESSION_BAD_STATE', `session ${f.sessionId}: decode before any prefill`);
@@ -257,6 +291,11 @@ export class SessionManager {
       failure: s.life.failure,
       history: [...s.life.history],
     };
+  }
+
+  /** Who opened the session (its principal), null when not known; SESSION_UNKNOWN when there is none. */
+  principalOf(sessionId: string): string | null {
+    return this.get(sessionId).principal;
   }
 
   state(sessionId: string): SessionState | undefined {
