@@ -21,6 +21,7 @@ import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { LocalLink } from '../src/transport/link.ts';
 import { readJsonBody, sendJson } from '../src/transport/http.ts';
 import { list, text, validate } from '../src/protocol/validate.ts';
+import type { AdmissionGate } from './admission.ts';
 import type { Room } from './room.ts';
 
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
@@ -48,6 +49,10 @@ type CompletionBody = v.InferOutput<typeof completionSchema>;
 
 export interface OpenAiContext {
   sessions: SessionManager;
+  /** admission control: beyond its queue, 429 QUEUE_FULL with Retry-After */
+  gate: AdmissionGate;
+  /** who is asking (an API key's id), the owner of the session it opens */
+  principal?: string | null;
 }
 
 const tokenizers = new WeakMap<Room, Tokenizer>();
@@ -133,10 +138,15 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
   if (req.method !== 'POST' || (!chat && path !== '/v1/completions')) return false;
   let streaming = false;
   let stopLoading: (() => void) | null = null;
+  let leave: (() => void) | null = null;
   try {
     const body = await readCompletionBody(req);
     const room = pickRoom(body, allowed);
     const { tokenizer, promptTokens, maxTokens, temperature, topP, seed, stop } = generationRequest(room, body, chat);
+    // a turn among the running generations, or a place in the bounded queue, or 429 now
+    const queued = new AbortController();
+    res.once('close', () => queued.abort());
+    leave = await ctx.gate.enter(queued.signal);
     const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomBytes(12).toString('hex')}`;
     const created = Math.floor(Date.now() / 1000);
     const model = room.model.id;
@@ -144,8 +154,12 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     const finish = (r: RouteGenerationResult) => (r.stopReason === 'max_tokens' || r.stopReason === 'context_full' ? 'length' : 'stop');
     const abort = new AbortController();
     let sessionId: string | null = null;
+    // a client that goes away cancels its session on every stage at once, mid-prefill too:
+    // each stage drops its queued chunks and stops after the one computing
     res.on('close', () => {
-      if (!res.writableFinished) abort.abort();
+      if (res.writableFinished) return;
+      abort.abort();
+      void ctx.sessions.ownerGone(req);
     });
 
     const chunk = (delta: Record<string, unknown> | string, finishReason: string | null, extra: Record<string, unknown> = {}): unknown =>
@@ -181,7 +195,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     stopLoading = null;
     const route = room.route!;
     progress({ type: 'route_planned', routeId: route.id, stages: route.stages.map((s) => ({ stage: s.stage, peerId: s.peerId, start: s.shard.start, end: s.shard.end })) });
-    const link = new LocalLink((f) => ctx.sessions.handle(f, req));
+    const link = new LocalLink((f) => ctx.sessions.handle(f, req, ctx.principal ?? null));
     let unsubscribe: (() => void) | null = null;
     let firstToken = false;
     let lastStep: TelemetryEvent | null = null;
@@ -232,6 +246,8 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
       }
     } else if (!res.headersSent) openAiError(res, err);
     else res.destroy();
+  } finally {
+    (leave as (() => void) | null)?.();
   }
   return true;
 }

@@ -16,6 +16,9 @@ import type { FrameLink } from '../src/transport/link.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
 
+/** Replies from a peer's stage to the server (status, tokens, logits) are small: what reassembly may hold. */
+const PEER_REPLY_REASSEMBLY = { maxPendingBytes: 32 * 1024 * 1024, maxAgeMs: 30_000 };
+
 export type RouteStatus = 'forming' | 'loading' | 'ready' | 'degraded' | 'closed';
 
 export interface Peer {
@@ -54,6 +57,8 @@ export interface ModelArtifact {
   nLayer: number;
   /** files of the artifact (a split GGUF has several; peers derive their URLs from modelUrl's name) */
   files: number;
+  /** the model's training context: no session declares more */
+  contextLength?: number;
 }
 
 export class Route implements RouteHandle {
@@ -76,6 +81,10 @@ export class Route implements RouteHandle {
     this.history.push(s);
     this.room.log(`route ${this.id}: ${s}${reason ? ` (${reason})` : ''}`);
     this.room.emit({ type: 'route_status', routeId: this.id, status: s, reason });
+  }
+
+  get contextLimit(): number | undefined {
+    return this.room.model.contextLength;
   }
 
   entry(): FrameLink {
@@ -161,7 +170,7 @@ export class Room {
 
   addPeer(hello: PeerHello, ws: WebSocket): Peer {
     const id = `${hello.name ? hello.name.replace(/[^A-Za-z0-9_.-]/g, '').slice(0, 24) + '-' : 'peer-'}${++this.peerCounter}${randomBytes(2).toString('hex')}`;
-    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`), joinedAt: Date.now(), gone: false };
+    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`, { reassembly: PEER_REPLY_REASSEMBLY }), joinedAt: Date.now(), gone: false };
     this.peers.set(id, peer);
     this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}`);
     const ice = this.opts.iceServers?.length ? { iceServers: this.opts.iceServers } : {};

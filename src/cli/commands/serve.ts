@@ -25,12 +25,19 @@ function interfaceAddresses(): string[] {
 export const command: Command = {
   name: 'serve',
   summary: 'run the signaling server: host models, open a room per model, plan routes over joining peers',
-  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S] [--ice-server <url> …] [--ui dist|dev|off]',
+  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S | --join-secret J --api-key K … --admin-secret A] [--ice-server <url> …] [--ui dist|dev|off]',
   options: {
     host: { type: 'string', description: 'interface to bind', default: '127.0.0.1', valueName: '<host>' },
     port: { type: 'string', description: 'TCP port (0 = any free port)', default: '8080', valueName: '<port>' },
     model: { type: 'string', multiple: true, description: 'GGUF path or URL; one room each (repeatable; a split GGUF: name its first part, e.g. m-00001-of-00003.gguf)', valueName: '<path|url>' },
-    secret: { type: 'string', description: 'room secret (default: random per room)', valueName: '<secret>' },
+    secret: { type: 'string', description: 'room secret: joins peers, and alone (no --api-key/--admin-secret) also the API key and admin secret (default: random per model, kept under the cache dir so links survive restarts)', valueName: '<secret>' },
+    'join-secret': { type: 'string', description: 'the secret peers join with (the join link carries it); same as --secret', valueName: '<secret>' },
+    'api-key': { type: 'string', multiple: true, description: 'an API key for OpenAI clients (repeatable): it runs completions and sees only its own sessions; turns separate credentials on', valueName: '<key>' },
+    'admin-secret': { type: 'string', description: 'the secret for rooms, peers, routes and every session (default: --secret, else random; printed in the page URL); turns separate credentials on', valueName: '<secret>' },
+    'api-downloads': { type: 'boolean', description: 'let API keys download the model files (peers always may)' },
+    'max-active': { type: 'string', description: 'completions generating at once', default: '16', valueName: '<n>' },
+    'max-queue': { type: 'string', description: 'completions waiting beyond those; more are answered 429 with Retry-After', default: '64', valueName: '<n>' },
+    'max-sessions': { type: 'string', description: 'live sessions one client (connection or API key) may hold', default: '16', valueName: '<n>' },
     'ice-server': { type: 'string', multiple: true, description: 'STUN/TURN server for browser peers across the internet, sent to them on join (repeatable): stun:host:port or turn:user:pass@host:port', valueName: '<url>' },
     'min-peers': { type: 'string', description: 'plan a route once this many peers joined', default: '1', valueName: '<n>' },
     'plan-delay': { type: 'string', description: 'wait after the last join before planning (ms)', default: '300', valueName: '<ms>' },
@@ -53,11 +60,18 @@ export const command: Command = {
     // no --model: $GGUF_MESH_MODEL, else the default synthetic model (made once, cached)
     const { models, describe, made } = await modelsToServe((args.values.model as string[] | undefined) ?? []);
     if (made) console.log(`made the default model ${models[0]}`);
+    const joinSecret = stringOption(args, 'join-secret') ?? stringOption(args, 'secret');
+    if (stringOption(args, 'join-secret') && stringOption(args, 'secret') && stringOption(args, 'join-secret') !== stringOption(args, 'secret')) throw new UsageError('--secret and --join-secret name the same secret: give one');
+    const apiKeys = (args.values['api-key'] as string[] | undefined) ?? [];
     const serverOptions: SignalingServerOptions = {
       host,
       port: intOption(args, 'port', 8080),
       models,
-      ...(stringOption(args, 'secret') ? { secret: stringOption(args, 'secret')! } : {}),
+      ...(joinSecret ? { secret: joinSecret } : {}),
+      ...(apiKeys.length ? { apiKeys } : {}),
+      ...(stringOption(args, 'admin-secret') ? { adminSecret: stringOption(args, 'admin-secret')! } : {}),
+      ...(args.values['api-downloads'] ? { apiDownloads: true } : {}),
+      limits: { maxActive: intOption(args, 'max-active', 16), maxQueue: intOption(args, 'max-queue', 64), maxSessionsPerClient: intOption(args, 'max-sessions', 16) },
       minPeers: intOption(args, 'min-peers', 1),
       planDelayMs: intOption(args, 'plan-delay', 300),
       sessionTtlMs: intOption(args, 'session-ttl', 300) * 1000,
@@ -67,7 +81,8 @@ export const command: Command = {
     const { server, app } =
       ui === 'off' ? { server: await startSignalingServer(serverOptions), app: null } : await startServerWithApp(serverOptions, { mode: ui as WebAppMode, describe, log: serverOptions.log! });
     console.log(`gguf-mesh signaling server listening on ${server.url}`);
-    if (app) console.log(`page:     ${server.url}/  (web app: ${app.mode})`);
+    if (app) console.log(`page:     ${server.pageUrl}  (web app: ${app.mode})`);
+    if (server.access.separate) console.log(`credentials: join secret (peers), ${apiKeys.length} API key(s) (completions, own sessions${args.values['api-downloads'] ? ', model downloads' : ''}), admin secret (rooms, peers, routes, all sessions)`);
     if (!LOOPBACK_HOSTS.has(host)) console.log(`bound to ${host}: every room still requires its secret`);
     // bound to every interface: also print the join URL for each address others can use
     const otherAddresses = host === '0.0.0.0' || host === '::' ? interfaceAddresses() : [];
