@@ -15,6 +15,10 @@ import { BrowserStage, joiningState } from './browser-stage.ts';
 import type { BrowserPeerState } from './browser-stage.ts';
 import { detectCapabilities } from './capabilities.ts';
 import { openControlSocket } from './control-socket.ts';
+import type { ControlSocket } from './control-socket.ts';
+import type { HelloOffer } from './peer-core.ts';
+import { rejoin } from './reconnect.ts';
+import type { ReconnectOptions } from './reconnect.ts';
 import { fetchRoomModel } from './peer-core.ts';
 
 export type { BrowserPeerState, PeerStatus } from './browser-stage.ts';
@@ -44,6 +48,8 @@ export interface BrowserPeerOptions {
   log?: (line: string) => void;
   /** every state change */
   onState?: (s: BrowserPeerState) => void;
+  /** rejoin after the control connection drops (default: for 10 minutes, with back-off); false: stay closed */
+  reconnect?: false | ReconnectOptions;
 }
 
 export interface BrowserPeer {
@@ -88,12 +94,63 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     return { state, close: async () => undefined };
   }
 
+  const conn: { control: ControlSocket; stage: BrowserStage } = await joinOnce(opts, { base, roomId, secret, state, changed, log, memoryBytes: caps.memoryBytes, adapter: caps.adapter });
+  let closing = false;
+  // while serving, the server's route summary gets the frame counters every few seconds
+  const telemetryTimer = setInterval(() => state.status === 'ready' && conn.stage.fullTelemetry(), opts.telemetryMs ?? 2000);
+  // the control socket dropped: release the stage, rejoin with back-off (the shard cache keeps
+  // the verified units, so the planner gives this tab its range back and nothing is fetched)
+  void (async () => {
+    for (;;) {
+      const e = await conn.control.closed;
+      await conn.stage.close().catch(() => undefined);
+      if (closing) return;
+      Object.assign(state, { status: opts.reconnect === false ? 'closed' : 'reconnecting', reason: e.message, routeId: null, stage: null, shard: null, progress: null, hop: null });
+      changed();
+      if (opts.reconnect === false) break;
+      log(`${e.message}; rejoining`);
+      try {
+        const next = await rejoin(() => joinOnce(opts, { base, roomId, secret, state, changed, log, memoryBytes: caps.memoryBytes, adapter: caps.adapter }), opts.reconnect ?? {}, () => closing, log);
+        if (!next) return;
+        Object.assign(conn, next);
+      } catch (err) {
+        Object.assign(state, { status: 'closed', reason: `rejoining failed: ${(err as Error).message}` });
+        changed();
+        break;
+      }
+    }
+    clearInterval(telemetryTimer);
+  })();
+  return {
+    state,
+    async close() {
+      closing = true;
+      clearInterval(telemetryTimer);
+      conn.control.close();
+      await conn.stage.close();
+    },
+  };
+}
+
+interface JoinContext {
+  base: string;
+  roomId: string;
+  secret: string;
+  state: BrowserPeerState;
+  changed: () => void;
+  log: (line: string) => void;
+  memoryBytes: number;
+  adapter: HelloOffer['adapter'];
+}
+
+/** Reads the room's model, opens the control socket and joins: the tab is idle, waiting for an assignment. */
+async function joinOnce(opts: BrowserPeerOptions, j: JoinContext): Promise<{ control: ControlSocket; stage: BrowserStage }> {
+  const { base, roomId, secret, state, changed, log } = j;
   // the room's model, its manifest and header (JSON from the server: no model bytes)
   const model = await fetchRoomModel(base, roomId, secret);
   state.artifact = model.manifest.artifact.sha256;
   const { cache, held } = await openShardCache(opts, model.manifest, log);
   state.heldUnits = held;
-
   const control = await openControlSocket(base, roomId, (e) => log(`ignored a control message from the server: ${e.message}`));
   const stage = new BrowserStage({
     base, secret, model, control, cache, state, changed, log,
@@ -102,30 +159,20 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
     ...(opts.rtcTimeoutMs ? { rtcTimeoutMs: opts.rtcTimeoutMs } : {}),
   });
-  const offer = { backend: 'webgpu', memoryBytes: caps.memoryBytes, ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: caps.adapter };
-  const welcome = await stage.core.join(offer, control.closed);
-  // a server on the internet may announce STUN/TURN servers; on a LAN none are needed
-  if (Array.isArray(welcome.iceServers)) stage.hops.useIceServers(welcome.iceServers as RTCIceServer[]);
-  Object.assign(state, { peerId: stage.core.peerId, status: 'idle' });
+  const offer = { backend: 'webgpu', memoryBytes: j.memoryBytes, ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: j.adapter };
+  try {
+    const welcome = await stage.core.join(offer, control.closed);
+    // a server on the internet may announce STUN/TURN servers; on a LAN none are needed
+    if (Array.isArray(welcome.iceServers)) stage.hops.useIceServers(welcome.iceServers as RTCIceServer[]);
+  } catch (e) {
+    control.close();
+    await stage.close().catch(() => undefined);
+    throw e;
+  }
+  Object.assign(state, { peerId: stage.core.peerId, status: 'idle', reason: null });
   changed();
   log(`joined room ${roomId} as ${state.peerId} (model ${model.id}; holding ${state.heldUnits.length ? state.heldUnits.join(', ') : 'nothing'})`);
-
-  // while serving, the server's route summary gets the frame counters every few seconds
-  const telemetryTimer = setInterval(() => state.status === 'ready' && stage.fullTelemetry(), opts.telemetryMs ?? 2000);
-  void control.closed.then((e) => {
-    clearInterval(telemetryTimer);
-    Object.assign(state, { status: 'closed', reason: e.message });
-    changed();
-    void stage.close();
-  });
-  return {
-    state,
-    async close() {
-      clearInterval(telemetryTimer);
-      control.close();
-      await stage.close();
-    },
-  };
+  return { control, stage };
 }
 
 async function defaultBackend(): Promise<StageBackend> {

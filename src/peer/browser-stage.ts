@@ -16,7 +16,7 @@ import type { Assignment, LoadContext, RoomModel, StageLoad } from './peer-core.
 import { loadSlice, sliceSource } from './slice-loader.ts';
 import type { LoadedSlice, SliceProgress } from './slice-loader.ts';
 
-export type PeerStatus = 'joining' | 'idle' | 'loading' | 'ready' | 'failed' | 'client-only' | 'closed';
+export type PeerStatus = 'joining' | 'idle' | 'loading' | 'ready' | 'failed' | 'client-only' | 'reconnecting' | 'closed';
 
 export interface BrowserPeerState {
   status: PeerStatus;

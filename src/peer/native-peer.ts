@@ -17,6 +17,10 @@ import { serveFrames } from '../transport/ws.ts';
 import { loadNativeStage, nodeWebGpuBackend } from './native-stage.ts';
 import type { BackendKind, NativeStageEnv } from './native-stage.ts';
 import { fetchRoomModel, PeerCore } from './peer-core.ts';
+import type { HelloOffer, StageLimits } from './peer-core.ts';
+import { rejoin } from './reconnect.ts';
+import type { ReconnectOptions } from './reconnect.ts';
+import type { FrameHandler } from '../transport/link.ts';
 import { RelayLink } from './relay-link.ts';
 import type { StageService } from './stage-service.ts';
 import { heldUnits } from './verified-source.ts';
@@ -38,6 +42,10 @@ export interface NodePeerOptions {
   name?: string;
   /** where verified shards (cpu) and whole model copies (llama.cpp) are kept; null = no cache */
   cacheDir?: string | null;
+  /** the stage's limits (chunk size, frame and session caps, idle expiry) */
+  limits?: StageLimits;
+  /** rejoin after the control connection drops (default: for 10 minutes, back-off from 0.5 s to 15 s); false: leave */
+  reconnect?: false | ReconnectOptions;
   log?: (line: string) => void;
 }
 
@@ -46,7 +54,7 @@ export interface NodePeer {
   server: FrameServer;
   /** current stage, once assigned and loaded */
   readonly service: StageService | null;
-  /** resolves when the control connection ends */
+  /** resolves when the peer left the room for good (stopped, refused, or gave up rejoining) */
   closed: Promise<string>;
   close(): Promise<void>;
 }
@@ -85,42 +93,45 @@ function watchControl(ws: WebSocket, base: string): { gone: Promise<Error>; clos
   return { gone, closed };
 }
 
-export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
-  const log = opts.log ?? (() => undefined);
-  const { base, roomId } = parseJoinUrl(opts.joinUrl);
-  const cacheDir = opts.cacheDir === undefined ? join(meshCacheDir(), 'shards') : opts.cacheDir;
-  // what the room serves, and the manifest every loaded byte is checked against
+/** One control connection to the server: its socket, the peer core serving over it, and when it ended. */
+interface Connection {
+  ws: WebSocket;
+  core: PeerCore;
+  closed: Promise<string>;
+}
+
+/** What stays the same across reconnections: the frame server, the spare GPU, the options. */
+interface PeerShared {
+  opts: NodePeerOptions;
+  base: string;
+  roomId: string;
+  cacheDir: string | null;
+  server: FrameServer;
+  takeSpareGpu: () => WebGpuBackend | null;
+  adapter: HelloOffer['adapter'];
+  log: (line: string) => void;
+}
+
+/** Reads the room's model, opens a control socket, proves the secret and joins; rejects if any step fails. */
+async function connect(p: PeerShared): Promise<Connection> {
+  const { opts, base, roomId, log } = p;
+  // what the room serves, and the manifest every loaded byte is checked against (again after a
+  // reconnect: a restarted server may serve another artifact)
   const model = await fetchRoomModel(base, roomId, opts.secret);
-  const units = cacheDir ? await heldUnits(cacheDir, model.manifest) : [];
-  let spareGpu = await spareGpuFor(opts.backend, log);
-  const adapter = spareGpu?.adapter;
+  const units = p.cacheDir ? await heldUnits(p.cacheDir, model.manifest) : [];
+  const ws = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`);
   let relay: RelayLink | null = null;
-  // the control socket opens once the frame server listens: the hello names its address
-  let control: WebSocket | null = null;
   const send = (m: PeerToServer): void => {
-    if (control?.readyState === WebSocket.OPEN) control.send(JSON.stringify(m));
+    if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(m));
   };
   const env: NativeStageEnv = {
-    backend: opts.backend, carrier: opts.carrier ?? 'ws', cacheDir, base, secret: opts.secret, model, send, log,
+    backend: opts.backend, carrier: opts.carrier ?? 'ws', cacheDir: p.cacheDir, base, secret: opts.secret, model, send, log,
     peerId: () => core.peerId,
-    takeSpareGpu: () => {
-      const gpu = spareGpu;
-      spareGpu = null;
-      return gpu;
-    },
+    takeSpareGpu: p.takeSpareGpu,
     // a browser next stage has no listen address: frames go through the server (peer/relay-link.ts)
-    relayTo: (to) => (relay = new RelayLink(to, (r) => control!.send(JSON.stringify(r)))),
+    relayTo: (to) => (relay = new RelayLink(to, (r) => ws.send(JSON.stringify(r)))),
   };
-  const core = new PeerCore({ secret: opts.secret, send, log, loadStage: (ctx) => loadNativeStage(ctx, env) });
-  const server = await startFrameServer({
-    host: opts.listenHost ?? '127.0.0.1',
-    port: opts.listenPort ?? 0,
-    secret: opts.secret,
-    handler: core.handle,
-    status: () => ({ peerId: core.peerId, backend: opts.backend, memoryBytes: opts.memoryBytes, routeId: core.routeId, ...(core.service ? core.service.status() : {}) }),
-  });
-
-  const ws = (control = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`));
+  const core = new PeerCore({ secret: opts.secret, send, log, ...(opts.limits ? { limits: opts.limits } : {}), loadStage: (ctx) => loadNativeStage(ctx, env) });
   serveFrames(ws, core.handle);
   const { gone, closed } = watchControl(ws, base);
   ws.on('message', (data, isBinary) => {
@@ -133,41 +144,100 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     }
     if (!core.onMessage(m) && m.t === 'relay-reply') relay?.deliver(m);
   });
-  const joining = core.join(
-    {
-      backend: opts.backend,
-      memoryBytes: opts.memoryBytes,
-      listen: opts.advertise ?? server.wsUrl,
-      httpUrl: opts.advertise ? opts.advertise.replace(/^ws/, 'http').replace(/\/v1\/frames$/, '') : server.url,
-      artifact: model.manifest.artifact.sha256,
-      units,
-      ...(opts.name ? { name: opts.name } : {}),
-      ...(opts.layers ? { layers: opts.layers } : {}),
-      ...(adapter ? { adapter: { ...adapter } } : {}),
-    },
-    gone,
-  );
+  const offer = {
+    backend: opts.backend,
+    memoryBytes: opts.memoryBytes,
+    listen: opts.advertise ?? p.server.wsUrl,
+    httpUrl: opts.advertise ? opts.advertise.replace(/^ws/, 'http').replace(/\/v1\/frames$/, '') : p.server.url,
+    artifact: model.manifest.artifact.sha256,
+    units,
+    ...(opts.name ? { name: opts.name } : {}),
+    ...(opts.layers ? { layers: opts.layers } : {}),
+    ...(p.adapter ? { adapter: p.adapter } : {}),
+  };
   try {
-    const w = await joining;
-    log(`joined room ${w.roomId} as ${w.peerId} (model ${w.model.id}, ${w.model.nLayer} layers); listening at ${server.url}`);
+    const w = await core.join(offer, gone);
+    log(`joined room ${w.roomId} as ${w.peerId} (model ${w.model.id}, ${w.model.nLayer} layers; holding ${units.length ? units.join(', ') : 'nothing'}); listening at ${p.server.url}`);
   } catch (e) {
     ws.terminate();
+    throw e;
+  }
+  return { ws, core, closed };
+}
+
+/**
+ * Keeps the peer in the room: when the control connection drops (the server restarted, the
+ * network blinked) the stage is released and the peer joins again with back-off and jitter,
+ * advertising the shards its cache holds verified (so the planner gives it the same range back
+ * and the reload reads no bytes from the server). Resolves with why it stopped for good.
+ */
+async function stayJoined(p: PeerShared, state: { current: Connection; stopping: boolean }): Promise<string> {
+  for (;;) {
+    const why = await state.current.closed;
+    await state.current.core.close().catch(() => undefined);
+    if (state.stopping || p.opts.reconnect === false) return why;
+    p.log(`${why}; rejoining`);
+    try {
+      const next = await rejoin(() => connect(p), p.opts.reconnect ?? {}, () => state.stopping, p.log);
+      if (!next) return why;
+      state.current = next;
+    } catch (e) {
+      return `${why}; rejoining failed for good: ${(e as MeshError).code ?? ''} ${(e as Error).message}`;
+    }
+  }
+}
+
+export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
+  const log = opts.log ?? (() => undefined);
+  const { base, roomId } = parseJoinUrl(opts.joinUrl);
+  const cacheDir = opts.cacheDir === undefined ? join(meshCacheDir(), 'shards') : opts.cacheDir;
+  let spareGpu = await spareGpuFor(opts.backend, log);
+  const adapter = spareGpu?.adapter;
+  const state: { current: Connection | null; stopping: boolean } = { current: null, stopping: false };
+  // frames reach whichever connection's core serves now; the listen address stays across reconnections
+  const handler: FrameHandler = (f) => (state.current ? state.current.core.handle(f) : Promise.reject(new MeshError('STAGE_NOT_LOADED', 'this peer is not in a room')));
+  const server = await startFrameServer({
+    host: opts.listenHost ?? '127.0.0.1',
+    port: opts.listenPort ?? 0,
+    secret: opts.secret,
+    handler,
+    status: () => {
+      const core = state.current?.core;
+      return { peerId: core?.peerId ?? null, backend: opts.backend, memoryBytes: opts.memoryBytes, routeId: core?.routeId ?? null, ...(core?.service ? core.service.status() : {}) };
+    },
+  });
+  const shared: PeerShared = {
+    opts, base, roomId, cacheDir, server, log,
+    adapter: adapter ? { ...adapter } : undefined,
+    takeSpareGpu: () => {
+      const gpu = spareGpu;
+      spareGpu = null;
+      return gpu;
+    },
+  };
+  let first: Connection;
+  try {
+    first = await connect(shared);
+  } catch (e) {
     await spareGpu?.dispose();
     await server.close();
     throw e;
   }
+  state.current = first;
+  const closed = stayJoined(shared, state as { current: Connection; stopping: boolean });
   return {
     get peerId() {
-      return core.peerId;
+      return state.current?.core.peerId ?? null;
     },
     server,
     get service() {
-      return core.service;
+      return state.current?.core.service ?? null;
     },
     closed,
     async close() {
-      ws.close();
-      await core.close();
+      state.stopping = true;
+      state.current?.ws.close();
+      await state.current?.core.close();
       await spareGpu?.dispose();
       spareGpu = null;
       await server.close();

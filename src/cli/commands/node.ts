@@ -3,7 +3,7 @@
 // assigns (only that shard's bytes), and serves frames until stopped or the server goes away.
 
 import type { Command } from '../command.ts';
-import { stringOption, UsageError } from '../command.ts';
+import { intOption, stringOption, UsageError } from '../command.ts';
 import type { ShardRange } from '../../gguf/types.ts';
 import { parseJoinUrl } from '../../protocol/control.ts';
 import { parseByteSize } from '../../units.ts';
@@ -33,6 +33,9 @@ export const command: Command = {
     name: { type: 'string', description: 'a name shown in the room', valueName: '<name>' },
     'cache-dir': { type: 'string', description: 'keep verified shards here (default: $GGUF_MESH_CACHE/shards, else ~/.cache/gguf-mesh/shards)', valueName: '<dir>' },
     'no-cache': { type: 'boolean', description: 'keep no shard cache (every load fetches)' },
+    'session-ttl': { type: 'string', description: 'release a session that sent no frame for this many seconds', default: '900', valueName: '<s>' },
+    'max-sessions': { type: 'string', description: 'most sessions this stage holds at once', default: '64', valueName: '<n>' },
+    'reconnect-for': { type: 'string', description: 'after the server goes away, keep trying to rejoin for this many seconds (0: leave at once)', default: '600', valueName: '<s>' },
   },
   async run(args) {
     const joinUrl = stringOption(args, 'join', true);
@@ -67,6 +70,8 @@ export const command: Command = {
       carrier,
       ...(stringOption(args, 'name') ? { name: stringOption(args, 'name')! } : {}),
       ...(args.values['no-cache'] ? { cacheDir: null } : stringOption(args, 'cache-dir') ? { cacheDir: stringOption(args, 'cache-dir')! } : {}),
+      limits: { idleTtlMs: intOption(args, 'session-ttl', 900) * 1000, maxSessions: intOption(args, 'max-sessions', 64) },
+      reconnect: intOption(args, 'reconnect-for', 600) > 0 ? { forMs: intOption(args, 'reconnect-for', 600) * 1000 } : false,
       log: (line) => console.log(line),
     });
     const stop = new Promise<string>((resolve) => {
