@@ -40,6 +40,8 @@ function browserPeerView(room: Room): BrowserPeerRoom {
 export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger): void {
   const nonce = randomBytes(16).toString('hex');
   const expectedProof = helloProof(room.secret, nonce);
+  // a public room's trusted peers prove the trusted secret instead
+  const trustedProof = room.trustedSecret ? helloProof(room.trustedSecret, nonce) : Promise.resolve(null);
   const view = browserPeerView(room);
   let peer: Peer | null = null;
   let helloSeen = false;
@@ -69,12 +71,13 @@ export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger): void 
     if (msg.t !== 'hello' || helloSeen) throw new MeshError('BAD_MESSAGE', 'the first message must be hello, and the only one until welcome');
     helloSeen = true;
     const { proof: presented, ...offer } = msg;
-    void expectedProof.then((proof) => {
-      if (!secretMatches(presented, proof)) return refuse('AUTH_FAILED', 'wrong room secret');
+    void Promise.all([expectedProof, trustedProof]).then(([proof, trusted]) => {
+      const isTrusted = trusted !== null && secretMatches(presented, trusted);
+      if (!isTrusted && !secretMatches(presented, proof)) return refuse('AUTH_FAILED', 'wrong room secret');
       if (ws.readyState !== ws.OPEN) return;
       clearTimeout(helloTimer);
       const hello: PeerHello = { ...offer, proof: '' };
-      peer = room.addPeer(hello, ws);
+      peer = room.addPeer(hello, ws, isTrusted);
     });
   };
   ws.on('message', (data, isBinary) => {

@@ -24,7 +24,7 @@ import { modelKey, roomIdentity } from './room-identity.ts';
 import type { RelayLedger } from './browser-peers.ts';
 import { FetchLog, PinnedFile } from './model-host.ts';
 import { Room } from './room.ts';
-import type { Route } from './room.ts';
+import type { Route, RoomOptions } from './room.ts';
 
 export interface RoomRegistryOptions extends CredentialOptions {
   /** one secret for every room (default: a random one per model, kept under the cache dir) */
@@ -39,6 +39,8 @@ export interface RoomRegistryOptions extends CredentialOptions {
   sessionTtlMs?: number;
   /** STUN/TURN servers announced to every peer in welcome */
   iceServers?: IceServer[];
+  /** public rooms: trusted peers at the ends, spot checks of the others (room.ts) */
+  publicRoom?: RoomOptions['publicRoom'];
   log: (line: string) => void;
 }
 
@@ -139,6 +141,7 @@ export class RoomRegistry {
         sessions: this.sessions,
         log: this.opts.log,
         ...(this.opts.iceServers?.length ? { iceServers: this.opts.iceServers } : {}),
+        ...(this.opts.publicRoom ? { publicRoom: this.opts.publicRoom } : {}),
       },
     );
     this.rooms.push(room);

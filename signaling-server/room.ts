@@ -10,7 +10,9 @@ import type { GgufHeader } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
 import { planRoute } from '../src/route/planner.ts';
 import { unitsRange } from '../src/peer/verified-source.ts';
-import type { IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/protocol/control.ts';
+import type { IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer, SpotCheckReport } from '../src/protocol/control.ts';
+import { SpotChecker } from './spot-check.ts';
+import type { SpotCheckVerdict } from './spot-check.ts';
 import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';
@@ -29,8 +31,10 @@ export interface Peer {
   control: WsLink;
   joinedAt: number;
   gone: boolean;
-  /** refused its shard's bytes (hash mismatch): stays out of routes for this artifact */
+  /** refused its shard's bytes (hash mismatch), or failed a spot check: stays out of routes for this artifact */
   excluded?: string;
+  /** proved the trusted secret (public rooms: may serve the first and last stages) */
+  trusted?: boolean;
 }
 
 export interface RouteStage {
@@ -126,6 +130,12 @@ export interface RoomOptions {
   log: (line: string) => void;
   /** STUN/TURN servers announced to peers in welcome (browser peers across the internet) */
   iceServers?: IceServer[];
+  /**
+   * A public room (visitors donate compute): peers proving `trustedSecret` serve the first and
+   * last stages; the first also re-runs `fraction` of sessions through the others' layers, and
+   * a stage whose hidden states differ by more than `tolerance` is excluded.
+   */
+  publicRoom?: { trustedSecret: string; fraction: number; tolerance: number };
 }
 
 export class Room {
@@ -140,12 +150,24 @@ export class Room {
   /** recent route events, replayed to a new subscriber */
   private recent: TelemetryEvent[] = [];
 
+  /** public rooms: where the first stage's re-runs meet the last stage's view */
+  readonly checker: SpotChecker | null;
+  /** sessions the last stage was told to watch */
+  private readonly watching = new Set<string>();
+
   constructor(
     readonly id: string,
     readonly secret: string,
     readonly model: ModelArtifact,
     private readonly opts: RoomOptions,
-  ) {}
+  ) {
+    this.checker = opts.publicRoom ? new SpotChecker(opts.publicRoom.tolerance, (v) => !v.ok && this.spotCheckFailed(v)) : null;
+  }
+
+  /** The secret trusted peers prove (public rooms), else null. */
+  get trustedSecret(): string | null {
+    return this.opts.publicRoom?.trustedSecret ?? null;
+  }
 
   log(line: string): void {
     this.opts.log(`[room ${this.id}] ${line}`);
@@ -168,9 +190,9 @@ export class Room {
     return { id: this.model.id, url: this.opts.modelUrl, nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes, files: this.model.files };
   }
 
-  addPeer(hello: PeerHello, ws: WebSocket): Peer {
+  addPeer(hello: PeerHello, ws: WebSocket, trusted = false): Peer {
     const id = `${hello.name ? hello.name.replace(/[^A-Za-z0-9_.-]/g, '').slice(0, 24) + '-' : 'peer-'}${++this.peerCounter}${randomBytes(2).toString('hex')}`;
-    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`, { reassembly: PEER_REPLY_REASSEMBLY }), joinedAt: Date.now(), gone: false };
+    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`, { reassembly: PEER_REPLY_REASSEMBLY }), joinedAt: Date.now(), gone: false, ...(trusted ? { trusted } : {}) };
     this.peers.set(id, peer);
     this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}`);
     const ice = this.opts.iceServers?.length ? { iceServers: this.opts.iceServers } : {};
@@ -196,6 +218,7 @@ export class Room {
 
   onPeerMessage(peer: Peer, msg: PeerToServer): void {
     const r = this.route;
+    if (msg.t === 'check') return this.onSpotCheck(peer, msg);
     if (msg.t === 'hello' || !r || msg.routeId !== r.id) return;
     const st = r.stages[msg.stage];
     if (!st || st.peerId !== peer.id) return;
@@ -268,6 +291,7 @@ export class Room {
       nLayer: this.model.nLayer,
       peers: peers.map((p) => ({ id: p.id, memoryBytes: p.hello.memoryBytes, layers: p.hello.layers, held: this.heldRange(p) })),
       shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer),
+      ...(this.opts.publicRoom ? { trusted: (id: string) => this.peers.get(id)?.trusted === true } : {}),
     });
     if (current && current.status === 'forming' && !plan.ok) {
       current.reason = plan.reason;
@@ -293,8 +317,66 @@ export class Room {
       const next = route.stages[st.stage + 1];
       const downstream = next ? (this.peers.get(next.peerId)?.hello.listen ?? null) : null;
       const upstreamPeer = route.stages[st.stage - 1]?.peerId ?? null;
-      this.send(this.peers.get(st.peerId)!, { t: 'assign', routeId: route.id, stage: st.stage, shard: st.shard, nLayer: this.model.nLayer, modelUrl: this.opts.modelUrl, downstream, downstreamPeer: next?.peerId ?? null, upstreamPeer });
+      const check = st.stage === 0 ? this.checkShard(route) : null;
+      this.send(this.peers.get(st.peerId)!, { t: 'assign', routeId: route.id, stage: st.stage, shard: st.shard, nLayer: this.model.nLayer, modelUrl: this.opts.modelUrl, downstream, downstreamPeer: next?.peerId ?? null, upstreamPeer, ...(check ? { check } : {}) });
     }
+  }
+
+  /** Public rooms with checks on: the layers between the trusted ends, which the first stage re-runs. */
+  private checkShard(route: Route): { shard: ShardRange; fraction: number } | null {
+    const p = this.opts.publicRoom;
+    if (!p || p.fraction <= 0 || route.stages.length < 3) return null;
+    return { shard: { start: route.stages[1]!.shard.start, end: route.stages.at(-2)!.shard.end }, fraction: p.fraction };
+  }
+
+  /** One half of a spot check, from the route's trusted first or last stage only. */
+  private onSpotCheck(peer: Peer, msg: SpotCheckReport): void {
+    const r = this.route;
+    if (!this.checker || !r || r.status !== 'ready' || msg.routeId !== r.id || !peer.trusted) return;
+    const first = r.stages[0]!;
+    const last = r.stages.at(-1)!;
+    if (msg.role === 'expected' && first.peerId !== peer.id) return;
+    if (msg.role === 'actual' && last.peerId !== peer.id) return;
+    if (msg.role === 'expected' && !this.watching.has(msg.sessionId)) {
+      // the last stage reports only what it is asked for: the donors cannot tell which sessions are checked
+      this.watching.add(msg.sessionId);
+      if (this.watching.size > 10_000) this.watching.delete(this.watching.values().next().value!);
+      const lastPeer = this.peers.get(last.peerId);
+      if (lastPeer) this.send(lastPeer, { t: 'watch', routeId: r.id, sessionId: msg.sessionId });
+    }
+    this.checker.report(msg);
+  }
+
+  /** A check failed: every untrusted stage between the trusted ends computed the difference together; all are excluded. */
+  private spotCheckFailed(v: SpotCheckVerdict): void {
+    const r = this.route;
+    if (!r || r.id !== v.routeId) return;
+    const reason = `spot check of session ${v.sessionId} at position ${v.position}: hidden states differ from a trusted re-run by ${v.error.toExponential(2)} (tolerance ${this.opts.publicRoom!.tolerance})`;
+    for (const st of r.stages.slice(1, -1)) {
+      const p = this.peers.get(st.peerId);
+      if (p && !p.trusted) this.excludePeer(p, reason);
+    }
+  }
+
+  /**
+   * Takes a peer out of every route of this room from now on (it stays connected, so it does not
+   * simply rejoin as a new peer) and treats its stage as lost, as if it had left: the route
+   * degrades, its sessions fail over (session repair, issue 14, picks them up from stageLost),
+   * and the next plan goes without it.
+   */
+  excludePeer(peer: Peer, reason: string): void {
+    if (peer.excluded || peer.gone) return;
+    peer.excluded = reason;
+    this.log(`peer ${peer.id} excluded: ${reason}`);
+    const r = this.route;
+    const st = r?.stages.find((s) => s.peerId === peer.id);
+    if (r && st && r.status !== 'closed') {
+      st.status = 'lost';
+      r.setStatus('degraded', `stage ${st.stage} (${peer.id}) excluded: ${reason}`);
+      void this.opts.sessions.stageLost(r.id, st.stage, `excluded: ${reason}`);
+      this.send(peer, { t: 'release', routeId: r.id });
+    }
+    this.schedulePlan();
   }
 
   /** The layer range a peer advertises holding verified for this room's artifact. */
@@ -326,11 +408,12 @@ export class Room {
     if (!p) return null;
     const { proof: _proof, t: _t, ...hello } = p.hello;
     const stage = this.route?.stages.find((s) => s.peerId === id);
-    return { id, ...hello, excluded: p.excluded ?? null, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+    return { id, ...hello, excluded: p.excluded ?? null, trusted: p.trusted === true, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
   }
 
   summary(): Record<string, unknown> {
-    return { id: this.id, model: this.brief(), peers: this.peers.size, route: this.route ? { id: this.route.id, status: this.route.status, reason: this.route.reason } : null };
+    const checks = this.checker ? { spotChecks: { passed: this.checker.passed, failed: this.checker.failed, tolerance: this.checker.tolerance } } : {};
+    return { id: this.id, model: this.brief(), peers: this.peers.size, route: this.route ? { id: this.route.id, status: this.route.status, reason: this.route.reason } : null, ...checks };
   }
 
   dispose(): void {

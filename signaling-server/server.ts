@@ -44,6 +44,8 @@ export interface SignalingServerOptions extends CredentialOptions {
   secret?: string;
   /** the session manager's and the OpenAI API's limits */
   limits?: RoomRegistryOptions['limits'];
+  /** public rooms: trusted peers serve the first and last stages, a fraction of sessions is re-run on them */
+  publicRoom?: RoomRegistryOptions['publicRoom'];
   /** a route is planned once this many peers joined (default 1) */
   minPeers?: number;
   /** wait this long after the last join before planning (ms, default 300) */

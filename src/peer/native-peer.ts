@@ -44,6 +44,8 @@ export interface NodePeerOptions {
   cacheDir?: string | null;
   /** the stage's limits (chunk size, frame and session caps, idle expiry) */
   limits?: StageLimits;
+  /** a public room's trusted secret: the hello proves it, so this node may serve the first and last stages */
+  trustedSecret?: string;
   /** rejoin after the control connection drops (default: for 10 minutes, back-off from 0.5 s to 15 s); false: leave */
   reconnect?: false | ReconnectOptions;
   log?: (line: string) => void;
@@ -131,7 +133,7 @@ async function connect(p: PeerShared): Promise<Connection> {
     // a browser next stage has no listen address: frames go through the server (peer/relay-link.ts)
     relayTo: (to) => (relay = new RelayLink(to, (r) => ws.send(JSON.stringify(r)))),
   };
-  const core = new PeerCore({ secret: opts.secret, send, log, ...(opts.limits ? { limits: opts.limits } : {}), loadStage: (ctx) => loadNativeStage(ctx, env) });
+  const core = new PeerCore({ secret: opts.secret, send, log, ...(opts.limits ? { limits: opts.limits } : {}), ...(opts.trustedSecret ? { proofSecret: opts.trustedSecret } : {}), loadStage: (ctx) => loadNativeStage(ctx, env) });
   serveFrames(ws, core.handle);
   const { gone, closed } = watchControl(ws, base);
   ws.on('message', (data, isBinary) => {

@@ -18,6 +18,7 @@ import { headerFromWire } from '../protocol/header-wire.ts';
 import type { Frame } from '../protocol/frame.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { fetchJson } from '../transport/server-json.ts';
+import { SpotCheck } from './spot-check.ts';
 import { StageService } from './stage-service.ts';
 import type { SamplerFactory, StageServiceOptions } from './stage-service.ts';
 
@@ -93,6 +94,8 @@ export type StageLimits = Partial<Pick<StageServiceOptions, 'chunkTokens' | 'max
 
 export interface PeerCoreOptions {
   secret: string;
+  /** the secret the hello proves when it is not the room secret (a public room's trusted peers) */
+  proofSecret?: string;
   send: (m: PeerToServer) => void;
   log: (line: string) => void;
   limits?: StageLimits;
@@ -171,7 +174,7 @@ export class PeerCore {
     switch (msg.t) {
       case 'challenge': {
         const offer = this.joining?.offer;
-        if (offer) void helloProof(this.opts.secret, msg.nonce).then((proof) => this.opts.send({ t: 'hello', proof, ...offer }));
+        if (offer) void helloProof(this.opts.proofSecret ?? this.opts.secret, msg.nonce).then((proof) => this.opts.send({ t: 'hello', proof, ...offer }));
         return true;
       }
       case 'welcome':
@@ -188,6 +191,9 @@ export class PeerCore {
         return true;
       case 'release':
         if (this.assigned?.routeId === msg.routeId) this.release();
+        return true;
+      case 'watch':
+        if (this.serving?.assignment.routeId === msg.routeId) this.serving.service.watch(msg.sessionId);
         return true;
       default:
         return false;
@@ -211,8 +217,9 @@ export class PeerCore {
     try {
       await this.releaseStage();
       const load = await this.opts.loadStage(ctx);
+      const spotCheck = await this.spotCheckFor(ctx);
       if (!ctx.current) return void (await kept.undo());
-      const service = new StageService({ ...this.opts.limits, backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: load.downstream, samplerFactory: stageSampler });
+      const service = new StageService({ ...this.opts.limits, backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: load.downstream, samplerFactory: stageSampler, spotCheck });
       this.serving = { assignment: a, service, kept };
       this.opts.onReady?.(a, load);
       this.opts.log(`stage ${a.stage} of route ${a.routeId}: layers ${a.shard.start}-${a.shard.end} ready (${load.detail})`);
@@ -225,6 +232,25 @@ export class PeerCore {
       this.opts.log(`stage ${a.stage} of route ${a.routeId}: load failed: ${err.code} ${err.message}`);
       this.opts.send({ t: 'load-failed', routeId: a.routeId, stage: a.stage, code: err.code, message: err.message });
     }
+  }
+
+  /**
+   * Public rooms: the first stage also loads the untrusted stages' layers (`check`), as a shard
+   * with no next stage, kept and undone with the stage; every stage can report what it receives.
+   */
+  private async spotCheckFor(ctx: LoadContext): Promise<SpotCheck> {
+    const a = ctx.assignment;
+    if (!a.check) return new SpotCheck({ fraction: 0, send: this.opts.send });
+    const checkCtx: LoadContext = {
+      assignment: { ...a, shard: a.check.shard, downstream: null, downstreamPeer: null, check: undefined },
+      get current() {
+        return ctx.current;
+      },
+      keep: ctx.keep,
+    };
+    const checkLoad = await this.opts.loadStage(checkCtx);
+    this.opts.log(`spot checks: layers ${a.check.shard.start}-${a.check.shard.end} loaded to re-run ${Math.round(a.check.fraction * 100)} % of sessions`);
+    return new SpotCheck({ backend: checkLoad.backend, fraction: a.check.fraction, send: this.opts.send });
   }
 
   private release(): void {

@@ -14,6 +14,7 @@ import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, decodeRows, hiddenFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame, withTimings } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { ComputeQueue } from './compute-queue.ts';
+import type { SpotCheck } from './spot-check.ts';
 import type { StageTiming } from '../route/telemetry.ts';
 import { parseSessionOpen } from '../protocol/session.ts';
 import type { SamplerSettings } from '../protocol/session.ts';
@@ -46,6 +47,8 @@ export interface StageServiceOptions {
   maxSessions?: number;
   /** a session with no frame for this long is released (ms, default 15 min: above the server's 5) */
   idleTtlMs?: number;
+  /** public rooms: re-runs of the untrusted stages (first stage) or reports of what arrived (last) */
+  spotCheck?: SpotCheck;
 }
 
 /** How long a just-opened session's first frame is waited for before long prompts go on (ms): a round trip through the server. */
@@ -136,10 +139,21 @@ export class StageService {
         this.checkFrameTokens(f);
         if (this.isFirst) throw new MeshError('STAGE_INPUT_KIND', 'stage 0 takes token ids, not hidden states');
         this.bytesIn += f.payload.byteLength;
-        return this.compute(f, { kind: 'hidden', hidden: decodeRows(f.payload, f.dtype), nTokens: f.nTokens });
+        return this.computeHidden(f);
       default:
         throw new MeshError('FRAME_BAD_TYPE', `frame type: a stage does not accept ${FrameType[f.type]} frames`, { field: 'type' });
     }
+  }
+
+  private computeHidden(f: Frame): Promise<Frame> {
+    const hidden = decodeRows(f.payload, f.dtype);
+    this.opts.spotCheck?.actual(f, hidden);
+    return this.compute(f, { kind: 'hidden', hidden, nTokens: f.nTokens });
+  }
+
+  /** Public rooms, the last stage: report what arrives for this session. */
+  watch(sessionId: string): void {
+    this.opts.spotCheck?.watch(sessionId);
   }
 
   private checkFrameTokens(f: Frame): void {
@@ -155,6 +169,7 @@ export class StageService {
     this.sweeper ??= setInterval(() => void this.expireIdle(), Math.min(60_000, this.limits.idleTtlMs / 4));
     this.sweeper.unref?.();
     await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
+    await this.opts.spotCheck?.open(f.sessionId, body.contextLength);
     // its first frame follows at once: give it the next turn over other sessions' long prompts
     this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
     const settings = body.sampler ?? {};
@@ -180,6 +195,7 @@ export class StageService {
   private async release(sessionId: string, why: string): Promise<void> {
     this.sessions.delete(sessionId);
     await this.queue.cancel(sessionId, new MeshError('SESSION_CLOSED', `session ${sessionId} was ${why} on stage ${this.opts.stage}`));
+    await this.opts.spotCheck?.close(sessionId);
     await this.opts.backend.releaseSession(sessionId);
   }
 
@@ -268,6 +284,7 @@ export class StageService {
       if (!next) throw new MeshError('STAGE_UNREACHABLE', `stage ${this.opts.stage} has no next stage to send hidden states to`, { stage: this.opts.stage + 1 });
       const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.WantTimings)) | (sampleNow ? FrameFlag.Sample : 0);
       const out = hiddenFrame({ routeId: f.routeId, sessionId: f.sessionId }, f.position, output.hidden, output.nTokens, s.hiddenDtype, flags);
+      this.opts.spotCheck?.expected(this.queue, out, () => decodeRows(out.payload, out.dtype));
       this.bytesOut += out.payload.byteLength;
       this.wireBytesOut += HEADER_BYTES + out.payload.byteLength;
       this.framesOut++;
@@ -334,6 +351,7 @@ export class StageService {
     if (this.sweeper) clearInterval(this.sweeper);
     this.sweeper = null;
     for (const id of [...this.sessions.keys()]) await this.release(id, 'released').catch(() => undefined);
+    await this.opts.spotCheck?.releaseAll();
   }
 
   get openSessions(): number {

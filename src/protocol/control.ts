@@ -101,9 +101,16 @@ export const PEER_MESSAGES = {
   signal: v.object({ t: v.literal('signal'), to: text(64), cid: text(64), signal: plainObject }),
   /** a request frame (base64) for peer `to`'s stage, used when no data channel could open */
   relay: v.object({ t: v.literal('relay'), to: text(64), id: u32, frame: base64(MAX_RELAYED_BASE64) }),
+  /**
+   * a spot check (public rooms): the last row of hidden states after the untrusted stages, as the
+   * trusted first stage computed it again ('expected') or as the trusted last stage received it
+   * ('actual'); f32 little-endian, base64
+   */
+  check: v.object({ t: v.literal('check'), routeId: u32, sessionId: v.pipe(v.string(), v.regex(/^[0-9a-f]{32}$/)), position: u32, nTokens: u32, role: v.picklist(['expected', 'actual']), row: base64(4 * 65536 * 2) }),
 } as const;
 
-export type PeerToServer = v.InferOutput<(typeof PEER_MESSAGES)['hello' | 'ready' | 'load-failed' | 'loading' | 'telemetry']>;
+export type PeerToServer = v.InferOutput<(typeof PEER_MESSAGES)['hello' | 'ready' | 'load-failed' | 'loading' | 'telemetry' | 'check']>;
+export type SpotCheckReport = v.InferOutput<(typeof PEER_MESSAGES)['check']>;
 export type SignalToPeer = v.InferOutput<(typeof PEER_MESSAGES)['signal']>;
 export type RelayRequest = v.InferOutput<(typeof PEER_MESSAGES)['relay']>;
 export type PeerMessage = PeerToServer | SignalToPeer | RelayRequest;
@@ -140,14 +147,18 @@ export const SERVER_MESSAGES = {
     downstream: v.nullable(v.pipe(text(512), v.regex(/^wss?:\/\//))),
     downstreamPeer: peerId,
     upstreamPeer: peerId,
+    /** public rooms, the first stage: also load these layers (the untrusted stages') and re-run a fraction of sessions through them */
+    check: v.optional(v.object({ shard: shardRange, fraction: v.pipe(v.number(), v.minValue(0), v.maxValue(1)) })),
   }),
+  /** public rooms, the last stage: report what arrives for this session ('actual' checks) */
+  watch: v.object({ t: v.literal('watch'), routeId: u32, sessionId: v.pipe(v.string(), v.regex(/^[0-9a-f]{32}$/)) }),
   release: v.object({ t: v.literal('release'), routeId: u32 }),
   error: v.object({ t: v.literal('error'), code: errorCode, message: text(4096) }),
   signal: v.object({ t: v.literal('signal'), from: text(64), cid: text(64), signal: plainObject }),
   'relay-reply': v.object({ t: v.literal('relay-reply'), id: u32, frame: v.optional(base64(MAX_RELAYED_BASE64)), error: v.optional(v.object({ code: errorCode, message: text(4096) })) }),
 } as const;
 
-export type ServerToPeer = v.InferOutput<(typeof SERVER_MESSAGES)['challenge' | 'welcome' | 'assign' | 'release' | 'error']>;
+export type ServerToPeer = v.InferOutput<(typeof SERVER_MESSAGES)['challenge' | 'welcome' | 'assign' | 'release' | 'error' | 'watch']>;
 export type SignalFromPeer = v.InferOutput<(typeof SERVER_MESSAGES)['signal']>;
 export type RelayReply = v.InferOutput<(typeof SERVER_MESSAGES)['relay-reply']>;
 export type ServerMessage = ServerToPeer | SignalFromPeer | RelayReply;

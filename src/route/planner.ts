@@ -30,6 +30,8 @@ export interface PlanInput {
   shardBytes: (range: ShardRange) => number;
   /** most stages to use (default: every peer) */
   maxStages?: number;
+  /** a public room: the first and last stages go to peers this says are trusted */
+  trusted?: (peerId: string) => boolean;
 }
 
 /** Explicit ranges that tile [0, n): a chain of peers whose ranges meet end to start. */
@@ -63,9 +65,37 @@ export function proportionalSplit(nLayer: number, memories: readonly number[]): 
   return ends.map((end, i) => ({ start: i === 0 ? 0 : ends[i - 1]!, end }));
 }
 
+/**
+ * A public room's plan: the first and last stages on trusted peers — they alone see token ids
+ * and logits — and donors' memory in between, in proportion; a donor that cannot hold its part
+ * is left out, never a trusted end. One trusted peer that holds the whole model serves alone.
+ */
+function planPinned(input: PlanInput, trusted: (peerId: string) => boolean): Plan {
+  const { nLayer, peers } = input;
+  const ends = peers.filter((p) => trusted(p.id));
+  if (ends.length === 0) return { ok: false, reason: 'a public room needs trusted peers for its first and last stages, and none joined' };
+  const whole = { start: 0, end: nLayer };
+  if (ends.length === 1 || nLayer < 2) {
+    const solo = ends.find((p) => input.shardBytes(whole) <= p.memoryBytes);
+    if (solo) return { ok: true, stages: [{ peerId: solo.id, shard: whole }] };
+    return { ok: false, reason: 'a public room needs two trusted peers for its first and last stages, or one that holds the whole model' };
+  }
+  let middle = [...peers.filter((p) => !trusted(p.id)), ...ends.slice(2)].slice(0, Math.max(0, Math.min(nLayer, input.maxStages ?? Infinity) - 2));
+  for (;;) {
+    const order = [ends[0]!, ...middle, ends[1]!];
+    const ranges = proportionalSplit(nLayer, order.map((p) => p.memoryBytes));
+    const misfit = ranges.findIndex((r, i) => input.shardBytes(r) > order[i]!.memoryBytes);
+    if (misfit < 0) return { ok: true, stages: ranges.map((shard, i) => ({ peerId: order[i]!.id, shard })) };
+    if (middle.length === 0) return { ok: false, reason: "the trusted peers' memory cannot hold the model's first and last stages" };
+    const smallest = middle.reduce((m, p) => (p.memoryBytes < m.memoryBytes ? p : m));
+    middle = middle.filter((p) => p !== smallest);
+  }
+}
+
 export function planRoute(input: PlanInput): Plan {
   const { nLayer, peers } = input;
   if (peers.length === 0) return { ok: false, reason: 'no peers in the room' };
+  if (input.trusted) return planPinned(input, input.trusted);
   if (peers.some((p) => p.layers)) {
     const explicit = planExplicit(nLayer, peers);
     if (typeof explicit !== 'string') {

@@ -68,6 +68,7 @@ function fixtures(): Record<keyof typeof PEER_MESSAGES, Record<string, unknown>>
     telemetry: { t: 'telemetry', routeId: 7, stage: 0, phase: 'ready', hop: 'relay', relayed: { frames: 1, bytes: 2 } },
     signal: { t: 'signal', to: 'nobody', cid: 'c1', signal: { type: 'offer', sdp: 'v=0' } },
     relay: { t: 'relay', to: 'nobody', id: 1, frame: 'R01TSA==' },
+    check: { t: 'check', routeId: 7, sessionId: 'ab'.repeat(16), position: 0, nTokens: 1, role: 'actual', row: 'AACAPw==' },
   };
 }
 
@@ -165,6 +166,7 @@ describe('control messages: what a peer reads from the server', () => {
     welcome: { t: 'welcome', peerId: 'p-1', roomId: 'r', model: { id: 'm', url: 'http://127.0.0.1:1/models/m.gguf', nLayer: 5, fileBytes: 10, files: 1 }, iceServers: [{ urls: 'stun:127.0.0.1:3478' }] },
     assign: { t: 'assign', routeId: 1, stage: 0, shard: { start: 0, end: 5 }, nLayer: 5, modelUrl: 'http://127.0.0.1:1/models/m.gguf', downstream: null, downstreamPeer: null, upstreamPeer: null },
     release: { t: 'release', routeId: 1 },
+    watch: { t: 'watch', routeId: 1, sessionId: 'cd'.repeat(16) },
     error: { t: 'error', code: 'AUTH_FAILED', message: 'no' },
     signal: { t: 'signal', from: 'p-2', cid: 'c', signal: { type: 'answer', sdp: 'v=0' } },
     'relay-reply': { t: 'relay-reply', id: 1, error: { code: 'RELAY_FAILED', message: 'x' } },

@@ -35,6 +35,7 @@ export const command: Command = {
     'no-cache': { type: 'boolean', description: 'keep no shard cache (every load fetches)' },
     'session-ttl': { type: 'string', description: 'release a session that sent no frame for this many seconds', default: '900', valueName: '<s>' },
     'max-sessions': { type: 'string', description: 'most sessions this stage holds at once', default: '64', valueName: '<n>' },
+    trusted: { type: 'string', description: "a public room's trusted secret (serve --trusted-secret): this node may serve the first and last stages", valueName: '<secret>' },
     'reconnect-for': { type: 'string', description: 'after the server goes away, keep trying to rejoin for this many seconds (0: leave at once)', default: '600', valueName: '<s>' },
   },
   async run(args) {
@@ -70,6 +71,7 @@ export const command: Command = {
       carrier,
       ...(stringOption(args, 'name') ? { name: stringOption(args, 'name')! } : {}),
       ...(args.values['no-cache'] ? { cacheDir: null } : stringOption(args, 'cache-dir') ? { cacheDir: stringOption(args, 'cache-dir')! } : {}),
+      ...(stringOption(args, 'trusted') ? { trustedSecret: stringOption(args, 'trusted')! } : {}),
       limits: { idleTtlMs: intOption(args, 'session-ttl', 900) * 1000, maxSessions: intOption(args, 'max-sessions', 64) },
       reconnect: intOption(args, 'reconnect-for', 600) > 0 ? { forMs: intOption(args, 'reconnect-for', 600) * 1000 } : false,
       log: (line) => console.log(line),

@@ -22,6 +22,15 @@ function interfaceAddresses(): string[] {
     .map((a) => a.address);
 }
 
+/** --trusted-secret with its spot-check fraction and tolerance. */
+function publicRoomOptions(args: Parameters<Command['run']>[0]): { trustedSecret: string; fraction: number; tolerance: number } {
+  const fraction = Number(stringOption(args, 'spot-check') ?? '0.1');
+  const tolerance = Number(stringOption(args, 'spot-check-tolerance') ?? '0.02');
+  if (!(fraction >= 0 && fraction <= 1)) throw new UsageError(`--spot-check must be a fraction in [0, 1], got '${stringOption(args, 'spot-check')}'`);
+  if (!(tolerance > 0)) throw new UsageError(`--spot-check-tolerance must be a positive number, got '${stringOption(args, 'spot-check-tolerance')}'`);
+  return { trustedSecret: stringOption(args, 'trusted-secret')!, fraction, tolerance };
+}
+
 export const command: Command = {
   name: 'serve',
   summary: 'run the signaling server: host models, open a room per model, plan routes over joining peers',
@@ -37,6 +46,9 @@ export const command: Command = {
     'api-downloads': { type: 'boolean', description: 'let API keys download the model files (peers always may)' },
     'max-active': { type: 'string', description: 'completions generating at once', default: '16', valueName: '<n>' },
     'max-queue': { type: 'string', description: 'completions waiting beyond those; more are answered 429 with Retry-After', default: '64', valueName: '<n>' },
+    'trusted-secret': { type: 'string', description: 'a public room: peers proving this secret (node --trusted) serve the first and last stages; the others only the middle', valueName: '<secret>' },
+    'spot-check': { type: 'string', description: 'public rooms: the fraction of sessions the trusted first stage re-runs through the middle stages (0..1)', default: '0.1', valueName: '<fraction>' },
+    'spot-check-tolerance': { type: 'string', description: 'public rooms: the relative difference of hidden states past which a middle stage is excluded', default: '0.02', valueName: '<x>' },
     'max-sessions': { type: 'string', description: 'live sessions one client (connection or API key) may hold', default: '16', valueName: '<n>' },
     'ice-server': { type: 'string', multiple: true, description: 'STUN/TURN server for browser peers across the internet, sent to them on join (repeatable): stun:host:port or turn:user:pass@host:port', valueName: '<url>' },
     'min-peers': { type: 'string', description: 'plan a route once this many peers joined', default: '1', valueName: '<n>' },
@@ -71,6 +83,7 @@ export const command: Command = {
       ...(apiKeys.length ? { apiKeys } : {}),
       ...(stringOption(args, 'admin-secret') ? { adminSecret: stringOption(args, 'admin-secret')! } : {}),
       ...(args.values['api-downloads'] ? { apiDownloads: true } : {}),
+      ...(stringOption(args, 'trusted-secret') ? { publicRoom: publicRoomOptions(args) } : {}),
       limits: { maxActive: intOption(args, 'max-active', 16), maxQueue: intOption(args, 'max-queue', 64), maxSessionsPerClient: intOption(args, 'max-sessions', 16) },
       minPeers: intOption(args, 'min-peers', 1),
       planDelayMs: intOption(args, 'plan-delay', 300),
