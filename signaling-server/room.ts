@@ -206,14 +206,19 @@ export class Room {
     peer.gone = true;
     this.peers.delete(peer.id);
     this.log(`peer ${peer.id} left: ${why}`);
+    this.loseStage(peer, 'left', why);
+    this.schedulePlan();
+  }
+
+  /** The peer's stage of the current route is lost: the route degrades and its sessions fail over (stageLost). Returns the route it was lost from. */
+  private loseStage(peer: Peer, how: string, why: string): Route | null {
     const r = this.route;
     const st = r?.stages.find((s) => s.peerId === peer.id);
-    if (r && st && r.status !== 'closed') {
-      st.status = 'lost';
-      r.setStatus('degraded', `stage ${st.stage} (${peer.id}) left: ${why}`);
-      void this.opts.sessions.stageLost(r.id, st.stage, why);
-    }
-    this.schedulePlan();
+    if (!r || !st || r.status === 'closed') return null;
+    st.status = 'lost';
+    r.setStatus('degraded', `stage ${st.stage} (${peer.id}) ${how}: ${why}`);
+    void this.opts.sessions.stageLost(r.id, st.stage, how === 'left' ? why : `${how}: ${why}`);
+    return r;
   }
 
   onPeerMessage(peer: Peer, msg: PeerToServer): void {
@@ -368,14 +373,8 @@ export class Room {
     if (peer.excluded || peer.gone) return;
     peer.excluded = reason;
     this.log(`peer ${peer.id} excluded: ${reason}`);
-    const r = this.route;
-    const st = r?.stages.find((s) => s.peerId === peer.id);
-    if (r && st && r.status !== 'closed') {
-      st.status = 'lost';
-      r.setStatus('degraded', `stage ${st.stage} (${peer.id}) excluded: ${reason}`);
-      void this.opts.sessions.stageLost(r.id, st.stage, `excluded: ${reason}`);
-      this.send(peer, { t: 'release', routeId: r.id });
-    }
+    const r = this.loseStage(peer, 'excluded', reason);
+    if (r) this.send(peer, { t: 'release', routeId: r.id });
     this.schedulePlan();
   }
 

@@ -6,6 +6,7 @@ import { FrameFlag, FrameType } from '../../src/protocol/frame.ts';
 import { jsonFrame, tokensFrame } from '../../src/protocol/payload.ts';
 import { newSessionId } from '../../src/protocol/session.ts';
 import { WsLink } from '../../src/transport/ws.ts';
+import { floodFragments } from '../../test/hardening/fragment-flood.ts';
 import { cpuMs, getJson, node, rssMiB, serve, sleep, waitReady } from './procs.ts';
 import type { Proc, Served } from './procs.ts';
 
@@ -153,20 +154,7 @@ export function floods(root: string, model: string): Promise<Record<string, unkn
     const rss0 = rssMiB(s.proc.child.pid!);
     const ws = new WebSocket(`${s.base.replace(/^http/, 'ws')}/v1/rooms/${s.roomId}/client`, { headers: { authorization: `Bearer ${s.secret}` } });
     await new Promise((r, j) => (ws.once('open', r), ws.once('error', j)));
-    const slice = 1024 * 1024;
-    for (let id = 1; id <= 16; id++) {
-      for (let k = 0; k < 16 && ws.readyState === ws.OPEN; k++) {
-        const msg = new Uint8Array(20 + slice);
-        const v = new DataView(msg.buffer);
-        v.setUint32(0, 0x46534d47, true);
-        v.setUint8(4, 1);
-        v.setUint32(8, id, true);
-        v.setUint32(12, k, true);
-        v.setUint32(16, 256 * 1024 * 1024 + 52, true);
-        msg.fill(1, 20);
-        ws.send(msg);
-      }
-    }
+    floodFragments(ws);
     await sleep(2000);
     const rss1 = rssMiB(s.proc.child.pid!);
     const socketOpen = ws.readyState === ws.OPEN;

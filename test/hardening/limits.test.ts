@@ -12,6 +12,7 @@ import { WsLink } from '../../src/transport/ws.ts';
 import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from '../support/mesh.ts';
 import type { MeshProcess, ServeInfo } from '../support/mesh.ts';
 import { stories260K } from '../support/models.ts';
+import { floodFragments } from './fragment-flood.ts';
 
 let s: ServeInfo;
 let node: MeshProcess;
@@ -89,18 +90,7 @@ describe('limits', () => {
       codes.push((JSON.parse(text) as { code: string }).code);
     });
     await new Promise((r, j) => (ws.once('open', r), ws.once('error', j)));
-    for (let id = 1; id <= 16; id++) {
-      for (let k = 0; k < 16; k++) {
-        const msg = new Uint8Array(20 + (1 << 20));
-        const v = new DataView(msg.buffer);
-        v.setUint32(0, 0x46534d47, true);
-        v.setUint8(4, 1);
-        v.setUint32(8, id, true);
-        v.setUint32(12, k, true);
-        v.setUint32(16, 256 * 1024 * 1024 + 52, true);
-        ws.send(msg);
-      }
-    }
+    floodFragments(ws);
     for (let i = 0; i < 100 && codes.length < 256; i++) await new Promise((r) => setTimeout(r, 50));
     expect(codes.length).toBe(256);
     expect(new Set(codes)).toEqual(new Set(['FRAGMENT_TOO_MANY', 'FRAGMENT_OUT_OF_ORDER']));
