@@ -80,13 +80,16 @@ export function starvation(root: string, model: string): Promise<Record<string, 
           await link.request(tokensFrame(FrameType.Prefill, { routeId, sessionId: sid }, at, part, at + part.length >= tokens.length ? FrameFlag.Sample : 0));
           at += part.length;
         } catch (e) {
-          const cap = Number(/(\d+) tokens/.exec((e as Error).message)?.[1]);
+          const cap = Number((e as { details?: { limit?: number } }).details?.limit ?? /at most (\d+)/.exec((e as Error).message)?.[1]);
           if (!(cap > 0 && cap < chunk)) throw e;
           chunk = cap;
         }
       }
       return performance.now() - t0;
-    })();
+    })().catch((e: Error) => {
+      throw e;
+    });
+    long.catch(() => undefined); // awaited below; not an unhandled rejection meanwhile
     await sleep(300);
     // the first short request starts while the long prefill runs (the ones after may not)
     const during = (await completion(s, short, 32)).ms;

@@ -14,6 +14,7 @@ import { WsLink } from '../../src/transport/ws.ts';
 import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from '../support/mesh.ts';
 import type { ServeInfo } from '../support/mesh.ts';
 import { stories260K } from '../support/models.ts';
+import { runCli } from '../support/cli.ts';
 
 const KEYS = { api1: 'api-key-one-0123456789', api2: 'api-key-two-0123456789', join: 'join-secret-0123456789', admin: 'admin-secret-0123456789' };
 let s: ServeInfo;
@@ -85,6 +86,12 @@ describe('separate credentials', () => {
     await mine.close();
     // the join secret cannot open a client socket
     await expect(client(KEYS.join)).rejects.toMatchObject({ code: 'LINK_FAILED' });
+  });
+
+  it('generate --join runs over the room with an API key (the header comes as JSON, no model bytes)', async () => {
+    const r = await runCli(['generate', '--join', s.joinUrl, '--secret', KEYS.api1, '--prompt', 'Once upon a time', '--n', '6']);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout.length).toBeGreaterThan(0);
   });
 
   it('--api-downloads lets API keys read the model; peers always may', async () => {
