@@ -9,7 +9,7 @@
 import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { getJson, node, rssMiB, serve, sleep, spawnCli, waitReady } from './probe/procs.ts';
+import { getJson, node, rssMiB, serve, sleep, waitReady } from './probe/procs.ts';
 import type { Proc, Served } from './probe/procs.ts';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -128,7 +128,6 @@ export async function run(args: string[]): Promise<unknown> {
   const nodeSessions = await Promise.all(peers.filter((p) => p.httpUrl).map(async (p) => ({ name: p.name, sessions: ((await getJson(`${p.httpUrl}/v1/status`, s.secret)).body.sessions ?? []).length })));
   for (const n of nodes) await n.kill();
   await s.proc.kill();
-  void spawnCli;
   const requests = t.completed + t.streamed + t.cancelled + t.rejected429 + Object.values(t.errors).reduce((a, b) => a + b, 0);
   return {
     bench: 'soak',

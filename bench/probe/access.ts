@@ -9,7 +9,7 @@ import { FrameType } from '../../src/protocol/frame.ts';
 import { jsonFrame } from '../../src/protocol/payload.ts';
 import { newSessionId } from '../../src/protocol/session.ts';
 import { WsLink } from '../../src/transport/ws.ts';
-import { freePort, getJson, node, proofFor, rawPeer, serve, sleep, spawnCli, waitReady } from './procs.ts';
+import { freePort, getJson, node, proofFor, rawPeer, serve, sleep, waitReady } from './procs.ts';
 import type { Served } from './procs.ts';
 
 /**
@@ -113,6 +113,5 @@ export async function restart(root: string, model: string): Promise<Record<strin
   };
   await n.kill();
   await second.proc.kill();
-  void spawnCli;
   return out;
 }

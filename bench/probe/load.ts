@@ -58,6 +58,26 @@ export function contextLimits(root: string, model: string): Promise<Record<strin
   });
 }
 
+/** A streamed completion: time to the first token, the longest gap between tokens, the total (ms). */
+async function streamed(s: Served, prompt: string, maxTokens: number): Promise<{ ttft: number; maxGap: number; total: number }> {
+  const t0 = performance.now();
+  const res = await fetch(`${s.base}/v1/completions`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${s.secret}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt, max_tokens: maxTokens, temperature: 0, stream: true }),
+  });
+  const reader = res.body!.getReader();
+  const times: number[] = [];
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    const n = (new TextDecoder().decode(value).match(/"text":"[^"]/g) ?? []).length;
+    for (let i = 0; i < n; i++) times.push(performance.now() - t0);
+  }
+  const gaps = times.slice(1).map((t, i) => t - times[i]!);
+  return { ttft: Math.round(times[0] ?? NaN), maxGap: Math.round(Math.max(0, ...gaps)), total: Math.round(performance.now() - t0) };
+}
+
 /** A short completion's wall time idle, then beside a 2,000-token prefill sent by another client. */
 export function starvation(root: string, model: string): Promise<Record<string, unknown>> {
   return withRoute(root, model, [], async (s, _n, routeId) => {
@@ -92,10 +112,20 @@ export function starvation(root: string, model: string): Promise<Record<string, 
     long.catch(() => undefined); // awaited below; not an unhandled rejection meanwhile
     await sleep(300);
     // the first short request starts while the long prefill runs (the ones after may not)
-    const during = (await completion(s, short, 32)).ms;
+    const during = await streamed(s, short, 32);
     const longMs = await long;
+    const idleStream = await streamed(s, short, 32);
     await link.close();
-    return { idleMs: Math.round(median(idle)), besideLongPrefillMs: Math.round(during), longPrefillMs: Math.round(longMs), ratio: Math.round((during / median(idle)) * 10) / 10 };
+    return {
+      idleMs: Math.round(median(idle)),
+      besideLongPrefillMs: during.total,
+      ttftIdleMs: idleStream.ttft,
+      ttftBesideMs: during.ttft,
+      maxTokenGapIdleMs: idleStream.maxGap,
+      maxTokenGapBesideMs: during.maxGap,
+      longPrefillMs: Math.round(longMs),
+      ratio: Math.round((during.total / median(idle)) * 10) / 10,
+    };
   });
 }
 

@@ -21,7 +21,7 @@ import { hyperParameters, tensorGroups } from '../../src/gguf/summary.ts';
 import { argmax } from '../../src/model/sampler.ts';
 import { checkedModelConfig } from '../../src/model/model-check.ts';
 import { Tokenizer } from '../../src/model/tokenizer/tokenizer.ts';
-import { CLI, REPO_ROOT, runCli } from '../support/cli.ts';
+import { REPO_ROOT, runCli } from '../support/cli.ts';
 import { killAll, spawnMesh } from '../support/mesh.ts';
 import { stories260K } from '../support/models.ts';
 import { corruptCorpus } from './gguf-corpus.ts';
@@ -209,4 +209,3 @@ describe('the files that crashed or hung serve and inspect', () => {
     }
   });
 });
-void CLI;

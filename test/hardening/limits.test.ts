@@ -10,18 +10,17 @@ import { jsonFrame, tokensFrame } from '../../src/protocol/payload.ts';
 import { newSessionId } from '../../src/protocol/session.ts';
 import { WsLink } from '../../src/transport/ws.ts';
 import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from '../support/mesh.ts';
-import type { MeshProcess, ServeInfo } from '../support/mesh.ts';
+import type { ServeInfo } from '../support/mesh.ts';
 import { stories260K } from '../support/models.ts';
 import { floodFragments } from './fragment-flood.ts';
 
 let s: ServeInfo;
-let node: MeshProcess;
 let routeId: number;
 let nodeUrl: string;
 
 beforeAll(async () => {
   s = await spawnServe(await stories260K(), ['--max-sessions', '3']);
-  node = spawnMesh(['node', '--join', s.joinUrl, '--max-sessions', '5', '--session-ttl', '2']);
+  spawnMesh(['node', '--join', s.joinUrl, '--max-sessions', '5', '--session-ttl', '2']);
   routeId = (await waitForRoute(s, 'ready')).id;
   nodeUrl = (await getJson(`${s.base}/v1/rooms/${s.roomId}/peers`, s.secret)).body.peers[0].httpUrl;
 }, 90_000);
