@@ -1,9 +1,10 @@
-// `npm run bench -- engine [--threads N] [--only stories|synthetic]`: prompt and decode tok/s
+// `npm run bench -- engine [--threads N] [--only stories|synthetic|matvec]`: prompt and decode tok/s
 // of the CPU reference engine and the llama.cpp backend (node-llama-cpp), each with its ratio
 // to bare llama.cpp (libllama through FFI, same threads) measured in the same run, on
 // stories260K and on a synthetic ~250M-parameter Q8_0 model (1024 embd, 16 layers), which is
-// made once into .cache/models.
+// made once into .cache/models; and the CPU engine's mat-vec GB/s per weight type (./cpu-matvec.ts).
 import { parseArgs } from 'node:util';
+import { cpuMatvecFigures } from './cpu-matvec.ts';
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
 import { LlamaModelFfi } from '../src/backends/llamacpp/ffi.ts';
 import { LlamaCppModel } from '../src/backends/llamacpp/generator.ts';
@@ -145,16 +146,18 @@ export async function run(args: string[]): Promise<unknown> {
   });
   const threads = Number(values.threads);
   const cases: ModelCase[] = [];
-  if (values.only !== 'synthetic') {
+  if (values.only !== 'synthetic' && values.only !== 'matvec') {
     cases.push({ name: 'stories260K (F32)', path: await stories260K(), promptTokens: 128, decodeTokens: 128 });
   }
-  if (values.only !== 'stories') {
+  if (values.only !== 'stories' && values.only !== 'matvec') {
     const path = await syntheticModel({ arch: 'llama', type: 'q8_0', layers: 16, embd: 1024, heads: 16, kvHeads: 4, ffn: 2816, vocab: 32000 });
     cases.push({ name: 'synthetic llama Q8_0 1024×16 (~250M)', path, promptTokens: 128, decodeTokens: 32, quantized: true });
   }
   const results = [];
-  for (const c of cases) results.push(await benchModel(c, threads));
+  if (values.only !== 'matvec') for (const c of cases) results.push(await benchModel(c, threads));
+  const matvec = values.only === undefined || values.only === 'matvec' ? cpuMatvecFigures(1024, 1024, 5) : [];
   return {
+    matvec: { shape: '[1024×1024]·[1024]', figures: matvec },
     note: 'tok/s, best of 3 interleaved rounds; ratio_to_bare = backend / bare llama.cpp (libllama via FFI, flash attention off, F32 KV) measured in the same run with the same threads; the CPU engine is single-threaded (JS + WebAssembly SIMD matmul)',
     threads,
     results,

@@ -5,8 +5,6 @@
 // decode tok/s and their ratio (goal ≥ 0.90), prefill vs decode tok/s, decode step time at
 // context 16 vs 1024, and bytes on the wire per token per hop.
 
-import { spawn } from 'node:child_process';
-import type { ChildProcess } from 'node:child_process';
 import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
@@ -21,6 +19,7 @@ import { argmax } from '../src/model/sampler.ts';
 import { HEADER_BYTES } from '../src/protocol/frame.ts';
 import { stepBreakdown } from '../src/route/telemetry.ts';
 import type { StepStageTiming } from '../src/route/telemetry.ts';
+import { killAllCli, spawnCli } from './processes.ts';
 
 function arg(args: string[], name: string, fallback: number): number {
   const i = args.indexOf(`--${name}`);
@@ -165,25 +164,10 @@ export async function run(args: string[]): Promise<unknown> {
 
 /** Decode round times (ms) of a 3-node route of real processes, driven through the server. */
 async function processRoute(model: string, cut: number[], prompt: number[], nDecode: number, rounds: number, ctxLen: number): Promise<{ times: number[]; prefillMs: Record<string, number> }> {
-  const cli = join(process.cwd(), 'bin', 'gguf-mesh.js');
-  const children: ChildProcess[] = [];
-  const start = (args: string[]): Promise<string> =>
-    new Promise((resolve, reject) => {
-      const child = spawn(process.execPath, [cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
-      children.push(child);
-      let out = '';
-      child.stdout!.on('data', (d) => {
-        out += d;
-        const m = /join:\s+(\S+)/.exec(out) ?? (/joined room/.test(out) ? ['', 'joined'] : null);
-        if (m) resolve(m[1]!);
-      });
-      child.stderr!.on('data', (d) => (out += d));
-      child.on('exit', (code) => reject(new Error(`gguf-mesh ${args[0]} exited with ${code}: ${out}`)));
-    });
   try {
-    const joinUrl = await start(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', model, '--min-peers', '3']);
-    for (let i = 0; i < 3; i++) await start(['node', '--join', joinUrl, '--no-cache', '--layers', `${cut[i]}-${cut[i + 1]}`]);
-    const joined = await joinRoom(joinUrl, undefined, 60_000);
+    const [, joinUrl] = await spawnCli(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', model, '--min-peers', '3']).waitFor(/join:\s+(\S+)/);
+    for (let i = 0; i < 3; i++) await spawnCli(['node', '--join', joinUrl!, '--no-cache', '--layers', `${cut[i]}-${cut[i + 1]}`]).waitFor(/joined room/);
+    const joined = await joinRoom(joinUrl!, undefined, 60_000);
     // prefill: the whole prompt in one frame, then in 16-token chunks (pipelined across stages)
     const prefillMs: Record<string, number> = {};
     for (const chunk of [prompt.length, 16]) {
@@ -205,6 +189,6 @@ async function processRoute(model: string, cut: number[], prompt: number[], nDec
     await joined.close();
     return { times, prefillMs };
   } finally {
-    for (const ch of children) ch.kill('SIGKILL');
+    killAllCli();
   }
 }

@@ -1,6 +1,11 @@
-// `npm run bench -- webgpu [--type q4_k_m] [--layers 4] [--embd 512] [--ffn 1536] [--heads 8]
+// `npm run bench -- webgpu [--type q4_k_m] [--arch llama] [--layers 4] [--embd 512] [--ffn 1536] [--heads 8]
 //   [--kv-heads 4] [--vocab 2048] [--prompt 64] [--decode 16] [--kernel-k 1024] [--kernel-rows 1024]
+//   [--kernel-types f32,q5_k,…] [--experts 8] [--experts-used 2] [--expert-ffn 512]
 //   [--attn-ctx 512] [--attn-queries 16] [--reps 3] [--backends webgpu,cpu,llamacpp]`
+// Kernels are timed for the six original weight types plus those --type's model holds (or the
+// --kernel-types list). With a MoE --arch (qwen3moe, qwen2moe) the JSON also says how many
+// weight bytes one decoded token reads — by the kernels' own accounting — beside the audit's
+// active bytes per token and the model's total.
 // (defaults sized so the whole run stays near a minute on SwiftShader; pass GPU-sized shapes,
 // e.g. --kernel-k 4096 --kernel-rows 4096 --attn-ctx 4096 --attn-queries 64, on real hardware)
 //
@@ -24,8 +29,13 @@ import { loadShaderSources } from '../src/backends/webgpu/shaders-node.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import { quantize } from '../src/gguf/quantize.ts';
 import { GgmlType, TYPE_TRAITS } from '../src/gguf/types.ts';
+import { auditHeader } from '../src/audit/report.ts';
+import { createNodeWebGpuStage } from '../src/backends/webgpu/node.ts';
+import { QUANT_OF_TYPE } from '../src/backends/webgpu/shader-library.ts';
+import { configFromHeader, loadRopeFreqFactors, ROPE_FACTOR_TENSORS } from '../src/model/config.ts';
 import { argmax } from '../src/model/sampler.ts';
-import type { ModelType } from '../src/model/synthetic-model.ts';
+import type { MakeModelOptions, ModelType, SyntheticArch } from '../src/model/synthetic-model.ts';
+import { syntheticModelSpec } from '../src/model/synthetic-model.ts';
 import { lcgCentered } from '../test/support/prng.ts';
 import { syntheticModel } from '../test/support/synthetic.ts';
 
@@ -64,7 +74,56 @@ async function timeKernel(device: GPUDevice, lib: KernelLibrary, res: SubmitReso
   return times[Math.floor(times.length / 2)]!;
 }
 
-async function kernelFigures(k: number, rows: number, attnCtx: number, attnQueries: number, reps: number): Promise<{ adapter: unknown; kernels: KernelFigure[] }> {
+const ORIGINAL_TYPES = [GgmlType.F32, GgmlType.F16, GgmlType.Q8_0, GgmlType.Q4_0, GgmlType.Q4_K, GgmlType.Q6_K];
+
+/** The weight types to time: the original six and the matrices' types of the benchmark model, or an explicit list. */
+function kernelTypes(model: MakeModelOptions, list: string): GgmlType[] {
+  if (list) {
+    return list.split(',').map((name) => {
+      const t = GgmlType[name.trim().toUpperCase() as keyof typeof GgmlType];
+      if (t === undefined || !QUANT_OF_TYPE[t]) throw new Error(`--kernel-types: no WebGPU snippet for '${name}'`);
+      return t;
+    });
+  }
+  const inModel = syntheticModelSpec({ ...model, headerOnly: true }).tensors.filter((t) => t.shape.length > 1).map((t) => t.type);
+  return [...new Set([...ORIGINAL_TYPES, ...inModel])];
+}
+
+/**
+ * Decode on the WebGPU stage of a MoE model: weight bytes the kernels read per token (their
+ * own accounting, DispatchSpec.reads) beside the audit's active bytes per token and the total.
+ */
+async function moeDecodeBytes(path: string, prompt: number[], nDecode: number): Promise<Record<string, number>> {
+  const source = await openTensorSource(path);
+  const stage = await createNodeWebGpuStage();
+  try {
+    const config = configFromHeader(source.header);
+    await loadRopeFreqFactors(config, source);
+    const infos = source.header.tensors.filter((t) => !ROPE_FACTOR_TENSORS.includes(t.name));
+    const bytes = await source.read(infos);
+    await stage.load({ config, shard: { start: 0, end: config.nLayer }, artifact: path, tensors: infos.map((t) => ({ name: t.name, type: t.type, shape: [...t.shape], bytes: bytes.get(t.name)! })) });
+    await stage.openSession('moe', prompt.length + nDecode + 1);
+    let out = (await stage.forward('moe', { kind: 'tokens', tokens: Int32Array.from(prompt) }, 0)).output;
+    const before = stage.transferStats().weightBytesRead;
+    for (let i = 0; i < nDecode; i++) {
+      const next = out.kind === 'logits' ? argmax(out.logits) : 0;
+      out = (await stage.forward('moe', { kind: 'tokens', tokens: Int32Array.of(next) }, prompt.length + i)).output;
+    }
+    const audit = auditHeader(source.header, path);
+    return {
+      total_weight_bytes: infos.reduce((a, t) => a + t.byteLength, 0),
+      expert_bytes: audit.expert_bytes,
+      active_weight_bytes_per_token: audit.active_weight_bytes_per_token,
+      decode_weight_bytes_read_per_token: Math.round((stage.transferStats().weightBytesRead - before) / nDecode),
+    };
+  } finally {
+    await stage.dispose();
+    stage.device.destroy();
+    await source.close();
+  }
+}
+
+async function kernelFigures(k: number, rows: number, attnCtx: number, attnQueries: number, reps: number, types: GgmlType[]): Promise<{ adapter: unknown; kernels: KernelFigure[] }> {
   const { device, adapter } = await acquireDevice(await nodeGpu(), 'bench');
   const memory = new GpuMemory(device);
   const lib = new KernelLibrary(device, loadShaderSources());
@@ -75,7 +134,7 @@ async function kernelFigures(k: number, rows: number, attnCtx: number, attnQueri
   const x = memory.upload('x', random(batch * k, 1));
   const out = storage(batch * rows);
   const values = random(k * rows, 2);
-  for (const type of [GgmlType.F32, GgmlType.F16, GgmlType.Q8_0, GgmlType.Q4_0, GgmlType.Q4_K, GgmlType.Q6_K]) {
+  for (const type of types) {
     const bytes = quantize(type, values, k);
     const w = uploadMatrix(memory, 'w', type, [k, rows], bytes, adapter.maxStorageBufferBindingSize);
     const name = TYPE_TRAITS[type]!.name.toLowerCase();
@@ -168,9 +227,15 @@ async function engineFigure(name: string, stage: StageBackend, path: string, nLa
 export async function run(args: string[]): Promise<unknown> {
   const type = option(args, 'type', 'q4_k_m') as ModelType;
   const layers = Number(option(args, 'layers', '4'));
-  const model = {
+  const arch = option(args, 'arch', 'llama') as SyntheticArch;
+  const moeArch = arch === 'qwen2moe' || arch === 'qwen3moe';
+  const model: MakeModelOptions = {
+    arch,
     type,
     layers,
+    ...(moeArch
+      ? { experts: Number(option(args, 'experts', '8')), expertsUsed: Number(option(args, 'experts-used', '2')), expertFfn: Number(option(args, 'expert-ffn', '512')) }
+      : {}),
     embd: Number(option(args, 'embd', '512')),
     ffn: Number(option(args, 'ffn', '1536')),
     heads: Number(option(args, 'heads', '8')),
@@ -186,9 +251,11 @@ export async function run(args: string[]): Promise<unknown> {
   const attnCtx = Number(option(args, 'attn-ctx', '512'));
   const attnQueries = Number(option(args, 'attn-queries', '16'));
 
-  const { adapter, kernels } = await kernelFigures(kernelK, kernelRows, attnCtx, attnQueries, Number(option(args, 'reps', '3')));
+  const types = kernelTypes(model, option(args, 'kernel-types', ''));
+  const { adapter, kernels } = await kernelFigures(kernelK, kernelRows, attnCtx, attnQueries, Number(option(args, 'reps', '3')), types);
   const path = await syntheticModel(model);
-  const prompt = Array.from({ length: nPrompt }, (_, i) => (i === 0 ? 1 : 3 + ((i * 131) % (model.vocab - 3))));
+  const vocab = model.vocab!;
+  const prompt = Array.from({ length: nPrompt }, (_, i) => (i === 0 ? 1 : 3 + ((i * 131) % (vocab - 3))));
   const engines: EngineFigure[] = [];
   for (const b of backends) {
     const stage: StageBackend = b === 'webgpu' ? await createNodeWebGpuBackend() : b === 'cpu' ? new CpuBackend() : new LlamaCppStage({ kvType: 'f32', flashAttention: false });
@@ -204,6 +271,7 @@ export async function run(args: string[]): Promise<unknown> {
     model: { ...model, path },
     kernels,
     engines,
+    ...(moeArch ? { moe_decode: await moeDecodeBytes(path, prompt, nDecode) } : {}),
     ratios: {
       decode_webgpu_over_cpu: gpu && by('cpu') ? gpu.decode_tok_s / by('cpu')!.decode_tok_s : null,
       decode_webgpu_over_llamacpp: gpu && by('llamacpp') ? gpu.decode_tok_s / by('llamacpp')!.decode_tok_s : null,

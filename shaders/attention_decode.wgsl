@@ -3,6 +3,8 @@
 // takes their local max and exp-sum and the exp-weighted sum of their values; `combine` merges
 // the chunks of each head with the usual max-rescaling. Grouped-query attention: head h reads
 // KV head h / (n_head / n_head_kv). Supports head_dim up to any size (threads stride over it).
+// A cache split by KV heads is attended part by part: `split` then covers the query heads
+// [head0, head0 + gridDim.y) over a cache holding KV heads [kv_head0, kv_head0 + kv_heads).
 // `workgroup_max` / `workgroup_sum` come from shaders/reduce/shared.wgsl.
 
 struct Params {
@@ -13,6 +15,10 @@ struct Params {
   n_chunks: u32,  // ceil(n_kv / CHUNK)
   scale: f32,     // 1 / sqrt(head_dim)
   q_offset: u32,  // elements: start of the query in q
+  window: u32,    // sliding window: only the last `window` positions are attended to; 0 = all
+  head0: u32,     // split: first query head of this dispatch
+  kv_head0: u32,  // split: first KV head this cache part holds
+  kv_heads: u32,  // split: KV heads this cache part holds (= n_head_kv unsplit)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -29,12 +35,13 @@ var<workgroup> weight: array<f32, CHUNK>;
 @compute @workgroup_size(CHUNK)
 fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let c = wid.x;
-  let h = wid.y;
+  let h = p.head0 + wid.y;
   let hd = p.head_dim;
-  let kvh = h / (p.n_head / p.n_head_kv);
-  let kv_stride = p.n_head_kv * hd;
+  let kvh = h / (p.n_head / p.n_head_kv) - p.kv_head0;
+  let kv_stride = p.kv_heads * hd;
   let pos = c * CHUNK + lid;
-  let valid = pos < p.n_kv;
+  let lo = select(0u, p.n_kv - min(p.window, p.n_kv), p.window > 0u);
+  let valid = pos < p.n_kv && pos >= lo;
 
   // score of this thread's position
   var s = NEG_BIG;

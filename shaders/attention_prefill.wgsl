@@ -12,6 +12,10 @@ struct Params {
   n_tokens: u32,
   pos0: u32,      // position of query token 0
   scale: f32,     // 1 / sqrt(head_dim)
+  window: u32,    // sliding window: query t attends to its last `window` positions only; 0 = all
+  head0: u32,     // split cache: first query head of this dispatch (see attention_decode)
+  kv_head0: u32,  // split cache: first KV head this cache part holds
+  kv_heads: u32,  // split cache: KV heads this cache part holds (= n_head_kv unsplit)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -28,10 +32,10 @@ var<workgroup> weight: array<f32, TILE>;
 @compute @workgroup_size(TILE)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let t = wid.x;
-  let h = wid.y;
+  let h = p.head0 + wid.y;
   let hd = p.head_dim;
-  let kvh = h / (p.n_head / p.n_head_kv);
-  let kv_stride = p.n_head_kv * hd;
+  let kvh = h / (p.n_head / p.n_head_kv) - p.kv_head0;
+  let kv_stride = p.kv_heads * hd;
   let qb = (t * p.n_head + h) * hd;
   let n_kv = p.pos0 + t + 1u;
 
@@ -39,9 +43,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   var l = 0.0;      // running exp-sum
   var acc: array<f32, MAX_D_PER_THREAD>; // output dims lid, lid + TILE, ...
 
-  for (var tile0 = 0u; tile0 < n_kv; tile0 += TILE) {
+  let lo = select(0u, n_kv - min(p.window, n_kv), p.window > 0u);
+  for (var tile0 = (lo / TILE) * TILE; tile0 < n_kv; tile0 += TILE) {
     let pos = tile0 + lid;
-    let valid = pos < n_kv;
+    let valid = pos < n_kv && pos >= lo;
     var s = NEG_BIG;
     if (valid) {
       let kb = pos * kv_stride + kvh * hd;

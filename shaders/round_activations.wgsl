@@ -2,12 +2,12 @@
 // f16 weight (it converts the activation row to the weight's "vec_dot_type" and takes integer
 // dot products). Replacing x by the value its rounded form stands for and then multiplying in
 // f32 gives ggml's sums up to summation order, so greedy tokens match llama.cpp and the CPU
-// reference. Entry points by format: `f16`, `q8_0` (blocks of 32, f16 scale), `q8_k` (blocks
+// reference. Entry points by format: `f16`, `bf16`, `q8_0` (blocks of 32, f16 scale), `q8_k` (blocks
 // of 256, f32 scale from the signed value of largest magnitude). One thread per block: no
 // barriers. WGSL's round() is ties-to-even, like ggml's nearest_int.
 
 struct Params {
-  n: u32,      // f16: elements; q8_0 / q8_k: blocks
+  n: u32,      // f16 / bf16: elements; q8_0 / q8_k: blocks
   wg_x: u32,   // workgroups along x
 }
 
@@ -52,6 +52,23 @@ fn f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) l
   let i = index(wid, lid);
   if (i < p.n) {
     out[i] = round_f16(x[i]);
+  }
+}
+
+// v rounded to the nearest bf16 value (the top 16 bits of an f32), ties to even, as ggml does.
+fn round_bf16(v: f32) -> f32 {
+  let bits = bitcast<u32>(v);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return v; // nan
+  }
+  return bitcast<f32>((bits + 0x7fffu + ((bits >> 16u) & 1u)) & 0xffff0000u);
+}
+
+@compute @workgroup_size(WG)
+fn bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let i = index(wid, lid);
+  if (i < p.n) {
+    out[i] = round_bf16(x[i]);
   }
 }
 

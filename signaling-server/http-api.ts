@@ -1,8 +1,8 @@
-// The server's HTTP router: the web app's hook first, CORS, /v1/health (no credential), then the
-// API — model bytes, fetch logs, manifests and headers, rooms, routes, telemetry streams, the
-// OpenAI-compatible API and binary session frames. Every API request presents a credential as
-// its Bearer token (access.ts), sees only the rooms it opens, and each endpoint names the roles
-// it takes (the table below); an API key sees only its own sessions.
+// The server's HTTP router: the trust files (public), the web app's hook, CORS, /v1/health (no
+// credential), then the API — model bytes, fetch logs, manifests and headers, rooms, routes,
+// telemetry streams, the OpenAI-compatible API and binary session frames. Every API request
+// presents a credential as its Bearer token (access.ts), sees only the rooms it opens, and each
+// endpoint names the roles it takes (the table below); an API key sees only its own sessions.
 
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { MeshError } from '../src/errors.ts';
@@ -14,9 +14,20 @@ import type { Room } from './room.ts';
 import type { RoomRegistry } from './room-registry.ts';
 import { need } from './access.ts';
 import type { Grant, Role } from './access.ts';
+import { serveTrustFiles } from './tls.ts';
+import type { ServerTls } from './tls.ts';
 
 /** Answers requests before the API (the web app): true when it answered. */
 export type AppHook = (req: IncomingMessage, res: ServerResponse) => Promise<boolean>;
+
+export interface HttpApiOptions {
+  /** the web app, answered before the API */
+  app?: AppHook;
+  /** the certificate served with, whose local CA /tls/ offers (null: plain HTTP) */
+  tls?: ServerTls | null;
+  /** this server's own address, which the trust files' links name */
+  url?: string;
+}
 
 interface Request {
   req: IncomingMessage;
@@ -53,12 +64,14 @@ export class HttpApi {
 
   constructor(
     private readonly registry: RoomRegistry,
-    private readonly app?: AppHook,
+    private readonly opts: HttpApiOptions = {},
   ) {}
 
   readonly handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
     try {
-      if (this.app && (await this.app(req, res))) return;
+      // the CA certificate: public, before the app and the secret
+      if (serveTrustFiles(this.opts.tls ?? null, req, res, this.opts.url)) return;
+      if (this.opts.app && (await this.opts.app(req, res))) return;
       const path = new URL(req.url ?? '/', 'http://x').pathname;
       const method = req.method ?? 'GET';
       // browser peers may be served from another origin: CORS (auth is the Bearer secret, no cookies)

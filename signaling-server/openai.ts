@@ -13,7 +13,7 @@ import { httpStatusFor, MeshError } from '../src/errors.ts';
 import { ChatTemplate } from '../src/model/chat-template.ts';
 import type { ChatMessage } from '../src/model/chat-template.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
-import { configFromHeader } from '../src/model/config.ts';
+import { hyperParameters } from '../src/gguf/summary.ts';
 import { generateOnRoute } from '../src/route/route-generation.ts';
 import type { RouteGenerationResult } from '../src/route/route-generation.ts';
 import type { SessionManager } from '../src/route/sessions.ts';
@@ -104,7 +104,7 @@ function generationRequest(room: Room, body: CompletionBody, chat: boolean) {
     promptText = typeof body.prompt === 'string' ? body.prompt : body.prompt[0];
   }
   const promptTokens = tokenizer.encode(promptText);
-  const nCtx = configFromHeader(room.model.header).nCtxTrain;
+  const nCtx = hyperParameters(room.model.header).n_ctx_train || 2048; // as configFromHeader defaults it
   const asked = body.max_completion_tokens ?? body.max_tokens;
   const maxTokens = asked ?? (chat ? Math.max(0, Math.min(512, nCtx - promptTokens.length)) : Math.min(16, Math.max(0, nCtx - promptTokens.length)));
   // OpenAI's rule: the prompt and the completion must fit the context, or the request is a 400
@@ -199,6 +199,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     let unsubscribe: (() => void) | null = null;
     let firstToken = false;
     let lastStep: TelemetryEvent | null = null;
+    const repairs: TelemetryEvent[] = [];
     const result = await generateOnRoute(link, route.id, tokenizer, {
       promptTokens,
       maxTokens,
@@ -210,6 +211,11 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
         // progress from the session manager (prefill per chunk) reaches the stream too
         unsubscribe = ctx.sessions.subscribe(sid, (e) => {
           if (!firstToken && e.type === 'prefill_progress') progress(e);
+          // a stage lost and the route repaired under the session: the client sees it happen, but no error
+          if (e.type === 'stage_lost' || e.type === 'route_repairing' || e.type === 'route_repaired') {
+            repairs.push(e);
+            progress(e);
+          }
         });
       },
       onEvent: (e) => {
@@ -233,7 +239,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
         model,
         choices: [chat ? { index: 0, message: { role: 'assistant', content: result.text }, logprobs: null, finish_reason: finish(result) } : { index: 0, text: result.text, logprobs: null, finish_reason: finish(result) }],
         usage: usage(result),
-        gguf_mesh: { session_id: result.sessionId, summary: result.summary },
+        gguf_mesh: { session_id: result.sessionId, summary: result.summary, ...(repairs.length ? { repairs } : {}) },
       });
     }
   } catch (e) {

@@ -18,6 +18,35 @@ const HELLO_TIMEOUT_MS = 10_000;
 /** Largest message read before the peer proved the secret (a hello is a few KiB). */
 const MAX_HELLO_TEXT = 256 * 1024;
 
+/** Liveness of an admitted peer: a WebSocket ping every `heartbeatMs`; no pong for `heartbeatTimeoutMs` and the peer is lost. */
+export interface Liveness {
+  heartbeatMs: number;
+  heartbeatTimeoutMs: number;
+}
+
+export const DEFAULT_LIVENESS: Liveness = { heartbeatMs: 500, heartbeatTimeoutMs: 3_500 };
+
+/**
+ * Pings the peer's socket; a peer that stops answering (a stopped process, a frozen tab, a
+ * cut link — the socket may stay open for minutes) is lost like one that closed.
+ */
+function watchLiveness(room: Room, peer: Peer, ws: WebSocket, l: Liveness): () => void {
+  let lastPong = Date.now();
+  ws.on('pong', () => (lastPong = Date.now()));
+  const timer = setInterval(() => {
+    const silent = Date.now() - lastPong;
+    if (silent > l.heartbeatTimeoutMs) {
+      clearInterval(timer);
+      room.peerGone(peer, `no heartbeat for ${(silent / 1000).toFixed(1)} s (stopped or unreachable)`);
+      ws.terminate();
+      return;
+    }
+    if (ws.readyState === ws.OPEN) ws.ping();
+  }, l.heartbeatMs);
+  timer.unref();
+  return () => clearInterval(timer);
+}
+
 /** The room as the browser-peer router sees it. */
 function browserPeerView(room: Room): BrowserPeerRoom {
   return {
@@ -36,8 +65,11 @@ function browserPeerView(room: Room): BrowserPeerRoom {
   };
 }
 
-/** Runs the challenge on a new peer socket of `room`, then serves the admitted peer's messages. */
-export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger): void {
+/**
+ * Runs the challenge on a new peer socket of `room`, then serves the admitted peer's messages.
+ * `origin`: where the peer reached this server (it reads a hosted model there).
+ */
+export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger, origin?: string, liveness: Liveness = DEFAULT_LIVENESS): void {
   const nonce = randomBytes(16).toString('hex');
   const expectedProof = helloProof(room.secret, nonce);
   // a public room's trusted peers prove the trusted secret instead
@@ -45,6 +77,7 @@ export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger): void 
   const view = browserPeerView(room);
   let peer: Peer | null = null;
   let helloSeen = false;
+  let stopWatching = (): void => undefined;
   const refuse = (code: string, message: string): void => {
     ws.send(JSON.stringify({ t: 'error', code, message }));
     ws.close(4401, code);
@@ -77,7 +110,8 @@ export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger): void 
       if (ws.readyState !== ws.OPEN) return;
       clearTimeout(helloTimer);
       const hello: PeerHello = { ...offer, proof: '' };
-      peer = room.addPeer(hello, ws, isTrusted);
+      peer = room.addPeer(hello, ws, { trusted: isTrusted, ...(origin ? { origin } : {}) });
+      stopWatching = watchLiveness(room, peer, ws, liveness);
     });
   };
   ws.on('message', (data, isBinary) => {
@@ -94,6 +128,7 @@ export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger): void 
   });
   ws.on('close', () => {
     clearTimeout(helloTimer);
+    stopWatching();
     if (peer) room.peerGone(peer, 'connection closed');
   });
   ws.send(JSON.stringify({ t: 'challenge', nonce }));

@@ -9,7 +9,7 @@ import { isUrl } from '../src/gguf/parse.ts';
 import { artifactFiles, readArtifactHeader, splitName } from '../src/gguf/split.ts';
 import { loadOrBuildManifest } from '../src/gguf/manifest.ts';
 import type { Manifest } from '../src/gguf/verify.ts';
-import { checkedModelConfig } from '../src/model/model-check.ts';
+import { checkedServableModel } from '../src/model/model-check.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import type { IceServer } from '../src/protocol/control.ts';
 import { FrameType } from '../src/protocol/frame.ts';
@@ -24,6 +24,7 @@ import { modelKey, roomIdentity } from './room-identity.ts';
 import type { RelayLedger } from './browser-peers.ts';
 import { FetchLog, PinnedFile } from './model-host.ts';
 import { Room } from './room.ts';
+import { iceServersMinting } from './turn.ts';
 import type { Route, RoomOptions } from './room.ts';
 
 export interface RoomRegistryOptions extends CredentialOptions {
@@ -41,6 +42,18 @@ export interface RoomRegistryOptions extends CredentialOptions {
   iceServers?: IceServer[];
   /** public rooms: trusted peers at the ends, spot checks of the others (room.ts) */
   publicRoom?: RoomOptions['publicRoom'];
+  /** a route that loses a stage waits this long for a replacement (ms, default 30 s; 0 = no repair: sessions fail at once) */
+  repairTimeoutMs?: number;
+  /** spares load their standby shard ahead of time (default true) */
+  standby?: boolean;
+  /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
+  heartbeatMs?: number;
+  /** a peer silent this long is lost (ms, default 3.5 s) */
+  heartbeatTimeoutMs?: number;
+  /** a step unanswered this long makes the server probe the route's stages for a stalled one (ms, default 30 s) */
+  stepTimeoutMs?: number;
+  /** mint each peer a short-lived credential for the TURN servers in `iceServers` that name none (./turn.ts) */
+  turn?: { secret: string; ttlS: number };
   log: (line: string) => void;
 }
 
@@ -94,7 +107,7 @@ export class RoomRegistry {
         const r = this.findRoute(routeId);
         return r && r.status === 'ready' ? r : undefined;
       },
-      { ...opts.limits, idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => opts.log(`session ${id}: ${state}`) },
+      { ...opts.limits, idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => opts.log(`session ${id}: ${state}`), ...(opts.stepTimeoutMs ? { stepTimeoutMs: opts.stepTimeoutMs } : {}) },
     );
     this.access = new Access(opts, () => this.rooms);
     this.gate = new AdmissionGate(opts.limits);
@@ -110,8 +123,9 @@ export class RoomRegistry {
     // the joined header addresses the parts concatenated
     const art = await readArtifactHeader(location);
     const header = art.header;
-    // refused here, at start, what llama.cpp would refuse: lying shapes, missing or extra tensors
-    const config = checkedModelConfig(header, location);
+    // refused here, at start, what llama.cpp would refuse: lying shapes, missing or extra tensors;
+    // an architecture only llama.cpp runs opens a room too (what each peer serves is the planner's question)
+    const { nLayer, nCtx } = checkedServableModel(header, location);
     Tokenizer.fromMetadata(header.metadata);
     const id = modelIdFor(location, this.taken);
     const remote = isUrl(location);
@@ -128,19 +142,24 @@ export class RoomRegistry {
     }
     // the same model and secret give the same room id after a restart, so join links stay valid
     const identity = roomIdentity(modelKey(id, location, header.fileBytes), this.opts.secret);
+    const iceServers = this.iceServers();
     const room = new Room(
       identity.id,
       identity.secret,
-      { id, location, header, nLayer: config.nLayer, files: art.files.length, contextLength: config.nCtxTrain },
+      { id, location, header, nLayer, files: art.files.length, contextLength: nCtx || 2048 },
       {
         minPeers: this.opts.minPeers ?? 1,
         planDelayMs: this.opts.planDelayMs ?? 300,
         // peers read the first part's URL; the other parts' URLs follow from its name
         modelUrl: remote ? artifactFiles(location)[0]! : `${this.url}/models/${hostedNames[0]}.gguf`,
+        // each peer reads a hosted model at the origin it reached this server by (a wildcard bind has many)
+        ...(remote ? {} : { modelPath: `/models/${hostedNames[0]}.gguf` }),
         nextRouteId: () => ++this.routeCounter,
         sessions: this.sessions,
         log: this.opts.log,
-        ...(this.opts.iceServers?.length ? { iceServers: this.opts.iceServers } : {}),
+        ...(iceServers ? { iceServers } : {}),
+        ...(this.opts.repairTimeoutMs !== undefined ? { repairTimeoutMs: this.opts.repairTimeoutMs } : {}),
+        ...(this.opts.standby === false ? { standby: false } : {}),
         ...(this.opts.publicRoom ? { publicRoom: this.opts.publicRoom } : {}),
       },
     );
@@ -156,6 +175,13 @@ export class RoomRegistry {
       (e) => this.opts.log(`[room ${room.id}] manifest failed: ${(e as Error).message}`),
     );
     return room;
+  }
+
+  /** What peers are told in welcome: the configured servers, or per peer with a minted TURN credential. */
+  private iceServers(): IceServer[] | ((peerId: string) => IceServer[]) | undefined {
+    const servers = this.opts.iceServers;
+    if (!servers?.length) return undefined;
+    return this.opts.turn ? iceServersMinting(servers, this.opts.turn.secret, this.opts.turn.ttlS) : servers;
   }
 
   /** The room's manifest; one that failed to build is tried again on the next request. */

@@ -1,6 +1,9 @@
 // A room: one model artifact, its secret, the peers that joined, and the route planned over
-// them. The route's status moves forming → loading → ready, to degraded when a stage's peer
-// leaves or fails to load, and to closed when a new route replaces it or the server stops.
+// them. The route's status moves forming → loading → ready; a ready route whose stage loses its
+// peer goes repairing and back to ready once a replacement serves the stage (route-repair.ts);
+// degraded when a stage is lost with no repair, fails to load, or the repair timed out; closed
+// when a new route replaces it or the server stops. A peer excluded (a refused shard, a failed
+// spot check) loses its stage as if it had left.
 
 import { randomBytes } from 'node:crypto';
 import type WebSocket from 'ws';
@@ -9,19 +12,28 @@ import type { ShardRange } from '../src/gguf/types.ts';
 import type { GgufHeader } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
 import { planRoute } from '../src/route/planner.ts';
+import type { PlannerPeer } from '../src/route/planner.ts';
+import { modelTraits, servable } from '../src/model/serve-capability.ts';
+import type { ModelTraits, Servable } from '../src/model/serve-capability.ts';
 import { unitsRange } from '../src/peer/verified-source.ts';
-import type { IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer, SpotCheckReport } from '../src/protocol/control.ts';
-import { SpotChecker } from './spot-check.ts';
-import type { SpotCheckVerdict } from './spot-check.ts';
+import type { CandidatePair, IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/protocol/control.ts';
+import { PublicRoom } from './public-room.ts';
+import type { PublicRoomOptions } from './public-room.ts';
 import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
-import type { TelemetryEvent } from '../src/route/telemetry.ts';
+import type { HopLink, TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
+import { FrameType, makeFrame } from '../src/protocol/frame.ts';
+import { RouteKeeper } from './route-repair.ts';
+import type { RepairState } from './route-repair.ts';
+
+export type RouteStatus = 'forming' | 'loading' | 'ready' | 'repairing' | 'degraded' | 'closed';
+
+/** How long a stage may take to answer a status probe before a stalled step blames it (ms). */
+const STALL_PROBE_MS = 2_000;
 
 /** Replies from a peer's stage to the server (status, tokens, logits) are small: what reassembly may hold. */
 const PEER_REPLY_REASSEMBLY = { maxPendingBytes: 32 * 1024 * 1024, maxAgeMs: 30_000 };
-
-export type RouteStatus = 'forming' | 'loading' | 'ready' | 'degraded' | 'closed';
 
 export interface Peer {
   id: string;
@@ -31,8 +43,12 @@ export interface Peer {
   control: WsLink;
   joinedAt: number;
   gone: boolean;
+  /** the origin the peer reached the server at (https://host:port), when known */
+  origin?: string;
   /** refused its shard's bytes (hash mismatch), or failed a spot check: stays out of routes for this artifact */
   excluded?: string;
+  /** asked to leave gracefully: takes no new stage or standby */
+  leaving?: boolean;
   /** proved the trusted secret (public rooms: may serve the first and last stages) */
   trusted?: boolean;
 }
@@ -71,6 +87,12 @@ export class Route implements RouteHandle {
   readonly history: RouteStatus[] = ['forming'];
   entryLink: FrameLink | null = null;
   readonly createdAt = Date.now();
+  /** the repair under way (route-repair.ts), if a stage lost its peer */
+  repairState: RepairState | null = null;
+
+  get contextLimit(): number | undefined {
+    return this.room.model.contextLength;
+  }
 
   constructor(
     readonly id: number,
@@ -85,10 +107,6 @@ export class Route implements RouteHandle {
     this.history.push(s);
     this.room.log(`route ${this.id}: ${s}${reason ? ` (${reason})` : ''}`);
     this.room.emit({ type: 'route_status', routeId: this.id, status: s, reason });
-  }
-
-  get contextLimit(): number | undefined {
-    return this.room.model.contextLength;
   }
 
   entry(): FrameLink {
@@ -107,6 +125,29 @@ export class Route implements RouteHandle {
     return this.stages.map((s) => s.peerId);
   }
 
+  stageBackends(): string[] {
+    return this.stages.map((s) => this.room.peers.get(s.peerId)?.hello.backend ?? '?');
+  }
+
+  /** What sessions wait on while a lost stage is replaced (a graceful leave: only once the swap begins). */
+  repair(): RepairState | null {
+    return this.status === 'repairing' ? this.repairState : null;
+  }
+
+  /** A step went unanswered: a stage that does not answer a status probe in time is treated as lost. */
+  async suspectStall(): Promise<void> {
+    await this.room.probeStages(this);
+  }
+
+  /** How each hop is carried, from the stages' own reports (a native node without WebRTC reports none: ws to a listen address, else the relay). */
+  hops(): HopLink[] {
+    return this.stages.slice(0, -1).map((st) => {
+      const next = this.stages[st.stage + 1]!;
+      const t = st.telemetry as { hop?: string; candidatePair?: CandidatePair | null } | undefined;
+      return { from: st.stage, to: next.stage, fromPeer: st.peerId, toPeer: next.peerId, kind: t?.hop ?? (next.listen ? 'ws' : 'relay'), candidatePair: t?.candidatePair ?? null };
+    });
+  }
+
   summary(): Record<string, unknown> {
     return {
       id: this.id,
@@ -116,6 +157,9 @@ export class Route implements RouteHandle {
       reason: this.reason,
       history: this.history,
       stages: this.stages.map((s) => ({ ...s, peer: this.room.peerSummary(s.peerId) })),
+      repair: this.repairState ? { since: this.repairState.since, stages: this.repairState.stages, lost: [...this.repairState.lost.values()] } : null,
+      spares: this.room.keeper.summary(),
+      hops: this.hops(),
     };
   }
 }
@@ -125,17 +169,23 @@ export interface RoomOptions {
   planDelayMs: number;
   /** URL peers use to read the model (already absolute) */
   modelUrl: string;
+  /** a hosted model's path on this server: each peer reads it at the origin it joined by */
+  modelPath?: string;
   nextRouteId: () => number;
   sessions: SessionManager;
   log: (line: string) => void;
   /** STUN/TURN servers announced to peers in welcome (browser peers across the internet) */
-  iceServers?: IceServer[];
+  iceServers?: IceServer[] | ((peerId: string) => IceServer[]);
+  /** how long a ready route waits for a replacement of a lost stage (ms; 0 = no repair, sessions fail at once) */
+  repairTimeoutMs?: number;
+  /** spares load their standby shard ahead of time (default true) */
+  standby?: boolean;
   /**
    * A public room (visitors donate compute): peers proving `trustedSecret` serve the first and
    * last stages; the first also re-runs `fraction` of sessions through the others' layers, and
    * a stage whose hidden states differ by more than `tolerance` is excluded.
    */
-  publicRoom?: { trustedSecret: string; fraction: number; tolerance: number };
+  publicRoom?: PublicRoomOptions;
 }
 
 export class Room {
@@ -147,13 +197,13 @@ export class Room {
   private planTimer: NodeJS.Timeout | null = null;
   private peerCounter = 0;
   private listeners = new Set<(e: TelemetryEvent) => void>();
+  private traits: ModelTraits | null = null;
   /** recent route events, replayed to a new subscriber */
   private recent: TelemetryEvent[] = [];
-
-  /** public rooms: where the first stage's re-runs meet the last stage's view */
-  readonly checker: SpotChecker | null;
-  /** sessions the last stage was told to watch */
-  private readonly watching = new Set<string>();
+  /** spares and repairs */
+  readonly keeper: RouteKeeper;
+  /** trusted ends and spot checks, in a public room */
+  readonly publicRoom: PublicRoom | null;
 
   constructor(
     readonly id: string,
@@ -161,12 +211,22 @@ export class Room {
     readonly model: ModelArtifact,
     private readonly opts: RoomOptions,
   ) {
-    this.checker = opts.publicRoom ? new SpotChecker(opts.publicRoom.tolerance, (v) => !v.ok && this.spotCheckFailed(v)) : null;
+    this.keeper = new RouteKeeper(this, { repairTimeoutMs: opts.repairTimeoutMs ?? 30_000, standby: opts.standby ?? true });
+    this.publicRoom = opts.publicRoom ? new PublicRoom(this, opts.publicRoom) : null;
+  }
+
+  get sessions(): SessionManager {
+    return this.opts.sessions;
   }
 
   /** The secret trusted peers prove (public rooms), else null. */
   get trustedSecret(): string | null {
-    return this.opts.publicRoom?.trustedSecret ?? null;
+    return this.publicRoom?.opts.trustedSecret ?? null;
+  }
+
+  /** Whether `p` may serve stage `stage` of `r` (a public room keeps its ends on trusted peers). */
+  mayServeStage(p: Peer, r: Route, stage: number): boolean {
+    return this.publicRoom?.mayServe(p, stage, r.stages.length) ?? true;
   }
 
   log(line: string): void {
@@ -186,17 +246,28 @@ export class Room {
     return () => this.listeners.delete(listener);
   }
 
-  brief(): ModelBrief {
-    return { id: this.model.id, url: this.opts.modelUrl, nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes, files: this.model.files };
+  /** Where `peer` reads the model: a hosted one at the peer's own origin for this server. */
+  modelUrlFor(peer: Peer | undefined): string {
+    return this.opts.modelPath && peer?.origin ? `${peer.origin}${this.opts.modelPath}` : this.opts.modelUrl;
   }
 
-  addPeer(hello: PeerHello, ws: WebSocket, trusted = false): Peer {
+  brief(peer?: Peer): ModelBrief {
+    return { id: this.model.id, url: this.modelUrlFor(peer), nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes, files: this.model.files };
+  }
+
+  addPeer(hello: PeerHello, ws: WebSocket, how: { trusted?: boolean; origin?: string } = {}): Peer {
+    const { trusted, origin } = how;
     const id = `${hello.name ? hello.name.replace(/[^A-Za-z0-9_.-]/g, '').slice(0, 24) + '-' : 'peer-'}${++this.peerCounter}${randomBytes(2).toString('hex')}`;
-    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`, { reassembly: PEER_REPLY_REASSEMBLY }), joinedAt: Date.now(), gone: false, ...(trusted ? { trusted } : {}) };
+    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`, { reassembly: PEER_REPLY_REASSEMBLY }), joinedAt: Date.now(), gone: false, ...(origin ? { origin } : {}), ...(trusted ? { trusted } : {}) };
     this.peers.set(id, peer);
-    this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}`);
-    const ice = this.opts.iceServers?.length ? { iceServers: this.opts.iceServers } : {};
-    this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief(), ...ice });
+    const can = this.servableBy(peer);
+    this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}; serves ${can.ranges ? 'any layer range' : can.wholeModel ? 'the whole model only' : `nothing of this model (${can.reason})`}`);
+    const servers = typeof this.opts.iceServers === 'function' ? this.opts.iceServers(id) : this.opts.iceServers;
+    const ice = servers?.length ? { iceServers: servers } : {};
+    this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief(peer), ...ice });
+    const r = this.route;
+    if (r?.repairState) this.keeper.fillWaiting(r);
+    else if (r?.status === 'ready') this.keeper.assignStandbys(r);
     this.schedulePlan();
     return peer;
   }
@@ -210,48 +281,107 @@ export class Room {
     this.schedulePlan();
   }
 
-  /** The peer's stage of the current route is lost: the route degrades and its sessions fail over (stageLost). Returns the route it was lost from. */
-  private loseStage(peer: Peer, how: string, why: string): Route | null {
+  /**
+   * The peer's stage of the current route (or the stage it was taking over) is lost: with repair
+   * on, a spare takes it and the sessions wait and are rebuilt; else the route degrades and its
+   * sessions fail naming the stage. Returns the route it was lost from.
+   */
+  private loseStage(peer: Peer, how: 'left' | 'excluded', why: string): Route | null {
+    this.keeper.spares.delete(peer.id);
     const r = this.route;
-    const st = r?.stages.find((s) => s.peerId === peer.id);
-    if (!r || !st || r.status === 'closed') return null;
-    st.status = 'lost';
-    r.setStatus('degraded', `stage ${st.stage} (${peer.id}) ${how}: ${why}`);
-    void this.opts.sessions.stageLost(r.id, st.stage, how === 'left' ? why : `${how}: ${why}`);
+    if (!r || r.status === 'closed') return null;
+    const st = r.stages.find((s) => s.peerId === peer.id);
+    const replacing = this.keeper.replacementStage(r, peer);
+    if (!st && replacing === null) return null;
+    const stage = st?.stage ?? replacing!;
+    const cause = how === 'left' ? why : `excluded: ${why}`;
+    // an excluded peer is out for good already; one lost twice is kept out for a while
+    if (how === 'left' && !peer.leaving) this.keeper.penalise(peer, `lost while serving stage ${stage}: ${why}`);
+    if (this.keeper.stageLost(r, stage, peer.id, cause)) {
+      void this.opts.sessions.stageLost(r.id, stage, cause, { peerId: peer.id, repairing: true });
+      return r;
+    }
+    if (st) st.status = 'lost';
+    r.setStatus('degraded', `stage ${stage} (${peer.id}) ${how}: ${why}`);
+    void this.opts.sessions.stageLost(r.id, stage, cause, { peerId: peer.id });
     return r;
   }
 
-  onPeerMessage(peer: Peer, msg: PeerToServer): void {
+  /** A graceful leave: a stage is handed over first (same path as a repair), then the peer hears leave-ok. */
+  peerLeaving(peer: Peer): void {
+    peer.leaving = true;
+    this.keeper.spares.delete(peer.id);
     const r = this.route;
-    if (msg.t === 'check') return this.onSpotCheck(peer, msg);
-    if (msg.t === 'hello' || !r || msg.routeId !== r.id) return;
+    const st = r?.stages.find((s) => s.peerId === peer.id);
+    if (!r || !st || r.status === 'closed' || !this.keeper.stageLost(r, st.stage, peer.id, 'left gracefully', true)) return this.leaveDone(peer.id, !st);
+    this.log(`peer ${peer.id} is leaving: handing stage ${st.stage} over`);
+    void this.opts.sessions.stageLost(r.id, st.stage, 'left gracefully (its sessions move to a replacement)', { peerId: peer.id, repairing: true });
+  }
+
+  /** Tells a leaving peer it may go (`moved`: its stage is served elsewhere). */
+  leaveDone(peerId: string, moved: boolean): void {
+    const p = this.peers.get(peerId);
+    if (p) this.send(p, { t: 'leave-ok', moved });
+  }
+
+  /** Asks every stage of `r` for its status; the first that does not answer in time is lost (stalled). */
+  async probeStages(r: Route): Promise<void> {
+    for (const st of r.stages) {
+      const p = this.peers.get(st.peerId);
+      if (!p || p.gone) continue;
+      const ok = await Promise.race([
+        p.control.request(makeFrame({ type: FrameType.Status })).then(() => true, () => true),
+        new Promise<boolean>((resolve) => setTimeout(() => resolve(false), STALL_PROBE_MS).unref()),
+      ]);
+      if (ok) continue;
+      this.peerGone(p, `stalled: no answer to a status probe within ${STALL_PROBE_MS} ms`);
+      p.ws.terminate();
+      return;
+    }
+  }
+
+  onPeerMessage(peer: Peer, msg: PeerToServer): void {
+    if (msg.t === 'hello') return;
+    if (msg.t === 'check') return this.publicRoom?.onReport(peer, msg);
+    if (msg.t === 'leave') return this.peerLeaving(peer);
+    if (msg.t === 'standby-ready' || msg.t === 'standby-failed') return this.keeper.onStandby(peer, msg.t === 'standby-ready', msg.t === 'standby-failed' ? `${msg.code} ${msg.message}` : '');
+    const r = this.route;
+    if (!r || msg.routeId !== r.id) return;
+    if (msg.t === 'rewired') return this.keeper.onRewired(peer, msg.routeId, msg.stage);
     const st = r.stages[msg.stage];
-    if (!st || st.peerId !== peer.id) return;
+    if (!st) return;
+    // a replacement taking over a stage (a graceful leave: the stage still names the leaving peer)
+    const replacing = this.keeper.replacementStage(r, peer) === msg.stage;
+    if (st.peerId !== peer.id && !replacing) return;
     if (msg.t === 'ready') {
-      st.status = 'ready';
       st.loadMs = msg.loadMs;
       st.bytesRead = msg.bytesRead;
       this.log(`route ${r.id}: stage ${st.stage} ready on ${peer.id} (${msg.bytesRead} bytes read in ${Math.round(msg.loadMs)} ms)`);
       this.emit({ type: 'stage_ready', routeId: r.id, stage: st.stage, loadMs: msg.loadMs, bytesRead: msg.bytesRead });
+      if (replacing) return void this.keeper.replacementReady(r, peer);
+      st.status = 'ready';
       if (r.stages.every((s) => s.status === 'ready')) void this.announceReady(r);
     } else if (msg.t === 'telemetry') {
-      st.telemetry = msg; // browser peers: load progress, hop kind (webrtc | relay), frames per channel
+      // load progress, hop kind and candidate pair, frames per channel; merged, so the cache facts
+      // of the 'ready' report survive the periodic counter reports that follow it
+      st.telemetry = { ...st.telemetry, ...msg };
     } else if (msg.t === 'loading') {
       st.loading = { bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal };
       this.emit({ type: 'stage_loading', routeId: r.id, stage: st.stage, bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal });
     } else if (msg.t === 'load-failed') {
+      if (/HASH_MISMATCH/.test(msg.code)) peer.excluded = `${msg.code}: ${msg.message}`;
+      if (replacing) return this.keeper.replacementFailed(r, peer, `${msg.code} ${msg.message}`);
       st.status = 'failed';
       st.error = { code: msg.code, message: msg.message };
-      if (/HASH_MISMATCH/.test(msg.code)) peer.excluded = `${msg.code}: ${msg.message}`;
       r.setStatus('degraded', `stage ${st.stage} (${peer.id}) failed to load: ${msg.code} ${msg.message}`);
     }
   }
 
   /** Stage 0's data link: straight to its listen address, else over its control socket. */
-  private async announceReady(r: Route): Promise<void> {
+  async connectEntry(r: Route): Promise<void> {
     const first = r.stages[0]!;
     const peer = this.peers.get(first.peerId);
-    if (!peer) return;
+    if (!peer) throw new MeshError('STAGE_UNREACHABLE', `stage 0 (${first.peerId}) is not in the room`, { stage: 0 });
     let link: FrameLink = peer.control;
     if (first.listen) {
       try {
@@ -260,12 +390,31 @@ export class Room {
         this.log(`route ${r.id}: stage 0 not reachable at ${first.listen} (${(e as Error).message}); using its control socket`);
       }
     }
-    if (this.route !== r || r.status !== 'loading') {
-      if (link !== peer.control) void link.close();
-      return;
-    }
+    const old = r.entryLink;
     r.entryLink = link;
+    if (old && old !== link && !this.isControlLink(old)) void old.close();
+  }
+
+  private async announceReady(r: Route): Promise<void> {
+    await this.connectEntry(r).catch((e: Error) => this.log(`route ${r.id}: ${e.message}`));
+    if (this.route !== r || r.status !== 'loading') return;
     r.setStatus('ready');
+    this.keeper.assignStandbys(r);
+  }
+
+  /** Sends `peer` the assignment of stage `stage` of `r` (its neighbours as the route stands). */
+  assignStage(r: Route, stage: number, peer: Peer): void {
+    const st = r.stages[stage]!;
+    const next = r.stages[stage + 1];
+    const nextHello = next ? this.peers.get(next.peerId)?.hello : undefined;
+    const upstreamPeer = r.stages[stage - 1]?.peerId ?? null;
+    const check = stage === 0 ? this.publicRoom?.checkShard(r) : null;
+    this.send(peer, { t: 'assign', routeId: r.id, stage, shard: { ...st.shard }, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), ...this.downstreamOf(next?.peerId ?? null, nextHello), upstreamPeer, ...(check ? { check } : {}) });
+  }
+
+  /** How a stage reaches peer `peerId` as its next stage: its listen address, and whether it answers data channels (tabs always do; a native node says so in its hello). */
+  downstreamOf(peerId: string | null, hello: PeerHello | undefined): { downstream: string | null; downstreamPeer: string | null; downstreamRtc: boolean } {
+    return { downstream: hello?.listen ?? null, downstreamPeer: peerId, downstreamRtc: hello ? hello.rtc === true || !hello.listen : false };
   }
 
   schedulePlan(): void {
@@ -286,18 +435,30 @@ export class Room {
   /** Plans a new route when there is none or the current one cannot serve. */
   plan(): void {
     const current = this.route;
-    if (current && (current.status === 'ready' || current.status === 'loading')) return;
-    const peers = [...this.peers.values()].filter((p) => !p.gone && !p.excluded);
+    if (current && (current.status === 'ready' || current.status === 'loading' || current.status === 'repairing')) return;
+    const peers = [...this.peers.values()].filter((p) => this.keeper.eligible(p));
     if (peers.length < this.opts.minPeers) {
       if (current?.status === 'forming') current.reason = `waiting for peers: ${peers.length} of ${this.opts.minPeers}`;
       return;
     }
-    const plan = planRoute({
-      nLayer: this.model.nLayer,
-      peers: peers.map((p) => ({ id: p.id, memoryBytes: p.hello.memoryBytes, layers: p.hello.layers, held: this.heldRange(p) })),
-      shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer),
-      ...(this.opts.publicRoom ? { trusted: (id: string) => this.peers.get(id)?.trusted === true } : {}),
-    });
+    // only what each peer can compute, decided here, before anyone fetches a byte
+    const able = peers.map((p) => ({ p, can: this.servableBy(p) })).filter(({ can }) => can.wholeModel);
+    const plannerPeers: PlannerPeer[] = able.map(({ p, can }) => ({
+      id: p.id,
+      memoryBytes: p.hello.memoryBytes,
+      layers: p.hello.layers,
+      held: this.heldRangeOf(p),
+      serves: can.ranges ? 'ranges' : 'whole-model',
+    }));
+    const unable = peers.filter((p) => !this.servableBy(p).wholeModel);
+    const plan = plannerPeers.length
+      ? planRoute({
+          nLayer: this.model.nLayer,
+          peers: plannerPeers,
+          shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer),
+          ...(this.publicRoom ? { trusted: (id: string) => this.peers.get(id)?.trusted === true } : {}),
+        })
+      : { ok: false as const, reason: `no peer can serve ${(this.traits ??= modelTraits(this.model.header)).architecture}: ${unable.map((p) => `${p.id} (${p.hello.backend}): ${this.servableBy(p).reason}`).join('; ')}` };
     if (current && current.status === 'forming' && !plan.ok) {
       current.reason = plan.reason;
       return;
@@ -318,74 +479,24 @@ export class Room {
     this.emit({ type: 'route_planned', routeId: route.id, stages: route.stages.map((st) => ({ stage: st.stage, peerId: st.peerId, start: st.shard.start, end: st.shard.end })) });
     route.setStatus('loading');
     // downstream first: the last stage starts loading before the ones that will send to it
-    for (const st of [...route.stages].reverse()) {
-      const next = route.stages[st.stage + 1];
-      const downstream = next ? (this.peers.get(next.peerId)?.hello.listen ?? null) : null;
-      const upstreamPeer = route.stages[st.stage - 1]?.peerId ?? null;
-      const check = st.stage === 0 ? this.checkShard(route) : null;
-      this.send(this.peers.get(st.peerId)!, { t: 'assign', routeId: route.id, stage: st.stage, shard: st.shard, nLayer: this.model.nLayer, modelUrl: this.opts.modelUrl, downstream, downstreamPeer: next?.peerId ?? null, upstreamPeer, ...(check ? { check } : {}) });
-    }
+    for (const st of [...route.stages].reverse()) this.assignStage(route, st.stage, this.peers.get(st.peerId)!);
   }
 
-  /** Public rooms with checks on: the layers between the trusted ends, which the first stage re-runs. */
-  private checkShard(route: Route): { shard: ShardRange; fraction: number } | null {
-    const p = this.opts.publicRoom;
-    if (!p || p.fraction <= 0 || route.stages.length < 3) return null;
-    return { shard: { start: route.stages[1]!.shard.start, end: route.stages.at(-2)!.shard.end }, fraction: p.fraction };
-  }
-
-  /** One half of a spot check, from the route's trusted first or last stage only. */
-  private onSpotCheck(peer: Peer, msg: SpotCheckReport): void {
-    const r = this.route;
-    if (!this.checker || !r || r.status !== 'ready' || msg.routeId !== r.id || !peer.trusted) return;
-    const first = r.stages[0]!;
-    const last = r.stages.at(-1)!;
-    if (msg.role === 'expected' && first.peerId !== peer.id) return;
-    if (msg.role === 'actual' && last.peerId !== peer.id) return;
-    if (msg.role === 'expected' && !this.watching.has(msg.sessionId)) {
-      // the last stage reports only what it is asked for: the donors cannot tell which sessions are checked
-      this.watching.add(msg.sessionId);
-      if (this.watching.size > 10_000) this.watching.delete(this.watching.values().next().value!);
-      const lastPeer = this.peers.get(last.peerId);
-      if (lastPeer) this.send(lastPeer, { t: 'watch', routeId: r.id, sessionId: msg.sessionId });
-    }
-    this.checker.report(msg);
-  }
-
-  /** A check failed: every untrusted stage between the trusted ends computed the difference together; all are excluded. */
-  private spotCheckFailed(v: SpotCheckVerdict): void {
-    const r = this.route;
-    if (!r || r.id !== v.routeId) return;
-    const reason = `spot check of session ${v.sessionId} at position ${v.position}: hidden states differ from a trusted re-run by ${v.error.toExponential(2)} (tolerance ${this.opts.publicRoom!.tolerance})`;
-    for (const st of r.stages.slice(1, -1)) {
-      const p = this.peers.get(st.peerId);
-      if (p && !p.trusted) this.excludePeer(p, reason);
-    }
-  }
-
-  /**
-   * Takes a peer out of every route of this room from now on (it stays connected, so it does not
-   * simply rejoin as a new peer) and treats its stage as lost, as if it had left: the route
-   * degrades, its sessions fail over (session repair, issue 14, picks them up from stageLost),
-   * and the next plan goes without it.
-   */
-  excludePeer(peer: Peer, reason: string): void {
-    if (peer.excluded || peer.gone) return;
-    peer.excluded = reason;
-    this.log(`peer ${peer.id} excluded: ${reason}`);
-    const r = this.loseStage(peer, 'excluded', reason);
-    if (r) this.send(peer, { t: 'release', routeId: r.id });
-    this.schedulePlan();
+  /** What of this room's model a peer can compute, from the capability its hello advertised. */
+  servableBy(p: Peer): Servable {
+    this.traits ??= modelTraits(this.model.header);
+    return servable(p.hello.serves, this.traits);
   }
 
   /** The layer range a peer advertises holding verified for this room's artifact. */
-  private heldRange(p: Peer): ShardRange | undefined {
+  heldRangeOf(p: Peer): ShardRange | undefined {
     if (!this.artifactSha || p.hello.artifact !== this.artifactSha || !p.hello.units) return undefined;
     return unitsRange(p.hello.units) ?? undefined;
   }
 
   closeRoute(r: Route): void {
     if (r.status === 'closed') return;
+    if (r.repairState) this.keeper.giveUp(r, 'the route was replaced');
     r.setStatus('closed');
     if (r.entryLink && !this.isControlLink(r.entryLink)) void r.entryLink.close();
     for (const st of r.stages) {
@@ -407,16 +518,32 @@ export class Room {
     if (!p) return null;
     const { proof: _proof, t: _t, ...hello } = p.hello;
     const stage = this.route?.stages.find((s) => s.peerId === id);
-    return { id, ...hello, excluded: p.excluded ?? null, trusted: p.trusted === true, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+    const can = this.servableBy(p);
+    return { id, ...hello, excluded: p.excluded ?? null, trusted: p.trusted === true, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
   }
 
   summary(): Record<string, unknown> {
-    const checks = this.checker ? { spotChecks: { passed: this.checker.passed, failed: this.checker.failed, tolerance: this.checker.tolerance } } : {};
+    const checks = this.publicRoom ? { spotChecks: this.publicRoom.summary() } : {};
     return { id: this.id, model: this.brief(), peers: this.peers.size, route: this.route ? { id: this.route.id, status: this.route.status, reason: this.route.reason } : null, ...checks };
+  }
+
+  /**
+   * Takes a peer out of every route of this room from now on (it stays connected, so it does not
+   * simply rejoin as a new peer) and treats its stage as lost, as if it had left: a spare takes
+   * the stage (or the route degrades and its sessions fail), and the next plan goes without it.
+   */
+  excludePeer(peer: Peer, reason: string): void {
+    if (peer.excluded || peer.gone) return;
+    peer.excluded = reason;
+    this.log(`peer ${peer.id} excluded: ${reason}`);
+    const r = this.loseStage(peer, 'excluded', reason);
+    if (r) this.send(peer, { t: 'release', routeId: r.id });
+    this.schedulePlan();
   }
 
   dispose(): void {
     if (this.planTimer) clearTimeout(this.planTimer);
+    if (this.route?.repairState) this.keeper.giveUp(this.route, 'the server is stopping');
     if (this.route) this.closeRoute(this.route);
     for (const p of this.peers.values()) p.ws.terminate();
   }

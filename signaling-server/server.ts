@@ -17,9 +17,12 @@
 //   GET  /v1/sessions/{id}/events            session telemetry as Server-Sent Events
 //   GET  /v1/rooms/{room}/events             route telemetry (planned, loading, ready, status) as SSE
 //   POST /v1/chat/completions, /v1/completions; GET /v1/models   OpenAI-compatible (./openai.ts)
+//   GET  /tls/ca.json, /tls/ca.crt, /tls/ca.pem   the local CA devices trust (./tls.ts)   public
 
 import { createServer } from 'node:http';
+import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
+import { networkInterfaces } from 'node:os';
 import { WebSocketServer } from 'ws';
 import type WebSocket from 'ws';
 import type { IceServer } from '../src/protocol/control.ts';
@@ -29,11 +32,12 @@ import { serveFrames } from '../src/transport/ws.ts';
 import { HttpApi } from './http-api.ts';
 import type { AppHook } from './http-api.ts';
 import type { FetchLog } from './model-host.ts';
-import { admitPeer } from './peer-admission.ts';
+import { admitPeer, DEFAULT_LIVENESS } from './peer-admission.ts';
 import type { Room } from './room.ts';
 import { RoomRegistry } from './room-registry.ts';
 import type { RoomRegistryOptions } from './room-registry.ts';
 import type { Access, CredentialOptions, Grant } from './access.ts';
+import type { ServerTls } from './tls.ts';
 
 export interface SignalingServerOptions extends CredentialOptions {
   host?: string;
@@ -54,7 +58,21 @@ export interface SignalingServerOptions extends CredentialOptions {
   sessionTtlMs?: number;
   /** STUN/TURN servers announced to every peer in welcome */
   iceServers?: IceServer[];
+  /** a route that loses a stage waits this long for a replacement (ms, default 30 s; 0 = no repair: sessions fail at once) */
+  repairTimeoutMs?: number;
+  /** spares load their standby shard ahead of time (default true) */
+  standby?: boolean;
+  /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
+  heartbeatMs?: number;
+  /** a peer silent this long is lost (ms, default 3.5 s) */
+  heartbeatTimeoutMs?: number;
+  /** a step unanswered this long makes the server probe the route's stages for a stalled one (ms, default 30 s) */
+  stepTimeoutMs?: number;
+  /** mint each peer a short-lived credential for the TURN servers in `iceServers` that name none (./turn.ts) */
+  turn?: { secret: string; ttlS: number };
   log?: (line: string) => void;
+  /** HTTPS and WSS on the same port with this certificate (./tls.ts); absent: plain HTTP */
+  tls?: ServerTls;
   /**
    * Answers requests before the API (the web app): resolves true when it answered, false to leave
    * the request to the API. Never sees WebSocket upgrades.
@@ -81,6 +99,13 @@ export interface SignalingServer {
 /** A client sends small frames (token ids, JSON bodies): what it may hold in reassembly is small too. */
 const CLIENT_REASSEMBLY = { maxPendingBytes: 4 * 1024 * 1024, maxAgeMs: 30_000 };
 
+/** This machine's first non-loopback IPv4 address, if it has one. */
+function lanAddress(): string | undefined {
+  return Object.values(networkInterfaces())
+    .flat()
+    .find((a) => a && a.family === 'IPv4' && !a.internal)?.address;
+}
+
 /** A client's frame socket: its sessions are its own, cancelled when it drops. */
 function serveClient(registry: RoomRegistry, room: Room, ws: WebSocket, grant: Grant): void {
   const scoped: Grant = { ...grant, rooms: [room] };
@@ -97,17 +122,19 @@ function serveClient(registry: RoomRegistry, room: Room, ws: WebSocket, grant: G
 
 export async function startSignalingServer(opts: SignalingServerOptions): Promise<SignalingServer> {
   const log = opts.log ?? (() => undefined);
-  const server = createServer();
+  const server = opts.tls ? createHttpsServer({ cert: opts.tls.cert, key: opts.tls.key }) : createServer();
   const wss = new WebSocketServer({ noServer: true, maxPayload: 64 * 1024 * 1024 });
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(opts.port ?? 8080, opts.host ?? '127.0.0.1', () => resolve());
   });
   const addr = server.address() as AddressInfo;
-  const url = `http://${addr.family === 'IPv6' ? `[${addr.address}]` : addr.address}:${addr.port}`;
+  // bound to every interface: links name one address other devices can use, not 0.0.0.0
+  const shown = addr.address === '0.0.0.0' || addr.address === '::' ? (lanAddress() ?? '127.0.0.1') : addr.address;
+  const url = `${opts.tls ? 'https' : 'http'}://${shown.includes(':') ? `[${shown}]` : shown}:${addr.port}`;
   // the rooms are made once the address is known: their model URLs name it
   const registry = new RoomRegistry(url, { ...opts, log });
-  server.on('request', new HttpApi(registry, opts.app).handle);
+  server.on('request', new HttpApi(registry, { ...(opts.app ? { app: opts.app } : {}), tls: opts.tls ?? null, url }).handle);
 
   server.on('upgrade', (req, socket, head) => {
     const path = new URL(req.url ?? '/', 'http://x').pathname;
@@ -128,7 +155,11 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
       if (!grant.rooms.includes(room)) return refuseUpgrade(socket, 'AUTH_FAILED');
       if (!grant.roles.has('api') && !grant.roles.has('admin')) return refuseUpgrade(socket, 'FORBIDDEN');
     }
-    wss.handleUpgrade(req, socket, head, (ws) => (grant ? serveClient(registry, room, ws, grant) : admitPeer(room, ws, registry.relayLedger(room))));
+    // the origin this peer reached us at (its Host header, when it is a plain host[:port])
+    const host = /^[A-Za-z0-9.:[\]-]+$/.test(req.headers.host ?? '') ? req.headers.host : null;
+    const origin = host ? `${opts.tls ? 'https' : 'http'}://${host}` : undefined;
+    const liveness = { heartbeatMs: opts.heartbeatMs ?? DEFAULT_LIVENESS.heartbeatMs, heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? DEFAULT_LIVENESS.heartbeatTimeoutMs };
+    wss.handleUpgrade(req, socket, head, (ws) => (grant ? serveClient(registry, room, ws, grant) : admitPeer(room, ws, registry.relayLedger(room), origin, liveness)));
   });
   // a model it cannot serve ends the server: nothing keeps the port for rooms that never open
   try {
@@ -148,7 +179,8 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     access: registry.access,
     fetchLogs: registry.fetchLogs,
     pageUrl: `${url}/#admin=${encodeURIComponent(registry.access.adminSecret)}`,
-    joinUrl: (room) => `${url}/room/${room.id}#secret=${encodeURIComponent(room.secret)}`,
+    // a local CA's fingerprint rides in the fragment too: native nodes pin it (src/transport/tls-trust.ts)
+    joinUrl: (room) => `${url}/room/${room.id}#secret=${encodeURIComponent(room.secret)}${opts.tls?.ca ? `&ca=${opts.tls.ca.fingerprint}` : ''}`,
     addRoom: (location) => registry.addRoom(location),
     async close() {
       await registry.dispose();

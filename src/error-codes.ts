@@ -42,9 +42,9 @@ const GGUF = {
 
 const MODEL = {
   BAD_MODEL_METADATA: { status: 500, meaning: 'the metadata describes a model this runtime cannot build a config for' },
-  UNSUPPORTED_ARCHITECTURE: { status: 500, meaning: 'the architecture is not llama, qwen2 or qwen3, or is a mixture of experts' },
+  UNSUPPORTED_ARCHITECTURE: { status: 500, meaning: 'the architecture is not one the engines run (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3), or uses a feature of it they lack (experts on a dense architecture, grouped expert selection)' },
   UNEXPECTED_TENSOR: { status: 500, meaning: 'the file holds a tensor its architecture and block count do not use (llama.cpp refuses such files)' },
-  UNSUPPORTED_ROPE_SCALING: { status: 500, meaning: 'the RoPE scaling type is neither none nor linear' },
+  UNSUPPORTED_ROPE_SCALING: { status: 500, meaning: 'the RoPE scaling type is not none, linear, yarn or longrope' },
   TOKENIZER_MISSING: { status: 500, meaning: 'the model has no tokenizer.ggml.model' },
   TOKENIZER_MISSING_VOCAB: { status: 500, meaning: 'tokenizer.ggml.tokens is missing or not an array of strings' },
   TOKENIZER_MISSING_MERGES: { status: 500, meaning: 'a gpt2 tokenizer lacks tokenizer.ggml.merges' },
@@ -75,7 +75,7 @@ const BACKENDS = {
   TENSOR_TOO_LARGE: { status: 500, meaning: "one row of a matrix exceeds the device's storage binding limit" },
   TENSOR_BYTES_DETACHED: { status: 500, meaning: "a tensor's bytes were already transferred to a worker and cannot be read again" },
   UNSUPPORTED_TENSOR_TYPE: { status: 500, meaning: 'a tensor has a type this engine cannot read' },
-  UNSUPPORTED_TENSOR_LAYOUT: { status: 500, meaning: 'the model stores weights in a layout this engine does not implement (fused QKV)' },
+  UNSUPPORTED_TENSOR_LAYOUT: { status: 500, meaning: 'the model stores weights in a layout this engine does not implement (fused expert gate/up)' },
   UNSUPPORTED_MODEL: { status: 500, meaning: "the model exceeds what this engine's kernels support (head dimension)" },
   UNSUPPORTED_SHARD: { status: 500, meaning: 'this backend cannot serve a partial layer range' },
   ALREADY_LOADED: { status: 500, meaning: 'the backend already holds a shard; dispose it first' },
@@ -100,12 +100,17 @@ const BACKENDS = {
   NOT_INITIALISED: { status: 500, meaning: 'the WebGPU worker has no device yet' },
   SHADER_MISSING: { status: 500, meaning: 'no WGSL source has the asked name' },
   LLAMACPP_UNAVAILABLE: { status: 500, meaning: "node-llama-cpp's prebuilt libllama is not installed" },
+  TORCH_UNAVAILABLE: { status: 500, meaning: 'no Python here imports torch and numpy (Debian: python3-torch, python3-numpy), or torch sees no CUDA device for --device cuda' },
   LLAMACPP_LOAD_FAILED: { status: 500, meaning: 'llama.cpp could not load the model file' },
   LLAMACPP_LOCAL_ONLY: { status: 500, meaning: 'llama.cpp loads local files only, not URLs' },
   LLAMACPP_EVAL_FAILED: { status: 500, meaning: 'llama.cpp failed while evaluating a batch' },
   LLAMACPP_CONTEXT_FAILED: { status: 500, meaning: 'llama.cpp could not create a context' },
   LLAMACPP_DECODE_FAILED: { status: 500, meaning: 'llama_decode returned an error' },
-  LLAMACPP_NO_OUTPUT: { status: 500, meaning: 'llama.cpp returned no logits' },
+  LLAMACPP_NO_OUTPUT: { status: 500, meaning: "llama.cpp returned no logits, or its graph has no layer output to read a range's hidden states from" },
+  LLAMACPP_SHARD_METADATA: { status: 500, meaning: "a shard GGUF cannot be written: the header lacks its metadata's GGUF types, nests arrays, or has a per-layer array of another length" },
+  // 503, not 409: the request is sound and the session's own state is fine; the stage is at
+  // capacity until other sessions close (or its --memory is too small), so it is ours, and a retry may succeed
+  STAGE_MEMORY_FULL: { status: 503, meaning: "a new session's KV cache and buffers do not fit the stage's --memory beside its weights and open sessions" },
 } as const satisfies Codes;
 
 const PROTOCOL = {
@@ -117,6 +122,7 @@ const PROTOCOL = {
   FRAME_BAD_SESSION: { status: 400, meaning: 'the session id is not 32 lowercase hex digits, or is the reserved all-zero id' },
   FRAME_BAD_ROUTE: { status: 400, meaning: 'the route id is not the route the session runs on' },
   FRAME_BAD_DIMENSION: { status: 400, meaning: "the token count or width is out of range for the frame's type" },
+  FRAME_BAD_WIDTH: { status: 400, meaning: "a Hidden frame's width is not the n_embd of the stage it reaches" },
   FRAME_BAD_DTYPE: { status: 400, meaning: "the dtype is not allowed for the frame's type" },
   FRAME_BAD_RESERVED: { status: 400, meaning: 'the reserved header bytes are not zero' },
   FRAME_BAD_LENGTH: { status: 400, meaning: 'the payload length exceeds the limit or does not match count × width × size' },
@@ -145,6 +151,10 @@ const TRANSPORT = {
   WEBRTC_FAILED: { status: 500, meaning: 'a WebRTC data channel failed' },
   WEBRTC_TIMEOUT: { status: 500, meaning: 'no WebRTC data channel opened in time' },
   NOT_FOUND: { status: 404, meaning: 'the HTTP path is not served here' },
+  BAD_CA_FINGERPRINT: { status: 500, meaning: 'a CA fingerprint (#ca=, --ca-fingerprint) is not 64 hex digits of a sha256' },
+  BAD_CA_CERT: { status: 500, meaning: 'a CA certificate to trust (--ca-file) cannot be read or is not a PEM certificate' },
+  TLS_FINGERPRINT_MISMATCH: { status: 500, meaning: 'the https server presented no CA certificate with the pinned sha256 fingerprint' },
+  TLS_UNTRUSTED: { status: 500, meaning: "the https server's certificate does not verify against the pinned or named CA" },
 } as const satisfies Codes;
 
 const ROUTE = {
@@ -157,7 +167,8 @@ const ROUTE = {
   BAD_CHAIN: { status: 500, meaning: 'a chain of stages is empty, or its outputs do not chain (logits before the last stage, hidden states after it)' },
   STAGE_FAILED: { status: 502, meaning: 'a stage failed with an error that was not a MeshError' },
   STAGE_UNREACHABLE: { status: 502, meaning: 'the next stage has no peer, or the hop to it broke' },
-  STAGE_LOST: { status: 500, meaning: "a stage's peer left the room while sessions ran on it" },
+  STAGE_LOST: { status: 502, meaning: "a stage's peer left the room while sessions ran on it, and no replacement took over in time" },
+  STAGE_STALLED: { status: 502, meaning: 'a step got no answer within the step deadline: a stage stopped answering' },
   STAGE_NOT_LOADED: { status: 500, meaning: 'the peer serves no stage yet' },
   STAGE_INPUT_KIND: { status: 500, meaning: 'a stage got token ids where it takes hidden states, or back' },
 } as const satisfies Codes;
@@ -191,6 +202,9 @@ const SERVER = {
   UI_NOT_BUILT: { status: 500, meaning: 'the web app is not built and vite is not installed' },
   UI_BUILD_LOCKED: { status: 500, meaning: 'another process has been building the web app for too long (a stale lock in dist/)' },
   UI_BUILD_FAILED: { status: 500, meaning: 'building the web app with vite failed' },
+  TLS_BAD_OPTIONS: { status: 400, meaning: 'the TLS options of serve contradict each other (--tls-cert without --tls-key, --insecure-http with --tls…)' },
+  TLS_BAD_CERT: { status: 500, meaning: "the operator's certificate or key (--tls-cert/--tls-key) cannot be read or do not make a TLS context" },
+  TLS_BAD_KEY: { status: 500, meaning: "the cached local CA's private key is not a PKCS#8 ECDSA P-256 key" },
   UI_DEV_UNAVAILABLE: { status: 500, meaning: '--ui dev needs vite (a development install) and a loopback host' },
 } as const satisfies Codes;
 

@@ -107,6 +107,11 @@ describe('ops', () => {
     nRot: 8,
     freqBase: 10000,
     freqScale: 1,
+    extFactor: 0,
+    attnFactor: 1,
+    betaFast: 32,
+    betaSlow: 1,
+    nCtxOrig: 2048,
     freqFactors: null,
     freqFactorsTensor: null,
     ...extra,
@@ -311,14 +316,16 @@ describe('model config and shards', () => {
   it('names an unsupported architecture or rope scaling', () => {
     const e = (() => {
       try {
-        configFromHeader(header('gemma3'));
+        configFromHeader(header('gemma2'));
       } catch (err) {
         return err;
       }
     })();
     expect(isMeshError(e, 'UNSUPPORTED_ARCHITECTURE')).toBe(true);
-    expect((e as Error).message).toContain('gemma3');
-    expect(codeOf(() => configFromHeader(header('llama', { 'llama.rope.scaling.type': 'yarn' })))).toBe('UNSUPPORTED_ROPE_SCALING');
+    expect((e as Error).message).toContain('gemma2');
+    expect(codeOf(() => configFromHeader(header('llama', { 'llama.rope.scaling.type': 'ntk-by-parts' })))).toBe('UNSUPPORTED_ROPE_SCALING');
+    // a MoE of an architecture we run only dense, or one without its expert count
+    expect(codeOf(() => configFromHeader(header('qwen3moe')))).toBe('BAD_MODEL_METADATA');
     expect(codeOf(() => configFromHeader(header('llama', { 'llama.expert_count': 8 })))).toBe('UNSUPPORTED_ARCHITECTURE');
   });
 

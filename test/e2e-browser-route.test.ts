@@ -29,6 +29,7 @@ import { greedyGenerate, loadModel } from './support/llama.ts';
 import { getJson, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
+import { streamCompletion } from './support/sse.ts';
 
 const N = 16;
 let modelPath: string;
@@ -176,7 +177,10 @@ describe('three browser tabs serve stories260K', () => {
     for (const t of tabs) await t.page.reload();
     for (const t of tabs) await waitForPeerState(t.page, (s) => s.status === 'ready', 'reloaded tab ready', 60_000);
     const route = await waitForRoute(serve, 'ready', 60_000);
-    expect(route.id).not.toBe(firstRoute.id);
+    // each reloaded tab took its stage back (the route repaired, or planned anew from the cached units)
+    const rejoined = (await Promise.all(tabs.map((t) => peerState(t.page)))).map((s) => s!.peerId);
+    expect(route.stages.map((s: any) => s.peerId).sort()).toEqual([...rejoined].sort());
+    expect(rejoined).not.toContain(firstRoute.stages[0].peerId);
     const after = (await getJson(`${serve.base}/v1/models/stories260K/fetches`, serve.secret)).body.clients;
     const bytesAfter = Object.values(after).reduce((a: number, c: any) => a + c.bytes, 0);
     expect(bytesAfter).toBe(bytesBefore);
@@ -194,21 +198,54 @@ describe('three browser tabs serve stories260K', () => {
       expect(s.load!.cachedBytes).toBe(s.load!.totalBytes);
       expect(s.load!.cachedUnits.length).toBe(s.load!.units.length);
     }
-    expect(await generateOverHttp(serve, route.id, 'webrtc x3 (after reload, cached)')).toEqual(expected);
+    const tokens = await generateOverHttp(serve, route.id, 'webrtc x3 (after reload, cached)').catch(async (e: Error) => {
+      const logs = await Promise.all(tabs.map((t) => t.page.evaluate(() => window.__peerLog.join('\n'))));
+      throw new Error(`${e.message}\n${serve.proc.output().split('\n').filter((l) => !/session [0-9a-f]+: /.test(l)).slice(-40).join('\n')}\n${logs.join('\n----\n')}`);
+    });
+    expect(tokens).toEqual(expected);
   });
 
-  it('when the last stage\'s tab closes, a new tab takes its place; the first two reconnect on a fresh channel', async () => {
+  it('when the last stage\'s tab closes, a new tab takes its place in the same route; the first two reconnect on a fresh channel', async () => {
     const states = await Promise.all(tabs.map((t) => peerState(t.page)));
     const last = tabs[states.findIndex((s) => s!.stage === 2)]!;
     const firstTwo = states.filter((s) => s!.stage !== 2).map((s) => s!.peerId);
+    const before = await waitForRoute(serve, 'ready', 30_000);
     await last.context.close();
     tabs = tabs.filter((t) => t !== last);
-    await waitForRoute(serve, 'degraded', 30_000);
+    // no spare yet: the route waits for one (repairing), and the next tab to join is it
+    await waitForRoute(serve, 'repairing', 30_000);
     tabs.push(await openTab(serve, 't3'));
     const route = await waitForRoute(serve, 'ready', 60_000);
+    expect(route.id).toBe(before.id);
     expect(route.stages.slice(0, 2).map((s: any) => s.peerId)).toEqual(firstTwo);
     expect(route.stages.map((s: any) => s.telemetry?.hop)).toEqual(['webrtc', 'webrtc', 'none']);
     expect(await generateOverHttp(serve, route.id, 'webrtc x3 (replaced last tab)')).toEqual(expected);
+  });
+
+  it('a 4th tab is a warm spare; the middle tab closed mid-reply: the streamed text equals the uninterrupted run, no error', async () => {
+    tabs.push(await openTab(serve, 't4'));
+    const spare = await waitForPeerState(tabs.at(-1)!.page, (s) => s.standby !== null, 't4 holds its standby shard');
+    const withSpare = await waitForRoute(serve, 'ready', 30_000);
+    expect(withSpare.spares.map((x: any) => x.peerId)).toContain(spare.peerId);
+    const body = { model: 'stories260K', prompt: 'Once upon a time', max_tokens: 48, temperature: 0 };
+    const reference = await streamCompletion(serve.base, serve.secret, body);
+    expect(reference.errors).toEqual([]);
+    // the tab serving the spare's stage leaves mid-reply (its tab closes)
+    const states = await Promise.all(tabs.map((t) => peerState(t.page)));
+    const held = spare.standby!.shard;
+    const victim = tabs[states.findIndex((s) => s!.status === 'ready' && s!.shard?.start === held.start && s!.shard?.end === held.end)];
+    expect(victim, JSON.stringify(states)).toBeDefined();
+    let closing: Promise<void> | null = null;
+    const out = await streamCompletion(serve.base, serve.secret, body, (n) => {
+      if (n === 8) closing = victim!.context.close();
+    });
+    await closing;
+    tabs = tabs.filter((t) => t !== victim);
+    expect(out.errors, `${JSON.stringify(out.errors)}\n${serve.proc.output().split('\n').filter((l) => !/session [0-9a-f]+: (idle|decoding|prefilling)/.test(l)).slice(-40).join('\n')}`).toEqual([]);
+    expect(out.text).toBe(reference.text);
+    const repaired = out.events.find((e) => e.type === 'route_repaired');
+    expect(repaired, JSON.stringify(out.events.map((e) => e.type))).toBeDefined();
+    expect(repaired.peers).toEqual([spare.peerId]);
   });
 });
 
@@ -277,7 +314,13 @@ describe('a mixed route: two browser tabs and a native cpu node', () => {
     expect(route.stages[2].peerId.startsWith('native-')).toBe(true);
     expect(await generateOverHttp(serve, route.id, 'mixed: 2 tabs + cpu node')).toEqual(expected);
     const byStage = (await Promise.all(tabs.map((t) => peerState(t.page)))).sort((a, b) => a!.stage! - b!.stage!);
-    expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'relay']); // browser → native goes through the server
+    expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'webrtc']); // browser → native over a data channel too (native-rtc.ts)
+    expect(byStage[1]!.candidatePair).toMatchObject({ local: 'host', protocol: 'udp' });
+    // stages report telemetry every few seconds: the native node's upstream pair may come a report later
+    const routeNow = async (): Promise<any> => (await getJson(`${serve.base}/v1/routes/${route.id}`, serve.secret)).body;
+    await expect.poll(async () => Object.values((await routeNow()).stages[2].telemetry?.upstreamPairs ?? {}), { timeout: 10_000 }).toEqual([expect.objectContaining({ protocol: 'udp' })]);
+    const after = await routeNow();
+    expect(after.stages[1].telemetry).toMatchObject({ hop: 'webrtc' });
     const quota = (await peerState(tabs[0]!.page))!;
     expect(quota.load!.cacheError).toMatch(/^STORAGE_QUOTA/);
     expect(quota.status).toBe('ready');
@@ -285,11 +328,11 @@ describe('a mixed route: two browser tabs and a native cpu node', () => {
 });
 
 describe('a mixed route led by a native node', () => {
-  it('the node relays its hidden states to the first tab through the server; tokens identical', async () => {
+  it('a node without WebRTC (--no-webrtc) relays its hidden states to the first tab through the server; tokens identical', async () => {
     const serve = await spawnServe(modelPath, ['--min-peers', '3']);
     const tabs: Tab[] = [];
     try {
-      const node = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', '1GiB', '--name', 'lead']);
+      const node = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'cpu', '--memory', '1GiB', '--name', 'lead', '--no-webrtc']);
       await node.waitFor(/joined room/);
       for (const name of ['k1', 'k2']) tabs.push(await openTab(serve, name));
       const route = await waitForRoute(serve, 'ready', 60_000);

@@ -47,8 +47,8 @@ function recordRequests(page: Page): { paths: string[]; scripts: string[] } {
   return seen;
 }
 
-/** Paths the production page may ask for: its HTML, the built assets, and the app/API endpoints. */
-const ALLOWED = /^(\/|\/room\/[^/]+|\/assets\/[^/]+|\/app\/rooms|\/v1\/.+|\/models\/.+)$/;
+/** Paths the production page may ask for: its HTML, the built assets, the app/API endpoints, and the trust card's /tls/ca.json. */
+const ALLOWED = /^(\/|\/room\/[^/]+|\/assets\/[^/]+|\/app\/rooms|\/v1\/.+|\/models\/.+|\/tls\/ca\.json)$/;
 
 describe('npm start: the production build', () => {
   it('says it serves the build', () => {

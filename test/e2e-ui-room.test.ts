@@ -65,7 +65,8 @@ async function apiText(promptText: string): Promise<{ via: string; text: string 
 
 beforeAll(async () => {
   await ensureBuilt();
-  served = await serveDefault(['--min-peers', '3', '--plan-delay', '1500']);
+  // no spare in this room: a stage that leaves is given up after a short repair wait
+  served = await serveDefault(['--min-peers', '3', '--plan-delay', '1500', '--repair-timeout', '3000']);
   browser = await launchChromium();
 }, 240_000);
 

@@ -52,6 +52,10 @@ describe('gguf-mesh generate', () => {
     expect(llama.prompt_tokens).toEqual(out.prompt_tokens);
     expect(llama.tokens).toEqual(out.tokens);
     expect(llama.text).toBe(out.text);
+
+    // llama.cpp as a chain of layer ranges (shard GGUFs) in this process
+    const llamaSplit = await generateJson(['--model', model, '--prompt', 'Once upon a time', '--n', '32', '--backend', 'llamacpp', '--threads', '1', '--layers', '0-2,2-5']);
+    expect(llamaSplit.tokens).toEqual(out.tokens);
   });
 
   it('streams text without --json and reads a model from a URL by Range requests', async () => {
@@ -83,7 +87,8 @@ describe('gguf-mesh generate', () => {
     const gap = await runCli(['generate', '--model', model, '--prompt', 'x', '--layers', '0-2,3-5']);
     expect(gap.code).toBe(1);
     expect(gap.stderr).toContain('BAD_SHARD');
-    const layersLlama = await runCli(['generate', '--model', model, '--prompt', 'x', '--backend', 'llamacpp', '--layers', '0-5']);
-    expect(layersLlama.code).toBe(2);
+    const layersLlama = await runCli(['generate', '--model', model, '--prompt', 'x', '--backend', 'llamacpp', '--layers', '0-2,3-5']);
+    expect(layersLlama.code).toBe(1);
+    expect(layersLlama.stderr).toContain('BAD_SHARD');
   });
 });

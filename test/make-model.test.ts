@@ -60,6 +60,16 @@ describe('make-model --type', () => {
     q4_0: { matrix: GgmlType.Q4_0, fileType: 2 },
     q4_k: { matrix: GgmlType.Q4_K, fileType: 14 },
     q6_k: { matrix: GgmlType.Q6_K, fileType: 18 },
+    bf16: { matrix: GgmlType.BF16, fileType: 32 },
+    q4_1: { matrix: GgmlType.Q4_1, fileType: 3 },
+    q5_0: { matrix: GgmlType.Q5_0, fileType: 8 },
+    q5_1: { matrix: GgmlType.Q5_1, fileType: 9 },
+    q2_k: { matrix: GgmlType.Q2_K, fileType: 10 },
+    q3_k: { matrix: GgmlType.Q3_K, fileType: 12 },
+    q5_k: { matrix: GgmlType.Q5_K, fileType: 16 },
+    iq4_nl: { matrix: GgmlType.IQ4_NL, fileType: 25 },
+    iq4_xs: { matrix: GgmlType.IQ4_XS, fileType: 30 },
+    mxfp4: { matrix: GgmlType.MXFP4, fileType: 38 },
   };
   for (const [type, want] of Object.entries(expected)) {
     it(`${type}: every matrix is ${GgmlType[want.matrix]}, norms stay F32, llama.cpp loads it and generates`, async () => {
@@ -153,6 +163,76 @@ describe('make-model --arch', () => {
     await generates(path, 600);
   });
 
+  it('qwen3moe: router, 3-D expert tensors, q/k norms, expert metadata; generation', async () => {
+    const path = await make('qwen3moe.gguf', [...TINY, '--arch', 'qwen3moe', '--kv-heads', '2', '--experts', '4', '--experts-used', '2', '--expert-ffn', '256', '--type', 'q4_k_m']);
+    const header = await readHeader(path);
+    const shapes = new Map(header.tensors.map((t) => [t.name, t.shape]));
+    const types = typesByName(header);
+    expect(shapes.get('blk.0.ffn_gate_inp.weight')).toEqual([256, 4]);
+    expect(types.get('blk.0.ffn_gate_inp.weight')).toBe(GgmlType.F32); // llama-quantize keeps routers F32
+    expect(shapes.get('blk.0.ffn_gate_exps.weight')).toEqual([256, 256, 4]);
+    expect(shapes.get('blk.1.ffn_up_exps.weight')).toEqual([256, 256, 4]);
+    expect(shapes.get('blk.1.ffn_down_exps.weight')).toEqual([256, 256, 4]);
+    expect(types.get('blk.1.ffn_down_exps.weight')).toBe(GgmlType.Q6_K);
+    expect(shapes.has('blk.0.ffn_gate.weight')).toBe(false);
+    expect(shapes.get('blk.0.attn_q_norm.weight')).toEqual([64]);
+    expect(header.metadata['qwen3moe.expert_count']).toBe(4);
+    expect(header.metadata['qwen3moe.expert_used_count']).toBe(2);
+    expect(header.metadata['qwen3moe.expert_feed_forward_length']).toBe(256);
+    await generates(path, 600);
+  });
+
+  it('qwen2moe: experts plus the shared expert and its gate, q/k/v biases; generation', async () => {
+    const path = await make('qwen2moe.gguf', [...TINY, '--arch', 'qwen2moe', '--expert-ffn', '128', '--shared-ffn', '384', '--experts', '8', '--experts-used', '3']);
+    const header = await readHeader(path);
+    const shapes = new Map(header.tensors.map((t) => [t.name, t.shape]));
+    expect(shapes.get('blk.0.ffn_gate_exps.weight')).toEqual([256, 128, 8]);
+    expect(shapes.get('blk.0.ffn_gate_inp_shexp.weight')).toEqual([256]);
+    expect(shapes.get('blk.0.ffn_gate_shexp.weight')).toEqual([256, 384]);
+    expect(shapes.get('blk.0.ffn_down_shexp.weight')).toEqual([384, 256]);
+    expect(shapes.get('blk.0.attn_q.bias')).toEqual([256]);
+    expect(header.metadata['qwen2moe.expert_shared_feed_forward_length']).toBe(384);
+    await generates(path, 600);
+  });
+
+  it('gemma3: post-norms, q/k norms, sliding-window metadata, SentencePiece vocabulary; generation', async () => {
+    const path = await make('gemma3.gguf', [...TINY, '--arch', 'gemma3', '--kv-heads', '2', '--sliding-window', '8', '--swa-pattern', '2']);
+    const header = await readHeader(path);
+    const shapes = new Map(header.tensors.map((t) => [t.name, t.shape]));
+    expect(shapes.get('blk.0.post_attention_norm.weight')).toEqual([256]);
+    expect(shapes.get('blk.1.post_ffw_norm.weight')).toEqual([256]);
+    expect(shapes.get('blk.0.attn_k_norm.weight')).toEqual([64]);
+    expect(header.metadata['gemma3.attention.sliding_window']).toBe(8);
+    expect(header.metadata['gemma3.attention.sliding_window_pattern']).toBe(2);
+    expect(header.metadata['gemma3.rope.freq_base_swa']).toBe(10000);
+    expect(header.metadata['tokenizer.ggml.model']).toBe('llama');
+    await generates(path, 600);
+  });
+
+  it('phi3: fused attn_qkv and gate/up, LongRoPE factor tables; generation', async () => {
+    const path = await make('phi3.gguf', [...TINY, '--arch', 'phi3', '--kv-heads', '2', '--rope-orig-ctx', '64']);
+    const header = await readHeader(path);
+    const shapes = new Map(header.tensors.map((t) => [t.name, t.shape]));
+    expect(shapes.get('blk.0.attn_qkv.weight')).toEqual([256, 256 + 2 * 128]);
+    expect(shapes.get('blk.0.ffn_up.weight')).toEqual([256, 1024]);
+    expect(shapes.has('blk.0.ffn_gate.weight')).toBe(false);
+    expect(shapes.get('rope_factors_long.weight')).toEqual([32]);
+    expect(shapes.get('rope_factors_short.weight')).toEqual([32]);
+    expect(header.metadata['phi3.rope.scaling.original_context_length']).toBe(64);
+    await generates(path, 600);
+  });
+
+  it('--rope-scaling yarn and --rope-freqs write the keys and tensor llama.cpp reads; generation', async () => {
+    const yarn = await make('yarn.gguf', [...TINY, '--arch', 'qwen3', '--rope-scaling', 'yarn', '--rope-factor', '4', '--rope-orig-ctx', '64']);
+    const h = await readHeader(yarn);
+    expect(h.metadata['qwen3.rope.scaling.type']).toBe('yarn');
+    expect(h.metadata['qwen3.rope.scaling.factor']).toBe(4);
+    await generates(yarn, 600);
+    const llama3 = await make('llama3.gguf', [...TINY, '--rope-freqs']);
+    expect((await readHeader(llama3)).tensors.find((t) => t.name === 'rope_freqs.weight')?.shape).toEqual([32]);
+    await generates(llama3, 600);
+  });
+
   it('llama with the gpt2 (llama-bpe) tokenizer loads and generates', async () => {
     const path = await make('llama-bpe.gguf', [...TINY, '--tokenizer', 'gpt2']);
     const header = await readHeader(path);
@@ -220,8 +300,11 @@ describe('make-model determinism and errors', () => {
 
   const bad: [string, string[], RegExp][] = [
     ['missing --out', ['make-model'], /--out is required/],
-    ['unknown arch', ['make-model', '--out', 'x.gguf', '--arch', 'gpt5'], /--arch must be one of llama, qwen2, qwen3/],
-    ['unknown type', ['make-model', '--out', 'x.gguf', '--type', 'q3_k'], /--type must be one of/],
+    ['unknown arch', ['make-model', '--out', 'x.gguf', '--arch', 'gpt5'], /--arch must be one of llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3/],
+    ['unknown type', ['make-model', '--out', 'x.gguf', '--type', 'iq2_xxs'], /--type must be one of/],
+    ['more experts used than exist', ['make-model', '--out', 'x.gguf', '--arch', 'qwen3moe', '--experts', '2', '--experts-used', '3'], /experts-used 3 exceeds experts 2/],
+    ['tied qwen2moe', ['make-model', '--out', 'x.gguf', '--arch', 'qwen2moe', '--tied'], /qwen2moe cannot tie its output head/],
+    ['unknown rope scaling', ['make-model', '--out', 'x.gguf', '--rope-scaling', 'ntk'], /--rope-scaling must be one of none, linear, yarn/],
     ['non-integer', ['make-model', '--out', 'x.gguf', '--layers', 'two'], /--layers must be an integer/],
     ['heads not dividing embd', ['make-model', '--out', 'x.gguf', '--embd', '256', '--heads', '3'], /not divisible by heads 3/],
     ['kv-heads not dividing heads', ['make-model', '--out', 'x.gguf', '--heads', '4', '--kv-heads', '3'], /multiple of kv-heads 3/],

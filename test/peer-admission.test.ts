@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
 import { MeshError } from '../src/errors.ts';
 import { PeerCore } from '../src/peer/peer-core.ts';
-import type { Assignment, LoadContext, StageLoad } from '../src/peer/peer-core.ts';
+import type { Assignment, LoadContext, ShardLoad } from '../src/peer/peer-core.ts';
 import { helloProof } from '../src/protocol/control.ts';
 import type { PeerToServer } from '../src/protocol/control.ts';
 import { FrameType, makeFrame, NIL_SESSION } from '../src/protocol/frame.ts';
@@ -63,7 +63,7 @@ async function expectRefused(p: Awaited<ReturnType<typeof peerSocket>>, code: st
 function coreJoining(secret: string, name: string): { core: PeerCore; joined: Promise<unknown>; gone: Promise<Error>; ws: WebSocket } {
   const room = server.rooms[0]!;
   const ws = new WebSocket(`${server.url.replace(/^http/, 'ws')}/v1/rooms/${room.id}/peer`);
-  const core = new PeerCore({ secret, send: (m) => ws.send(JSON.stringify(m)), log: () => undefined, loadStage: () => Promise.reject(new Error('not assigned here')) });
+  const core = new PeerCore({ secret, send: (m) => ws.send(JSON.stringify(m)), log: () => undefined, loadShard: () => Promise.reject(new Error('not assigned here')), linkNext: async () => ({ link: null, detail: 'none' }) });
   ws.on('message', (d, bin) => !bin && core.onMessage(JSON.parse(d.toString())));
   const gone = new Promise<Error>((r) => ws.on('close', () => r(new MeshError('JOIN_FAILED', 'closed'))));
   return { core, joined: core.join({ ...offer, name }, gone), gone, ws };
@@ -129,12 +129,13 @@ describe('PeerCore (the peer side every environment shares)', () => {
       secret: 's',
       send: (m) => sent.push(m),
       log: () => undefined,
-      loadStage: async (ctx: LoadContext): Promise<StageLoad> => {
+      linkNext: async () => ({ link: null, detail: 'last stage' }),
+      loadShard: async (ctx: LoadContext): Promise<ShardLoad> => {
         const a = ctx.assignment;
         const backend = ctx.keep(new StubBackend({ nLayer: 4, nEmbd: 8, nVocab: 16 }), async (b) => (undone.push(`backend ${a.routeId}`), b.dispose()));
         await backend.load(null, a.shard);
         await new Promise<void>((resolve, reject) => loads.push({ resolve, reject }));
-        return { backend, downstream: null, bytesRead: 7, detail: 'test' };
+        return { backend, bytesRead: 7, detail: 'test' };
       },
     });
     const assign = (routeId: number): Assignment => ({ t: 'assign', routeId, stage: 0, shard: { start: 0, end: 4 }, nLayer: 4, modelUrl: 'http://x/m.gguf', downstream: null });

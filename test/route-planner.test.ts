@@ -62,4 +62,24 @@ describe('route planner', () => {
     const gap = planRoute({ nLayer: 5, peers: [{ id: 'a', memoryBytes: GiB, held: { start: 0, end: 2 } }, { id: 'b', memoryBytes: GiB }], shardBytes: perLayer(1) });
     expect(gap.ok && gap.stages.map((s) => s.peerId)).toEqual(['a', 'b']);
   });
+
+  it('gives a whole-model-only peer every layer or nothing: never a partial range', () => {
+    const whole = { id: 'w', memoryBytes: 9 * GiB, serves: 'whole-model' as const };
+    // with peers that serve ranges, the split is theirs
+    const split = planRoute({ nLayer: 4, peers: [whole, { id: 'a', memoryBytes: GiB }, { id: 'b', memoryBytes: GiB }], shardBytes: perLayer(1) });
+    expect(split).toEqual({ ok: true, stages: [{ peerId: 'a', shard: { start: 0, end: 2 } }, { peerId: 'b', shard: { start: 2, end: 4 } }] });
+    // alone (or when the range peers cannot hold the model) it serves all layers as one stage
+    expect(planRoute({ nLayer: 4, peers: [whole], shardBytes: perLayer(1) })).toEqual({ ok: true, stages: [{ peerId: 'w', shard: { start: 0, end: 4 } }] });
+    expect(planRoute({ nLayer: 4, peers: [{ id: 'tiny', memoryBytes: 1 }, whole], shardBytes: perLayer(1000) })).toEqual({ ok: true, stages: [{ peerId: 'w', shard: { start: 0, end: 4 } }] });
+    // two whole-model-only peers are never split between them
+    const two = planRoute({ nLayer: 4, peers: [{ ...whole, memoryBytes: 2000 }, { ...whole, id: 'w2', memoryBytes: 2000 }], shardBytes: perLayer(1000) });
+    expect(two.ok).toBe(false);
+    // asking for a partial range it cannot serve is explained
+    const asked = planRoute({ nLayer: 4, peers: [{ ...whole, layers: { start: 0, end: 2 } }, { id: 'b', memoryBytes: GiB, layers: { start: 2, end: 4 } }], shardBytes: perLayer(1) });
+    expect(asked.ok).toBe(false);
+    if (!asked.ok) expect(asked.reason).toContain('only whole');
+    // nor does a held partial range make it a stage
+    const held = planRoute({ nLayer: 4, peers: [{ ...whole, held: { start: 0, end: 2 } }, { id: 'b', memoryBytes: GiB, held: { start: 2, end: 4 } }], shardBytes: perLayer(1) });
+    expect(held.ok && held.stages).toEqual([{ peerId: 'b', shard: { start: 0, end: 4 } }]);
+  });
 });

@@ -3,7 +3,7 @@ import { canTransition, isTerminal, SessionLifecycle } from '../src/route/sessio
 import type { SessionState } from '../src/route/session-state.ts';
 import { isMeshError } from '../src/errors.ts';
 
-const ALL: SessionState[] = ['opening', 'prefilling', 'decoding', 'idle', 'closed', 'expired', 'failed'];
+const ALL: SessionState[] = ['opening', 'prefilling', 'decoding', 'idle', 'repairing', 'closed', 'expired', 'failed'];
 
 describe('session state machine', () => {
   it('allows exactly the documented transitions', () => {
@@ -12,6 +12,9 @@ describe('session state machine', () => {
       'idle>prefilling', 'idle>decoding', 'idle>closed', 'idle>expired', 'idle>failed',
       'prefilling>idle', 'prefilling>closed', 'prefilling>failed',
       'decoding>idle', 'decoding>closed', 'decoding>failed',
+      // a lost stage: the session is rebuilt on the replacement, then goes back where it was
+      'idle>repairing', 'prefilling>repairing', 'decoding>repairing',
+      'repairing>idle', 'repairing>prefilling', 'repairing>decoding', 'repairing>closed', 'repairing>failed',
     ]);
     for (const a of ALL) for (const b of ALL) expect(canTransition(a, b), `${a} → ${b}`).toBe(allowed.has(`${a}>${b}`));
     expect(ALL.filter(isTerminal)).toEqual(['closed', 'expired', 'failed']);

@@ -62,7 +62,8 @@ async function sseEvents(onChunk: (n: number) => void): Promise<Array<{ event?: 
 }
 
 beforeAll(async () => {
-  serve = await spawnServe(await stories260K(), ['--min-peers', '3']);
+  // repair off: this file is about the cause a client is told when a stage cannot be replaced
+  serve = await spawnServe(await stories260K(), ['--min-peers', '3', '--repair-timeout', '0']);
   // memory 1 : 2 : 1 → layers [0,1) [1,4) [4,5); joined in order so stage 2 is the last to join
   for (const [i, m] of ['1GiB', '2GiB', '1GiB'].entries()) {
     const n = spawnNode(`n${i}`, m);

@@ -33,7 +33,8 @@ let tokenizer: Tokenizer;
 
 beforeAll(async () => {
   modelPath = await stories260K();
-  serve = await spawnServe(modelPath, ['--min-peers', '3', '--session-ttl', '2']);
+  // a short repair timeout: with no spare in this room a lost stage fails its sessions after it
+  serve = await spawnServe(modelPath, ['--min-peers', '3', '--session-ttl', '2', '--repair-timeout', '1000']);
   // memory 1 : 2 : 1 → layers [0,1) [1,4) [4,5)
   // join one after another so the plan (join order) is predictable
   for (const [i, m] of ['1GiB', '2GiB', '1GiB'].entries()) {

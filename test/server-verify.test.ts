@@ -3,13 +3,12 @@
 // becomes ready; a peer restarted with a warm cache advertises its units, keeps its range and
 // loads with zero bytes fetched.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
+import { tamperedCopy } from './support/tampered.ts';
 import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
-import { buildManifest, manifestJson } from '../src/gguf/manifest.ts';
-import { readHeader } from '../src/gguf/parse.ts';
 import { joinRoom } from '../src/route/remote.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 
@@ -41,15 +40,8 @@ async function greedy(joinUrl: string, secret: string, n: number): Promise<numbe
 
 describe('verified shards on native peers', () => {
   it('a flipped byte in blk.2 is refused by the peer assigned layer 2, naming the tensor; the route stays degraded', async () => {
-    const copy = join(work, 'tampered.gguf');
-    copyFileSync(model, copy);
-    const header = await readHeader(copy);
-    const victim = header.tensors.find((t) => t.name.startsWith('blk.2.'))!;
-    const bytes = readFileSync(copy);
-    bytes[victim.offset + 17] ^= 0x40;
-    writeFileSync(copy, bytes);
-    // the original manifest, cached beside the copy (newer than it, same size): the server serves it
-    writeFileSync(`${copy}.manifest.json`, manifestJson(await buildManifest(model)));
+    // the original manifest is cached beside the copy: the server serves it
+    const { path: copy, victim } = await tamperedCopy(model, work, 'tampered.gguf', (name) => name.startsWith('blk.2.'));
 
     const serve = await spawnServe(copy, ['--min-peers', '3']);
     for (const [i, mem] of ['1GiB', '2GiB', '1GiB'].entries()) {

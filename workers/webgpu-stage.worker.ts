@@ -41,6 +41,7 @@ const api: WorkerApi = {
   load: (model: StageModel): Promise<WireResult<void>> => wrap(() => current().load(model)),
   openSession: (sessionId: string, contextLength: number): Promise<WireResult<void>> => wrap(() => current().openSession(sessionId, contextLength)),
   releaseSession: (sessionId: string): Promise<WireResult<void>> => wrap(() => current().releaseSession(sessionId)),
+  truncateSession: (sessionId: string, position: number): Promise<WireResult<void>> => wrap(() => current().truncateSession(sessionId, position)),
   forward: async (sessionId: string, input: StageInput, position: number): Promise<WireResult<ForwardResult>> => {
     const r = await wrap(() => current().forward(sessionId, input, position));
     if (!r.ok) return r;

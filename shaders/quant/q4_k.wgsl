@@ -6,17 +6,6 @@
 const QK: u32 = 256u;
 const BLOCK_BYTES: u32 = 144u;
 
-// 6-bit scale (x) and min (y) of sub-block `s` (0..7) from the 12 packed bytes at `sc`.
-fn q4_k_scale_min(sc: u32, s: u32) -> vec2<f32> {
-  if (s < 4u) {
-    return vec2<f32>(f32(load_u8(sc + s) & 63u), f32(load_u8(sc + s + 4u) & 63u));
-  }
-  let hi = load_u8(sc + s + 4u);
-  let scale = (hi & 0x0fu) | ((load_u8(sc + s - 4u) >> 6u) << 4u);
-  let min = (hi >> 4u) | ((load_u8(sc + s) >> 6u) << 4u);
-  return vec2<f32>(f32(scale), f32(min));
-}
-
 fn dequant4(row_base: u32, k: u32) -> vec4<f32> {
   let block = row_base + (k / QK) * BLOCK_BYTES;
   let j = k % QK;
@@ -25,7 +14,7 @@ fn dequant4(row_base: u32, k: u32) -> vec4<f32> {
   let sub = chunk * 2u + select(0u, 1u, high);
   let d = load_f16(block);
   let dmin = load_f16(block + 2u);
-  let sm = q4_k_scale_min(block + 4u, sub);
+  let sm = scale_min_k4(block + 4u, sub);
   let q = load_u32_even(block + 16u + chunk * 32u + (j % 32u));
   let nib = (q >> select(0u, 4u, high)) & 0x0f0f0f0fu;
   return (d * sm.x) * u8x4(nib) - vec4<f32>(dmin * sm.y);

@@ -37,6 +37,7 @@ export function formatAudit(r: AuditReport): string {
   L.push(`${r.location}`);
   L.push(`  architecture ${r.architecture}, ${r.n_layer} blocks${r.n_layer_nextn ? ` (+${r.n_layer_nextn} MTP)` : ''}, n_embd ${r.n_embd}` +
     `${r.hc_streams > 1 ? `, ${r.hc_streams} residual streams` : ''}, ${r.tensor_count} tensors, ${formatBytes(r.file_bytes)} file`);
+  L.push(r.serve.accepted ? '  serve accepts it' : `  serve refuses it (${r.serve.code}): ${r.serve.reason}`);
   L.push('', 'backends');
   L.push(backendLine('cpu', r.backends.cpu), backendLine('webgpu', r.backends.webgpu), backendLine('llamacpp', r.backends.llamacpp));
   for (const [name, b] of Object.entries(r.backends)) for (const n of (b as BackendSupport).notes) L.push(`    ${name}: ${n}`);
@@ -58,6 +59,7 @@ export function formatAudit(r: AuditReport): string {
   L.push(`  embedding ${formatBytes(r.embed_bytes)}, head ${formatBytes(r.head_bytes)}${r.global_bytes ? `, every stage ${formatBytes(r.global_bytes)}` : ''}` +
     `${r.mtp_bytes ? `, MTP blocks ${formatBytes(r.mtp_bytes)} (optional, not planned)` : ''}`);
   if (r.largest_tensor) L.push(`  largest tensor ${r.largest_tensor.name} ${formatBytes(r.largest_tensor.bytes)}`);
+  if (r.expert_bytes) L.push(`  routed experts ${formatBytes(r.expert_bytes)} of the blocks; a decoded token reads ${formatBytes(r.active_weight_bytes_per_token)} of weights`);
   L.push('', `KV cache (f16): ${r.kv_bytes_per_token} B/token for the whole model`);
   L.push(...byValue(r.kv_bytes_per_token_per_layer, (v) => `${v} B/token`));
   if (r.fixed_state_bytes) L.push(`  fixed per session: ${formatBytes(r.fixed_state_bytes)}`);

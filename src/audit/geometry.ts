@@ -6,7 +6,7 @@
 
 import { MeshError } from '../errors.ts';
 import { architectureOf, metadataNumber, requiredNumber } from '../gguf/metadata.ts';
-import { isEmbeddingTensor, layerOfTensor } from '../gguf/summary.ts';
+import { isEmbeddingTensor, isExpertTensor, layerOfTensor } from '../gguf/summary.ts';
 import type { GgufHeader, MetadataValue, TensorInfo } from '../gguf/types.ts';
 
 const F16 = 2;
@@ -44,6 +44,10 @@ export interface ModelGeometry {
   fixedStateBytes: number[];
   /** f16 bytes of the state after a block, per token */
   hopBytesPerToken: number;
+  /** per block: bytes of its routed-expert tensors (0 for dense blocks) */
+  expertBytes: number[];
+  /** experts a token is routed to / experts per layer (expert_used_count / expert_count; 1 when dense) */
+  expertFraction: number;
   /** blocks that read the input token ids (hash routing); a stage starting inside needs them */
   tokenIdBlocks: number[];
   /** block indices a stage may start at with no extra traffic; null = any */
@@ -130,6 +134,8 @@ export function modelGeometry(header: GgufHeader, location = 'GGUF'): ModelGeome
     kvBytesPerToken: [],
     fixedStateBytes: new Array<number>(nLayer).fill(0),
     hopBytesPerToken: nEmbd * F16,
+    expertBytes: blocks.map((b) => b.tensors.filter((t) => isExpertTensor(t.name)).reduce((a, t) => a + t.byteLength, 0)),
+    expertFraction: expertFraction(md, k),
     tokenIdBlocks: [],
     freeStarts: null,
     startPenaltyBytesPerToken: 0,
@@ -140,6 +146,23 @@ export function modelGeometry(header: GgufHeader, location = 'GGUF'): ModelGeome
   shape(geometry, md, k, location);
   geometry.hopBytesPerToken = nEmbd * geometry.hcStreams * F16;
   return geometry;
+}
+
+/** expert_used_count / expert_count (a per-layer array's largest use), or 1 for a dense model. */
+function expertFraction(md: Md, k: (name: string) => string): number {
+  const n = num(md[k('expert_count')]) ?? 0;
+  const used = nums(md[k('expert_used_count')]) ?? [num(md[k('expert_used_count')]) ?? 0];
+  return n > 0 ? Math.min(1, Math.max(...used) / n) : 1;
+}
+
+/**
+ * Weight bytes a decoded token reads: every non-expert tensor of the blocks, the routed share of
+ * the expert tensors, one embedding row and the head. This is what decode streams per token.
+ */
+export function activeWeightBytesPerToken(g: ModelGeometry, nVocab: number): number {
+  const blocks = g.blocks.reduce((a, b, i) => a + (b.bytes - g.expertBytes[i]!) + g.expertBytes[i]! * g.expertFraction, 0);
+  const embedRow = nVocab > 0 ? g.embed.bytes / nVocab : 0;
+  return blocks + embedRow + (g.tiedHead ? g.embed.bytes : 0) + g.head.bytes;
 }
 
 type ShapeFn = (g: ModelGeometry, md: Md, k: (name: string) => string, location: string) => void;

@@ -6,6 +6,7 @@ import type { GgmlType } from '../gguf/types.ts';
 import { DEQUANT_TYPES } from '../gguf/dequant.ts';
 import { SUPPORTED_ARCHITECTURES } from '../model/config.ts';
 import { SUPPORTED_WEIGHT_TYPES } from '../backends/webgpu/shader-library.ts';
+import { LLAMACPP_WHOLE_MODEL_ARCHITECTURES } from '../backends/llamacpp/architectures.ts';
 
 export const OPS = {
   embed_lookup: 'token embedding row lookup',
@@ -49,6 +50,15 @@ export const OPS = {
   gated_rms_norm: 'RMSNorm gated by SiLU(z)',
   recurrent_state: 'per-session recurrent state (besides the KV cache)',
   attn_output_gate: 'sigmoid output gate from the q projection',
+  geglu: 'GeGLU feed-forward (tanh-GELU gate, as ggml with its f16 table)',
+  post_norms: 'RMSNorm of the attention and feed-forward outputs before the residual adds',
+  embed_scale: 'token embeddings scaled by √n_embd',
+  query_scale: 'queries scaled before attention (scores not scaled again)',
+  swa_mask: 'sliding-window attention mask on interleaved layers, with their own rope base',
+  fused_qkv: 'one fused q/k/v projection (attn_qkv)',
+  fused_gate_up: 'gate and up in one tensor (ffn_up of 2·n_ff rows)',
+  longrope_factors: 'LongRoPE short/long frequency factors chosen by context length',
+  logit_softcap: 'final logits soft-capped by c·tanh(x / c)',
 } as const;
 
 export type OpId = keyof typeof OPS;
@@ -71,6 +81,12 @@ export const ARCH_OPS: Readonly<Record<string, readonly OpId[]>> = {
   qwen2: [...DENSE_LLAMA, 'rope_neox', 'attn_bias'],
   qwen3: [...DENSE_LLAMA, 'rope_neox', 'qk_norm'],
   qwen3moe: [...DENSE_LLAMA, 'rope_neox', 'qk_norm', ...MOE_SOFTMAX],
+  qwen2moe: [...DENSE_LLAMA, 'rope_neox', 'attn_bias', ...MOE_SOFTMAX, 'moe_shared_expert', 'moe_shared_expert_gate'],
+  gemma3: [
+    'embed_lookup', 'embed_scale', 'rms_norm', 'rope_neox', 'gqa_attention', 'qk_norm', 'query_scale', 'swa_mask',
+    'post_norms', 'geglu', 'output_head', 'logit_softcap',
+  ],
+  phi3: [...DENSE_LLAMA.filter((op) => op !== 'rope_normal'), 'rope_neox', 'fused_qkv', 'fused_gate_up', 'query_scale', 'longrope_factors'],
   qwen35: [...QWEN35, 'swiglu'],
   qwen35moe: [...QWEN35, ...MOE_SOFTMAX, 'swiglu', 'moe_shared_expert', 'moe_shared_expert_gate'],
   deepseek2: MLA_MOE,
@@ -88,11 +104,14 @@ export const ARCH_OPS: Readonly<Record<string, readonly OpId[]>> = {
 
 export type BackendId = 'cpu' | 'webgpu' | 'llamacpp';
 
-/** Ops the CPU reference and the WGSL backend implement today (llama/qwen2/qwen3 dense). */
-const DENSE_OPS: ReadonlySet<OpId> = new Set<OpId>([...DENSE_LLAMA, 'rope_neox', 'attn_bias', 'qk_norm']);
+/** Ops the CPU reference and the WGSL backend implement today (the architectures of SUPPORTED_ARCHITECTURES). */
+const ENGINE_OPS: ReadonlySet<OpId> = new Set<OpId>([
+  ...DENSE_LLAMA, 'rope_neox', 'attn_bias', 'qk_norm', 'yarn_rope', ...MOE_SOFTMAX, 'moe_shared_expert', 'moe_shared_expert_gate',
+  'geglu', 'post_norms', 'embed_scale', 'query_scale', 'swa_mask', 'fused_qkv', 'fused_gate_up', 'longrope_factors', 'logit_softcap',
+]);
 export const BACKEND_OPS: Readonly<Record<'cpu' | 'webgpu', ReadonlySet<OpId>>> = {
-  cpu: DENSE_OPS,
-  webgpu: DENSE_OPS,
+  cpu: ENGINE_OPS,
+  webgpu: ENGINE_OPS,
 };
 
 /**
@@ -102,11 +121,8 @@ export const BACKEND_OPS: Readonly<Record<'cpu' | 'webgpu', ReadonlySet<OpId>>> 
 export const BACKEND_ARCHS: Readonly<Record<BackendId, ReadonlySet<string>>> = {
   cpu: new Set(SUPPORTED_ARCHITECTURES),
   webgpu: new Set(SUPPORTED_ARCHITECTURES),
-  // names present in the llama.cpp bundled with node-llama-cpp@3.21.1 (libllama.v0.4.0.so)
-  llamacpp: new Set([
-    'llama', 'qwen2', 'qwen3', 'qwen3moe', 'qwen35', 'qwen35moe', 'qwen3next', 'deepseek2',
-    'deepseek32', 'deepseek4', 'glm-dsa', 'glm4moe',
-  ]),
+  // every architecture the bundled llama.cpp generates with (src/backends/llamacpp/architectures.ts)
+  llamacpp: new Set(LLAMACPP_WHOLE_MODEL_ARCHITECTURES),
 };
 
 /** ggml types whose weights each backend reads. llama.cpp reads every type a GGUF may hold. */

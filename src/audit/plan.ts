@@ -7,6 +7,7 @@
 // where no extra data must cross the wire, and only if that cannot fit is the rule relaxed
 // (the stage is then marked with what it must receive).
 
+import { isExpertTensor } from '../gguf/summary.ts';
 import type { ModelGeometry } from './geometry.ts';
 import { formatBytes } from '../units.ts';
 
@@ -96,7 +97,12 @@ function prefix(values: readonly number[]): number[] {
   return out;
 }
 
-function rowBytes(t: { byteLength: number; shape: readonly number[]; nElements: number }): number {
+/**
+ * The bytes of a tensor's smallest piece the WebGPU backend can give its own binding: one row
+ * of a matrix, one expert of a 3-D expert tensor (its kernels address whole experts).
+ */
+function rowBytes(t: { name: string; byteLength: number; shape: readonly number[]; nElements: number }): number {
+  if (isExpertTensor(t.name) && t.shape.length === 3) return t.byteLength / t.shape[2]!;
   const rows = t.nElements / (t.shape[0] ?? 1);
   return rows > 0 ? t.byteLength / rows : t.byteLength;
 }
@@ -140,7 +146,7 @@ function splitsFor(g: ModelGeometry, start: number, end: number, maxBinding: num
     .filter((t) => t.byteLength > maxBinding)
     .map((t) => {
       const rb = rowBytes(t);
-      const rows = t.nElements / (t.shape[0] ?? 1);
+      const rows = t.byteLength / rb; // rows, or experts
       const perPiece = Math.max(1, Math.floor(maxBinding / rb));
       return { name: t.name, bytes: t.byteLength, pieces: Math.ceil(rows / perPiece) };
     });

@@ -3,13 +3,19 @@
 // out; the command prints it. Key names are snake_case because they are the JSON output
 // documented in `gguf-mesh audit --help`.
 
+import { isMeshError } from '../errors.ts';
 import type { GgmlType, GgufHeader } from '../gguf/types.ts';
+import { hyperParameters } from '../gguf/summary.ts';
+import { configFromHeader } from '../model/config.ts';
 import { ggmlTypeName } from '../gguf/traits.ts';
 import { ARCH_OPS, BACKEND_ARCHS, BACKEND_OPS, BACKEND_TYPES, OPS, missingOps } from './ops.ts';
 import type { OpId } from './ops.ts';
-import { modelGeometry } from './geometry.ts';
+import { activeWeightBytesPerToken, modelGeometry } from './geometry.ts';
 import type { ModelGeometry } from './geometry.ts';
 import { planShards } from './plan.ts';
+import { backendCapability } from '../backends/capabilities.ts';
+import { modelTraits, servable } from '../model/serve-capability.ts';
+import type { Servable } from '../model/serve-capability.ts';
 import type { PeerSpec, PlanOptions, ShardPlan } from './plan.ts';
 
 export interface BackendSupport {
@@ -52,7 +58,7 @@ export interface StageReport {
   needs_token_ids: boolean;
   needs_start_penalty: boolean;
   split_tensors: { name: string; bytes: number; pieces: number }[];
-  /** backend the stage would run on: webgpu (browser), llamacpp (native, whole model) or cpu (native, layer range) */
+  /** backend the stage would run on: webgpu (browser), llamacpp (native: whole model, or a range of llama/qwen2/qwen3) or cpu (native, other ranges) */
   backend: 'webgpu' | 'llamacpp' | 'cpu';
   /** why that backend cannot serve this stage today (empty when it can) */
   blockers: string[];
@@ -75,9 +81,18 @@ export interface PlanReport {
   fewest_stages: { stages: number; ranges: { peer: number; start: number; end: number }[] } | null;
 }
 
+/** Whether `serve` takes the model: it (and every backend here) reads it through configFromHeader. */
+export interface ServeCheck {
+  accepted: boolean;
+  /** the MeshError code a room for it fails with, when not accepted */
+  code: string | null;
+  reason: string | null;
+}
+
 export interface AuditReport {
   location: string;
   architecture: string;
+  serve: ServeCheck;
   n_layer: number;
   n_layer_nextn: number;
   n_embd: number;
@@ -95,6 +110,10 @@ export interface AuditReport {
   mtp_bytes: number;
   global_bytes: number;
   largest_tensor: { name: string; bytes: number } | null;
+  /** bytes of routed-expert tensors over all blocks (0 for dense models) */
+  expert_bytes: number;
+  /** weight bytes one decoded token reads: non-expert weights, the routed experts' share, the head */
+  active_weight_bytes_per_token: number;
   kv_bytes_per_token: number;
   kv_bytes_per_token_per_layer: number[];
   fixed_state_bytes: number;
@@ -144,15 +163,54 @@ function support(g: ModelGeometry, types: TypeRow[], backend: 'cpu' | 'webgpu'):
   };
 }
 
-function llamacppSupport(g: ModelGeometry): BackendSupport {
-  const architecture = BACKEND_ARCHS.llamacpp.has(g.architecture);
+function vocabSize(header: GgufHeader): number {
+  const tokens = header.metadata['tokenizer.ggml.tokens'];
+  return Array.isArray(tokens) ? tokens.length : (header.tensors.find((t) => t.name === 'token_embd.weight')?.shape[1] ?? 0);
+}
+
+/** `check` as a verdict: accepted, or refused with the MeshError's code and message. */
+function verdict(check: () => unknown): ServeCheck {
+  try {
+    check();
+    return { accepted: true, code: null, reason: null };
+  } catch (e) {
+    if (!isMeshError(e)) throw e;
+    return { accepted: false, code: e.code, reason: e.message };
+  }
+}
+
+/** Whether `serve` opens a room for the model: it reads the hyper-parameters (any architecture: a whole-model llama.cpp node may serve it). */
+function serveCheck(header: GgufHeader): ServeCheck {
+  return verdict(() => hyperParameters(header));
+}
+
+/** Whether the CPU and WebGPU engines take the model: both load through configFromHeader. */
+function engineCheck(header: GgufHeader): ServeCheck {
+  return verdict(() => configFromHeader(header));
+}
+
+/** A backend is ready only where the check passes: the reason joins its notes. */
+function gated(b: BackendSupport, check: ServeCheck, who: string): BackendSupport {
+  if (check.accepted) return b;
+  return { ...b, ready: false, notes: [...b.notes, `${who} refuses the model (${check.code}): ${check.reason}`] };
+}
+
+/** What a llama.cpp node may be given of this model: the rule `serve` plans with (model/serve-capability.ts). */
+function llamacppServable(header: GgufHeader): Servable {
+  return servable(backendCapability('llamacpp'), modelTraits(header));
+}
+
+function llamacppSupport(g: ModelGeometry, header: GgufHeader): BackendSupport {
+  const can = llamacppServable(header);
   const notes = [
-    'serves whole models only today (src/backends/llamacpp/stage.ts); a layer range needs hidden-state input/output around llama.cpp',
+    can.ranges
+      ? 'serves any layer range (a shard GGUF run by llama.cpp, src/backends/llamacpp/range-stage.ts)'
+      : `serves '${g.architecture}' as the whole model only (one stage); its layer-range path runs ${backendCapability('llamacpp').rangeArchitectures.join(', ')}`,
   ];
   if (g.hcStreams > 1) {
     notes.push(`llama.cpp takes n_embd-wide input embeddings only: a middle or last stage cannot receive the ${g.hcStreams}-stream state`);
   }
-  return { architecture, missing_ops: [], unsupported_types: [], ready: architecture, notes };
+  return { architecture: can.wholeModel, missing_ops: [], unsupported_types: [], ready: can.wholeModel, notes };
 }
 
 /** Names of the tensors a stage holds. */
@@ -167,12 +225,12 @@ function stageTensorNames(g: ModelGeometry, s: ShardPlan['stages'][number]): Set
 
 /**
  * The backend a stage would run on and what stops it today. Browsers run WebGPU. A native peer
- * runs llama.cpp for a whole model (the llama.cpp backend serves whole models only,
- * src/backends/llamacpp/stage.ts), and the CPU reference engine for a layer range.
+ * runs llama.cpp for a whole model, and for a layer range where llama.cpp's range path serves
+ * the architecture; otherwise the CPU reference engine.
  */
 function stageBackend(
   g: ModelGeometry,
-  report: Pick<AuditReport, 'backends'>,
+  report: Pick<AuditReport, 'backends' | 'serve'>,
   header: GgufHeader,
   s: ShardPlan['stages'][number],
 ): { backend: StageReport['backend']; blockers: string[] } {
@@ -192,11 +250,13 @@ function stageBackend(
   } else if (s.start === 0 && s.holdsHead) {
     backend = 'llamacpp';
     if (!report.backends.llamacpp.architecture) out.push(`the bundled llama.cpp does not know '${g.architecture}'`);
+  } else if (llamacppServable(header).ranges) {
+    backend = 'llamacpp';
   } else if (report.backends.cpu.architecture && report.backends.cpu.missing_ops?.length === 0 && unreadable(BACKEND_TYPES.cpu).length === 0) {
     backend = 'cpu';
   } else {
     backend = 'llamacpp';
-    out.push('the llama.cpp backend serves whole models only; a layer range needs hidden-state input/output around it');
+    out.push(`llama.cpp serves '${g.architecture}' as the whole model only; its layer-range path runs ${backendCapability('llamacpp').rangeArchitectures.join(', ')}`);
     if (g.hcStreams > 1 && s.start > 0) out.push(`llama.cpp takes n_embd-wide embeddings, not the ${g.hcStreams}-stream hyper-connection state`);
     const cpu = report.backends.cpu;
     if (cpu.missing_ops === null || !cpu.architecture) out.push(`the CPU engine does not run '${g.architecture}'`);
@@ -204,6 +264,7 @@ function stageBackend(
     const bad = unreadable(BACKEND_TYPES.cpu);
     if (bad.length) out.push(`the CPU engine cannot read ${bad.join(', ')}`);
   }
+  if (!report.serve.accepted) out.push(`serve refuses the model (${report.serve.code})`);
   if (s.needsTokenIds) out.push('needs the token ids forwarded from stage 0 (hash-routed blocks)');
   if (s.needsStartPenalty) out.push(`starts on a shared-indexer block: needs ${g.startPenaltyWhat} per token from the previous stage`);
   return { backend, blockers: out };
@@ -218,7 +279,13 @@ export interface AuditOptions {
 export function auditHeader(header: GgufHeader, location: string, opts: AuditOptions = {}): AuditReport {
   const g = modelGeometry(header, location);
   const types = typeRows(header);
-  const backends = { cpu: support(g, types, 'cpu'), webgpu: support(g, types, 'webgpu'), llamacpp: llamacppSupport(g) };
+  const serve = serveCheck(header);
+  const engines = engineCheck(header);
+  const backends = {
+    cpu: gated(gated(support(g, types, 'cpu'), engines, 'the CPU engine'), serve, 'serve'),
+    webgpu: gated(gated(support(g, types, 'webgpu'), engines, 'the WebGPU engine'), serve, 'serve'),
+    llamacpp: gated(llamacppSupport(g, header), serve, 'serve'),
+  };
   const needed = [...new Set(ARCH_OPS[g.architecture] ?? [])];
   const largest = header.tensors.reduce<{ name: string; bytes: number } | null>(
     (m, t) => (m && m.bytes >= t.byteLength ? m : { name: t.name, bytes: t.byteLength }),
@@ -227,6 +294,7 @@ export function auditHeader(header: GgufHeader, location: string, opts: AuditOpt
   const report: AuditReport = {
     location,
     architecture: g.architecture,
+    serve,
     n_layer: g.nLayer,
     n_layer_nextn: g.nLayerNextn,
     n_embd: g.nEmbd,
@@ -242,6 +310,8 @@ export function auditHeader(header: GgufHeader, location: string, opts: AuditOpt
     mtp_bytes: g.mtp.bytes,
     global_bytes: g.global.bytes,
     largest_tensor: largest,
+    expert_bytes: g.expertBytes.reduce((a, b) => a + b, 0),
+    active_weight_bytes_per_token: Math.round(activeWeightBytesPerToken(g, vocabSize(header))),
     kv_bytes_per_token: g.kvBytesPerToken.reduce((a, b) => a + b, 0),
     kv_bytes_per_token_per_layer: g.kvBytesPerToken,
     fixed_state_bytes: g.fixedStateBytes.reduce((a, b) => a + b, 0),

@@ -5,7 +5,7 @@
 import { MeshError } from '../errors.ts';
 import { layerOfTensor } from '../gguf/summary.ts';
 import type { GgufHeader, TensorInfo } from '../gguf/types.ts';
-import { ROPE_FREQS_TENSOR } from '../model/config.ts';
+import { ROPE_FACTOR_TENSORS } from '../model/config.ts';
 import type { ShardRange } from './types.ts';
 
 export const TOKEN_EMBD_TENSOR = 'token_embd.weight';
@@ -31,8 +31,8 @@ export function shardHasHead(shard: ShardRange, nLayer: number): boolean {
 /**
  * The tensors shard [start, end) reads, in file order: every `blk.N.*` with start <= N < end,
  * token_embd.weight when start == 0, output_norm.weight and output.weight (or, for tied
- * embeddings, token_embd.weight) when end == nLayer, and rope_freqs.weight (shared by all
- * layers) when the artifact has it.
+ * embeddings, token_embd.weight) when end == nLayer, and the rope frequency factors
+ * (rope_freqs.weight, Phi-3's rope_factors_short/long; shared by all layers) the artifact has.
  */
 export function shardTensors(header: GgufHeader, shard: ShardRange, nLayer: number): TensorInfo[] {
   validateShard(shard, nLayer);
@@ -43,7 +43,7 @@ export function shardTensors(header: GgufHeader, shard: ShardRange, nLayer: numb
     wanted.add(OUTPUT_NORM_TENSOR);
     wanted.add(names.has(OUTPUT_TENSOR) ? OUTPUT_TENSOR : TOKEN_EMBD_TENSOR);
   }
-  if (names.has(ROPE_FREQS_TENSOR)) wanted.add(ROPE_FREQS_TENSOR);
+  for (const name of ROPE_FACTOR_TENSORS) if (names.has(name)) wanted.add(name);
   const picked = header.tensors.filter((t) => {
     const layer = layerOfTensor(t.name);
     return layer === undefined ? wanted.has(t.name) : layer >= shard.start && layer < shard.end;

@@ -2,6 +2,7 @@
 // per session. CPU reference, WebGPU and llama.cpp backends all implement it, in-thread or
 // behind a worker proxy.
 
+import { MeshError } from '../errors.ts';
 import type { TensorSource } from '../gguf/types.ts';
 
 export type { ShardRange } from '../gguf/types.ts';
@@ -18,6 +19,24 @@ export type StageOutput =
   | { kind: 'hidden'; hidden: Float32Array; nTokens: number }
   /** logits of the last position, [n_vocab], when the shard holds the head */
   | { kind: 'logits'; logits: Float32Array };
+
+/**
+ * Hidden states as frames carry them, [nTokens × width] f16 or f32 bytes: what a backend that
+ * computes in native memory takes and gives (`forwardRows`), converting once on each side.
+ */
+export interface HiddenRows {
+  kind: 'rows';
+  dtype: 'f16' | 'f32';
+  bytes: Uint8Array;
+  nTokens: number;
+  /** elements per token (the frame's width) */
+  width: number;
+}
+
+export interface RowsForwardResult {
+  output: HiddenRows | { kind: 'logits'; logits: Float32Array };
+  computeMs: number;
+}
 
 export interface ForwardResult {
   output: StageOutput;
@@ -39,6 +58,13 @@ export interface SessionStats {
   processedTokens: number[];
 }
 
+/** Throws POSITION_MISMATCH unless 0 <= position <= current (what truncateSession accepts). */
+export function checkTruncate(sessionId: string, position: number, current: number): void {
+  if (!Number.isInteger(position) || position < 0 || position > current) {
+    throw new MeshError('POSITION_MISMATCH', `session ${sessionId} holds ${current} positions; cannot rewind it to ${position}`, { expected: current, got: position });
+  }
+}
+
 export interface StageBackend {
   readonly kind: 'cpu' | 'webgpu' | 'llamacpp' | 'stub';
   /** read only this shard's tensors from `source` and make them ready to compute */
@@ -47,11 +73,23 @@ export interface StageBackend {
   /** free the session's KV cache; releasing an unknown session is an error */
   releaseSession(sessionId: string): Promise<void>;
   /**
+   * Drops positions [position, current) from the session's KV cache, so the next forward starts
+   * at `position` (a repair rewinding a step that did not finish on every stage). `position`
+   * beyond the current one is POSITION_MISMATCH.
+   */
+  truncateSession(sessionId: string, position: number): Promise<void>;
+  /**
    * Run the shard's layers over `input` at positions [position, position + nTokens).
    * `position` must equal the session's current position: a mismatch is an error, never a
    * silent recompute.
    */
   forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult>;
+  /**
+   * Optional: `forward` with hidden states in (and, when the shard has no head, out) as
+   * encoded rows in `outDtype`, for backends that compute in native memory — the stage
+   * service then hands frame payloads through without decoding them in JS.
+   */
+  forwardRows?(sessionId: string, input: StageInput | HiddenRows, position: number, outDtype: 'f16' | 'f32'): Promise<RowsForwardResult>;
   sessionStats(sessionId: string): SessionStats;
   /** free every buffer, worker and session */
   dispose(): Promise<void>;

@@ -42,16 +42,21 @@ export class GgufMeshChatElement extends HTMLElement {
     this.view?.stop();
   }
 
+  /** connectedCallback ran (attribute callbacks before it are the element's upgrade: connecting mounts once) */
+  private connected = false;
+
   connectedCallback(): void {
+    this.connected = true;
     this.mount();
   }
 
   disconnectedCallback(): void {
+    this.connected = false;
     this.unmount();
   }
 
   attributeChangedCallback(name: string, old: string | null, value: string | null): void {
-    if (old === value || !this.isConnected) return;
+    if (old === value || !this.connected) return;
     const key = SAMPLER_ATTRS[name];
     if (key && this.view && value !== null && Number.isFinite(Number(value))) (this.view.sampler[key] as number) = Number(value);
     else if (name === 'room' || name === 'secret' || name === 'system') {

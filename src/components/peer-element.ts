@@ -1,6 +1,6 @@
 // <gguf-mesh-peer room="…">: this tab joins a room as a browser peer (WebGPU in a worker) and
-// shows its peer view. The bundle must come from the page's own origin: browsers start module
-// workers only from same-origin scripts. See docs/web-components.md.
+// shows its peer view. The bundle may come from the room server's origin: the worker then starts
+// from a same-origin blob: URL (workers/webgpu-stage.ts). See docs/web-components.md.
 
 import type { BrowserPeerState } from '../peer/browser-peer.ts';
 import { createPeerView } from '../ui/peer-view.ts';
@@ -22,22 +22,28 @@ export class GgufMeshPeerElement extends HTMLElement {
     return this.view?.join() ?? Promise.resolve();
   }
 
-  /** leaves the room: the stage is released and the route re-plans without this tab */
+  /** leaves the room gracefully: the stage and its sessions move to a replacement first */
   leave(): Promise<void> {
     return this.view?.leave() ?? Promise.resolve();
   }
 
+  /** connectedCallback ran: before it, attribute callbacks are the element's upgrade (the script
+   *  defining it ran after the markup was parsed), and must not join — connecting joins once */
+  private connected = false;
+
   connectedCallback(): void {
+    this.connected = true;
     this.mount();
   }
 
   disconnectedCallback(): void {
+    this.connected = false;
     void this.view?.dispose();
     this.view = null;
   }
 
   attributeChangedCallback(_name: string, old: string | null, value: string | null): void {
-    if (old === value || !this.isConnected) return;
+    if (old === value || !this.connected) return;
     void this.view?.dispose();
     this.mount();
   }

@@ -13,9 +13,13 @@
 //   Q4_K  [d f16][dmin f16][scales 12][qs 128]       256 elements, 144 B
 //   Q5_K  [d f16][dmin f16][scales 12][qh 32][qs 128] 256 elements, 176 B
 //   Q6_K  [ql 128][qh 64][scales 16 × i8][d f16]      256 elements, 210 B
+//   IQ4_NL [d f16][16 B codebook nibbles]             32 elements, 18 B
+//   IQ4_XS [d f16][scales_h u16][scales_l 4][qs 128]  256 elements, 136 B
+//   MXFP4  [e u8 (E8M0)][16 B e2m1 nibbles]           32 elements, 17 B
 
 import { MeshError } from '../errors.ts';
 import { F16_TABLE } from './fp16.ts';
+import { IQ4_NL_VALUES, MXFP4_VALUES, e8m0Half } from './codebooks.ts';
 import { ggmlTypeName as typeName } from './traits.ts';
 import { GgmlType, TYPE_TRAITS } from './types.ts';
 
@@ -26,6 +30,7 @@ export const DEQUANT_TYPES: readonly GgmlType[] = [
   GgmlType.F32, GgmlType.F16, GgmlType.BF16,
   GgmlType.Q4_0, GgmlType.Q4_1, GgmlType.Q5_0, GgmlType.Q5_1, GgmlType.Q8_0,
   GgmlType.Q2_K, GgmlType.Q3_K, GgmlType.Q4_K, GgmlType.Q5_K, GgmlType.Q6_K,
+  GgmlType.IQ4_NL, GgmlType.IQ4_XS, GgmlType.MXFP4,
 ];
 
 type RowFn = (b: Uint8Array, o: number, nBlocks: number, y: Float32Array, yo: number) => void;
@@ -263,6 +268,45 @@ function rowQ6_K(b: Uint8Array, o: number, nb: number, y: Float32Array, yo: numb
   }
 }
 
+function rowIQ4_NL(b: Uint8Array, o: number, nb: number, y: Float32Array, yo: number): void {
+  for (let i = 0; i < nb; i++, o += 18, yo += 32) {
+    const d = h(b, o);
+    for (let j = 0; j < 16; j++) {
+      const q = b[o + 2 + j]!;
+      y[yo + j] = fr(d * IQ4_NL_VALUES[q & 0x0f]!);
+      y[yo + j + 16] = fr(d * IQ4_NL_VALUES[q >> 4]!);
+    }
+  }
+}
+
+function rowIQ4_XS(b: Uint8Array, o: number, nb: number, y: Float32Array, yo: number): void {
+  for (let i = 0; i < nb; i++, o += 136) {
+    const d = h(b, o);
+    const scalesH = b[o + 2]! | (b[o + 3]! << 8);
+    for (let ib = 0; ib < 8; ib++, yo += 32) {
+      const ls = ((b[o + 4 + (ib >> 1)]! >> (4 * (ib % 2))) & 0xf) | (((scalesH >> (2 * ib)) & 3) << 4);
+      const dl = fr(d * (ls - 32));
+      const qs = o + 8 + 16 * ib;
+      for (let j = 0; j < 16; j++) {
+        const q = b[qs + j]!;
+        y[yo + j] = fr(dl * IQ4_NL_VALUES[q & 0x0f]!);
+        y[yo + j + 16] = fr(dl * IQ4_NL_VALUES[q >> 4]!);
+      }
+    }
+  }
+}
+
+function rowMXFP4(b: Uint8Array, o: number, nb: number, y: Float32Array, yo: number): void {
+  for (let i = 0; i < nb; i++, o += 17, yo += 32) {
+    const d = e8m0Half(b[o]!);
+    for (let j = 0; j < 16; j++) {
+      const q = b[o + 1 + j]!;
+      y[yo + j] = fr(MXFP4_VALUES[q & 0x0f]! * d);
+      y[yo + j + 16] = fr(MXFP4_VALUES[q >> 4]! * d);
+    }
+  }
+}
+
 const ROW_FNS: Partial<Record<GgmlType, RowFn>> = {
   [GgmlType.F32]: rowF32,
   [GgmlType.F16]: rowF16,
@@ -277,6 +321,9 @@ const ROW_FNS: Partial<Record<GgmlType, RowFn>> = {
   [GgmlType.Q4_K]: rowQ4_K,
   [GgmlType.Q5_K]: rowQ5_K,
   [GgmlType.Q6_K]: rowQ6_K,
+  [GgmlType.IQ4_NL]: rowIQ4_NL,
+  [GgmlType.IQ4_XS]: rowIQ4_XS,
+  [GgmlType.MXFP4]: rowMXFP4,
 };
 
 export function canDequantize(type: GgmlType): boolean {

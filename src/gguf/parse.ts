@@ -43,13 +43,13 @@ export async function readHeader(location: string, opts: ReadHeaderOptions = {})
   };
   if (!remote) probe.fileBytes = await localFileSize(location);
 
-  let parsed: Awaited<ReturnType<typeof gguf>>;
+  let parsed: Awaited<ReturnType<typeof gguf>> & { typedMetadata: Record<string, { type: number; subType?: number }> };
   try {
     parsed = await gguf(
       location,
       remote
-        ? { fetch: rangeCheckingFetch(location, probe), additionalFetchHeaders: opts.headers ?? {} }
-        : { allowLocalFile: true },
+        ? { fetch: rangeCheckingFetch(location, probe), additionalFetchHeaders: opts.headers ?? {}, typedMetadata: true }
+        : { allowLocalFile: true, typedMetadata: true },
     );
   } catch (e) {
     if (e instanceof MeshError) throw e;
@@ -75,9 +75,13 @@ export async function readHeader(location: string, opts: ReadHeaderOptions = {})
   }
 
   const metadata: Record<string, MetadataValue> = {};
+  const metadataTypes: Record<string, string> = {};
   for (const [key, value] of Object.entries(parsed.metadata)) {
     if (key === 'version' || key === 'tensor_count' || key === 'kv_count') continue;
     metadata[key] = value as MetadataValue;
+    const typed = parsed.typedMetadata[key];
+    const name = typed && VALUE_TYPE_NAMES[typed.type];
+    if (name) metadataTypes[key] = name === 'array' ? `array:${VALUE_TYPE_NAMES[typed.subType ?? -1] ?? 'unknown'}` : name;
   }
   // the library keeps the last of two equal keys; llama.cpp refuses the file
   const kvCount = Number(parsed.metadata.kv_count);
@@ -103,7 +107,7 @@ export async function readHeader(location: string, opts: ReadHeaderOptions = {})
     }
   }
 
-  return { version, metadata, tensors, tensorDataOffset, alignment, fileBytes };
+  return { version, metadata, tensors, tensorDataOffset, alignment, fileBytes, metadataTypes };
 }
 
 type LibraryTensorInfo = Awaited<ReturnType<typeof gguf>>['tensorInfos'][number];
@@ -146,6 +150,9 @@ function tensorsOf(infos: LibraryTensorInfo[], location: string, tensorDataOffse
     return { name: t.name, type: type as GgmlType, shape, nElements, offset: tensorDataOffset + relative, byteLength };
   });
 }
+
+/** gguf.h `enum gguf_type` ids → the writer's type names */
+const VALUE_TYPE_NAMES: readonly string[] = ['uint8', 'int8', 'uint16', 'int16', 'uint32', 'int32', 'float32', 'bool', 'string', 'array', 'uint64', 'int64', 'float64'];
 
 async function localFileSize(path: string): Promise<number> {
   try {

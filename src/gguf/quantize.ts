@@ -8,39 +8,26 @@
 //   Q4_K (144): f16 d · f16 dmin · u8 scales[12] (8 × 6-bit scale + 6-bit min) · u8 qs[128]
 //               x = d·sc·q − dmin·m, 8 sub-blocks of 32
 //   Q6_K (210): u8 ql[128] · u8 qh[64] · i8 scales[16] · f16 d     x = d·sc·(q − 32), 16 × 16
+// The other types live beside it: Q4_1/Q5_0/Q5_1 in ./quantize-legacy.ts, Q2_K/Q3_K/Q5_K in
+// ./quantize-k.ts, IQ4_NL/IQ4_XS/MXFP4 in ./quantize-nl.ts; their shared searches in
+// ./quant-search.ts.
 
 import { MeshError } from '../errors.ts';
-import { F16_TABLE, f32ToF16 } from './fp16.ts';
-import { GgmlType, TYPE_TRAITS } from './types.ts';
+import { f32ToBf16, f32ToF16 } from './fp16.ts';
+import { GROUP_MAX_EPS, getF16, kScalesMins, kScratch, makeQxQuants, nearestInt, putF16, roundHalfAway, signedMax } from './quant-search.ts';
+import { quantizeQ2_K, quantizeQ3_K, quantizeQ5_K } from './quantize-k.ts';
+import { quantizeQ4_1, quantizeQ5_0, quantizeQ5_1 } from './quantize-legacy.ts';
+import { quantizeIQ4_NL, quantizeIQ4_XS, quantizeMXFP4 } from './quantize-nl.ts';
+import { GgmlType, TYPE_TRAITS, typeName } from './types.ts';
 
 const fr = Math.fround;
 const QK_K = 256;
-const GROUP_MAX_EPS = fr(1e-15);
 
 /** The types this module can produce. */
 export const QUANTIZABLE_TYPES: readonly GgmlType[] = [
-  GgmlType.F32, GgmlType.F16, GgmlType.Q8_0, GgmlType.Q4_0, GgmlType.Q4_K, GgmlType.Q6_K,
+  GgmlType.F32, GgmlType.F16, GgmlType.BF16, GgmlType.Q8_0, GgmlType.Q4_0, GgmlType.Q4_1, GgmlType.Q5_0, GgmlType.Q5_1,
+  GgmlType.Q2_K, GgmlType.Q3_K, GgmlType.Q4_K, GgmlType.Q5_K, GgmlType.Q6_K, GgmlType.IQ4_NL, GgmlType.IQ4_XS, GgmlType.MXFP4,
 ];
-
-/** ggml's nearest_int: round half to even via the 1.5·2^23 trick, on an f32 input. */
-function nearestInt(fval: number): number {
-  return fr(fval + 12582912) - 12582912;
-}
-
-/** C's roundf: half away from zero. */
-function roundHalfAway(x: number): number {
-  return x < 0 ? -Math.floor(-x + 0.5) : Math.floor(x + 0.5);
-}
-
-function putF16(out: Uint8Array, at: number, value: number): void {
-  const h = f32ToF16(value);
-  out[at] = h & 0xff;
-  out[at + 1] = h >> 8;
-}
-
-function getF16(out: Uint8Array, at: number): number {
-  return F16_TABLE[out[at]! | (out[at + 1]! << 8)]!;
-}
 
 function quantizeQ8_0(x: Float32Array, out: Uint8Array): void {
   const nb = x.length / 32;
@@ -64,15 +51,7 @@ function quantizeQ4_0(x: Float32Array, out: Uint8Array): void {
   for (let i = 0; i < nb; i++) {
     const xo = i * 32;
     const o = i * 18;
-    let amax = 0;
-    let max = 0;
-    for (let j = 0; j < 32; j++) {
-      const v = x[xo + j]!;
-      if (amax < Math.abs(v)) {
-        amax = Math.abs(v);
-        max = v;
-      }
-    }
+    const max = signedMax(x, xo, 32)[1];
     const d = fr(max / -8);
     const id = d ? fr(1 / d) : 0;
     putF16(out, o, d);
@@ -86,159 +65,14 @@ function quantizeQ4_0(x: Float32Array, out: Uint8Array): void {
   }
 }
 
-// scratch for makeQkx2Quants (sub-blocks are at most 32 values)
-const qkxShifted = new Float32Array(32); // [n] f32: x − min for the current min
-let qkxMin = 0; // the second result of makeQkx2Quants
-
-/**
- * ggml's make_qkx2_quants for n values with an affine (scale, min) fit: writes L (0..nmax),
- * returns the scale and leaves `qkxMin` (the negated offset) so that x ≈ scale·L − qkxMin.
- * Searches nstep+1 candidate scales and keeps the one with the least weighted squared error.
- */
-function makeQkx2Quants(
-  n: number, nmax: number, x: Float32Array, xo: number, weights: Float32Array,
-  L: Uint8Array, lo: number, Laux: Uint8Array, rmin: number, rdelta: number, nstep: number,
-): number {
-  let min = x[xo]!;
-  let max = x[xo]!;
-  let sumW = weights[0]!;
-  let sumX = fr(sumW * x[xo]!);
-  for (let i = 1; i < n; i++) {
-    const xi = x[xo + i]!;
-    if (xi < min) min = xi;
-    if (xi > max) max = xi;
-    const w = weights[i]!;
-    sumW = fr(sumW + w);
-    sumX = fr(sumX + fr(w * xi));
-  }
-  if (min > 0) min = 0;
-  if (max === min) {
-    for (let i = 0; i < n; i++) L[lo + i] = 0;
-    qkxMin = -min;
-    return 0;
-  }
-  const shifted = qkxShifted;
-  for (let i = 0; i < n; i++) shifted[i] = x[xo + i]! - min; // the store rounds to f32
-  let iscale = fr(nmax / fr(max - min));
-  let scale = fr(1 / iscale);
-  let bestError = 0;
-  for (let i = 0; i < n; i++) {
-    const l = nearestInt(fr(iscale * shifted[i]!));
-    const q = l < 0 ? 0 : l > nmax ? nmax : l;
-    L[lo + i] = q;
-    const diff = fr(fr(fr(scale * q) + min) - x[xo + i]!);
-    bestError = fr(bestError + fr(weights[i]! * fr(diff * diff)));
-  }
-  if (nstep < 1) {
-    qkxMin = -min;
-    return scale;
-  }
-  for (let is = 0; is <= nstep; is++) {
-    // `min` moves when a candidate wins, and later candidates start from it (as in ggml)
-    iscale = fr(fr(fr(rmin + fr(rdelta * is)) + nmax) / fr(max - min));
-    let sumL = 0;
-    let sumL2 = 0;
-    let sumXL = 0;
-    for (let i = 0; i < n; i++) {
-      const l0 = nearestInt(fr(iscale * shifted[i]!));
-      const l = l0 < 0 ? 0 : l0 > nmax ? nmax : l0;
-      Laux[i] = l;
-      const wl = fr(weights[i]! * l);
-      sumL = fr(sumL + wl);
-      sumL2 = fr(sumL2 + fr(wl * l));
-      sumXL = fr(sumXL + fr(wl * x[xo + i]!));
-    }
-    const D = fr(fr(sumW * sumL2) - fr(sumL * sumL));
-    if (D > 0) {
-      let thisScale = fr(fr(fr(sumW * sumXL) - fr(sumX * sumL)) / D);
-      let thisMin = fr(fr(fr(sumL2 * sumX) - fr(sumL * sumXL)) / D);
-      if (thisMin > 0) {
-        thisMin = 0;
-        thisScale = fr(sumXL / sumL2);
-      }
-      let curError = 0;
-      for (let i = 0; i < n; i++) {
-        const diff = fr(fr(fr(thisScale * Laux[i]!) + thisMin) - x[xo + i]!);
-        curError = fr(curError + fr(weights[i]! * fr(diff * diff)));
-      }
-      if (curError < bestError) {
-        for (let i = 0; i < n; i++) L[lo + i] = Laux[i]!;
-        bestError = curError;
-        scale = thisScale;
-        if (thisMin !== min) {
-          min = thisMin;
-          for (let i = 0; i < n; i++) shifted[i] = x[xo + i]! - min;
-        }
-      }
-    }
-  }
-  qkxMin = -min;
-  return scale;
-}
-
-/** ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j from the packed 12 bytes. */
-function scaleMinK4(j: number, q: Uint8Array, at: number): [number, number] {
-  if (j < 4) return [q[at + j]! & 63, q[at + j + 4]! & 63];
-  return [
-    (q[at + j + 4]! & 0xf) | ((q[at + j - 4]! >> 6) << 4),
-    (q[at + j + 4]! >> 4) | ((q[at + j]! >> 6) << 4),
-  ];
-}
-
 function quantizeQ4_K(x: Float32Array, out: Uint8Array): void {
   const nb = x.length / QK_K;
   const L = new Uint8Array(QK_K);
-  const Laux = new Uint8Array(32);
-  const weights = new Float32Array(32);
-  const mins = new Float32Array(8);
-  const scales = new Float32Array(8);
+  const k = kScratch();
   for (let i = 0; i < nb; i++) {
     const xb = i * QK_K;
     const o = i * 144; // d @0, dmin @2, scales @4..15, qs @16..143
-    let maxScale = 0;
-    let maxMin = 0;
-    for (let j = 0; j < 8; j++) {
-      const xo = xb + 32 * j;
-      let sumX2 = 0;
-      for (let l = 0; l < 32; l++) sumX2 = fr(sumX2 + fr(x[xo + l]! * x[xo + l]!));
-      const avX = fr(Math.sqrt(fr(sumX2 / 32)));
-      for (let l = 0; l < 32; l++) weights[l] = fr(avX + Math.abs(x[xo + l]!));
-      scales[j] = makeQkx2Quants(32, 15, x, xo, weights, L, 32 * j, Laux, -1, fr(0.1), 20);
-      mins[j] = qkxMin;
-      if (scales[j]! > maxScale) maxScale = scales[j]!;
-      if (mins[j]! > maxMin) maxMin = mins[j]!;
-    }
-    const invScale = maxScale > 0 ? fr(63 / maxScale) : 0;
-    const invMin = maxMin > 0 ? fr(63 / maxMin) : 0;
-    const sc = o + 4;
-    out.fill(0, sc, sc + 12);
-    for (let j = 0; j < 8; j++) {
-      // ggml stores nearest_int's result in a uint8_t before clamping to 63
-      const ls = Math.min(63, nearestInt(fr(invScale * scales[j]!)) & 0xff);
-      const lm = Math.min(63, nearestInt(fr(invMin * mins[j]!)) & 0xff);
-      if (j < 4) {
-        out[sc + j] = ls;
-        out[sc + j + 4] = lm;
-      } else {
-        out[sc + j + 4] = (ls & 0xf) | ((lm & 0xf) << 4);
-        out[sc + j - 4]! |= (ls >> 4) << 6;
-        out[sc + j]! |= (lm >> 4) << 6;
-      }
-    }
-    putF16(out, o, fr(maxScale / 63));
-    putF16(out, o + 2, fr(maxMin / 63));
-    const dAll = getF16(out, o);
-    const dminAll = getF16(out, o + 2);
-    for (let j = 0; j < 8; j++) {
-      const [s, m] = scaleMinK4(j, out, sc);
-      const d = fr(dAll * s);
-      if (!d) continue;
-      const dm = fr(dminAll * m);
-      for (let ii = 0; ii < 32; ii++) {
-        const l = nearestInt(fr(fr(x[xb + 32 * j + ii]! + dm) / d));
-        L[32 * j + ii] = Math.max(0, Math.min(15, l));
-      }
-    }
+    kScalesMins(x, xb, 15, -1, 20, out, o, L, k);
     // 4 groups of 64 values: byte l holds value l (low nibble) and value l+32 (high nibble)
     let q = o + 16;
     for (let j = 0; j < QK_K; j += 64) {
@@ -246,62 +80,6 @@ function quantizeQ4_K(x: Float32Array, out: Uint8Array): void {
       q += 32;
     }
   }
-}
-
-/**
- * ggml's make_qx_quants with rmse_type 1 (weights x²) and no importance weights: symmetric
- * quantisation of n values to L = q + nmax in [0, 2·nmax), trying 19 candidate scales.
- * Returns the scale.
- */
-function makeQxQuants(n: number, nmax: number, x: Float32Array, xo: number, L: Int8Array, lo: number): number {
-  let max = 0;
-  let amax = 0;
-  for (let i = 0; i < n; i++) {
-    const ax = Math.abs(x[xo + i]!);
-    if (ax > amax) {
-      amax = ax;
-      max = x[xo + i]!;
-    }
-  }
-  if (amax < GROUP_MAX_EPS) {
-    for (let i = 0; i < n; i++) L[lo + i] = 0;
-    return 0;
-  }
-  let iscale = fr(-nmax / max);
-  let sumlx = 0;
-  let suml2 = 0;
-  for (let i = 0; i < n; i++) {
-    const xi = x[xo + i]!;
-    const l = Math.max(-nmax, Math.min(nmax - 1, nearestInt(fr(iscale * xi))));
-    L[lo + i] = l + nmax;
-    const w = fr(xi * xi);
-    sumlx = fr(sumlx + fr(fr(w * xi) * l));
-    suml2 = fr(suml2 + fr(fr(w * l) * l));
-  }
-  let scale = suml2 ? fr(sumlx / suml2) : 0;
-  let best = fr(scale * sumlx);
-  for (let is = -9; is <= 9; is++) {
-    if (is === 0) continue;
-    iscale = fr(-fr(nmax + fr(fr(0.1) * is)) / max);
-    sumlx = 0;
-    suml2 = 0;
-    for (let i = 0; i < n; i++) {
-      const xi = x[xo + i]!;
-      const l = Math.max(-nmax, Math.min(nmax - 1, nearestInt(fr(iscale * xi))));
-      const w = fr(xi * xi);
-      sumlx = fr(sumlx + fr(fr(w * xi) * l));
-      suml2 = fr(suml2 + fr(fr(w * l) * l));
-    }
-    if (suml2 > 0 && fr(sumlx * sumlx) > fr(best * suml2)) {
-      for (let i = 0; i < n; i++) {
-        const l = nearestInt(fr(iscale * x[xo + i]!));
-        L[lo + i] = nmax + Math.max(-nmax, Math.min(nmax - 1, l));
-      }
-      scale = fr(sumlx / suml2);
-      best = fr(scale * sumlx);
-    }
-  }
-  return scale;
 }
 
 function quantizeQ6_K(x: Float32Array, out: Uint8Array): void {
@@ -362,7 +140,7 @@ function quantizeQ6_K(x: Float32Array, out: Uint8Array): void {
 export function quantize(type: GgmlType, values: Float32Array, nPerRow: number = values.length): Uint8Array {
   const traits = TYPE_TRAITS[type];
   if (!traits || !QUANTIZABLE_TYPES.includes(type)) {
-    throw new MeshError('QUANT_UNSUPPORTED_TYPE', `cannot quantise to ${traits?.name ?? `type ${type}`} (supported: F32, F16, Q8_0, Q4_0, Q4_K, Q6_K)`);
+    throw new MeshError('QUANT_UNSUPPORTED_TYPE', `cannot quantise to ${traits?.name ?? `type ${type}`} (supported: ${QUANTIZABLE_TYPES.map(typeName).join(', ')})`);
   }
   if (nPerRow <= 0 || nPerRow % traits.blockSize !== 0) {
     throw new MeshError('QUANT_BAD_ROW', `${traits.name} needs rows that are a multiple of ${traits.blockSize} values, got a row of ${nPerRow}`);
@@ -380,10 +158,24 @@ export function quantize(type: GgmlType, values: Float32Array, nPerRow: number =
       for (let i = 0; i < values.length; i++) h[i] = f32ToF16(values[i]!);
       break;
     }
+    case GgmlType.BF16: {
+      const h = new Uint16Array(out.buffer);
+      for (let i = 0; i < values.length; i++) h[i] = f32ToBf16(values[i]!);
+      break;
+    }
     case GgmlType.Q8_0: quantizeQ8_0(values, out); break;
     case GgmlType.Q4_0: quantizeQ4_0(values, out); break;
+    case GgmlType.Q4_1: quantizeQ4_1(values, out); break;
+    case GgmlType.Q5_0: quantizeQ5_0(values, out); break;
+    case GgmlType.Q5_1: quantizeQ5_1(values, out); break;
+    case GgmlType.Q2_K: quantizeQ2_K(values, out); break;
+    case GgmlType.Q3_K: quantizeQ3_K(values, out); break;
     case GgmlType.Q4_K: quantizeQ4_K(values, out); break;
+    case GgmlType.Q5_K: quantizeQ5_K(values, out); break;
     case GgmlType.Q6_K: quantizeQ6_K(values, out); break;
+    case GgmlType.IQ4_NL: quantizeIQ4_NL(values, out); break;
+    case GgmlType.IQ4_XS: quantizeIQ4_XS(values, out); break;
+    case GgmlType.MXFP4: quantizeMXFP4(values, out); break;
   }
   return out;
 }

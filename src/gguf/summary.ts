@@ -121,6 +121,17 @@ export function layerOfTensor(name: string): number | undefined {
   return m ? Number(m[1]) : undefined;
 }
 
+const EXPERT_RE = /_exps\.(weight|bias|scale)$/;
+
+/**
+ * A routed-expert tensor (blk.N.ffn_{gate,up,down,gate_up}_exps.*): one slice per expert, of
+ * which a token reads only its top-k. Shard groups count its bytes in full, since a stage holds
+ * every expert of its layers.
+ */
+export function isExpertTensor(name: string): boolean {
+  return EXPERT_RE.test(name);
+}
+
 /** token_embd.* and the other input embeddings: the first stage's tensors. */
 export function isEmbeddingTensor(name: string): boolean {
   return EMBED_RE.test(name);

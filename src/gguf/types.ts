@@ -115,6 +115,9 @@ export interface TensorInfo {
 
 export type MetadataValue = string | number | bigint | boolean | MetadataValue[];
 
+/** A metadata entry's GGUF value type, as the writer names it: a scalar kind, or `array:<item kind>`. */
+export type MetadataTypeName = string;
+
 /** A parsed GGUF header: metadata, tensor infos with absolute byte ranges, and file geometry. */
 export interface GgufHeader {
   version: number;
@@ -126,6 +129,12 @@ export interface GgufHeader {
   alignment: number;
   /** total bytes of the file (or of the remote object) */
   fileBytes: number;
+  /**
+   * each metadata key's GGUF value type ('uint32', 'float32', 'array:int32', …) where the parser
+   * knew it: rewriting a header (a shard GGUF for llama.cpp) must keep them, as llama.cpp checks
+   * key types
+   */
+  metadataTypes?: Record<string, MetadataTypeName>;
 }
 
 /** A byte range in a file: `[offset, offset + length)`. */

@@ -1,36 +1,38 @@
-// Architecture hyper-parameters of a llama-family model, read from GGUF metadata.
-// `configFromHeader` (below the types) is the one place that knows metadata key names.
+// Architecture hyper-parameters of a model we run, read from GGUF metadata: the llama family
+// (llama, qwen2, qwen3), their mixtures of experts (qwen2moe, qwen3moe), gemma3 and phi3.
+// `configFromHeader` (below the types) is the one place that knows metadata key names; the
+// rope's live in ./rope-config.ts.
 
 import { MeshError } from '../errors.ts';
 import { metadataNumber } from '../gguf/metadata.ts';
-import { GgmlType } from '../gguf/types.ts';
-import type { GgufHeader, MetadataValue, TensorSource } from '../gguf/types.ts';
+import type { GgufHeader, MetadataValue } from '../gguf/types.ts';
+import { longRope, ropeFromMetadata, swaRope } from './rope-config.ts';
+import type { RopeSet } from './rope-config.ts';
 
-export type Architecture = 'llama' | 'qwen2' | 'qwen3';
+export type { RopeConfig, RopeMode, RopeSet } from './rope-config.ts';
+export { loadRopeFreqFactors, ROPE_FACTOR_TENSORS, ROPE_FREQS_TENSOR, ropeFor } from './rope-config.ts';
 
-export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = ['llama', 'qwen2', 'qwen3'];
+export type Architecture = 'llama' | 'qwen2' | 'qwen3' | 'qwen2moe' | 'qwen3moe' | 'gemma3' | 'phi3';
 
-export type RopeMode = 'normal' | 'neox';
+export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = ['llama', 'qwen2', 'qwen3', 'qwen2moe', 'qwen3moe', 'gemma3', 'phi3'];
 
-export interface RopeConfig {
-  /** 'normal' rotates adjacent pairs (2i, 2i+1); 'neox' rotates (i, i + n_rot/2) */
-  mode: RopeMode;
-  /** number of rotated dimensions per head (rope.dimension_count, default head_dim) */
-  nRot: number;
-  freqBase: number;
-  /** linear scaling: positions are multiplied by freqScale (= 1 / rope.scaling.factor) */
-  freqScale: number;
-  /**
-   * llama3-style per-frequency scaling factors (rope_freqs.weight), length nRot/2, or null.
-   * `configFromHeader` cannot read tensor data: it leaves this null and names the tensor in
-   * `freqFactorsTensor`; `loadRopeFreqFactors` fills it in.
-   */
-  freqFactors: Float32Array | null;
-  /** name of the tensor holding the frequency factors, when the artifact has one */
-  freqFactorsTensor: string | null;
+/** The gated feed-forward's activation: SiLU (SwiGLU) or tanh-GELU (GeGLU, Gemma). */
+export type FfnActivation = 'silu' | 'gelu';
+
+/** A mixture-of-experts feed-forward (llama.cpp's build_moe_ffn with softmax gating). */
+export interface MoeConfig {
+  nExpert: number;
+  /** experts each token is routed to (top-k) */
+  nExpertUsed: number;
+  /** feed-forward size of one expert */
+  nFfExp: number;
+  /** divide the top-k router weights by their sum (qwen3moe), or use the softmax as is (qwen2moe) */
+  normWeights: boolean;
+  /** feed-forward size of the always-on shared expert with its sigmoid gate (qwen2moe), 0 = none */
+  nFfShared: number;
 }
 
-export interface ModelConfig {
+export interface ModelConfig extends RopeSet {
   architecture: Architecture;
   nLayer: number;
   nEmbd: number;
@@ -38,24 +40,39 @@ export interface ModelConfig {
   nHeadKv: number;
   /** per-head dimension of queries and keys (n_embd / n_head unless key_length says otherwise) */
   headDim: number;
+  /** dense feed-forward size (qwen2moe: the shared expert's default) */
   nFf: number;
   nVocab: number;
   nCtxTrain: number;
   rmsEps: number;
-  rope: RopeConfig;
   /** output head shares the token embedding (no output.weight tensor) */
   tiedEmbeddings: boolean;
   /** q/k/v projections carry biases (qwen2) */
   qkvBias: boolean;
-  /** per-head RMSNorm of queries and keys before RoPE (qwen3) */
+  /** per-head RMSNorm of queries and keys before RoPE (qwen3, gemma3) */
   qkNorm: boolean;
+  ffnActivation: FfnActivation;
+  /** the feed-forward is a mixture of experts, or null for a dense one */
+  moe: MoeConfig | null;
+  /** token embeddings are multiplied by this (gemma3: √n_embd in f32), else 1 */
+  embedScale: number;
+  /** RMSNorm of the attention and feed-forward outputs before each residual add (gemma3) */
+  postNorms: boolean;
+  /**
+   * queries are multiplied by this after RoPE and attention scores are not scaled again
+   * (gemma3, phi3, as their llama.cpp graphs do); null: scores are scaled by 1/√head_dim
+   */
+  queryScale: number | null;
+  /** keys older than this many positions are masked in the sliding-window layers; 0 = none */
+  slidingWindow: number;
+  /** logits = c·tanh(logits / c) when c > 0 (final_logit_softcapping) */
+  finalLogitSoftcap: number;
 }
 
-/** The tensor that holds llama3-style RoPE frequency factors, when present. */
-export const ROPE_FREQS_TENSOR = 'rope_freqs.weight';
+const f32 = Math.fround;
 
 /**
- * Reads the hyper-parameters of a llama / qwen2 / qwen3 artifact from its header.
+ * Reads the hyper-parameters of an artifact of a supported architecture from its header.
  * Throws MeshError UNSUPPORTED_ARCHITECTURE (naming it) for anything else, and
  * BAD_MODEL_METADATA when a required key is missing or inconsistent.
  */
@@ -75,18 +92,8 @@ export function configFromHeader(header: GgufHeader): ModelConfig {
   const architecture = arch as Architecture;
   const key = (k: string) => `${arch}.${k}`;
 
-  const expertCount = optionalInt(md, key('expert_count'), 0);
-  if (expertCount > 0) {
-    throw new MeshError(
-      'UNSUPPORTED_ARCHITECTURE',
-      `architecture '${arch}' with ${expertCount} experts (mixture of experts) is not supported`,
-      { architecture: arch },
-    );
-  }
-
   const nLayer = requiredInt(md, key('block_count'));
   const nEmbd = requiredInt(md, key('embedding_length'));
-  const nFf = perLayerInt(md, key('feed_forward_length'), undefined);
   const nHead = perLayerInt(md, key('attention.head_count'), undefined);
   const nHeadKv = perLayerInt(md, key('attention.head_count_kv'), nHead);
   const headDim = optionalInt(md, key('attention.key_length'), Math.floor(nEmbd / nHead));
@@ -106,20 +113,20 @@ export function configFromHeader(header: GgufHeader): ModelConfig {
     throw new MeshError('BAD_MODEL_METADATA', `${key('attention.layer_norm_rms_epsilon')} is missing`);
   }
 
-  const scalingType = md[key('rope.scaling.type')] ?? 'linear';
-  if (scalingType !== 'linear' && scalingType !== 'none') {
-    throw new MeshError('UNSUPPORTED_ROPE_SCALING', `rope scaling type '${String(scalingType)}' is not supported (linear, none)`);
-  }
-  const factor = optionalNumber(md, key('rope.scaling.factor'), optionalNumber(md, key('rope.scale_linear'), 0));
-  // f32 arithmetic, as llama.cpp stores it
-  const freqScale = scalingType === 'none' || factor === 0 ? 1 : Math.fround(1 / factor);
-
   const tensorNames = new Set(header.tensors.map((t) => t.name));
   const embd = header.tensors.find((t) => t.name === 'token_embd.weight');
   const nVocab = optionalInt(md, key('vocab_size'), tokenListLength(md) ?? embd?.shape[1] ?? 0);
   if (nVocab <= 0) throw new MeshError('BAD_MODEL_METADATA', 'vocabulary size is unknown');
+  const nCtxTrain = optionalInt(md, key('context_length'), 2048);
 
-  const freqTensor = header.tensors.find((t) => t.name === ROPE_FREQS_TENSOR);
+  const moe = moeConfig(md, architecture);
+  const nFf = moe && architecture === 'qwen3moe' ? optionalPerLayerInt(md, key('feed_forward_length'), 0) : perLayerInt(md, key('feed_forward_length'), undefined);
+  const gemma = architecture === 'gemma3';
+  const rope = ropeFromMetadata(md, arch, architecture === 'llama' ? 'normal' : 'neox', nRot, nCtxTrain, tensorNames);
+  const slidingWindow = gemma ? optionalInt(md, key('attention.sliding_window'), 0) : 0;
+  // llama.cpp's set_swa_pattern: within each period of n layers, all but the last slide
+  const period = optionalInt(md, key('attention.sliding_window_pattern'), 6);
+  const swaLayers = Array.from({ length: nLayer }, (_, il) => slidingWindow > 0 && il % period < period - 1);
 
   return {
     architecture,
@@ -130,34 +137,52 @@ export function configFromHeader(header: GgufHeader): ModelConfig {
     headDim,
     nFf,
     nVocab,
-    nCtxTrain: optionalInt(md, key('context_length'), 2048),
-    rmsEps: Math.fround(rmsEps),
-    rope: {
-      mode: architecture === 'llama' ? 'normal' : 'neox',
-      nRot,
-      freqBase: Math.fround(optionalNumber(md, key('rope.freq_base'), 10000)),
-      freqScale,
-      freqFactors: null,
-      freqFactorsTensor: freqTensor ? freqTensor.name : null,
-    },
+    nCtxTrain,
+    rmsEps: f32(rmsEps),
+    rope,
+    ropeSwa: slidingWindow > 0 ? swaRope(md, arch, rope) : null,
+    ropeLong: architecture === 'phi3' ? longRope(rope, tensorNames) : null,
+    swaLayers,
     tiedEmbeddings: !tensorNames.has('output.weight'),
     qkvBias: tensorNames.has('blk.0.attn_q.bias'),
-    qkNorm: architecture === 'qwen3' || tensorNames.has('blk.0.attn_q_norm.weight'),
+    qkNorm: architecture === 'qwen3' || architecture === 'qwen3moe' || gemma || tensorNames.has('blk.0.attn_q_norm.weight'),
+    ffnActivation: gemma ? 'gelu' : 'silu',
+    moe: moe && { ...moe, nFfShared: architecture === 'qwen2moe' ? optionalInt(md, key('expert_shared_feed_forward_length'), nFf) : 0 },
+    embedScale: gemma ? f32(Math.sqrt(nEmbd)) : 1,
+    postNorms: gemma,
+    queryScale: queryScale(architecture, nLayer, nEmbd, nHead, headDim),
+    slidingWindow,
+    finalLogitSoftcap: gemma ? optionalNumber(md, key('final_logit_softcapping'), 0) : 0,
   };
 }
 
-/** Reads rope_freqs.weight (when the artifact has one) into config.rope.freqFactors. */
-export async function loadRopeFreqFactors(config: ModelConfig, source: TensorSource): Promise<void> {
-  const name = config.rope.freqFactorsTensor;
-  if (!name || config.rope.freqFactors) return;
-  const info = source.header.tensors.find((t) => t.name === name);
-  if (!info) throw new MeshError('TENSOR_MISSING', `${name} is named by the config but not in ${source.location}`);
-  if (info.type !== GgmlType.F32 || info.nElements !== config.rope.nRot / 2) {
-    throw new MeshError('BAD_MODEL_METADATA', `${name} must be F32 with ${config.rope.nRot / 2} elements`);
+/** gemma3 and phi3 scale queries before attention (Gemma 3 27B, 62 layers, by 1/√(n_embd/n_head)). */
+function queryScale(arch: Architecture, nLayer: number, nEmbd: number, nHead: number, headDim: number): number | null {
+  if (arch === 'gemma3') return f32(1 / f32(Math.sqrt(nLayer === 62 ? Math.floor(nEmbd / nHead) : headDim)));
+  if (arch === 'phi3') return f32(1 / f32(Math.sqrt(headDim)));
+  return null;
+}
+
+/** The expert settings of qwen2moe / qwen3moe; null for dense architectures. */
+function moeConfig(md: Record<string, MetadataValue>, arch: Architecture): Omit<MoeConfig, 'nFfShared'> | null {
+  const key = (k: string) => `${arch}.${k}`;
+  const nExpert = optionalInt(md, key('expert_count'), 0);
+  if (arch !== 'qwen2moe' && arch !== 'qwen3moe') {
+    if (nExpert > 0) {
+      throw new MeshError('UNSUPPORTED_ARCHITECTURE', `architecture '${arch}' with ${nExpert} experts (mixture of experts) is not supported`, { architecture: arch });
+    }
+    return null;
   }
-  const bytes = (await source.read([info])).get(name)!;
-  const copy = bytes.slice(); // aligned copy
-  config.rope.freqFactors = new Float32Array(copy.buffer, copy.byteOffset, info.nElements);
+  if (nExpert === 0) throw new MeshError('BAD_MODEL_METADATA', `${arch} needs ${key('expert_count')}`);
+  const nExpertUsed = perLayerInt(md, key('expert_used_count'), undefined);
+  if (nExpertUsed > nExpert) throw new MeshError('BAD_MODEL_METADATA', `${key('expert_used_count')} ${nExpertUsed} exceeds expert_count ${nExpert}`);
+  const nFf = optionalPerLayerInt(md, key('feed_forward_length'), 0);
+  const nFfExp = optionalPerLayerInt(md, key('expert_feed_forward_length'), Math.floor(nFf / nExpertUsed));
+  if (nFfExp <= 0) throw new MeshError('BAD_MODEL_METADATA', `${key('expert_feed_forward_length')} is missing`);
+  if ((optionalInt(md, key('expert_group_count'), 0)) > 1) {
+    throw new MeshError('UNSUPPORTED_ARCHITECTURE', `${arch} with grouped expert selection is not supported`, { architecture: arch });
+  }
+  return { nExpert, nExpertUsed, nFfExp, normWeights: arch === 'qwen3moe' };
 }
 
 function tokenListLength(md: Record<string, MetadataValue>): number | undefined {
@@ -181,6 +206,10 @@ function optionalInt(md: Record<string, MetadataValue>, k: string, fallback: num
 function optionalNumber(md: Record<string, MetadataValue>, k: string, fallback: number): number {
   const n = metadataNumber(md[k]);
   return n === undefined ? fallback : n;
+}
+
+function optionalPerLayerInt(md: Record<string, MetadataValue>, k: string, fallback: number): number {
+  return md[k] === undefined ? fallback : perLayerInt(md, k, undefined);
 }
 
 /** A key that may be a per-layer array: accepted when every layer has the same value. */

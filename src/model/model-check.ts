@@ -2,12 +2,16 @@
 // tensor the config implies is there with the shape it implies, no tensor is left over, norms
 // and biases are F32, and the hyper-parameters agree with each other. `serve` runs it before it
 // opens a room, so a file that lies about itself is refused at start with the tensor named —
-// never served as garbage, never a failure at the first join.
+// never served as garbage, never a failure at the first join. The full tensor check covers the
+// dense llama family (llama, qwen2, qwen3); the other architectures our engines run get the
+// config's own checks, and one only a llama.cpp node serves whole gets the checks every
+// architecture shares (a room opens for it; llama.cpp refuses what else is wrong at its load).
 
 import { MeshError } from '../errors.ts';
 import { GgmlType } from '../gguf/types.ts';
 import type { GgufHeader, TensorInfo } from '../gguf/types.ts';
-import { configFromHeader, ROPE_FREQS_TENSOR } from './config.ts';
+import { hyperParameters } from '../gguf/summary.ts';
+import { configFromHeader, ROPE_FREQS_TENSOR, SUPPORTED_ARCHITECTURES } from './config.ts';
 import type { ModelConfig } from './config.ts';
 
 /** A tensor the config implies: its name, shape (ggml order) and whether it must be F32. */
@@ -92,4 +96,23 @@ export function checkedModelConfig(header: GgufHeader, location = 'the model'): 
   const extra = header.tensors.find((t) => !used.has(t.name));
   if (extra) throw new MeshError('UNEXPECTED_TENSOR', `${where} tensor '${extra.name}' is not one a ${c.architecture} model with ${c.nLayer} blocks uses`, { tensor: extra.name });
   return c;
+}
+
+/** The architectures whose every tensor checkedModelConfig knows. */
+const TENSOR_CHECKED = new Set(['llama', 'qwen2', 'qwen3']);
+
+/**
+ * What `serve` checks before it opens a room for any architecture: the hyper-parameters read
+ * (block_count against the blk.N tensors), the context length is there, and — for what our
+ * engines run — the config, with every tensor for the llama family. Returns n_layer, the
+ * training context and the config where our engines run the architecture (else null).
+ */
+export function checkedServableModel(header: GgufHeader, location = 'the model'): { nLayer: number; nCtx: number; config: ModelConfig | null } {
+  const hp = hyperParameters(header, location);
+  if (header.metadata[`${hp.architecture}.context_length`] === undefined) throw new MeshError('BAD_MODEL_METADATA', `${location}: ${hp.architecture}.context_length is missing`);
+  if (header.tensors.length === 0) throw new MeshError('BAD_MODEL_METADATA', `${location}: the file holds no tensors`);
+  if (hp.n_layer < 1) throw new MeshError('BAD_MODEL_METADATA', `${location}: block_count ${hp.n_layer}: a model needs at least one block`);
+  if (!(SUPPORTED_ARCHITECTURES as readonly string[]).includes(hp.architecture)) return { nLayer: hp.n_layer, nCtx: hp.n_ctx_train, config: null };
+  const config = TENSOR_CHECKED.has(hp.architecture) ? checkedModelConfig(header, location) : configFromHeader(header);
+  return { nLayer: config.nLayer, nCtx: config.nCtxTrain, config };
 }

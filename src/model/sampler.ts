@@ -28,6 +28,7 @@ const DEFAULT_SEED = 0xc0ffee;
 export class Sampler {
   readonly options: Required<SamplerOptions>;
   private readonly prng: Prng;
+  private drawn = 0;
 
   constructor(options: SamplerOptions = {}) {
     this.options = {
@@ -50,6 +51,18 @@ export class Sampler {
     if (!(o.repeatPenalty > 0)) bad(`repeatPenalty must be > 0, got ${o.repeatPenalty}`);
     if (!Number.isInteger(o.repeatLastN) || o.repeatLastN < 0) bad(`repeatLastN must be a non-negative integer, got ${o.repeatLastN}`);
     this.prng = new Prng(o.seed);
+  }
+
+  /** random draws made so far: one per sampled token when temperature > 0, none when greedy */
+  get draws(): number {
+    return this.drawn;
+  }
+
+  /** Makes `n` draws without sampling: a sampler that replaces another continues its stream. */
+  skip(n: number): this {
+    for (let i = 0; i < n; i++) this.prng.next();
+    this.drawn += n;
+    return this;
   }
 
   /**
@@ -88,6 +101,7 @@ export class Sampler {
     }
     probs = softmaxOf(ids, l, maxLogit, o.temperature);
     const r = this.prng.next();
+    this.drawn++;
     let cum = 0;
     for (let i = 0; i < ids.length; i++) {
       cum += probs[i]!;

@@ -1,28 +1,33 @@
 // Random-weight GGUF models of any shape and quant type, with a real tokenizer, for tests and
 // benchmarks. Tensor names, shapes and metadata keys are the ones llama.cpp loads for the
-// `llama`, `qwen2` and `qwen3` architectures. Deterministic: every tensor draws from its own
-// PRNG stream seeded by (seed, tensor name), so the same options give the same bytes however
-// the file is produced (in memory, streamed, or chunked differently).
+// `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `gemma3` and `phi3` architectures (the
+// tensors per architecture: ./synthetic-tensors.ts). Deterministic: every tensor draws from
+// its own PRNG stream seeded by (seed, tensor name), so the same options give the same bytes
+// however the file is produced (in memory, streamed, or chunked differently).
 //
-// Types: `f32` keeps everything F32; `f16`, `q8_0`, `q4_0`, `q4_k`, `q6_k` give every matrix
-// that type (like llama-quantize --pure) with norms and biases F32; `q4_k_m` mixes Q4_K and
-// Q6_K the way llama.cpp's Q4_K_M does (output, and attn_v/ffn_down of the layers its
-// use_more_bits picks, in Q6_K; a tied token_embd is the output head, so Q6_K too). K-quant rows must be multiples of 256 values: instead of
-// llama.cpp's silent fall-back to other types we refuse such shapes with a reason.
+// Types: `f32` keeps everything F32; the others give every matrix that type (like
+// llama-quantize --pure) with norms, biases and MoE routers F32; `q4_k_m` / `q5_k_m` mix
+// Q4_K / Q5_K with Q6_K the way llama.cpp's Q4_K_M / Q5_K_M do (output, and attn_v/ffn_down of
+// the layers its use_more_bits picks, in Q6_K; a tied token_embd is the output head, so Q6_K
+// too). K-quant rows must be multiples of 256 values: instead of llama.cpp's silent fall-back
+// to other types we refuse such shapes with a reason.
 
 import { MeshError } from '../errors.ts';
-import { Prng } from './prng.ts';
-import { quantize } from '../gguf/quantize.ts';
-import { GgmlType, TYPE_TRAITS } from '../gguf/types.ts';
-import type { GgufSpec, MetadataEntry, TensorSpec, WrittenLayout } from '../gguf/writer.ts';
+import type { GgufSpec, MetadataEntry, WrittenLayout } from '../gguf/writer.ts';
 import { planGguf, writeGguf, writeGgufFile } from '../gguf/writer.ts';
+import { MODEL_TYPES, modelTensors } from './synthetic-tensors.ts';
+import type { ModelType } from './synthetic-tensors.ts';
 import type { BpePre, TokenizerKind } from './synthetic-vocab.ts';
 import { BPE_PRES, buildVocab, minVocabSize } from './synthetic-vocab.ts';
 
-export const ARCHS = ['llama', 'qwen2', 'qwen3'] as const;
+export const ARCHS = ['llama', 'qwen2', 'qwen3', 'qwen2moe', 'qwen3moe', 'gemma3', 'phi3'] as const;
 export type SyntheticArch = (typeof ARCHS)[number];
-export const MODEL_TYPES = ['f32', 'f16', 'q8_0', 'q4_0', 'q4_k', 'q6_k', 'q4_k_m'] as const;
-export type ModelType = (typeof MODEL_TYPES)[number];
+export { MODEL_TYPES };
+export type { ModelType };
+export const ROPE_SCALINGS = ['none', 'linear', 'yarn'] as const;
+export type RopeScaling = (typeof ROPE_SCALINGS)[number];
+
+const MOE_ARCHS: readonly SyntheticArch[] = ['qwen2moe', 'qwen3moe'];
 
 export interface MakeModelOptions {
   arch?: SyntheticArch;
@@ -50,9 +55,34 @@ export interface MakeModelOptions {
   pre?: BpePre;
   /** write the header with full tensor infos but no tensor data */
   headerOnly?: boolean;
+  /** experts per MoE layer (qwen2moe, qwen3moe; default 4) */
+  experts?: number;
+  /** experts each token is routed to (default 2) */
+  expertsUsed?: number;
+  /** feed-forward size of one expert (default ffn) */
+  expertFfn?: number;
+  /** qwen2moe: feed-forward size of the shared expert (default ffn) */
+  sharedFfn?: number;
+  /** gemma3: sliding-window size (0 = every layer global; default 512) */
+  slidingWindow?: number;
+  /** gemma3: every n-th layer is global, the others slide (default 6) */
+  swaPattern?: number;
+  /** rope.scaling.type written (default none) */
+  ropeScaling?: RopeScaling;
+  /** rope.scaling.factor for linear or yarn (default 4) */
+  ropeFactor?: number;
+  /** rope.scaling.original_context_length (yarn, phi3's long factors; default ctx) */
+  ropeOrigCtx?: number;
+  /** write llama3-style rope_freqs.weight (llama) */
+  ropeFreqs?: boolean;
 }
 
 export type ResolvedModelOptions = Required<Omit<MakeModelOptions, 'pre' | 'headerOnly'>> & { pre?: BpePre; headerOnly: boolean };
+
+const FILE_TYPE: Record<ModelType, number> = {
+  f32: 0, f16: 1, q4_0: 2, q4_1: 3, q8_0: 7, q5_0: 8, q5_1: 9, q2_k: 10, q3_k: 12, q4_k: 14, q4_k_m: 15,
+  q5_k: 16, q5_k_m: 17, q6_k: 18, iq4_nl: 25, iq4_xs: 30, bf16: 32, mxfp4: 38,
+};
 
 export const MODEL_DEFAULTS = {
   arch: 'llama',
@@ -65,17 +95,6 @@ export const MODEL_DEFAULTS = {
   type: 'f32',
   seed: 0,
 } as const;
-
-// llama_ftype values written to general.file_type (pure q4_k is written as "mostly Q4_K_S")
-const FILE_TYPE: Record<ModelType, number> = { f32: 0, f16: 1, q4_0: 2, q8_0: 7, q4_k: 14, q4_k_m: 15, q6_k: 18 };
-const PURE_TYPE: Record<Exclude<ModelType, 'q4_k_m'>, GgmlType> = {
-  f32: GgmlType.F32,
-  f16: GgmlType.F16,
-  q8_0: GgmlType.Q8_0,
-  q4_0: GgmlType.Q4_0,
-  q4_k: GgmlType.Q4_K,
-  q6_k: GgmlType.Q6_K,
-};
 
 function badOption(message: string): MeshError {
   return new MeshError('MAKE_MODEL_BAD_OPTION', message);
@@ -101,8 +120,18 @@ export function resolveModelOptions(o: MakeModelOptions): ResolvedModelOptions {
     ctx: o.ctx ?? MODEL_DEFAULTS.ctx,
     type,
     seed: o.seed ?? MODEL_DEFAULTS.seed,
-    tokenizer: o.tokenizer ?? (arch === 'llama' ? 'llama' : 'gpt2'),
+    tokenizer: o.tokenizer ?? (arch === 'llama' || arch === 'gemma3' || arch === 'phi3' ? 'llama' : 'gpt2'),
     headerOnly: o.headerOnly ?? false,
+    experts: o.experts ?? 4,
+    expertsUsed: o.expertsUsed ?? 2,
+    expertFfn: o.expertFfn ?? o.ffn ?? MODEL_DEFAULTS.ffn,
+    sharedFfn: o.sharedFfn ?? o.ffn ?? MODEL_DEFAULTS.ffn,
+    slidingWindow: o.slidingWindow ?? 512,
+    swaPattern: o.swaPattern ?? 6,
+    ropeScaling: o.ropeScaling ?? 'none',
+    ropeFactor: o.ropeFactor ?? 4,
+    ropeOrigCtx: o.ropeOrigCtx ?? o.ctx ?? MODEL_DEFAULTS.ctx,
+    ropeFreqs: o.ropeFreqs ?? false,
   };
   if (r.tokenizer !== 'llama' && r.tokenizer !== 'gpt2') throw badOption(`unknown tokenizer '${String(r.tokenizer)}' (known: llama, gpt2)`);
   if (o.pre !== undefined) {
@@ -110,139 +139,43 @@ export function resolveModelOptions(o: MakeModelOptions): ResolvedModelOptions {
     if (!BPE_PRES.includes(o.pre)) throw badOption(`unknown pre-tokenizer '${o.pre}' (known: ${BPE_PRES.join(', ')})`);
   }
   if (r.tokenizer === 'gpt2') r.pre = o.pre ?? (arch === 'llama' ? 'llama-bpe' : 'qwen2');
-  for (const k of ['layers', 'embd', 'heads', 'kvHeads', 'ffn', 'vocab', 'ctx'] as const) {
+  if (!ROPE_SCALINGS.includes(r.ropeScaling)) throw badOption(`unknown rope scaling '${String(r.ropeScaling)}' (known: ${ROPE_SCALINGS.join(', ')})`);
+  if (!(r.ropeFactor > 0)) throw badOption(`rope-factor must be positive, got ${r.ropeFactor}`);
+  if (r.slidingWindow < 0 || !Number.isSafeInteger(r.slidingWindow)) throw badOption(`sliding-window must be an integer >= 0, got ${r.slidingWindow}`);
+  for (const k of ['layers', 'embd', 'heads', 'kvHeads', 'ffn', 'vocab', 'ctx', 'experts', 'expertsUsed', 'expertFfn', 'sharedFfn', 'swaPattern', 'ropeOrigCtx'] as const) {
     if (!Number.isSafeInteger(r[k]) || r[k] < 1) throw badOption(`${k} must be a positive integer, got ${r[k]}`);
   }
   if (o.headDim !== undefined && (!Number.isSafeInteger(o.headDim) || o.headDim < 1)) throw badOption(`head-dim must be a positive integer, got ${o.headDim}`);
   if (!Number.isSafeInteger(r.seed) || r.seed < 0 || r.seed > 0xffffffff) throw badOption(`seed must be an integer in [0, 2^32), got ${r.seed}`);
   if (o.headDim === undefined && r.embd % r.heads !== 0) throw badOption(`embd ${r.embd} is not divisible by heads ${r.heads} (or give --head-dim)`);
   if (r.headDim % 2 !== 0) throw badOption(`head size ${r.headDim} must be even for RoPE`);
-  // llama.cpp's qwen2 loader fixes attn_q/attn_output at [embd, embd]
-  if (r.arch === 'qwen2' && r.headDim * r.heads !== r.embd) throw badOption(`qwen2 needs heads × head-dim = embd, got ${r.heads} × ${r.headDim} ≠ ${r.embd}`);
+  // llama.cpp's qwen2, qwen2moe and phi3 loaders fix attn_q/attn_output at [embd, embd]
+  if ((r.arch === 'qwen2' || r.arch === 'qwen2moe' || r.arch === 'phi3') && r.headDim * r.heads !== r.embd) {
+    throw badOption(`${r.arch} needs heads × head-dim = embd, got ${r.heads} × ${r.headDim} ≠ ${r.embd}`);
+  }
+  if (MOE_ARCHS.includes(r.arch) && r.expertsUsed > r.experts) throw badOption(`experts-used ${r.expertsUsed} exceeds experts ${r.experts}`);
+  // llama.cpp's qwen2moe loader requires output.weight
+  if (r.arch === 'qwen2moe' && r.tied) throw badOption('qwen2moe cannot tie its output head (llama.cpp requires output.weight)');
+  if (r.ropeFreqs && r.arch !== 'llama') throw badOption('rope-freqs applies to the llama architecture only (llama.cpp reads it there)');
   if (r.kvHeads > r.heads || r.heads % r.kvHeads !== 0) throw badOption(`heads ${r.heads} must be a multiple of kv-heads ${r.kvHeads}`);
   const min = minVocabSize(r.tokenizer);
   if (r.vocab < min) throw badOption(`vocab ${r.vocab} is too small for the ${r.tokenizer} tokenizer: it needs at least ${min} tokens (specials, 256 bytes${r.tokenizer === 'llama' ? ', base characters' : ''})`);
   return r;
 }
 
-/** llama.cpp's use_more_bits: which layers Q4_K_M gives more bits (first/last eighth, every third). */
-function useMoreBits(i: number, n: number): boolean {
-  const e = Math.floor(n / 8);
-  return i < e || i >= Math.floor((7 * n) / 8) || (i - e) % 3 === 2;
-}
-
-type Role = 'token_embd' | 'output' | 'attn_q' | 'attn_k' | 'attn_v' | 'attn_output' | 'ffn_gate' | 'ffn_up' | 'ffn_down';
-
-/** The ggml type of a matrix for a model type (vectors are always F32). */
-function matrixType(type: ModelType, role: Role, layer: number, nLayer: number, tied: boolean): GgmlType {
-  if (type !== 'q4_k_m') return PURE_TYPE[type];
-  // a tied token_embd doubles as the output head, so it gets the output's type
-  if (role === 'output' || (role === 'token_embd' && tied)) return GgmlType.Q6_K;
-  if ((role === 'attn_v' || role === 'ffn_down') && useMoreBits(layer, nLayer)) return GgmlType.Q6_K;
-  return GgmlType.Q4_K;
-}
-
-// --- deterministic random numbers -------------------------------------------------------
-
-/** 32-bit FNV-1a of a string mixed with the seed: one independent stream per tensor. */
-function streamSeed(seed: number, name: string): number {
-  let h = (0x811c9dc5 ^ seed) >>> 0;
-  for (let i = 0; i < name.length; i++) h = Math.imul(h ^ name.charCodeAt(i), 0x01000193) >>> 0;
-  return h;
-}
-
-/** How a tensor's values are drawn: mean + std·normal. */
-interface Init {
-  mean: number;
-  std: number;
-}
-
-const ROW_CHUNK_VALUES = 1 << 20; // ~4 MiB of f32 per piece while streaming
-
-/** A producer that draws a tensor's values row group by row group and quantises each group. */
-function randomTensor(name: string, type: GgmlType, shape: number[], init: Init, seed: number): () => Iterable<Uint8Array> {
-  return function* () {
-    const rng = new Prng(streamSeed(seed, name));
-    const nPerRow = shape[0]!;
-    const nRows = shape.slice(1).reduce((a, b) => a * b, 1);
-    const rowsPerChunk = Math.max(1, Math.floor(ROW_CHUNK_VALUES / nPerRow));
-    for (let row = 0; row < nRows; row += rowsPerChunk) {
-      const rows = Math.min(rowsPerChunk, nRows - row);
-      const values = new Float32Array(rows * nPerRow); // [rows × nPerRow] f32
-      for (let i = 0; i < values.length; i++) values[i] = init.mean + init.std * rng.normal();
-      yield quantize(type, values, nPerRow);
-    }
-  };
-}
-
-// --- the model ----------------------------------------------------------------------------
-
 /** The GGUF spec of a synthetic model; tensor data is produced lazily when written. */
 export function syntheticModelSpec(options: MakeModelOptions): GgufSpec {
   const o = resolveModelOptions(options);
-  const headDim = o.headDim;
-  const kvDim = headDim * o.kvHeads;
-  const qDim = headDim * o.heads;
-  const arch = o.arch;
-  const tensors: TensorSpec[] = [];
-
-  const matrix = (name: string, role: Role, layer: number, nIn: number, nOut: number, std: number): void => {
-    const type = matrixType(o.type, role, layer, o.layers, o.tied);
-    const traits = TYPE_TRAITS[type]!;
-    if (nIn % traits.blockSize !== 0) {
-      throw new MeshError(
-        'MAKE_MODEL_BAD_SHAPE',
-        `${name} has rows of ${nIn} values, which ${traits.name} (--type ${o.type}) cannot store: rows must be a multiple of ${traits.blockSize}; choose embd/ffn multiples of ${traits.blockSize}`,
-      );
-    }
-    const shape = [nIn, nOut];
-    tensors.push({ name, type, shape, data: randomTensor(name, type, shape, { mean: 0, std }, o.seed) });
-  };
-  const vector = (name: string, n: number, init: Init): void => {
-    tensors.push({ name, type: GgmlType.F32, shape: [n], data: randomTensor(name, GgmlType.F32, [n], init, o.seed) });
-  };
-  // Scales that keep activations sane and greedy output varied: each projection ~1/sqrt(fan_in)
-  // so outputs stay near unit size, norms near 1, and unit-size embeddings so the current
-  // token stays a large part of the residual stream (with 0.02-size embeddings the attention
-  // average dominates and random models repeat one token). A tied table is also the head,
-  // where unit-size rows make every token predict itself, so tied embeddings stay small.
-  const norm: Init = { mean: 1, std: 0.02 };
-  const bias: Init = { mean: 0, std: 0.02 };
-  const proj = (nIn: number): number => 1 / Math.sqrt(nIn);
-
-  matrix('token_embd.weight', 'token_embd', 0, o.embd, o.vocab, o.tied ? 0.02 : 1);
-  for (let i = 0; i < o.layers; i++) {
-    const p = `blk.${i}.`;
-    vector(`${p}attn_norm.weight`, o.embd, norm);
-    matrix(`${p}attn_q.weight`, 'attn_q', i, o.embd, qDim, proj(o.embd));
-    matrix(`${p}attn_k.weight`, 'attn_k', i, o.embd, kvDim, proj(o.embd));
-    matrix(`${p}attn_v.weight`, 'attn_v', i, o.embd, kvDim, proj(o.embd));
-    if (arch === 'qwen2') {
-      vector(`${p}attn_q.bias`, qDim, bias);
-      vector(`${p}attn_k.bias`, kvDim, bias);
-      vector(`${p}attn_v.bias`, kvDim, bias);
-    }
-    if (arch === 'qwen3') {
-      // per-head RMS norms applied to q and k before RoPE
-      vector(`${p}attn_q_norm.weight`, headDim, norm);
-      vector(`${p}attn_k_norm.weight`, headDim, norm);
-    }
-    matrix(`${p}attn_output.weight`, 'attn_output', i, qDim, o.embd, proj(qDim));
-    vector(`${p}ffn_norm.weight`, o.embd, norm);
-    matrix(`${p}ffn_gate.weight`, 'ffn_gate', i, o.embd, o.ffn, proj(o.embd));
-    matrix(`${p}ffn_up.weight`, 'ffn_up', i, o.embd, o.ffn, proj(o.embd));
-    matrix(`${p}ffn_down.weight`, 'ffn_down', i, o.ffn, o.embd, proj(o.ffn));
-  }
-  vector('output_norm.weight', o.embd, norm);
-  if (!o.tied) matrix('output.weight', 'output', o.layers, o.embd, o.vocab, proj(o.embd));
-
+  const { arch, headDim } = o;
+  const tensors = modelTensors(o);
   const vocab = buildVocab({ kind: o.tokenizer, vocabSize: o.vocab, ...(o.pre ? { pre: o.pre } : {}) });
-  const isQwen = arch !== 'llama';
+  const isQwen = arch.startsWith('qwen');
   const u32 = (key: string, value: number): MetadataEntry => ({ key, type: 'uint32', value });
   const f32 = (key: string, value: number): MetadataEntry => ({ key, type: 'float32', value });
   const metadata: MetadataEntry[] = [
     { key: 'general.architecture', type: 'string', value: arch },
-    { key: 'general.name', type: 'string', value: `gguf-mesh synthetic ${arch} ${o.layers}x${o.embd} ${o.type} seed ${o.seed}` },
+    // "phi 3", not "phi3": llama.cpp's vocab loader keys Phi-3 token attributes (and tokens our vocabulary lacks) on that name
+    { key: 'general.name', type: 'string', value: `gguf-mesh synthetic ${arch === 'phi3' ? 'phi 3' : arch} ${o.layers}x${o.embd} ${o.type} seed ${o.seed}` },
     u32('general.file_type', FILE_TYPE[o.type]),
     u32('general.quantization_version', 2),
     u32('general.alignment', 32),
@@ -255,12 +188,35 @@ export function syntheticModelSpec(options: MakeModelOptions): GgufSpec {
     u32(`${arch}.attention.key_length`, headDim),
     u32(`${arch}.attention.value_length`, headDim),
     u32(`${arch}.rope.dimension_count`, headDim),
-    f32(`${arch}.rope.freq_base`, isQwen ? 1_000_000 : 10_000),
+    f32(`${arch}.rope.freq_base`, isQwen || arch === 'gemma3' ? 1_000_000 : 10_000),
     f32(`${arch}.attention.layer_norm_rms_epsilon`, isQwen ? 1e-6 : 1e-5),
     u32(`${arch}.vocab_size`, o.vocab),
+    ...archMetadata(o),
     ...vocab.metadata,
   ];
   return { metadata, tensors, headerOnly: o.headerOnly };
+}
+
+/** The keys only some architectures or options write: experts, sliding window, rope scaling. */
+function archMetadata(o: ResolvedModelOptions): MetadataEntry[] {
+  const { arch } = o;
+  const u32 = (key: string, value: number): MetadataEntry => ({ key: `${arch}.${key}`, type: 'uint32', value });
+  const f32 = (key: string, value: number): MetadataEntry => ({ key: `${arch}.${key}`, type: 'float32', value });
+  const out: MetadataEntry[] = [];
+  if (MOE_ARCHS.includes(arch)) {
+    out.push(u32('expert_count', o.experts), u32('expert_used_count', o.expertsUsed), u32('expert_feed_forward_length', o.expertFfn));
+    if (arch === 'qwen2moe') out.push(u32('expert_shared_feed_forward_length', o.sharedFfn));
+  }
+  if (arch === 'gemma3' && o.slidingWindow > 0) {
+    out.push(u32('attention.sliding_window', o.slidingWindow), u32('attention.sliding_window_pattern', o.swaPattern), f32('rope.freq_base_swa', 10_000));
+  }
+  if (o.ropeScaling !== 'none') {
+    out.push({ key: `${arch}.rope.scaling.type`, type: 'string', value: o.ropeScaling }, f32('rope.scaling.factor', o.ropeFactor));
+  }
+  if (o.ropeScaling === 'yarn' || arch === 'phi3') out.push(u32('rope.scaling.original_context_length', o.ropeOrigCtx));
+  // Phi-3's LongRoPE magnitude factor, √(1 + ln(scale) / ln(original context)) for scale 4
+  if (arch === 'phi3') out.push(f32('rope.scaling.attn_factor', Math.sqrt(1 + Math.log(4) / Math.log(o.ropeOrigCtx))));
+  return out;
 }
 
 /** Builds a synthetic model in memory (small models; use makeModelFile for big ones). */

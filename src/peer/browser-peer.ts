@@ -6,6 +6,7 @@
 
 import { MeshError } from '../errors.ts';
 import type { StageBackend } from '../backends/types.ts';
+import { backendCapability } from '../backends/capabilities.ts';
 import type { Manifest } from '../gguf/verify.ts';
 import { parseJoinUrl } from '../protocol/control.ts';
 import { ShardCache } from '../storage/shard-cache.ts';
@@ -54,6 +55,8 @@ export interface BrowserPeerOptions {
 
 export interface BrowserPeer {
   readonly state: BrowserPeerState;
+  /** a graceful leave: the server hands this tab's stage and its sessions to a replacement, then the tab closes; resolves with whether they moved */
+  leave(timeoutMs?: number): Promise<boolean>;
   close(): Promise<void>;
 }
 
@@ -91,7 +94,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     Object.assign(state, { status: 'client-only', reason: caps.reason });
     log(`joining as a client only: ${caps.reason}`);
     changed();
-    return { state, close: async () => undefined };
+    return { state, leave: async () => true, close: async () => undefined };
   }
 
   const conn: { control: ControlSocket; stage: BrowserStage } = await joinOnce(opts, { base, roomId, secret, state, changed, log, memoryBytes: caps.memoryBytes, adapter: caps.adapter });
@@ -121,14 +124,21 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     }
     clearInterval(telemetryTimer);
   })();
+  const close = async (): Promise<void> => {
+    closing = true;
+    clearInterval(telemetryTimer);
+    conn.control.close();
+    await conn.stage.close();
+  };
   return {
     state,
-    async close() {
-      closing = true;
-      clearInterval(telemetryTimer);
-      conn.control.close();
-      await conn.stage.close();
+    async leave(timeoutMs) {
+      closing = true; // a tab that leaves does not rejoin
+      const moved = state.stage === null ? true : await conn.stage.leave(timeoutMs);
+      await close();
+      return moved;
     },
+    close,
   };
 }
 
@@ -159,7 +169,7 @@ async function joinOnce(opts: BrowserPeerOptions, j: JoinContext): Promise<{ con
     ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
     ...(opts.rtcTimeoutMs ? { rtcTimeoutMs: opts.rtcTimeoutMs } : {}),
   });
-  const offer = { backend: 'webgpu', memoryBytes: j.memoryBytes, ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: j.adapter };
+  const offer = { backend: 'webgpu', memoryBytes: j.memoryBytes, serves: backendCapability('webgpu'), ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: j.adapter };
   try {
     const welcome = await stage.core.join(offer, control.closed);
     // a server on the internet may announce STUN/TURN servers; on a LAN none are needed

@@ -5,14 +5,14 @@
 
 import { MeshError } from '../errors.ts';
 import type { ShardRange, StageBackend } from '../backends/types.ts';
-import type { HopKind, PeerTelemetry, PipeCounters } from '../protocol/control.ts';
+import type { CandidatePair, HopKind, PeerTelemetry, PipeCounters } from '../protocol/control.ts';
 import { servePipe } from '../transport/webrtc-link.ts';
 import type { ShardCache } from '../storage/shard-cache.ts';
 import type { BrowserCapabilities } from './capabilities.ts';
 import type { ControlSocket } from './control-socket.ts';
 import { Hops } from './hops.ts';
 import { modelHeaders, PeerCore, progressGate } from './peer-core.ts';
-import type { Assignment, LoadContext, RoomModel, StageLoad } from './peer-core.ts';
+import type { Assignment, LoadContext, NextLink, NextStage, RoomModel, ShardLoad } from './peer-core.ts';
 import { loadSlice, sliceSource } from './slice-loader.ts';
 import type { LoadedSlice, SliceProgress } from './slice-loader.ts';
 
@@ -33,16 +33,20 @@ export interface BrowserPeerState {
   load: Omit<LoadedSlice, 'tensors' | 'cacheError'> & { cacheError: string | null } | null;
   error: { code: string; message: string } | null;
   hop: HopKind | null;
+  /** the data channel's selected ICE candidate pair, when the hop is WebRTC */
+  candidatePair: CandidatePair | null;
   downstreamChannel: PipeCounters | null;
   upstreamChannels: Record<string, PipeCounters>;
   relayed: { frames: number; bytes: number } | null;
+  /** a spare's standby shard, loaded ahead of taking over a stage */
+  standby: { shard: ShardRange; load: Omit<LoadedSlice, 'tensors' | 'cacheError'> & { cacheError: string | null } } | null;
 }
 
 export function joiningState(roomId: string): BrowserPeerState {
   return {
     status: 'joining', reason: null, peerId: null, roomId, capabilities: null, artifact: null, heldUnits: [],
     routeId: null, stage: null, shard: null, progress: null, load: null, error: null,
-    hop: null, downstreamChannel: null, upstreamChannels: {}, relayed: null,
+    hop: null, candidatePair: null, downstreamChannel: null, upstreamChannels: {}, relayed: null, standby: null,
   };
 }
 
@@ -67,6 +71,7 @@ export class BrowserStage {
   readonly hops: Hops;
   /** the only peer whose data channel this stage answers: the assigned previous stage */
   private upstreamPeer: string | null = null;
+  private downstreamSeq = 0;
 
   constructor(private readonly o: BrowserStageOptions) {
     const { control, state } = o;
@@ -74,9 +79,11 @@ export class BrowserStage {
       secret: o.secret,
       send: (m) => control.sendJson(m),
       log: o.log,
-      loadStage: (ctx) => this.load(ctx),
+      loadShard: (ctx) => this.load(ctx),
+      linkNext: (next, ctx) => this.connectNext(next, ctx),
       onAssign: (a) => (this.upstreamPeer = a.upstreamPeer ?? null),
-      onReady: () => this.ready(),
+      onUpstream: (peerId) => (this.upstreamPeer = peerId),
+      onReady: (a) => this.ready(a),
       onFailed: (_a, err) => this.update({ status: 'failed', error: { code: err.code, message: err.message } }),
       onRelease: () => this.update({ status: 'idle', routeId: null, stage: null, shard: null, hop: null }),
     });
@@ -103,11 +110,12 @@ export class BrowserStage {
     this.o.changed();
   }
 
-  /** PeerCore's `loadStage`: the slice, the backend, then the hop to the next stage. */
-  private async load(ctx: LoadContext): Promise<StageLoad> {
+  /** PeerCore's `loadShard`: the slice (cache first, then Range requests, verified), into the backend. A spare's standby load changes no stage state. */
+  private async load(ctx: LoadContext): Promise<ShardLoad> {
     const { state, cache, model } = this.o;
     const a = ctx.assignment;
-    this.update({ status: 'loading', routeId: a.routeId, stage: a.stage, shard: { ...a.shard }, progress: null, load: null, error: null, hop: null, downstreamChannel: null, relayed: null });
+    const standby = a.t === 'standby';
+    if (!standby) this.update({ status: 'loading', routeId: a.routeId, stage: a.stage, shard: { ...a.shard }, progress: null, load: null, error: null, hop: null, candidatePair: null, downstreamChannel: null, relayed: null });
     const due = progressGate(250);
     const slice = await loadSlice({
       manifest: model.manifest,
@@ -116,6 +124,7 @@ export class BrowserStage {
       headers: modelHeaders(a.modelUrl, this.o.base, this.o.secret, this.core.peerId),
       cache,
       onProgress: (p) => {
+        if (standby) return;
         this.update({ progress: p });
         if (due(p.doneBytes, p.totalBytes)) this.telemetry('loading', { load: p });
       },
@@ -123,32 +132,44 @@ export class BrowserStage {
       onCacheError: (e) => this.o.log(`shard cache: ${e.code} ${e.message}`),
     });
     const { tensors, cacheError, ...facts } = slice;
-    state.load = { ...facts, cacheError: cacheError ? `${cacheError.code}: ${cacheError.message}` : null };
+    const loaded = { ...facts, cacheError: cacheError ? `${cacheError.code}: ${cacheError.message}` : null };
+    if (!standby) state.load = loaded;
     if (cache) state.heldUnits = await cache.heldUnits(model.manifest.artifact.sha256).catch(() => state.heldUnits);
     const backend = ctx.keep(await this.o.backend(), (b) => b.dispose());
     await backend.load(sliceSource(await model.header(), model.manifest, tensors, a.modelUrl), a.shard);
-    const hop = await this.connectNext(ctx);
-    Object.assign(state, { hop: hop.kind, downstreamChannel: hop.channel, relayed: hop.relayed });
-    if (hop.link) ctx.keep(hop.link, (l) => l.close());
-    return { backend, downstream: hop.link, bytesRead: slice.fetchedBytes, detail: `${slice.fetchedBytes} bytes fetched, ${slice.cachedBytes} from cache, hop ${hop.kind}` };
+    if (standby) this.update({ standby: { shard: { ...a.shard }, load: loaded } });
+    return { backend, bytesRead: slice.fetchedBytes, detail: `${slice.fetchedBytes} bytes fetched, ${slice.cachedBytes} from cache` };
   }
 
-  /** A data channel to the next browser stage; the relay to a native one, or when none opens. */
-  private connectNext(ctx: LoadContext): ReturnType<Hops['connectDownstream']> {
-    const a: Assignment = ctx.assignment;
+  /** PeerCore's `linkNext`: a data channel to the next browser stage; the relay to a native one, or when none opens. */
+  private async connectNext(a: NextStage, ctx: LoadContext): Promise<NextLink> {
     const last = a.shard.end >= a.nLayer;
     if (!last && !a.downstreamPeer) throw new MeshError('STAGE_UNREACHABLE', `stage ${a.stage}: the server named no next stage`);
-    return this.hops.connectDownstream(last ? null : a.downstreamPeer!, Boolean(a.downstream), (h) => {
-      if (!ctx.current) return;
-      this.update({ hop: h.kind, relayed: h.relayed });
+    // a rewire replaces the downstream link: only the newest one's changes are the stage's
+    const seq = ++this.downstreamSeq;
+    const hop = await this.hops.connectDownstream(last ? null : a.downstreamPeer!, Boolean(a.downstream) && !a.downstreamRtc, (h) => {
+      if (!ctx.current || seq !== this.downstreamSeq) return;
+      this.update({ hop: h.kind, relayed: h.relayed, candidatePair: h.candidatePair });
       this.fullTelemetry();
     });
+    const { state } = this.o;
+    Object.assign(state, { hop: hop.kind, downstreamChannel: hop.channel, relayed: hop.relayed, candidatePair: hop.candidatePair });
+    if (state.status === 'ready') this.fullTelemetry(); // a rewire of a serving stage
+    if (hop.link) ctx.keep(hop.link, (l) => l.close());
+    return { link: hop.link, detail: `hop ${hop.kind}` };
   }
 
-  private ready(): void {
+  /** A graceful leave (the page's Leave button): the server moves this tab's stage and sessions first. */
+  async leave(timeoutMs = 40_000): Promise<boolean> {
+    return this.core.leave(timeoutMs);
+  }
+
+  private ready(a: Assignment): void {
     const { state } = this.o;
-    this.update({ status: 'ready' });
-    this.telemetry('ready', { cache: { hit: state.load!.cachedUnits, fetched: state.load!.fetchedUnits, error: state.load!.cacheError }, ...(state.hop ? { hop: state.hop } : {}) });
+    // a spare taking over from its standby shard loaded nothing now: its standby load is the stage's
+    if (state.standby) this.update({ routeId: a.routeId, stage: a.stage, shard: { ...a.shard }, load: state.standby.load, progress: null, error: null });
+    this.update({ status: 'ready', standby: null });
+    this.telemetry('ready', { cache: { hit: state.load!.cachedUnits, fetched: state.load!.fetchedUnits, error: state.load!.cacheError }, ...(state.hop ? { hop: state.hop } : {}), candidatePair: state.candidatePair });
   }
 
   private telemetry(phase: PeerTelemetry['phase'], extra: Partial<PeerTelemetry> = {}): void {
@@ -162,6 +183,7 @@ export class BrowserStage {
     const { state } = this.o;
     this.telemetry(state.status === 'ready' ? 'ready' : state.status === 'failed' ? 'failed' : 'loading', {
       ...(state.hop ? { hop: state.hop } : {}),
+      candidatePair: state.candidatePair,
       downstreamChannel: state.downstreamChannel,
       upstreamChannels: state.upstreamChannels,
       ...(state.relayed ? { relayed: state.relayed } : {}),

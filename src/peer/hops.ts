@@ -1,6 +1,7 @@
-// The links between a browser stage and its neighbours. Downstream: a WebRTC data channel to
-// the next browser stage (this side offers), or — when none opens within the timeout, or the
-// next stage is a native node — a relay through the signaling server. Upstream: previous stages
+// The links between a stage and its neighbours (browser tabs, and native nodes with WebRTC).
+// Downstream: a WebRTC data channel to the next stage (this side offers), or — when none opens
+// within the timeout, or the next stage is a native node without WebRTC — a relay through the
+// signaling server. Upstream: previous stages
 // offer channels; this side answers and serves their frames. Signals are keyed by sender and
 // connection id (one per attempt), so a fresh offer never reaches an old channel.
 
@@ -11,7 +12,7 @@ import { connectDataChannel } from '../transport/webrtc.ts';
 import type { DataChannelOptions, DataChannelPipe } from '../transport/webrtc.ts';
 import { PipeLink, servePipe } from '../transport/webrtc-link.ts';
 import type { PipeCounters } from '../protocol/control.ts';
-import type { HopKind, RelayReply, SignalFromPeer } from '../protocol/control.ts';
+import type { CandidatePair, HopKind, RelayReply, SignalFromPeer } from '../protocol/control.ts';
 import { RelayLink } from './relay-link.ts';
 
 export interface HopOptions {
@@ -25,6 +26,8 @@ export interface HopOptions {
   iceTransportPolicy?: RTCIceTransportPolicy;
   /** ms to wait for a data channel before relaying (default 10 s) */
   timeoutMs?: number;
+  /** a WebRTC implementation where the runtime has none (native nodes: transport/webrtc-node.ts) */
+  wrtc?: unknown;
   log: (line: string) => void;
 }
 
@@ -35,11 +38,15 @@ export interface DownstreamHop {
   channel: PipeCounters | null;
   /** frames through the server (kind 'relay') */
   relayed: { frames: number; bytes: number } | null;
+  /** the ICE candidate pair the data channel selected (kind 'webrtc') */
+  candidatePair: CandidatePair | null;
 }
 
 export class Hops {
   /** frames over each upstream data channel, by `<peer>#<connection id>` */
   readonly upstreamChannels: Record<string, PipeCounters> = {};
+  /** the candidate pair of each upstream data channel, by the same keys */
+  readonly upstreamPairs: Record<string, CandidatePair | null> = {};
   private readonly sinks = new Map<string, (s: unknown) => void>();
   private readonly answering = new Map<string, Promise<DataChannelPipe | null>>();
   private readonly relays = new Set<RelayLink>();
@@ -51,9 +58,10 @@ export class Hops {
     if (!this.opts.iceServers) this.opts.iceServers = servers;
   }
 
-  private channelOptions(): Pick<DataChannelOptions, 'timeoutMs' | 'iceServers' | 'iceTransportPolicy'> {
+  private channelOptions(): Pick<DataChannelOptions, 'timeoutMs' | 'iceServers' | 'iceTransportPolicy' | 'wrtc'> {
     return {
       timeoutMs: this.opts.timeoutMs ?? 10_000,
+      ...(this.opts.wrtc ? { wrtc: this.opts.wrtc } : {}),
       ...(this.opts.iceServers ? { iceServers: this.opts.iceServers } : {}),
       ...(this.opts.iceTransportPolicy ? { iceTransportPolicy: this.opts.iceTransportPolicy } : {}),
     };
@@ -73,14 +81,14 @@ export class Hops {
   }
 
   /**
-   * The link to the next stage: `null` on the last stage; a data channel to browser `next`;
-   * the server relay to a native node (`nextIsNative`) or after the channel timed out. A data
+   * The link to the next stage: `null` on the last stage; a data channel to `next`; the server
+   * relay when `relayOnly` (a native node without WebRTC) or after the channel timed out. A data
    * channel that closes later (the network dropped it) is replaced by the relay for the
    * frames that follow; `onChange` hears of the switch.
    */
-  async connectDownstream(next: string | null, nextIsNative: boolean, onChange: (hop: DownstreamHop) => void = () => {}): Promise<DownstreamHop> {
-    if (!next) return { link: null, kind: 'none', channel: null, relayed: null };
-    if (nextIsNative) return this.relay(next); // browsers reach native nodes through the server
+  async connectDownstream(next: string | null, relayOnly: boolean, onChange: (hop: DownstreamHop) => void = () => {}): Promise<DownstreamHop> {
+    if (!next) return { link: null, kind: 'none', channel: null, relayed: null, candidatePair: null };
+    if (relayOnly) return this.relay(next);
     const cid = Math.random().toString(36).slice(2, 10);
     const key = `${next}#${cid}`;
     try {
@@ -95,14 +103,15 @@ export class Hops {
       });
       pipe.onClose(() => this.sinks.delete(key));
       const channel = new PipeLink(pipe);
-      this.opts.log(`data channel to ${next} open (${Math.round(pipe.connectMs)} ms)`);
+      const candidatePair = await pipe.candidatePair();
+      this.opts.log(`data channel to ${next} open (${Math.round(pipe.connectMs)} ms${candidatePair ? `, ${candidatePair.local}/${candidatePair.remote} ${candidatePair.protocol}` : ''})`);
       const link = new FailoverLink(channel, () => {
         const relayed = this.relay(next);
         this.opts.log(`data channel to ${next} closed; relaying through the server from now on`);
         onChange(relayed);
         return relayed.link!;
       });
-      return { link, kind: 'webrtc', channel: channel.counters, relayed: null };
+      return { link, kind: 'webrtc', channel: channel.counters, relayed: null, candidatePair };
     } catch (e) {
       this.sinks.delete(key);
       this.opts.log(`no data channel to ${next} (${(e as MeshError).code ?? ''} ${(e as Error).message}); relaying through the server`);
@@ -113,7 +122,7 @@ export class Hops {
   private relay(next: string): DownstreamHop {
     const link: RelayLink = new RelayLink(next, (m) => this.opts.sendJson(m), () => this.relays.delete(link));
     this.relays.add(link);
-    return { link, kind: 'relay', channel: null, relayed: link.counters };
+    return { link, kind: 'relay', channel: null, relayed: link.counters, candidatePair: null };
   }
 
   private answer(from: string, cid: string, first: unknown): void {
@@ -148,6 +157,7 @@ export class Hops {
           return this.opts.handler(f);
         });
         this.opts.log(`data channel from ${from} open (${Math.round(pipe.connectMs)} ms)`);
+        void pipe.candidatePair().then((p) => (this.upstreamPairs[key] = p));
         pipe.onClose(forget);
         return pipe;
       },

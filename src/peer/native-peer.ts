@@ -1,23 +1,29 @@
 // A native peer: listens for frames (WebSocket + binary HTTP), joins a room over its control
 // WebSocket, and serves the stage it is assigned (peer-core.ts: hello, assign, release; the
 // loading itself in native-stage.ts) — reading only that shard's byte ranges from the server —
-// with hidden states sent straight to the next stage's listen address.
+// with hidden states sent straight to the next stage's listen address, or over a WebRTC data
+// channel to and from tabs (native-rtc.ts). When the control connection drops (the server
+// restarted, the network blinked) it joins again with back-off, advertising the shards its cache
+// holds verified, so the planner (or a repair) gives it the same range back without a download.
 
 import { join } from 'node:path';
 import WebSocket from 'ws';
 import { meshCacheDir } from '../cache-dir.ts';
 import { MeshError } from '../errors.ts';
 import type { ShardRange } from '../backends/types.ts';
+import { backendCapability } from '../backends/capabilities.ts';
 import type { WebGpuBackend } from '../backends/webgpu/backend.ts';
 import { parseJoinUrl, parseServerMessage } from '../protocol/control.ts';
 import type { PeerToServer, ServerMessage } from '../protocol/control.ts';
 import { startFrameServer } from '../transport/frame-server.ts';
 import type { FrameServer } from '../transport/frame-server.ts';
 import { serveFrames } from '../transport/ws.ts';
-import { loadNativeStage, nodeWebGpuBackend } from './native-stage.ts';
+import { tlsOptions } from '../transport/tls-trust.ts';
+import { linkNativeNext, loadNativeShard, nodeWebGpuBackend } from './native-stage.ts';
 import type { BackendKind, NativeStageEnv } from './native-stage.ts';
 import { fetchRoomModel, PeerCore } from './peer-core.ts';
 import type { HelloOffer, StageLimits } from './peer-core.ts';
+import { NativeRtc } from './native-rtc.ts';
 import { rejoin } from './reconnect.ts';
 import type { ReconnectOptions } from './reconnect.ts';
 import type { FrameHandler } from '../transport/link.ts';
@@ -42,6 +48,8 @@ export interface NodePeerOptions {
   name?: string;
   /** where verified shards (cpu) and whole model copies (llama.cpp) are kept; null = no cache */
   cacheDir?: string | null;
+  /** WebRTC data channels to and from tabs (default true; off: those hops use the server relay) */
+  webrtc?: boolean;
   /** the stage's limits (chunk size, frame and session caps, idle expiry) */
   limits?: StageLimits;
   /** a public room's trusted secret: the hello proves it, so this node may serve the first and last stages */
@@ -56,8 +64,10 @@ export interface NodePeer {
   server: FrameServer;
   /** current stage, once assigned and loaded */
   readonly service: StageService | null;
-  /** resolves when the peer left the room for good (stopped, refused, or gave up rejoining) */
+  /** resolves when the peer left the room for good (stopped, left, refused, or gave up rejoining) */
   closed: Promise<string>;
+  /** a graceful leave: the server moves this peer's stage and sessions to a replacement first; resolves with whether they moved */
+  leave(timeoutMs?: number): Promise<boolean>;
   close(): Promise<void>;
 }
 
@@ -95,6 +105,23 @@ function watchControl(ws: WebSocket, base: string): { gone: Promise<Error>; clos
   return { gone, closed };
 }
 
+/** What the hello offers: the backend, memory, where frames reach this node, what it holds verified. */
+function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact: string; units: string[]; adapter: HelloOffer['adapter']; rtc: boolean }): HelloOffer {
+  return {
+    backend: opts.backend,
+    memoryBytes: opts.memoryBytes,
+    serves: backendCapability(opts.backend),
+    listen: opts.advertise ?? server.wsUrl,
+    httpUrl: opts.advertise ? opts.advertise.replace(/^ws/, 'http').replace(/\/v1\/frames$/, '') : server.url,
+    artifact: has.artifact,
+    units: has.units,
+    ...(opts.name ? { name: opts.name } : {}),
+    ...(opts.layers ? { layers: opts.layers } : {}),
+    ...(has.adapter ? { adapter: has.adapter } : {}),
+    ...(has.rtc ? { rtc: true } : {}),
+  };
+}
+
 /** One control connection to the server: its socket, the peer core serving over it, and when it ended. */
 interface Connection {
   ws: WebSocket;
@@ -102,13 +129,16 @@ interface Connection {
   closed: Promise<string>;
 }
 
-/** What stays the same across reconnections: the frame server, the spare GPU, the options. */
+/** What stays the same across reconnections: the frame server, WebRTC, the spare GPU, the options. */
 interface PeerShared {
   opts: NodePeerOptions;
   base: string;
   roomId: string;
   cacheDir: string | null;
   server: FrameServer;
+  rtc: NativeRtc | null;
+  /** the current connection's send, for WebRTC's signals */
+  send: (m: PeerToServer) => void;
   takeSpareGpu: () => WebGpuBackend | null;
   adapter: HelloOffer['adapter'];
   log: (line: string) => void;
@@ -116,24 +146,38 @@ interface PeerShared {
 
 /** Reads the room's model, opens a control socket, proves the secret and joins; rejects if any step fails. */
 async function connect(p: PeerShared): Promise<Connection> {
-  const { opts, base, roomId, log } = p;
+  const { opts, base, roomId, rtc, log } = p;
   // what the room serves, and the manifest every loaded byte is checked against (again after a
   // reconnect: a restarted server may serve another artifact)
   const model = await fetchRoomModel(base, roomId, opts.secret);
   const units = p.cacheDir ? await heldUnits(p.cacheDir, model.manifest) : [];
-  const ws = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`);
+  const ws = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`, tlsOptions()); // a pinned local CA (tls-trust.ts)
   let relay: RelayLink | null = null;
   const send = (m: PeerToServer): void => {
     if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(m));
   };
   const env: NativeStageEnv = {
-    backend: opts.backend, carrier: opts.carrier ?? 'ws', cacheDir: p.cacheDir, base, secret: opts.secret, model, send, log,
+    backend: opts.backend, memoryBytes: opts.memoryBytes, carrier: opts.carrier ?? 'ws', cacheDir: p.cacheDir, base, secret: opts.secret, model, send, log,
     peerId: () => core.peerId,
     takeSpareGpu: p.takeSpareGpu,
     // a browser next stage has no listen address: frames go through the server (peer/relay-link.ts)
-    relayTo: (to) => (relay = new RelayLink(to, (r) => ws.send(JSON.stringify(r)))),
+    relayTo: (to) => (relay = new RelayLink(to, (r) => send(r as never))),
+    rtc: () => rtc,
   };
-  const core = new PeerCore({ secret: opts.secret, send, log, ...(opts.limits ? { limits: opts.limits } : {}), ...(opts.trustedSecret ? { proofSecret: opts.trustedSecret } : {}), loadStage: (ctx) => loadNativeStage(ctx, env) });
+  const core = new PeerCore({
+    secret: opts.secret, send, log,
+    ...(opts.limits ? { limits: opts.limits } : {}),
+    ...(opts.trustedSecret ? { proofSecret: opts.trustedSecret } : {}),
+    loadShard: (ctx) => loadNativeShard(ctx, env),
+    linkNext: (next, ctx) => linkNativeNext(next, ctx, env),
+    onAssign: (a) => {
+      rtc?.released();
+      rtc?.setUpstream(a.upstreamPeer ?? null);
+    },
+    // the room's route summary shows this stage's hop and its candidate pairs
+    onReady: (a, _load, link) => rtc?.serving(a.routeId, a.stage, link.hop?.kind ?? 'none', link.hop?.candidatePair ?? null),
+    onRelease: () => rtc?.released(),
+  });
   serveFrames(ws, core.handle);
   const { gone, closed } = watchControl(ws, base);
   ws.on('message', (data, isBinary) => {
@@ -144,21 +188,15 @@ async function connect(p: PeerShared): Promise<Connection> {
     } catch (e) {
       return log(`ignored a control message from the server: ${(e as Error).message}`);
     }
-    if (!core.onMessage(m) && m.t === 'relay-reply') relay?.deliver(m);
+    if (core.onMessage(m)) return;
+    // a relay reply is for this node's own relay link, else for the relay WebRTC fell back to
+    if (m.t === 'relay-reply' && relay?.deliver(m)) return;
+    rtc?.onControl(m);
   });
-  const offer = {
-    backend: opts.backend,
-    memoryBytes: opts.memoryBytes,
-    listen: opts.advertise ?? p.server.wsUrl,
-    httpUrl: opts.advertise ? opts.advertise.replace(/^ws/, 'http').replace(/\/v1\/frames$/, '') : p.server.url,
-    artifact: model.manifest.artifact.sha256,
-    units,
-    ...(opts.name ? { name: opts.name } : {}),
-    ...(opts.layers ? { layers: opts.layers } : {}),
-    ...(p.adapter ? { adapter: p.adapter } : {}),
-  };
+  p.send = send;
   try {
-    const w = await core.join(offer, gone);
+    const w = await core.join(helloOffer(opts, p.server, { artifact: model.manifest.artifact.sha256, units, adapter: p.adapter, rtc: rtc !== null }), gone);
+    if (w.iceServers?.length) rtc?.useIceServers(w.iceServers);
     log(`joined room ${w.roomId} as ${w.peerId} (model ${w.model.id}, ${w.model.nLayer} layers; holding ${units.length ? units.join(', ') : 'nothing'}); listening at ${p.server.url}`);
   } catch (e) {
     ws.terminate();
@@ -168,15 +206,15 @@ async function connect(p: PeerShared): Promise<Connection> {
 }
 
 /**
- * Keeps the peer in the room: when the control connection drops (the server restarted, the
- * network blinked) the stage is released and the peer joins again with back-off and jitter,
- * advertising the shards its cache holds verified (so the planner gives it the same range back
- * and the reload reads no bytes from the server). Resolves with why it stopped for good.
+ * Keeps the peer in the room: when the control connection drops the stage is released and the
+ * peer joins again with back-off and jitter, advertising the shards its cache holds verified.
+ * Resolves with why it stopped for good.
  */
 async function stayJoined(p: PeerShared, state: { current: Connection; stopping: boolean }): Promise<string> {
   for (;;) {
     const why = await state.current.closed;
     await state.current.core.close().catch(() => undefined);
+    p.rtc?.released();
     if (state.stopping || p.opts.reconnect === false) return why;
     p.log(`${why}; rejoining`);
     try {
@@ -210,6 +248,8 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   });
   const shared: PeerShared = {
     opts, base, roomId, cacheDir, server, log,
+    rtc: null,
+    send: () => undefined,
     adapter: adapter ? { ...adapter } : undefined,
     takeSpareGpu: () => {
       const gpu = spareGpu;
@@ -217,10 +257,14 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       return gpu;
     },
   };
+  // data channels to and from tabs (./native-rtc.ts); null where WebRTC is off or will not load
+  // (loaded before the control socket opens: its challenge must find the listener)
+  shared.rtc = opts.webrtc === false ? null : await NativeRtc.start({ sendJson: (m) => shared.send(m as PeerToServer), handler, log });
   let first: Connection;
   try {
     first = await connect(shared);
   } catch (e) {
+    await shared.rtc?.close();
     await spareGpu?.dispose();
     await server.close();
     throw e;
@@ -236,10 +280,16 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
       return state.current?.core.service ?? null;
     },
     closed,
+    // a peer that leaves does not rejoin when the server then closes its socket
+    leave: (timeoutMs = 40_000) => {
+      state.stopping = true;
+      return state.current ? state.current.core.leave(timeoutMs) : Promise.resolve(true);
+    },
     async close() {
       state.stopping = true;
       state.current?.ws.close();
       await state.current?.core.close();
+      await shared.rtc?.close();
       await spareGpu?.dispose();
       spareGpu = null;
       await server.close();

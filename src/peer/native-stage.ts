@@ -1,7 +1,9 @@
-// Loading an assigned stage in a native node: a backend (cpu, llama.cpp, or WebGPU on Dawn),
-// the shard's bytes (only its byte ranges, verified and cached by artifact sha256; llama.cpp:
-// a whole local copy), and the link to the next stage — WebSocket or binary HTTP to its listen
-// address, or the server relay when it has none (a browser) or cannot be reached from here.
+// Loading an assigned stage in a native node: a backend (cpu, llama.cpp — the whole model, or a
+// layer range through a shard GGUF — or WebGPU on Dawn), the shard's bytes (only its byte
+// ranges, verified and cached by artifact sha256; llama.cpp's whole model: a whole local copy),
+// and the link to the next stage — WebSocket or binary HTTP to its listen address; to a tab (no
+// listen address) a WebRTC data channel (native-rtc.ts); the server relay when WebRTC is off or
+// opens no channel, or the listen address cannot be reached from here.
 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -11,13 +13,14 @@ import type { WebGpuBackend } from '../backends/webgpu/backend.ts';
 import { openArtifactReader, openTensorSource, tensorSourceOver } from '../gguf/source.ts';
 import { artifactFiles } from '../gguf/split.ts';
 import type { TensorSource } from '../gguf/types.ts';
-import type { PeerToServer } from '../protocol/control.ts';
+import type { CandidatePair, HopKind, PeerToServer } from '../protocol/control.ts';
 import { HttpLink } from '../transport/http.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { WsLink } from '../transport/ws.ts';
 import { localCopy } from './local-copy.ts';
+import type { NativeRtc } from './native-rtc.ts';
 import { modelHeaders, progressGate } from './peer-core.ts';
-import type { Assignment, LoadContext, RoomModel, StageLoad } from './peer-core.ts';
+import type { Assignment, LoadContext, NextLink, NextStage, RoomModel, ShardLoad, Standby } from './peer-core.ts';
 import { RelayLink } from './relay-link.ts';
 import { VerifiedSource } from './verified-source.ts';
 
@@ -28,11 +31,16 @@ export async function nodeWebGpuBackend(): Promise<WebGpuBackend> {
   return (await import('../backends/webgpu/node.ts')).createNodeWebGpuBackend();
 }
 
-async function makeBackend(kind: BackendKind): Promise<StageBackend> {
+async function makeBackend(kind: BackendKind, wholeModel: boolean, memoryBytes: number): Promise<StageBackend> {
   if (kind === 'webgpu') return nodeWebGpuBackend();
   if (kind === 'cpu') {
     const { CpuBackend } = await import('../backends/cpu/backend.ts');
     return new CpuBackend();
+  }
+  // llama.cpp: the whole model from its own file (any architecture llama.cpp loads), a layer range from a shard GGUF
+  if (!wholeModel) {
+    const { LlamaCppRangeStage } = await import('../backends/llamacpp/range-stage.ts');
+    return new LlamaCppRangeStage({ kvType: 'f32', flashAttention: false, memoryBytes });
   }
   const { LlamaCppStage } = await import('../backends/llamacpp/stage.ts');
   return new LlamaCppStage({ kvType: 'f32', flashAttention: false });
@@ -54,6 +62,8 @@ async function httpLinkTo(wsUrl: string, auth: Record<string, string>): Promise<
 /** What a native node's loads share. */
 export interface NativeStageEnv {
   backend: BackendKind;
+  /** the memory this node offers (a llama.cpp range stage admits sessions within it) */
+  memoryBytes: number;
   /** how hidden states go to the next stage */
   carrier: 'ws' | 'http';
   /** verified shards and whole llama.cpp copies; null = no cache */
@@ -69,14 +79,28 @@ export interface NativeStageEnv {
   takeSpareGpu: () => WebGpuBackend | null;
   /** a link to peer `to` through the server */
   relayTo: (to: string) => RelayLink;
+  /** this node's WebRTC, or null (off, or it did not load) */
+  rtc: () => NativeRtc | null;
 }
 
-/** Reads the shard's tensors: llama.cpp from a whole local copy, the others only the shard's ranges. */
-async function openShard(a: Assignment, env: NativeStageEnv, progress: (done: number, total: number) => void): Promise<{ source: TensorSource; fetched: () => number }> {
+/** The link to the next stage and how it is carried. */
+interface NextHop {
+  link: FrameLink | null;
+  kind: HopKind;
+  candidatePair: CandidatePair | null;
+}
+
+/** Whether the assignment is every layer of the model (llama.cpp then loads the model's own file). */
+function isWholeModel(a: Assignment | Standby): boolean {
+  return a.shard.start === 0 && a.shard.end === a.nLayer;
+}
+
+/** Reads the shard's tensors: llama.cpp's whole model from a whole local copy; a range, and the other backends, only the shard's ranges. */
+async function openShard(a: Assignment | Standby, env: NativeStageEnv, progress: (done: number, total: number) => void): Promise<{ source: TensorSource; fetched: () => number }> {
   // the secret and peer id go only to the server's own model hosting, never to a third-party URL
   const headers = modelHeaders(a.modelUrl, env.base, env.secret, env.peerId());
   const manifest = env.model.manifest;
-  if (env.backend === 'llamacpp') {
+  if (env.backend === 'llamacpp' && isWholeModel(a)) {
     const copy = await localCopy(a.modelUrl, headers, env.cacheDir ?? join(tmpdir(), 'gguf-mesh-cache'), manifest, progress);
     return { source: await openTensorSource(copy.path), fetched: () => copy.bytesFetched };
   }
@@ -95,27 +119,42 @@ async function openShard(a: Assignment, env: NativeStageEnv, progress: (done: nu
   return { source: verified, fetched: () => verified.bytesFetched };
 }
 
-/** The link to the next stage: null on the last stage; the relay when it has no listen address or is out of reach. */
-async function connectNext(a: Assignment, env: NativeStageEnv): Promise<FrameLink | null> {
+const relayed = (link: RelayLink): NextHop => ({ link, kind: 'relay', candidatePair: null });
+
+/**
+ * The link to the next stage: none on the last stage; to a tab (no listen address) a data
+ * channel, else the relay; to a native node its listen address, the relay when out of reach.
+ */
+async function connectNext(a: NextStage, env: NativeStageEnv): Promise<NextHop> {
   const auth = { authorization: `Bearer ${env.secret}` };
-  if (!a.downstream) return a.downstreamPeer ? env.relayTo(a.downstreamPeer) : null;
+  if (!a.downstream) {
+    if (!a.downstreamPeer) return { link: null, kind: 'none', candidatePair: null };
+    const rtc = env.rtc();
+    // a data channel from here; Hops falls back to the relay when none opens
+    if (rtc) return rtc.connectDownstream(a.downstreamPeer);
+    return relayed(env.relayTo(a.downstreamPeer));
+  }
   try {
-    return env.carrier === 'http' ? await httpLinkTo(a.downstream, auth) : await WsLink.connect(a.downstream, { headers: auth, connectTimeoutMs: 5000 });
+    if (env.carrier === 'http') return { link: await httpLinkTo(a.downstream, auth), kind: 'http', candidatePair: null };
+    return { link: await WsLink.connect(a.downstream, { headers: auth, connectTimeoutMs: 5000 }), kind: 'ws', candidatePair: null };
   } catch (e) {
     // reachable by the server but not by us (NAT, firewall): relay rather than fail
     if (!a.downstreamPeer) throw e;
     env.log(`next stage ${a.downstream} not reachable (${(e as Error).message}); relaying through the server`);
-    return env.relayTo(a.downstreamPeer);
+    return relayed(env.relayTo(a.downstreamPeer));
   }
 }
 
-function hopName(link: FrameLink | null): string {
-  if (!link) return 'last stage';
-  return link instanceof RelayLink ? 'next stage via server relay' : link instanceof HttpLink ? 'next stage over http' : 'next stage over ws';
-}
+const HOP_NAMES: Record<HopKind, string> = {
+  none: 'last stage',
+  relay: 'next stage via server relay',
+  http: 'next stage over http',
+  ws: 'next stage over ws',
+  webrtc: 'next stage over a WebRTC data channel',
+};
 
-/** PeerCore's `loadStage` for a native node. */
-export async function loadNativeStage(ctx: LoadContext, env: NativeStageEnv): Promise<StageLoad> {
+/** PeerCore's `loadShard` for a native node: the backend holding the verified shard. */
+export async function loadNativeShard(ctx: LoadContext, env: NativeStageEnv): Promise<ShardLoad> {
   const a = ctx.assignment;
   // loading progress for the room's telemetry, at most every 100 ms (and at the end)
   const due = progressGate(100);
@@ -123,12 +162,17 @@ export async function loadNativeStage(ctx: LoadContext, env: NativeStageEnv): Pr
     if (due(done, total)) env.send({ t: 'loading', routeId: a.routeId, stage: a.stage, bytesDone: done, bytesTotal: total });
   };
   // disposed if the load fails: a GPU device must not leak
-  const backend = ctx.keep(env.takeSpareGpu() ?? (await makeBackend(env.backend)), (b) => b.dispose());
+  const backend = ctx.keep(env.takeSpareGpu() ?? (await makeBackend(env.backend, isWholeModel(a), env.memoryBytes)), (b) => b.dispose());
   const { source, fetched } = await openShard(a, env, progress);
   ctx.keep(source, (s) => s.close());
   await backend.load(source, a.shard);
-  const downstream = await connectNext(a, env);
-  if (downstream) ctx.keep(downstream, (l) => l.close());
   const bytesRead = fetched();
-  return { backend, downstream, bytesRead, detail: `${bytesRead} bytes read; ${hopName(downstream)}` };
+  return { backend, bytesRead, detail: `${bytesRead} bytes read` };
+}
+
+/** PeerCore's `linkNext` for a native node: the next stage of an assignment, or of a rewire after a repair. */
+export async function linkNativeNext(next: NextStage, ctx: LoadContext, env: NativeStageEnv): Promise<NextLink> {
+  const hop = await connectNext(next, env);
+  if (hop.link) ctx.keep(hop.link, (l) => l.close());
+  return { link: hop.link, detail: HOP_NAMES[hop.kind], hop: { kind: hop.kind, candidatePair: hop.candidatePair } };
 }

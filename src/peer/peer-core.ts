@@ -13,7 +13,7 @@ import type { Manifest } from '../gguf/verify.ts';
 import { parseManifest } from '../gguf/verify.ts';
 import { Sampler } from '../model/sampler.ts';
 import { helloProof } from '../protocol/control.ts';
-import type { PeerHello, PeerToServer, ServerMessage, ServerToPeer } from '../protocol/control.ts';
+import type { CandidatePair, HopKind, PeerHello, PeerToServer, ServerMessage, ServerToPeer } from '../protocol/control.ts';
 import { headerFromWire } from '../protocol/header-wire.ts';
 import type { Frame } from '../protocol/frame.ts';
 import type { FrameLink } from '../transport/link.ts';
@@ -28,8 +28,8 @@ export type Welcome = Extract<ServerToPeer, { t: 'welcome' }>;
 export type HelloOffer = Omit<PeerHello, 't' | 'proof'>;
 
 /** The last stage's sampler for a session's settings (seeded, as the session asks). */
-export const stageSampler: SamplerFactory = (settings) => {
-  const sampler = new Sampler(settings);
+export const stageSampler: SamplerFactory = (settings, draws) => {
+  const sampler = new Sampler(settings).skip(draws);
   return (logits) => sampler.sample(logits, []);
 };
 
@@ -70,23 +70,44 @@ export function progressGate(ms: number): (done: number, total: number) => boole
   };
 }
 
-/** One load of an assigned shard, as the environment sees it. */
+/** One load of an assigned (or standby) shard, as the environment sees it. */
 export interface LoadContext {
-  readonly assignment: Assignment;
+  readonly assignment: Assignment | Standby;
   /** false once a release or a newer assignment superseded this load */
   readonly current: boolean;
   /** keeps `undo` for when the stage is released, or this load fails or is superseded (last kept, first undone) */
   keep<T>(thing: T, undo: (thing: T) => Promise<unknown>): T;
 }
 
-/** What the environment's load produced: a backend holding the shard and the link to the next stage. */
-export interface StageLoad {
+export type Standby = Extract<ServerToPeer, { t: 'standby' }>;
+export type Rewire = Extract<ServerToPeer, { t: 'rewire' }>;
+
+/** What the environment's shard load produced: a backend holding the shard. */
+export interface ShardLoad {
   backend: StageBackend;
-  downstream: FrameLink | null;
   /** bytes read for the shard (reported in `ready`) */
   bytesRead: number;
-  /** for the log: what was read, how the next stage is reached */
+  /** for the log: what was read */
   detail: string;
+}
+
+/** The next stage a link goes to: from an assignment, or a rewire after a repair. */
+export interface NextStage {
+  stage: number;
+  shard: Assignment['shard'];
+  nLayer: number;
+  downstream: string | null;
+  downstreamPeer?: string | null | undefined;
+  /** the next stage answers a WebRTC data channel (a tab, or a native node with WebRTC) */
+  downstreamRtc?: boolean | undefined;
+}
+
+export interface NextLink {
+  link: FrameLink | null;
+  /** for the log: how the next stage is reached */
+  detail: string;
+  /** how the next stage is reached, for telemetry (native nodes report it; tabs keep it in their state) */
+  hop?: { kind: HopKind; candidatePair: CandidatePair | null };
 }
 
 /** A stage's limits, as a peer's operator sets them (defaults: STAGE_LIMITS). */
@@ -99,11 +120,15 @@ export interface PeerCoreOptions {
   send: (m: PeerToServer) => void;
   log: (line: string) => void;
   limits?: StageLimits;
-  /** loads the assigned shard into a backend and links it to the next stage */
-  loadStage: (ctx: LoadContext) => Promise<StageLoad>;
+  /** loads an assigned or standby shard into a backend (verified bytes only) */
+  loadShard: (ctx: LoadContext) => Promise<ShardLoad>;
+  /** links the stage to its next stage (null on the last stage); `keep` its undo */
+  linkNext: (next: NextStage, ctx: LoadContext) => Promise<NextLink>;
+  /** a repair gave the stage a new previous stage (browser peers accept its data channel) */
+  onUpstream?: (peerId: string | null) => void;
   /** told as an assignment arrives, before the previous stage is released */
   onAssign?: (a: Assignment) => void;
-  onReady?: (a: Assignment, load: StageLoad) => void;
+  onReady?: (a: Assignment, load: ShardLoad, link: NextLink) => void;
   onFailed?: (a: Assignment, err: MeshError) => void;
   /** told when the server released the assigned route */
   onRelease?: () => void;
@@ -128,8 +153,19 @@ class Kept {
 interface Serving {
   assignment: Assignment;
   service: StageService;
+  /** the shard's backend and source */
   kept: Kept;
+  /** the link to the next stage, replaced by a rewire */
+  next: Kept;
 }
+
+/** A spare's shard, loaded ahead of an assignment. */
+interface StandbyLoad {
+  standby: Standby;
+  loaded: Promise<{ load: ShardLoad; kept: Kept } | null>;
+}
+
+const sameShard = (a: { start: number; end: number }, b: { start: number; end: number }): boolean => a.start === b.start && a.end === b.end;
 
 export class PeerCore {
   peerId: string | null = null;
@@ -139,6 +175,10 @@ export class PeerCore {
   /** bumped by every assignment and release: a load that finds it moved was superseded */
   private seq = 0;
   private joining: { resolve: (w: Welcome) => void; reject: (e: Error) => void; offer: HelloOffer } | null = null;
+  private standby: StandbyLoad | null = null;
+  /** a rewire that came while the stage was still loading: applied before it reports ready */
+  private pendingRewire: Rewire | null = null;
+  private leaving: ((moved: boolean) => void) | null = null;
 
   constructor(private readonly opts: PeerCoreOptions) {}
 
@@ -150,6 +190,11 @@ export class PeerCore {
   /** The route of the stage being served. */
   get routeId(): number | null {
     return this.serving?.assignment.routeId ?? null;
+  }
+
+  /** The standby shard this spare holds (or is loading), if any. */
+  get standbyShard(): Standby['shard'] | null {
+    return this.standby?.standby.shard ?? null;
   }
 
   /** Frames for this peer's stage (from the server, or an upstream stage). */
@@ -166,6 +211,23 @@ export class PeerCore {
     return new Promise<Welcome>((resolve, reject) => {
       this.joining = { resolve, reject, offer };
       void gone.then(reject);
+    });
+  }
+
+  /**
+   * A graceful leave: tells the server, which hands this peer's stage to a replacement (its
+   * sessions continue there); resolves with whether they moved, or false after `timeoutMs`.
+   */
+  leave(timeoutMs: number): Promise<boolean> {
+    return new Promise<boolean>((resolve) => {
+      const timer = setTimeout(() => done(false), timeoutMs);
+      const done = (moved: boolean): void => {
+        clearTimeout(timer);
+        this.leaving = null;
+        resolve(moved);
+      };
+      this.leaving = done;
+      this.opts.send({ t: 'leave' });
     });
   }
 
@@ -192,6 +254,15 @@ export class PeerCore {
       case 'release':
         if (this.assigned?.routeId === msg.routeId) this.release();
         return true;
+      case 'standby':
+        void this.loadStandby(msg);
+        return true;
+      case 'rewire':
+        void this.rewire(msg);
+        return true;
+      case 'leave-ok':
+        this.leaving?.(msg.moved);
+        return true;
       case 'watch':
         if (this.serving?.assignment.routeId === msg.routeId) this.serving.service.watch(msg.sessionId);
         return true;
@@ -200,32 +271,105 @@ export class PeerCore {
     }
   }
 
+  private context(a: Assignment | Standby, kept: Kept, isCurrent: () => boolean): LoadContext {
+    return {
+      assignment: a,
+      get current() {
+        return isCurrent();
+      },
+      keep: kept.keep,
+    };
+  }
+
+  /** A spare loads its standby shard now, so taking over the stage later costs no download. */
+  private async loadStandby(m: Standby): Promise<void> {
+    if (this.standby && sameShard(this.standby.standby.shard, m.shard)) return;
+    await this.dropStandby();
+    const t0 = performance.now();
+    const kept = new Kept();
+    const entry: StandbyLoad = { standby: m, loaded: Promise.resolve(null) };
+    this.standby = entry;
+    entry.loaded = (async () => {
+      try {
+        const load = await this.opts.loadShard(this.context(m, kept, () => this.standby === entry));
+        if (this.standby !== entry) {
+          await kept.undo();
+          return null;
+        }
+        this.opts.log(`standby: layers ${m.shard.start}-${m.shard.end} loaded (${load.detail})`);
+        this.opts.send({ t: 'standby-ready', routeId: m.routeId, stage: m.stage, loadMs: performance.now() - t0, bytesRead: load.bytesRead });
+        return { load, kept };
+      } catch (e) {
+        await kept.undo().catch(() => undefined);
+        const err = e instanceof MeshError ? e : new MeshError('LOAD_FAILED', (e as Error).message);
+        if (this.standby === entry) {
+          this.standby = null;
+          this.opts.send({ t: 'standby-failed', routeId: m.routeId, stage: m.stage, code: err.code, message: err.message });
+        }
+        return null;
+      }
+    })();
+  }
+
+  private async dropStandby(): Promise<void> {
+    const s = this.standby;
+    this.standby = null;
+    const loaded = await s?.loaded;
+    await loaded?.kept.undo().catch(() => undefined);
+  }
+
+  /** The standby's loaded shard when it is the one assigned (it stops being a standby). */
+  private async takeStandby(a: Assignment): Promise<{ load: ShardLoad; kept: Kept } | null> {
+    const s = this.standby;
+    if (!s) return null;
+    if (!sameShard(s.standby.shard, a.shard)) {
+      await this.dropStandby();
+      return null;
+    }
+    this.standby = null; // a load finishing now keeps its result for us
+    return s.loaded;
+  }
+
   private async assign(a: Assignment): Promise<void> {
     const seq = ++this.seq;
     const t0 = performance.now();
     this.assigned = a;
+    this.pendingRewire = null;
     this.opts.onAssign?.(a);
-    const kept = new Kept();
-    const self = this;
-    const ctx: LoadContext = {
-      assignment: a,
-      get current() {
-        return seq === self.seq;
-      },
-      keep: kept.keep,
-    };
+    const ctx = this.context(a, new Kept(), () => seq === this.seq);
+    const next = new Kept();
+    let kept: Kept | null = null;
     try {
       await this.releaseStage();
-      const load = await this.opts.loadStage(ctx);
-      const spotCheck = await this.spotCheckFor(ctx);
-      if (!ctx.current) return void (await kept.undo());
-      const service = new StageService({ ...this.opts.limits, backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: load.downstream, samplerFactory: stageSampler, spotCheck });
-      this.serving = { assignment: a, service, kept };
-      this.opts.onReady?.(a, load);
-      this.opts.log(`stage ${a.stage} of route ${a.routeId}: layers ${a.shard.start}-${a.shard.end} ready (${load.detail})`);
-      this.opts.send({ t: 'ready', routeId: a.routeId, stage: a.stage, loadMs: performance.now() - t0, bytesRead: load.bytesRead });
+      const warm = await this.takeStandby(a);
+      let load: ShardLoad;
+      if (warm) {
+        ({ load, kept } = warm);
+      } else {
+        kept = new Kept();
+        load = await this.opts.loadShard(this.context(a, kept, () => seq === this.seq));
+      }
+      const spotCheck = await this.spotCheckFor(a, kept, () => seq === this.seq);
+      if (!ctx.current) throw new MeshError('LOAD_FAILED', 'superseded');
+      const rewire = this.pendingRewire as Rewire | null;
+      this.pendingRewire = null;
+      const target: NextStage = rewire && ('downstream' in rewire || 'downstreamPeer' in rewire) ? { ...a, downstream: rewire.downstream ?? null, downstreamPeer: rewire.downstreamPeer ?? null, downstreamRtc: rewire.downstreamRtc } : a;
+      if (rewire?.upstreamPeer !== undefined) this.opts.onUpstream?.(rewire.upstreamPeer);
+      const link = await this.opts.linkNext(target, this.context(a, next, () => seq === this.seq));
+      if (!ctx.current) throw new MeshError('LOAD_FAILED', 'superseded');
+      const service = new StageService({ ...this.opts.limits, backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: link.link, samplerFactory: stageSampler, spotCheck });
+      this.serving = { assignment: a, service, kept, next };
+      // a neighbour replaced while this stage was linking: link to it now
+      const late = this.pendingRewire as Rewire | null;
+      this.pendingRewire = null;
+      if (late) await this.rewire(late);
+      this.opts.onReady?.(a, load, link);
+      this.opts.log(`stage ${a.stage} of route ${a.routeId}: layers ${a.shard.start}-${a.shard.end} ready (${warm ? 'from the standby shard; ' : ''}${load.detail}; ${link.detail})`);
+      this.opts.send({ t: 'ready', routeId: a.routeId, stage: a.stage, loadMs: performance.now() - t0, bytesRead: warm ? 0 : load.bytesRead });
+      if (rewire) this.opts.send({ t: 'rewired', routeId: a.routeId, stage: a.stage });
     } catch (e) {
-      await kept.undo().catch(() => undefined);
+      await next.undo().catch(() => undefined);
+      await kept?.undo().catch(() => undefined);
       if (!ctx.current) return; // released or superseded meanwhile
       const err = e instanceof MeshError ? e : new MeshError('LOAD_FAILED', (e as Error).message);
       this.opts.onFailed?.(a, err);
@@ -236,21 +380,38 @@ export class PeerCore {
 
   /**
    * Public rooms: the first stage also loads the untrusted stages' layers (`check`), as a shard
-   * with no next stage, kept and undone with the stage; every stage can report what it receives.
+   * kept and undone with the stage; every stage can report what it receives.
    */
-  private async spotCheckFor(ctx: LoadContext): Promise<SpotCheck> {
-    const a = ctx.assignment;
+  private async spotCheckFor(a: Assignment, kept: Kept, isCurrent: () => boolean): Promise<SpotCheck> {
     if (!a.check) return new SpotCheck({ fraction: 0, send: this.opts.send });
-    const checkCtx: LoadContext = {
-      assignment: { ...a, shard: a.check.shard, downstream: null, downstreamPeer: null, check: undefined },
-      get current() {
-        return ctx.current;
-      },
-      keep: ctx.keep,
-    };
-    const checkLoad = await this.opts.loadStage(checkCtx);
+    const checkLoad = await this.opts.loadShard(this.context({ ...a, shard: a.check.shard, downstream: null, downstreamPeer: null, check: undefined }, kept, isCurrent));
     this.opts.log(`spot checks: layers ${a.check.shard.start}-${a.check.shard.end} loaded to re-run ${Math.round(a.check.fraction * 100)} % of sessions`);
     return new SpotCheck({ backend: checkLoad.backend, fraction: a.check.fraction, send: this.opts.send });
+  }
+
+  /** A repair replaced a neighbour: link to the new next stage, or accept the new previous one. */
+  private async rewire(m: Rewire): Promise<void> {
+    const s = this.serving;
+    if (!s || s.assignment.routeId !== m.routeId || s.assignment.stage !== m.stage) {
+      if (this.assigned?.routeId === m.routeId && this.assigned.stage === m.stage) this.pendingRewire = { ...(this.pendingRewire ?? {}), ...m };
+      return;
+    }
+    try {
+      if (m.upstreamPeer !== undefined) this.opts.onUpstream?.(m.upstreamPeer);
+      if (m.downstream !== undefined || m.downstreamPeer !== undefined) {
+        const next = new Kept();
+        const link = await this.opts.linkNext({ ...s.assignment, downstream: m.downstream ?? null, downstreamPeer: m.downstreamPeer ?? null, downstreamRtc: m.downstreamRtc }, this.context(s.assignment, next, () => this.serving === s));
+        const old = s.next;
+        s.next = next;
+        s.service.setDownstream(link.link);
+        // steps in flight on the old link fail now; the session manager sends them again
+        await old.undo().catch(() => undefined);
+        this.opts.log(`stage ${m.stage} of route ${m.routeId}: rewired to ${link.detail}`);
+      }
+      this.opts.send({ t: 'rewired', routeId: m.routeId, stage: m.stage });
+    } catch (e) {
+      this.opts.log(`stage ${m.stage} of route ${m.routeId}: rewire failed: ${(e as Error).message}`);
+    }
   }
 
   private release(): void {
@@ -260,19 +421,21 @@ export class PeerCore {
     this.opts.onRelease?.();
   }
 
-  /** Sessions first, then what the load kept (next-stage link, source, backend). */
+  /** Sessions first, then the next-stage link, then what the load kept (source, backend). */
   private async releaseStage(): Promise<void> {
     const s = this.serving;
     this.serving = null;
     if (!s) return;
     await s.service.releaseAll();
+    await s.next.undo().catch(() => undefined);
     await s.kept.undo();
   }
 
-  /** Releases the stage and discards a load in flight (the peer is leaving). */
+  /** Releases the stage and any standby, and discards a load in flight (the peer is leaving). */
   async close(): Promise<void> {
     this.seq++;
     this.assigned = null;
     await this.releaseStage();
+    await this.dropStandby();
   }
 }

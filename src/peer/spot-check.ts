@@ -72,9 +72,9 @@ export class SpotCheck {
   }
 
   /** Last stage: the hidden states that arrived for a watched session. */
-  actual(f: Frame, hidden: Float32Array): void {
+  actual(f: Frame, rows: () => Float32Array): void {
     if (!this.watched.has(f.sessionId)) return;
-    this.opts.send({ t: 'check', routeId: f.routeId, sessionId: f.sessionId, position: f.position, nTokens: f.nTokens, role: 'actual', row: lastRow(hidden, f.nTokens) });
+    this.opts.send({ t: 'check', routeId: f.routeId, sessionId: f.sessionId, position: f.position, nTokens: f.nTokens, role: 'actual', row: lastRow(rows(), f.nTokens) });
   }
 
   async releaseAll(): Promise<void> {

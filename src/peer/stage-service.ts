@@ -5,24 +5,36 @@
 //
 // Session open/close/status frames act on this stage only: the session's owner sends them to
 // every stage itself, so a lost stage can never keep another stage's KV cache alive.
+//
+// For repair (route/repair.ts) a stage keeps, per session, the hidden states it sent downstream
+// and a hash of every row it received (replay-log.ts), and answers three more requests: Rewind
+// (forget positions from p on, reset the sampler), Resend (send logged hidden states to the
+// next stage again as Replay frames) and Replay-flagged input (compute and log, send nothing on).
+//
+// Fair scheduling: every forward goes through one ComputeQueue per stage, a frame of more than
+// `chunkTokens` tokens in chunks, so one long prefill cannot hold the stage while other sessions
+// wait for their next token; a closed session's queued chunks are dropped at once.
 
 import { MeshError } from '../errors.ts';
-import type { StageBackend, ShardRange } from '../backends/types.ts';
+import type { ForwardResult, HiddenRows, RowsForwardResult, StageBackend, StageInput, ShardRange } from '../backends/types.ts';
 import { argmax } from '../model/sampler.ts';
-import { DType, FrameFlag, FrameType, HEADER_BYTES } from '../protocol/frame.ts';
+import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, decodeRows, hiddenFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame, withTimings } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, decodeRows, hiddenFrame, hiddenRowsFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame, withTimings } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
-import { ComputeQueue } from './compute-queue.ts';
-import type { SpotCheck } from './spot-check.ts';
 import type { StageTiming } from '../route/telemetry.ts';
-import { parseSessionOpen } from '../protocol/session.ts';
-import type { SamplerSettings } from '../protocol/session.ts';
+import { parseResend, parseRewind, parseSessionOpen, parseStatusQuery } from '../protocol/session.ts';
+import type { SamplerSettings, StatusQuery } from '../protocol/session.ts';
+import { ComputeQueue } from './compute-queue.ts';
+import { ReplayLog, rowHashes } from './replay-log.ts';
+import type { SpotCheck } from './spot-check.ts';
+import { hiddenRowsOf, inputSlice } from './stage-input.ts';
 
 export type TokenSampler = (logits: Float32Array) => number;
-type StageInput = Parameters<StageBackend['forward']>[1];
-export type SamplerFactory = (settings: SamplerSettings) => TokenSampler;
-
+/** A sampler for a session's settings that has already made `draws` random draws. */
+export type SamplerFactory = (settings: SamplerSettings, draws: number) => TokenSampler;
+export type { StatusQuery } from '../protocol/session.ts';
+type Input = StageInput | HiddenRows;
 
 export interface StageStatus {
   stage: number;
@@ -59,6 +71,9 @@ export const STAGE_LIMITS = { chunkTokens: 64, maxFrameTokens: 512, maxSessions:
 
 interface StageSession {
   sample: TokenSampler | null;
+  settings: SamplerSettings;
+  /** hidden states sent downstream, and hashes of rows received (for repairs) */
+  log: ReplayLog;
   hiddenDtype: DType.F16 | DType.F32;
   /** totals over the session's steps, for telemetry */
   timing: { steps: number; computeMs: number; downstreamMs: number; handleMs: number; bytesIn: number; bytesOut: number };
@@ -129,7 +144,11 @@ export class StageService {
       case FrameType.SessionClose:
         return this.close(f);
       case FrameType.Status:
-        return jsonFrame(FrameType.Status, replyAddress(f), f.sessionId === '0'.repeat(32) ? this.status() : this.sessionStatus(f.sessionId));
+        return jsonFrame(FrameType.Status, replyAddress(f), f.sessionId === '0'.repeat(32) ? this.status() : this.sessionStatus(f.sessionId, f.dtype === DType.Json ? parseStatusQuery(decodeJson(f.payload)) : {}));
+      case FrameType.Rewind:
+        return this.rewind(f);
+      case FrameType.Resend:
+        return this.resend(f);
       case FrameType.Prefill:
       case FrameType.Decode:
         this.checkFrameTokens(f);
@@ -139,16 +158,12 @@ export class StageService {
         this.checkFrameTokens(f);
         if (this.isFirst) throw new MeshError('STAGE_INPUT_KIND', 'stage 0 takes token ids, not hidden states');
         this.bytesIn += f.payload.byteLength;
-        return this.computeHidden(f);
+        this.sessions.get(f.sessionId)?.log.received(f.position, rowHashes(f.payload, f.nTokens));
+        this.opts.spotCheck?.actual(f, () => decodeRows(f.payload, f.dtype));
+        return this.compute(f, this.opts.backend.forwardRows ? hiddenRowsOf(f) : { kind: 'hidden', hidden: decodeRows(f.payload, f.dtype), nTokens: f.nTokens });
       default:
         throw new MeshError('FRAME_BAD_TYPE', `frame type: a stage does not accept ${FrameType[f.type]} frames`, { field: 'type' });
     }
-  }
-
-  private computeHidden(f: Frame): Promise<Frame> {
-    const hidden = decodeRows(f.payload, f.dtype);
-    this.opts.spotCheck?.actual(f, hidden);
-    return this.compute(f, { kind: 'hidden', hidden, nTokens: f.nTokens });
   }
 
   /** Public rooms, the last stage: report what arrives for this session. */
@@ -173,16 +188,55 @@ export class StageService {
     // its first frame follows at once: give it the next turn over other sessions' long prompts
     this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
     const settings = body.sampler ?? {};
-    const greedy = !settings.temperature;
     this.sessions.set(f.sessionId, {
-      // greedy (argmax) unless the stage has a sampler factory and the session a temperature
-      sample: this.isLast ? (greedy || !this.opts.samplerFactory ? argmax : this.opts.samplerFactory(settings)) : null,
+      sample: this.samplerFor(settings, body.draws ?? 0),
+      settings,
+      log: new ReplayLog(),
       hiddenDtype: body.hiddenDtype === 'f32' ? DType.F32 : DType.F16,
       timing: { steps: 0, computeMs: 0, downstreamMs: 0, handleMs: 0, bytesIn: 0, bytesOut: 0 },
       pipelineError: null,
       lastUsed: performance.now(),
     });
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'open', position: 0 });
+  }
+
+  /** greedy (argmax) unless the stage has a sampler factory and the session a temperature; null off the last stage */
+  private samplerFor(settings: SamplerSettings, draws: number): TokenSampler | null {
+    if (!this.isLast) return null;
+    return !settings.temperature || !this.opts.samplerFactory ? argmax : this.opts.samplerFactory(settings, draws);
+  }
+
+  /** Rewind: positions from f.position on are forgotten here (KV cache, log); the sampler restarts after `draws` draws. */
+  private async rewind(f: Frame): Promise<Frame> {
+    const s = this.session(f.sessionId);
+    const body = parseRewind(decodeJson(f.payload));
+    await this.opts.backend.truncateSession(f.sessionId, f.position);
+    s.log.truncate(f.position);
+    s.pipelineError = null;
+    s.sample = this.samplerFor(s.settings, body.draws);
+    return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: f.position });
+  }
+
+  /** Resend: the logged hidden states of [f.position, body.end) go to the next stage again, as Replay frames, in order. */
+  private async resend(f: Frame): Promise<Frame> {
+    const s = this.session(f.sessionId);
+    const body = parseResend(decodeJson(f.payload));
+    const next = this.opts.downstream;
+    if (!next) throw new MeshError('STAGE_UNREACHABLE', `stage ${this.opts.stage} has no next stage to resend to`, { stage: this.opts.stage + 1 });
+    if (body.end > s.log.end) throw new MeshError('POSITION_MISMATCH', `stage ${this.opts.stage} logged hidden states up to ${s.log.end}, asked to resend up to ${body.end}`, { expected: s.log.end, got: body.end });
+    let frames = 0;
+    let bytes = 0;
+    for (const part of s.log.slice(f.position, body.end, body.maxTokens)) {
+      const out = makeFrame({ type: FrameType.Hidden, routeId: f.routeId, sessionId: f.sessionId, flags: FrameFlag.Replay, position: part.position, nTokens: part.nTokens, dtype: part.dtype, width: part.width, payload: part.payload });
+      try {
+        await next.request(out);
+      } catch (e) {
+        throw this.downstreamError(e, next);
+      }
+      frames++;
+      bytes += HEADER_BYTES + part.payload.byteLength;
+    }
+    return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: body.end, frames, bytes });
   }
 
   private async close(f: Frame): Promise<Frame> {
@@ -212,7 +266,7 @@ export class StageService {
     return s;
   }
 
-  private async compute(f: Frame, input: StageInput): Promise<Frame> {
+  private async compute(f: Frame, input: Input): Promise<Frame> {
     const s = this.session(f.sessionId);
     const started = performance.now();
     s.lastUsed = started;
@@ -256,35 +310,49 @@ export class StageService {
    * in the compute queue (so other sessions' decode steps run between them) and goes on to the
    * next stage as soon as it is done; only the last one carries the frame's Sample/WantLogits.
    */
-  private async computeChunks(f: Frame, s: StageSession, input: StageInput, step: StepCost): Promise<Frame> {
+  private async computeChunks(f: Frame, s: StageSession, input: Input, step: StepCost): Promise<Frame> {
     const chunk = this.limits.chunkTokens;
     let reply: Frame | null = null;
     for (let at = 0; at < f.nTokens; at += chunk) {
       const n = Math.min(chunk, f.nTokens - at);
       const last = at + n >= f.nTokens;
       const sub: Frame = { ...f, position: f.position + at, nTokens: n, flags: last ? f.flags : f.flags & ~(FrameFlag.Sample | FrameFlag.WantLogits) };
-      const width = input.kind === 'hidden' ? input.hidden.length / input.nTokens : 1;
-      const part: StageInput = input.kind === 'tokens' ? { kind: 'tokens', tokens: input.tokens.subarray(at, at + n) } : { kind: 'hidden', hidden: input.hidden.subarray(at * width, (at + n) * width), nTokens: n };
-      reply = await this.computeStep(sub, s, part, step);
+      reply = await this.computeStep(sub, s, inputSlice(input, f.nTokens, at, n), step);
     }
     return reply!;
   }
 
-  private async computeStep(f: Frame, s: StageSession, input: StageInput, step: StepCost): Promise<Frame> {
+  /** The backend's step: rows straight through where it takes them, decoded f32 otherwise. */
+  private forward(f: Frame, s: StageSession, input: Input): Promise<ForwardResult | RowsForwardResult> {
+    const backend = this.opts.backend;
+    if (backend.forwardRows) return backend.forwardRows(f.sessionId, input, f.position, s.hiddenDtype === DType.F32 ? 'f32' : 'f16');
+    if (input.kind === 'rows') throw new MeshError('BAD_STAGE_INPUT', 'internal: encoded rows for a backend that takes f32');
+    return backend.forward(f.sessionId, input, f.position);
+  }
+
+  private async computeStep(f: Frame, s: StageSession, input: Input, step: StepCost): Promise<Frame> {
     if (s.pipelineError) throw s.pipelineError;
     if (!this.sessions.has(f.sessionId)) throw new MeshError('SESSION_CLOSED', `session ${f.sessionId} was closed on stage ${this.opts.stage}`);
-    const turn = await this.queue.run(f.sessionId, f.nTokens === 1 ? 'decode' : 'prefill', () => this.opts.backend.forward(f.sessionId, input, f.position));
+    const turn = await this.queue.run(f.sessionId, f.nTokens === 1 ? 'decode' : 'prefill', () => this.forward(f, s, input));
     const { output, computeMs } = turn.value;
     step.queueMs += turn.waitedMs;
     s.timing.computeMs += computeMs;
     step.computeMs += computeMs;
-    const sampleNow = f.type === FrameType.Decode || (f.flags & FrameFlag.Sample) !== 0;
-    if (output.kind === 'hidden') {
+    const replay = (f.flags & FrameFlag.Replay) !== 0;
+    const sampleNow = !replay && (f.type === FrameType.Decode || (f.flags & FrameFlag.Sample) !== 0);
+    if (output.kind !== 'logits') {
+      const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.WantTimings)) | (sampleNow ? FrameFlag.Sample : 0);
+      const at = { routeId: f.routeId, sessionId: f.sessionId };
+      const out =
+        output.kind === 'rows'
+          ? hiddenRowsFrame(at, f.position, output.bytes, output.nTokens, output.width, output.dtype === 'f32' ? DType.F32 : DType.F16, flags)
+          : hiddenFrame(at, f.position, output.hidden, output.nTokens, s.hiddenDtype, flags);
+      s.log.append({ position: f.position, nTokens: out.nTokens, dtype: out.dtype as DType.F16 | DType.F32, width: out.width, payload: out.payload });
+      if (!replay) this.opts.spotCheck?.expected(this.queue, out, () => decodeRows(out.payload, out.dtype));
+      // a replay fills this stage's KV cache and log; the stage after already holds these positions
+      if (replay) return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: f.position + f.nTokens, replayed: true });
       const next = this.opts.downstream;
       if (!next) throw new MeshError('STAGE_UNREACHABLE', `stage ${this.opts.stage} has no next stage to send hidden states to`, { stage: this.opts.stage + 1 });
-      const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.WantTimings)) | (sampleNow ? FrameFlag.Sample : 0);
-      const out = hiddenFrame({ routeId: f.routeId, sessionId: f.sessionId }, f.position, output.hidden, output.nTokens, s.hiddenDtype, flags);
-      this.opts.spotCheck?.expected(this.queue, out, () => decodeRows(out.payload, out.dtype));
       this.bytesOut += out.payload.byteLength;
       this.wireBytesOut += HEADER_BYTES + out.payload.byteLength;
       this.framesOut++;
@@ -314,14 +382,14 @@ export class StageService {
     }
     const nextPosition = f.position + f.nTokens;
     const at = { routeId: f.routeId, sessionId: f.sessionId };
-    if (f.flags & FrameFlag.WantLogits) return logitsFrame(at, nextPosition, output.logits);
-    if (!sampleNow) return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: nextPosition });
+    if (f.flags & FrameFlag.WantLogits && !replay) return logitsFrame(at, nextPosition, output.logits);
+    if (!sampleNow) return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: nextPosition, ...(replay ? { replayed: true } : {}) });
     const token = s.sample!(output.logits);
     return tokensFrame(FrameType.Token, at, nextPosition, [token]);
   }
 
   /** A session's counters on this stage; a session that is not open holds nothing. */
-  sessionStatus(sessionId: string): Record<string, unknown> {
+  sessionStatus(sessionId: string, query: StatusQuery = {}): Record<string, unknown> {
     if (!this.sessions.has(sessionId)) return { stage: this.opts.stage, shard: this.opts.shard, open: false, position: 0, kvBytes: 0, processedTokens: [] };
     const t = this.sessions.get(sessionId)!.timing;
     const round = (x: number): number => Math.round(x * 1000) / 1000;
@@ -334,7 +402,12 @@ export class StageService {
       bytesIn: t.bytesIn,
       bytesOut: t.bytesOut,
     };
-    return { stage: this.opts.stage, shard: this.opts.shard, open: true, backend: this.opts.backend.kind, ...this.opts.backend.sessionStats(sessionId), timing };
+    const log = this.sessions.get(sessionId)!.log;
+    const hashes = {
+      ...(query.sentHashes ? { sentHashes: log.sentHashes(query.sentHashes[0], query.sentHashes[1]) } : {}),
+      ...(query.receivedHashes ? { receivedHashes: log.receivedHashes(query.receivedHashes[0], query.receivedHashes[1]) } : {}),
+    };
+    return { stage: this.opts.stage, shard: this.opts.shard, open: true, backend: this.opts.backend.kind, ...this.opts.backend.sessionStats(sessionId), replayLogBytes: log.bytes, timing, ...hashes };
   }
 
   status(): StageStatus {

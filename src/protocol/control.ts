@@ -13,6 +13,7 @@
 
 import * as v from 'valibot';
 import { MeshError } from '../errors.ts';
+import type { ServeCapability } from '../model/serve-capability.ts';
 import { count, finiteNumber, list, parseJsonText, plainObject, text, u32, validate } from './validate.ts';
 
 // ---- schemas: every message either side reads is parsed against one of these first (unknown
@@ -27,6 +28,9 @@ const adapterInfo = v.pipe(
 /** a shard unit name as the manifest has them: embed, layer.N, head, global */
 const unitName = v.pipe(v.string(), v.regex(/^(embed|head|global|layer\.\d{1,6})$/));
 const errorCode = v.pipe(v.string(), v.regex(/^[A-Z][A-Z0-9_]{0,63}$/));
+const names = list(text(64), 1024);
+/** what a peer can compute (model/serve-capability.ts): architectures as ranges or whole only, weight types */
+const serveCapability: v.GenericSchema<unknown, ServeCapability> = v.object({ rangeArchitectures: names, wholeModelArchitectures: names, weightTypes: names });
 
 export const helloSchema = v.object({
   t: v.literal('hello'),
@@ -35,6 +39,8 @@ export const helloSchema = v.object({
   name: v.optional(text(64)),
   backend: text(32),
   memoryBytes: count,
+  /** what it can compute: architectures as layer ranges or whole only, weight types; the planner assigns nothing else */
+  serves: v.optional(serveCapability),
   /** where other stages reach this peer: ws://host:port/v1/frames (absent: not reachable) */
   listen: v.optional(v.pipe(text(512), v.regex(/^wss?:\/\//))),
   /** http://host:port for the binary HTTP protocol */
@@ -45,6 +51,8 @@ export const helloSchema = v.object({
   units: v.optional(list(unitName, 100_000)),
   /** the WebGPU adapter (browser peers, native peers on Dawn) */
   adapter: v.optional(v.nullable(adapterInfo)),
+  /** a native node that answers and opens WebRTC data channels (browser peers always do) */
+  rtc: v.optional(v.boolean()),
 });
 export type PeerHello = v.InferOutput<typeof helloSchema>;
 
@@ -62,9 +70,20 @@ const counters = v.object({
 /** Frames and bytes that crossed one carrier, by direction and frame type. */
 export type PipeCounters = v.InferOutput<typeof counters>;
 
-const hopKind = v.picklist(['webrtc', 'relay', 'none']);
-/** How a stage reaches its next stage. */
+const hopKind = v.picklist(['webrtc', 'relay', 'ws', 'http', 'none']);
+/** How a stage reaches its next stage: a WebRTC data channel, the server relay, a WebSocket or binary HTTP to a native node's listen address, or none (the last stage). */
 export type HopKind = v.InferOutput<typeof hopKind>;
+
+const candidatePair = v.object({
+  local: text(32),
+  remote: text(32),
+  /** udp or tcp */
+  protocol: text(16),
+  /** for a relay candidate: how it reaches the TURN server (udp, tcp, tls) */
+  relayProtocol: v.optional(text(16)),
+});
+/** The ICE candidate pair a data channel runs over: candidate types host | srflx | prflx | relay. */
+export type CandidatePair = v.InferOutput<typeof candidatePair>;
 
 export const telemetrySchema = v.object({
   t: v.literal('telemetry'),
@@ -76,12 +95,16 @@ export const telemetrySchema = v.object({
   cache: v.optional(v.object({ hit: list(unitName, 100_000), fetched: list(unitName, 100_000), error: v.nullable(text(512)) })),
   /** to the next stage */
   hop: v.optional(hopKind),
+  /** the candidate pair of the data channel to the next stage (hop 'webrtc') */
+  candidatePair: v.optional(v.nullable(candidatePair)),
   /** frames over the data channel to the next stage (upstream side) */
   downstreamChannel: v.optional(v.nullable(counters)),
   /** frames over data channels from previous stages (downstream side) */
   upstreamChannels: v.optional(v.pipe(v.record(text(64), counters), v.check((o) => Object.keys(o).length <= 64, 'at most 64 channels'))),
   /** frames relayed through the server to the next stage */
   relayed: v.optional(v.object({ frames: count, bytes: count })),
+  /** native nodes: the candidate pair of each data channel from a previous stage */
+  upstreamPairs: v.optional(v.pipe(v.record(text(64), v.nullable(candidatePair)), v.check((o) => Object.keys(o).length <= 64, 'at most 64 channels'))),
 });
 export type PeerTelemetry = v.InferOutput<typeof telemetrySchema>;
 
@@ -97,6 +120,13 @@ export const PEER_MESSAGES = {
   /** native peers while loading: verified shard bytes so far */
   loading: v.object({ t: v.literal('loading'), routeId: u32, stage: u32, bytesDone: count, bytesTotal: count }),
   telemetry: telemetrySchema,
+  /** a spare's standby shard is loaded and verified */
+  'standby-ready': v.object({ t: v.literal('standby-ready'), routeId: u32, stage: u32, loadMs: v.pipe(finiteNumber, v.minValue(0)), bytesRead: count }),
+  'standby-failed': v.object({ t: v.literal('standby-failed'), routeId: u32, stage: u32, code: errorCode, message: text(4096) }),
+  /** the rewire is done: the new links are open */
+  rewired: v.object({ t: v.literal('rewired'), routeId: u32, stage: u32 }),
+  /** a graceful leave (SIGTERM, the page's Leave button): move my sessions, then answer leave-ok */
+  leave: v.object({ t: v.literal('leave') }),
   /** a simple-peer offer/answer/candidate for peer `to` (cid: one id per data channel attempt) */
   signal: v.object({ t: v.literal('signal'), to: text(64), cid: text(64), signal: plainObject }),
   /** a request frame (base64) for peer `to`'s stage, used when no data channel could open */
@@ -109,7 +139,7 @@ export const PEER_MESSAGES = {
   check: v.object({ t: v.literal('check'), routeId: u32, sessionId: v.pipe(v.string(), v.regex(/^[0-9a-f]{32}$/)), position: u32, nTokens: u32, role: v.picklist(['expected', 'actual']), row: base64(4 * 65536 * 2) }),
 } as const;
 
-export type PeerToServer = v.InferOutput<(typeof PEER_MESSAGES)['hello' | 'ready' | 'load-failed' | 'loading' | 'telemetry' | 'check']>;
+export type PeerToServer = v.InferOutput<(typeof PEER_MESSAGES)['hello' | 'ready' | 'load-failed' | 'loading' | 'telemetry' | 'check' | 'standby-ready' | 'standby-failed' | 'rewired' | 'leave']>;
 export type SpotCheckReport = v.InferOutput<(typeof PEER_MESSAGES)['check']>;
 export type SignalToPeer = v.InferOutput<(typeof PEER_MESSAGES)['signal']>;
 export type RelayRequest = v.InferOutput<(typeof PEER_MESSAGES)['relay']>;
@@ -147,18 +177,34 @@ export const SERVER_MESSAGES = {
     downstream: v.nullable(v.pipe(text(512), v.regex(/^wss?:\/\//))),
     downstreamPeer: peerId,
     upstreamPeer: peerId,
+    /** the next stage is a native node that answers WebRTC (a tab opens a data channel to it) */
+    downstreamRtc: v.optional(v.boolean()),
     /** public rooms, the first stage: also load these layers (the untrusted stages') and re-run a fraction of sessions through them */
     check: v.optional(v.object({ shard: shardRange, fraction: v.pipe(v.number(), v.minValue(0), v.maxValue(1)) })),
   }),
   /** public rooms, the last stage: report what arrives for this session ('actual' checks) */
   watch: v.object({ t: v.literal('watch'), routeId: u32, sessionId: v.pipe(v.string(), v.regex(/^[0-9a-f]{32}$/)) }),
   release: v.object({ t: v.literal('release'), routeId: u32 }),
+  /** a spare: load and verify this shard now, serve nothing yet; a later `assign` of the same shard takes it over at once */
+  standby: v.object({ t: v.literal('standby'), routeId: u32, stage: u32, shard: shardRange, nLayer: u32, modelUrl: v.pipe(text(4096), v.regex(/^https?:\/\//)) }),
+  /** a repair replaced a neighbour: send hidden states to a new next stage and/or accept them from a new previous one */
+  rewire: v.object({
+    t: v.literal('rewire'),
+    routeId: u32,
+    stage: u32,
+    downstream: v.optional(v.nullable(v.pipe(text(512), v.regex(/^wss?:\/\//)))),
+    downstreamPeer: v.optional(peerId),
+    downstreamRtc: v.optional(v.boolean()),
+    upstreamPeer: v.optional(peerId),
+  }),
+  /** the answer to `leave`: the peer's sessions are served elsewhere now (or could not be moved: `moved: false`); it may go */
+  'leave-ok': v.object({ t: v.literal('leave-ok'), moved: v.boolean() }),
   error: v.object({ t: v.literal('error'), code: errorCode, message: text(4096) }),
   signal: v.object({ t: v.literal('signal'), from: text(64), cid: text(64), signal: plainObject }),
   'relay-reply': v.object({ t: v.literal('relay-reply'), id: u32, frame: v.optional(base64(MAX_RELAYED_BASE64)), error: v.optional(v.object({ code: errorCode, message: text(4096) })) }),
 } as const;
 
-export type ServerToPeer = v.InferOutput<(typeof SERVER_MESSAGES)['challenge' | 'welcome' | 'assign' | 'release' | 'error' | 'watch']>;
+export type ServerToPeer = v.InferOutput<(typeof SERVER_MESSAGES)['challenge' | 'welcome' | 'assign' | 'release' | 'error' | 'watch' | 'standby' | 'rewire' | 'leave-ok']>;
 export type SignalFromPeer = v.InferOutput<(typeof SERVER_MESSAGES)['signal']>;
 export type RelayReply = v.InferOutput<(typeof SERVER_MESSAGES)['relay-reply']>;
 export type ServerMessage = ServerToPeer | SignalFromPeer | RelayReply;
@@ -197,17 +243,21 @@ export async function helloProof(secret: string, nonce: string): Promise<string>
 /**
  * Parses an ICE server as `serve --ice-server` takes it: `stun:host[:port]`, or
  * `turn:user:pass@host[:port][?transport=udp|tcp]` (also `stuns:` / `turns:`). TURN needs a
- * user and password (browsers refuse a TURN server without them); they may be %-encoded.
+ * user and password (browsers refuse a TURN server without them); they may be %-encoded —
+ * unless `minted`: the server mints each peer a short-lived credential (`serve --turn-secret`),
+ * so the URL names none.
  */
-export function parseIceServer(text: string): IceServer {
+export function parseIceServer(text: string, opts: { minted?: boolean } = {}): IceServer {
   const m = /^(stuns?|turns?):(?:([^:@/?]*):([^@/?]*)@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::(\d{1,5}))?(\?transport=(?:udp|tcp))?$/.exec(text.trim());
   if (!m) throw new MeshError('BAD_ICE_SERVER', `'${text}' is not an ICE server (stun:host:port or turn:user:pass@host:port)`);
   const [, scheme, user, pass, host, port, query] = m;
   const isTurn = scheme!.startsWith('turn');
   if (port !== undefined && (Number(port) < 1 || Number(port) > 65535)) throw new MeshError('BAD_ICE_SERVER', `'${text}': port ${port} is out of range`);
-  if (isTurn && (user === undefined || user === '' || pass === undefined)) throw new MeshError('BAD_ICE_SERVER', `'${text}': a TURN server needs user:password@ before the host`);
+  if (isTurn && opts.minted && user !== undefined) throw new MeshError('BAD_ICE_SERVER', `'${text}': --turn-secret mints the TURN credentials, so the URL names no user:password`);
+  if (isTurn && !opts.minted && (user === undefined || user === '' || pass === undefined)) throw new MeshError('BAD_ICE_SERVER', `'${text}': a TURN server needs user:password@ before the host`);
   if (!isTurn && (user !== undefined || query)) throw new MeshError('BAD_ICE_SERVER', `'${text}': a STUN server takes no user, password or transport`);
   const urls = `${scheme}:${host}${port ? `:${port}` : ''}${query ?? ''}`;
+  if (isTurn && opts.minted) return { urls };
   return isTurn ? { urls, username: decodeURIComponent(user!), credential: decodeURIComponent(pass!) } : { urls };
 }
 

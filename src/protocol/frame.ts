@@ -45,6 +45,10 @@ export enum FrameType {
   Status = 7,
   Error = 8,
   Logits = 9,
+  /** server → stage: drop the session's positions from `position` on (KV cache, output log), and reset the sampler to the draws in the JSON body */
+  Rewind = 10,
+  /** server → stage: send the hidden states this stage logged for positions [position, body.end) to its next stage again, as Replay frames */
+  Resend = 11,
 }
 
 export enum FrameFlag {
@@ -58,8 +62,10 @@ export enum FrameFlag {
   WantTimings = 1 << 3,
   /** the payload ends with a timing trailer (see TIMING_RECORD_BYTES) */
   Timings = 1 << 4,
+  /** a repair replay: the stage computes (filling its KV cache and output log) and answers Status; nothing goes downstream, nothing is sampled */
+  Replay = 1 << 5,
 }
-const KNOWN_FLAGS = FrameFlag.Sample | FrameFlag.Reply | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.Timings;
+const KNOWN_FLAGS = FrameFlag.Sample | FrameFlag.Reply | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.Timings | FrameFlag.Replay;
 
 /** One stage's step timing in a trailer: 8 u32 (see docs/protocol.md). */
 export const TIMING_RECORD_BYTES = 32;
@@ -87,6 +93,8 @@ const TYPE_RULES: Record<FrameType, { dtypes: DType[]; width?: number; tokens?: 
   [FrameType.Status]: { dtypes: [DType.Json, DType.None], width: 0, tokens: 'zero' },
   [FrameType.Error]: { dtypes: [DType.Json], width: 0, tokens: 'zero' },
   [FrameType.Logits]: { dtypes: [DType.F32], tokens: 'one' },
+  [FrameType.Rewind]: { dtypes: [DType.Json], width: 0, tokens: 'zero' },
+  [FrameType.Resend]: { dtypes: [DType.Json], width: 0, tokens: 'zero' },
 };
 
 export interface Frame {

@@ -14,6 +14,8 @@ export interface WireHeader {
   tensorDataOffset: number;
   alignment: number;
   fileBytes: number;
+  /** GGUF value type of each metadata key sent (a peer rewriting the header keeps them) */
+  metadataTypes?: Record<string, string>;
 }
 
 type WireValue = string | number | boolean | WireValue[];
@@ -29,11 +31,14 @@ function toWire(v: MetadataValue): WireValue {
 
 export function headerToWire(h: GgufHeader): WireHeader {
   const metadata: Record<string, WireValue> = {};
+  const metadataTypes: Record<string, string> = {};
   for (const [k, v] of Object.entries(h.metadata)) {
     if (Array.isArray(v) && v.length > MAX_WIRE_ARRAY) continue;
     metadata[k] = toWire(v);
+    const type = h.metadataTypes?.[k];
+    if (type) metadataTypes[k] = type;
   }
-  return { version: h.version, metadata, tensors: h.tensors.map((t) => ({ ...t, shape: [...t.shape] })), tensorDataOffset: h.tensorDataOffset, alignment: h.alignment, fileBytes: h.fileBytes };
+  return { version: h.version, metadata, metadataTypes, tensors: h.tensors.map((t) => ({ ...t, shape: [...t.shape] })), tensorDataOffset: h.tensorDataOffset, alignment: h.alignment, fileBytes: h.fileBytes };
 }
 
 export function headerFromWire(input: unknown): GgufHeader {
@@ -53,5 +58,6 @@ export function headerFromWire(input: unknown): GgufHeader {
     tensorDataOffset: Number(w.tensorDataOffset ?? 0),
     alignment: Number(w.alignment ?? 32),
     fileBytes: w.fileBytes!,
+    ...(w.metadataTypes && typeof w.metadataTypes === 'object' ? { metadataTypes: w.metadataTypes } : {}),
   };
 }

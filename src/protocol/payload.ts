@@ -80,6 +80,11 @@ export function hiddenFrame(at: Addressing, position: number, hidden: Float32Arr
   return makeFrame({ type: FrameType.Hidden, ...at, flags, position, nTokens, dtype, width, payload: encodeRows(hidden, dtype) });
 }
 
+/** Hidden states already encoded as the frame carries them: `payload` is [nTokens × width] of `dtype`. */
+export function hiddenRowsFrame(at: Addressing, position: number, payload: Uint8Array, nTokens: number, width: number, dtype: DType.F16 | DType.F32, flags = 0): Frame {
+  return makeFrame({ type: FrameType.Hidden, ...at, flags, position, nTokens, dtype, width, payload });
+}
+
 /** Logits of the last position, `[n_vocab]` f32. */
 export function logitsFrame(at: Addressing, position: number, logits: Float32Array, flags = 0): Frame {
   return makeFrame({ type: FrameType.Logits, ...at, flags, position, nTokens: 1, dtype: DType.F32, width: logits.length, payload: encodeRows(logits, DType.F32) });
@@ -87,6 +92,11 @@ export function logitsFrame(at: Addressing, position: number, logits: Float32Arr
 
 export function jsonFrame(type: FrameType.SessionOpen | FrameType.Status | FrameType.Error, at: Addressing, value: unknown, flags = 0): Frame {
   return makeFrame({ type, ...at, flags, dtype: DType.Json, payload: encodeJson(value) });
+}
+
+/** A repair request to one stage: Rewind to `position`, or Resend from `position` (see frame.ts). */
+export function repairFrame(type: FrameType.Rewind | FrameType.Resend, at: Addressing, position: number, value: unknown): Frame {
+  return makeFrame({ type, ...at, position, dtype: DType.Json, payload: encodeJson(value) });
 }
 
 export interface ErrorBody {

@@ -24,6 +24,8 @@ export const sessionOpenSchema = v.object({
   hiddenDtype: v.optional(v.picklist(['f16', 'f32'])),
   /** prompt tokens the client will prefill, for progress reports */
   promptLength: v.optional(count),
+  /** random draws the session's sampler has made already: a replacement last stage skips them, so seeded sampling continues as it would have */
+  draws: v.optional(count),
 });
 /** Body of a SessionOpen frame. */
 export type SessionOpenBody = v.InferOutput<typeof sessionOpenSchema>;
@@ -31,6 +33,34 @@ export type SessionOpenBody = v.InferOutput<typeof sessionOpenSchema>;
 /** A SessionOpen frame's JSON body, checked: BAD_REQUEST naming the field. */
 export function parseSessionOpen(body: unknown): SessionOpenBody {
   return validate(sessionOpenSchema, body, 'session open', 'BAD_REQUEST');
+}
+
+const rewindSchema = v.object({ draws: count });
+/** Body of a Rewind frame: the sampler's draws for the positions kept. */
+export type RewindBody = v.InferOutput<typeof rewindSchema>;
+
+/** A Rewind frame's JSON body, checked: BAD_REQUEST naming the field. */
+export function parseRewind(body: unknown): RewindBody {
+  return validate(rewindSchema, body, 'rewind', 'BAD_REQUEST');
+}
+
+const resendSchema = v.object({ end: count, maxTokens: v.pipe(v.number(), v.integer(), v.minValue(1), v.maxValue(1 << 24)) });
+/** Body of a Resend frame: resend positions [frame position, end), at most `maxTokens` per frame (1: as they were sent). */
+export type ResendBody = v.InferOutput<typeof resendSchema>;
+
+/** A Resend frame's JSON body, checked: BAD_REQUEST naming the field. */
+export function parseResend(body: unknown): ResendBody {
+  return validate(resendSchema, body, 'resend', 'BAD_REQUEST');
+}
+
+const positions = v.tuple([count, count]);
+const statusQuerySchema = v.object({ sentHashes: v.optional(positions), receivedHashes: v.optional(positions) });
+/** What a Status request for one session may ask besides the counters: row hashes of what the stage sent or received, for positions [a, b). */
+export type StatusQuery = v.InferOutput<typeof statusQuerySchema>;
+
+/** A session Status frame's JSON body, checked: BAD_REQUEST naming the field. */
+export function parseStatusQuery(body: unknown): StatusQuery {
+  return validate(statusQuerySchema, body, 'status query', 'BAD_REQUEST');
 }
 
 /** A fresh 128-bit session id in hex (crypto.getRandomValues: Node and browsers alike). */

@@ -6,18 +6,22 @@
 //   opening ──▶ idle ◀──▶ prefilling
 //                 ▲ └───▶ decoding ──┐
 //                 └──────────────────┘
-//   any live state ──▶ closed (close/cancel) | failed (a stage failed); idle ──▶ expired (TTL)
+//   idle | prefilling | decoding ──▶ repairing ──▶ back where it was (the route lost a stage:
+//                                                  the session is rebuilt on its replacement)
+//   any live state ──▶ closed (close/cancel) | failed (a stage failed, no repair in time);
+//   idle ──▶ expired (TTL)
 
 import { MeshError } from '../errors.ts';
 import type { ErrorCode } from '../errors.ts';
 
-export type SessionState = 'opening' | 'prefilling' | 'decoding' | 'idle' | 'closed' | 'expired' | 'failed';
+export type SessionState = 'opening' | 'prefilling' | 'decoding' | 'idle' | 'repairing' | 'closed' | 'expired' | 'failed';
 
 const NEXT: Record<SessionState, readonly SessionState[]> = {
   opening: ['idle', 'closed', 'failed'],
-  idle: ['prefilling', 'decoding', 'closed', 'expired', 'failed'],
-  prefilling: ['idle', 'closed', 'failed'],
-  decoding: ['idle', 'closed', 'failed'],
+  idle: ['prefilling', 'decoding', 'repairing', 'closed', 'expired', 'failed'],
+  prefilling: ['idle', 'repairing', 'closed', 'failed'],
+  decoding: ['idle', 'repairing', 'closed', 'failed'],
+  repairing: ['idle', 'prefilling', 'decoding', 'closed', 'failed'],
   closed: [],
   expired: [],
   failed: [],

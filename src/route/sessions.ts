@@ -1,19 +1,34 @@
 // Session bookkeeping for routes: opens a session on every stage, passes prefill and decode
 // frames into stage 0 in position order, tracks each session's state and position, expires
-// idle sessions, and — when a step fails or a stage leaves — fails the session naming the
-// stage and frees the KV cache on every stage that is still there. Fault handling lives here
-// and nowhere else; stages only compute.
+// idle sessions, and repairs sessions whose route lost a stage: while the route gets a new
+// peer for the stage (signaling-server/room.ts), steps wait; then the session is rebuilt on
+// it (repair.ts: rewind, replay, resend) and the step that was in flight is sent again, so the
+// client sees the same tokens and no error. Where no repair comes — or it fails — the session
+// fails naming the stage, and its KV cache is freed on every stage still there. Fault handling
+// lives here and nowhere else; stages only compute.
 
 import { MeshError } from '../errors.ts';
 import { FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeJson, jsonFrame, replyAddress } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, jsonFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
 import { parseSessionOpen } from '../protocol/session.ts';
 import type { SessionOpenBody } from '../protocol/session.ts';
-import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
+import type { HopLink, HopTelemetry, TelemetryEvent, TelemetryListener } from './telemetry.ts';
+import { hopTelemetry } from './telemetry.ts';
+import { reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
+import type { HistoryEntry, RebuildResult } from './repair.ts';
+
+/** A route's repair in progress: which stages lost their peer, since when, and when it ends. */
+export interface RouteRepair {
+  stages: number[];
+  /** when the first loss was seen (Date.now()) */
+  since: number;
+  /** resolves once every stage has a ready peer again; rejects with the error that ends the repair (no replacement in time) */
+  done: Promise<void>;
+}
 
 /** What the session manager needs from a route. */
 export interface RouteHandle {
@@ -26,6 +41,14 @@ export interface RouteHandle {
   stagePeers(): string[];
   /** the most positions a session may declare (the model's context), when known */
   readonly contextLimit?: number | undefined;
+  /** each stage's backend kind (how a repair may batch its replay) */
+  stageBackends?(): string[];
+  /** the repair under way, if a stage lost its peer and a replacement is coming */
+  repair?(): RouteRepair | null;
+  /** a step took too long: find the stage that stopped answering and treat it as lost */
+  suspectStall?(): Promise<void>;
+  /** how each hop is carried (webrtc, relay, ws, …), when the route knows */
+  hops?(): HopLink[];
 }
 
 export interface SessionInfo {
@@ -37,7 +60,13 @@ export interface SessionInfo {
   generatedTokens: number;
   failure: SessionFailure | null;
   history: SessionState[];
+  /** times the session was rebuilt on a repaired route */
+  repairs: number;
+  /** its route is being repaired: its next step waits */
+  repairing: boolean;
   stages: Array<Record<string, unknown>>;
+  /** each hop named with its carrier, bytes and wire time (routes that report their hops) */
+  hops?: HopTelemetry[];
 }
 
 interface Session {
@@ -52,8 +81,24 @@ interface Session {
   principal: string | null;
   /** prompt tokens the client announced, for progress */
   promptLength: number | null;
-  /** called once when the session fails (a step waiting to learn why) */
+  /** called when the session fails or its route starts a repair (a step waiting to learn why) */
   onFail: Set<() => void>;
+  /** the open body, for opening the session on a replacement stage */
+  body: SessionOpenBody;
+  /** every frame sent into stage 0, in order (what a new stage 0 replays, and what is sent again when the last stage never answered) */
+  history: HistoryEntry[];
+  /** history[0, confirmedEntries) reached the last stage: every stage holds positions [0, confirmedPosition) */
+  confirmedEntries: number;
+  confirmedPosition: number;
+  /** Token replies confirmed: the last stage's sampler draws */
+  confirmedDraws: number;
+  /** the peer of each stage when this session last had its KV there */
+  peers: string[];
+  /** steps and repairs of one session run one at a time */
+  lock: Promise<unknown>;
+  /** the route repair this session last heard of (its `since` dates the repair) */
+  repairSeen: RouteRepair | null;
+  repairs: number;
 }
 
 export interface SessionManagerOptions {
@@ -63,6 +108,10 @@ export interface SessionManagerOptions {
   sweepMs?: number;
   /** finished sessions kept for status queries */
   keepFinished?: number;
+  /** a step that gets no answer within this long makes the route look for a stalled stage (ms) */
+  stepTimeoutMs?: number;
+  /** a status query waits this long for each stage (ms) */
+  statusTimeoutMs?: number;
   onChange?: (sessionId: string, state: SessionState) => void;
   /** most tokens a Prefill frame may carry (default 512) */
   maxFrameTokens?: number;
@@ -76,7 +125,14 @@ export interface SessionManagerOptions {
 export const SESSION_LIMITS = { maxFrameTokens: 512, maxSessionsPerClient: 16, maxSessionsPerRoute: 64 };
 
 /** Step errors that a stage leaving causes downstream of the news: the hop to it broke, or a stage before it already dropped the session. */
-const LOSS_SYMPTOMS = new Set(['STAGE_UNREACHABLE', 'SESSION_UNKNOWN', 'LINK_CLOSED', 'LINK_FAILED']);
+const LOSS_SYMPTOMS = new Set(['STAGE_UNREACHABLE', 'SESSION_UNKNOWN', 'LINK_CLOSED', 'LINK_FAILED', 'STAGE_STALLED', 'STAGE_LOST', 'ROUTE_NOT_READY']);
+
+/** A step unanswered this long makes the route look for a stalled stage (ms); liveness heartbeats usually find it first. */
+const DEFAULT_STEP_TIMEOUT_MS = 30_000;
+/** How long a status query waits for each stage (ms): a stalled stage must not stall the answer. */
+const DEFAULT_STATUS_TIMEOUT_MS = 1_000;
+/** Repairs one step may wait through before its error stands. */
+const MAX_REPAIR_ATTEMPTS = 5;
 
 /** How long a step that failed with a loss symptom waits for the server to hear that a stage left (ms). */
 const LOSS_NEWS_GRACE_MS = 2000;
@@ -84,6 +140,14 @@ const LOSS_NEWS_GRACE_MS = 2000;
 /** The error a client gets for a session that failed: its recorded cause, naming the stage. */
 function failureError(f: SessionFailure): MeshError {
   return new MeshError(f.code, f.message, f.stage !== undefined ? { stage: f.stage } : {});
+}
+
+/** `p`, or STAGE_STALLED after `ms` (the request itself is left to settle on its own). */
+function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new MeshError('STAGE_STALLED', `${what} within ${ms} ms`)), ms)));
+  p.catch(() => undefined);
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
 }
 
 /** Events kept per session so a late subscriber still sees progress. */
@@ -157,7 +221,12 @@ export class SessionManager {
     if (route.contextLimit !== undefined && body.contextLength > route.contextLimit) {
       throw new MeshError('BAD_REQUEST', `session open: contextLength ${body.contextLength} exceeds the model's context of ${route.contextLimit}`, { field: 'contextLength', limit: route.contextLimit });
     }
-    const s: Session = { life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, principal, promptLength: body.promptLength ?? null, onFail: new Set() };
+    // a session opened while the route is being repaired opens on the repaired route
+    await route.repair?.()?.done;
+    const s: Session = {
+      life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, principal, promptLength: body.promptLength ?? null, onFail: new Set(),
+      body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0,
+    };
     this.sessions.set(sessionId, s);
     this.prune();
     this.opts.onChange?.(sessionId, 'opening');
@@ -191,11 +260,13 @@ export class SessionManager {
     if (onRoute >= perRoute) throw new MeshError('SESSION_LIMIT', `route ${route.id} runs ${onRoute} sessions, its limit`, { limit: perRoute, retryAfterS: 1 });
   }
 
-  /** Sends a prefill chunk or decode step into stage 0 and returns stage n−1's answer. */
+  /** Sends a prefill chunk or decode step into stage 0 and returns stage n−1's answer (across a repair: sent again). */
   private async step(f: Frame): Promise<Frame> {
     const maxTokens = this.opts.maxFrameTokens ?? SESSION_LIMITS.maxFrameTokens;
     if (f.nTokens > maxTokens) throw new MeshError('FRAME_TOO_MANY_TOKENS', `frame token count: ${f.nTokens} tokens in one frame, at most ${maxTokens} (send the prompt in chunks)`, { field: 'token count', limit: maxTokens });
     const s = this.get(f.sessionId);
+    // an idle session being rebuilt on a repaired route: the step follows the rebuild
+    if (s.life.state === 'repairing') await s.lock;
     if (f.routeId !== s.route.id) throw new MeshError('FRAME_BAD_ROUTE', `frame route id: session ${f.sessionId} runs on route ${s.route.id}, not ${f.routeId}`, { field: 'route id' });
     if (f.type === FrameType.Decode && s.position === 0) throw new MeshError('SESSION_BAD_STATE', `session ${f.sessionId}: decode before any prefill`);
     if (s.life.state !== 'idle') {
@@ -206,18 +277,13 @@ export class SessionManager {
     }
     s.life.begin(f.type === FrameType.Prefill ? 'prefilling' : 'decoding');
     this.opts.onChange?.(f.sessionId, s.life.state);
+    s.history.push({ type: f.type as HistoryEntry['type'], position: f.position, tokens: decodeI32(f.payload), flags: f.flags });
     let reply: Frame;
     try {
-      reply = await s.route.entry().request(f);
+      reply = await this.locked(s, () => this.deliver(s, f));
     } catch (e) {
       const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
       const stage = typeof err.details?.stage === 'number' ? err.details.stage : 0;
-      // A stage leaving fails the step in flight too, and both pieces of news race: the step
-      // may fail at a stage that merely lost the session (the server already closed it there:
-      // SESSION_UNKNOWN at stage 1 when stage 2 left) or at the hop to the gone stage, before or
-      // after the server hears the peer's socket close. The session's recorded failure is the
-      // cause: report it, waiting briefly for it when the step's error looks like a loss.
-      if (!s.life.failure && LOSS_SYMPTOMS.has(err.code)) await this.failureWithin(s, LOSS_NEWS_GRACE_MS);
       if (s.life.failure) throw failureError(s.life.failure);
       if (!isTerminal(s.life.state)) await this.fail(s, { code: err.code, message: err.message, stage });
       throw new MeshError(err.code, err.message, { ...err.details, stage });
@@ -228,6 +294,11 @@ export class SessionManager {
       throw new MeshError('SESSION_CLOSED', `session ${f.sessionId} became ${s.life.state} during the step`);
     }
     s.position += f.nTokens;
+    if (reachedLastStage(reply)) {
+      s.confirmedEntries = s.history.length;
+      s.confirmedPosition = s.position;
+      if (reply.type === FrameType.Token) s.confirmedDraws++;
+    }
     if (f.type === FrameType.Prefill) {
       s.promptTokens += f.nTokens;
       this.publish(f.sessionId, { type: 'prefill_progress', sessionId: f.sessionId, tokensDone: s.promptTokens, tokensTotal: s.promptLength });
@@ -235,6 +306,104 @@ export class SessionManager {
     if (reply.type === FrameType.Token) s.generated++;
     this.move(s, 'idle');
     return reply;
+  }
+
+  /**
+   * The step's way through the route. A stage leaving fails the step in flight, and the news
+   * races it: the step may fail at a stage that merely lost the session or at the hop to the
+   * gone stage, before or after the server hears the peer's socket close. So a step that fails
+   * with a loss symptom waits briefly for the news: the route repairing (then the step waits
+   * for the repair and goes again, on the rebuilt session) or the session failed (its recorded
+   * cause is the error).
+   */
+  private async deliver(s: Session, f: Frame): Promise<Frame> {
+    for (let attempt = 0; ; attempt++) {
+      await this.awaitRepair(s);
+      try {
+        if (replacedStages(s.peers, s.route.stagePeers()).length > 0) {
+          const reply = await this.rebuild(s);
+          if (reply) return reply; // f was the last frame the route had not answered
+        }
+        return await this.answerOf(s, s.route.entry().request(f));
+      } catch (e) {
+        const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
+        if (!LOSS_SYMPTOMS.has(err.code)) throw err;
+        // a repair under way, or one that already finished (a warm spare can be faster than the step's error)
+        const repairing = (): boolean => !!s.route.repair?.() || replacedStages(s.peers, s.route.stagePeers()).length > 0;
+        if (!s.life.failure && !repairing()) await this.failureWithin(s, LOSS_NEWS_GRACE_MS);
+        if (s.life.failure) throw failureError(s.life.failure);
+        if (!repairing() || attempt >= MAX_REPAIR_ATTEMPTS) throw err;
+      }
+    }
+  }
+
+  /** A step's reply; when none comes within the step deadline, the route looks for a stalled stage (and keeps waiting when it finds none). */
+  private async answerOf(s: Session, reply: Promise<Frame>): Promise<Frame> {
+    const ms = this.opts.stepTimeoutMs ?? DEFAULT_STEP_TIMEOUT_MS;
+    const settled = reply.then((v) => ({ v }), (e: unknown) => ({ e }));
+    for (;;) {
+      let timer: NodeJS.Timeout | undefined;
+      const r = await Promise.race([settled, new Promise<null>((resolve) => (timer = setTimeout(() => resolve(null), ms)))]);
+      clearTimeout(timer);
+      if (r) {
+        if ('e' in r) throw r.e;
+        return r.v;
+      }
+      await s.route.suspectStall?.();
+      if (s.route.repair?.() || s.life.failure) throw new MeshError('STAGE_STALLED', `session ${s.life.sessionId}: no answer within ${ms} ms; a stage stalled`);
+    }
+  }
+
+  /** Waits for the route's repair, if one is under way (its failure is the session's). */
+  private async awaitRepair(s: Session): Promise<void> {
+    const repair = s.route.repair?.();
+    if (!repair) return;
+    if (s.repairSeen !== repair) {
+      s.repairSeen = repair;
+      this.publish(s.life.sessionId, { type: 'route_repairing', sessionId: s.life.sessionId, routeId: s.route.id, stages: [...repair.stages] });
+    }
+    await repair.done;
+  }
+
+  /** Rebuilds the session on the stages whose peer changed (state `repairing` meanwhile), then sends again what the last stage never answered; returns the last reply. */
+  private async rebuild(s: Session): Promise<Frame | null> {
+    const was = s.life.state;
+    if (isTerminal(was)) return null;
+    this.move(s, 'repairing');
+    try {
+      return await this.rebuildNow(s);
+    } finally {
+      if (s.life.state === 'repairing') this.move(s, was);
+    }
+  }
+
+  private async rebuildNow(s: Session): Promise<Frame | null> {
+    const since = s.repairSeen?.since ?? Date.now();
+    const routePeers = s.route.stagePeers();
+    const result: RebuildResult = await rebuildSession(
+      { sessionId: s.life.sessionId, routeId: s.route.id, body: s.body, history: s.history, confirmedEntries: s.confirmedEntries, confirmedPosition: s.confirmedPosition, confirmedDraws: s.confirmedDraws, peers: s.peers },
+      s.route.stageLinks(),
+      routePeers,
+      s.route.stageBackends?.() ?? [],
+    );
+    s.peers = routePeers;
+    s.repairs++;
+    this.publish(s.life.sessionId, {
+      type: 'route_repaired', sessionId: s.life.sessionId, routeId: s.route.id, stages: result.stages, peers: result.peers,
+      tokensReplayed: result.tokensReplayed, bytesReplayed: result.bytesReplayed, repairMs: Date.now() - since,
+      firstDivergentPosition: result.firstDivergentPosition, divergenceChecked: result.divergenceChecked,
+    });
+    let reply: Frame | null = null;
+    const at = { routeId: s.route.id, sessionId: s.life.sessionId };
+    for (const h of s.history.slice(s.confirmedEntries)) reply = await this.answerOf(s, s.route.entry().request(tokensFrame(h.type, at, h.position, h.tokens, h.flags)));
+    return reply;
+  }
+
+  /** Runs `fn` after the session's previous step or repair. */
+  private locked<T>(s: Session, fn: () => Promise<T>): Promise<T> {
+    const run = s.lock.then(fn, fn);
+    s.lock = run.catch(() => undefined);
+    return run;
   }
 
   async close(sessionId: string, why: 'closed' | 'expired'): Promise<void> {
@@ -247,10 +416,38 @@ export class SessionManager {
     await this.releaseEverywhere(s);
   }
 
-  /** Fails every live session on `routeId` because stage `stage` is gone. */
-  async stageLost(routeId: number, stage: number, reason: string): Promise<void> {
+  /**
+   * Stage `stage` of `routeId` lost its peer. With a repair coming (`repairing`), live sessions
+   * hear of it and their steps wait for the repair; without one, they fail naming the stage,
+   * the peer and the cause.
+   */
+  async stageLost(routeId: number, stage: number, reason: string, opts: { peerId?: string; repairing?: boolean } = {}): Promise<void> {
     const hit = [...this.sessions.values()].filter((s) => s.route.id === routeId && !isTerminal(s.life.state));
-    await Promise.all(hit.map((s) => this.fail(s, { code: 'STAGE_LOST', message: `stage ${stage} (${s.route.stagePeers()[stage] ?? '?'}) left: ${reason}`, stage })));
+    for (const s of hit) {
+      this.publish(s.life.sessionId, { type: 'stage_lost', sessionId: s.life.sessionId, routeId, stage, peerId: opts.peerId ?? s.peers[stage] ?? '?', cause: reason });
+      if (opts.repairing) for (const wake of [...s.onFail]) wake();
+    }
+    if (opts.repairing) return;
+    await Promise.all(hit.map((s) => this.fail(s, { code: 'STAGE_LOST', message: `stage ${stage} (${opts.peerId ?? s.peers[stage] ?? '?'}) left: ${reason}`, stage })));
+  }
+
+  /** The route's repair is done: idle sessions are rebuilt now, so their next step does not wait for it. */
+  routeRepaired(routeId: number): void {
+    for (const s of this.sessions.values()) {
+      if (s.route.id !== routeId || isTerminal(s.life.state)) continue;
+      void this.locked(s, async () => {
+        if (isTerminal(s.life.state) || replacedStages(s.peers, s.route.stagePeers()).length === 0) return;
+        await this.rebuild(s);
+      }).catch((e: unknown) => {
+        const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
+        return this.fail(s, { code: err.code, message: `repairing the session failed: ${err.message}`, ...(typeof err.details?.stage === 'number' ? { stage: err.details.stage } : {}) });
+      });
+    }
+  }
+
+  /** Resolves once every step and repair of the route's sessions so far has finished (a graceful hand-over waits for this). */
+  async settled(routeId: number): Promise<void> {
+    await Promise.all([...this.sessions.values()].filter((s) => s.route.id === routeId).map((s) => s.lock));
   }
 
   /** Cancels every live session an owner (a client connection) opened. */
@@ -269,14 +466,14 @@ export class SessionManager {
       links.map(async (l, i) => {
         if (!l) return { stage: i, peer: peers[i], reachable: false, kvBytes: 0 };
         try {
-          const r = await l.request(makeFrame({ type: FrameType.Status, routeId: s.route.id, sessionId }));
+          const r = await withTimeout(l.request(makeFrame({ type: FrameType.Status, routeId: s.route.id, sessionId })), this.opts.statusTimeoutMs ?? DEFAULT_STATUS_TIMEOUT_MS, `stage ${i} did not answer`);
           return { peer: peers[i], reachable: true, ...decodeJson<Record<string, unknown>>(r.payload) };
         } catch (e) {
           return { stage: i, peer: peers[i], reachable: false, kvBytes: 0, error: (e as Error).message };
         }
       }),
     );
-    return { ...brief, stages };
+    return { ...brief, stages, ...(s.route.hops ? { hops: hopTelemetry(stages, s.route.hops()) } : {}) };
   }
 
   brief(sessionId: string): Omit<SessionInfo, 'stages'> {
@@ -290,6 +487,8 @@ export class SessionManager {
       generatedTokens: s.generated,
       failure: s.life.failure,
       history: [...s.life.history],
+      repairs: s.repairs,
+      repairing: s.route.repair?.() ? true : false,
     };
   }
 

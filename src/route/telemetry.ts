@@ -2,6 +2,7 @@
 // names its kind in `type`; times are in milliseconds, sizes in bytes.
 
 import type { StepTiming } from '../protocol/payload.ts';
+import type { CandidatePair } from '../protocol/control.ts';
 
 export interface StageTiming {
   stage: number;
@@ -50,6 +51,38 @@ export function stepBreakdown(records: readonly StepTiming[]): StepStageTiming[]
   });
 }
 
+/** How one hop of a route is carried (from the route's stage reports). */
+export interface HopLink {
+  from: number;
+  to: number;
+  fromPeer: string;
+  toPeer: string;
+  /** webrtc | relay | ws | http */
+  kind: string;
+  /** for a data channel: the selected ICE candidate pair */
+  candidatePair: CandidatePair | null;
+}
+
+/** One hop of a session: how it was carried, the hidden-state bytes it moved and its time on the wire. */
+export interface HopTelemetry extends HopLink {
+  /** whole frames sent over the hop for this session */
+  bytes: number;
+  /** wire time summed over the session's steps: the sender's downstream time minus the receiver's handling */
+  transferMs: number;
+  steps: number;
+}
+
+/** Names each hop of a session with its carrier, bytes and time, from the stages' timings. */
+export function hopTelemetry(stages: ReadonlyArray<Record<string, unknown>>, links: readonly HopLink[]): HopTelemetry[] {
+  const t = (i: number): StageTiming | undefined => stages[i]?.timing as StageTiming | undefined;
+  return links.map((l) => {
+    const a = t(l.from);
+    const b = t(l.to);
+    const handled = b ? b.computeMs + b.downstreamMs + b.overheadMs : 0;
+    return { ...l, bytes: a?.bytesOut ?? 0, transferMs: a ? Math.round(Math.max(0, a.downstreamMs - handled) * 1000) / 1000 : 0, steps: a?.steps ?? 0 };
+  });
+}
+
 export type TelemetryEvent =
   | { type: 'route_planned'; routeId: number; stages: Array<{ stage: number; peerId: string; start: number; end: number }> }
   | { type: 'stage_loading'; routeId: number; stage: number; bytesDone: number; bytesTotal: number }
@@ -72,6 +105,24 @@ export type TelemetryEvent =
       stages: StageTiming[];
     }
   | { type: 'session_state'; sessionId: string; state: string }
+  /** a stage's peer was lost (left, stopped answering, failed); sessionId absent on the room's stream */
+  | { type: 'stage_lost'; sessionId?: string; routeId: number; stage: number; peerId: string; cause: string }
+  /** the route is getting a new peer for these stages; the session's steps wait */
+  | { type: 'route_repairing'; sessionId?: string; routeId: number; stages: number[]; replacementPeer?: string; warm?: boolean }
+  /** the session was rebuilt on the new peers: tokens replayed into them, and the time from the loss to now */
+  | {
+      type: 'route_repaired';
+      sessionId?: string;
+      routeId: number;
+      stages: number[];
+      peers: string[];
+      tokensReplayed: number;
+      bytesReplayed: number;
+      repairMs: number;
+      /** first position whose hidden state from a new stage differs from what the lost peer had sent (null: none) */
+      firstDivergentPosition: number | null;
+      divergenceChecked: boolean;
+    }
   | { type: 'error'; sessionId?: string; code: string; message: string; stage?: number };
 
 export type TelemetryListener = (e: TelemetryEvent) => void;

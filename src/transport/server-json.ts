@@ -18,7 +18,9 @@ export async function fetchJson<T>(url: string, secret: string, opts: FetchJsonO
   try {
     res = await fetch(url, { headers: { authorization: `Bearer ${secret}` }, ...(opts.signal ? { signal: opts.signal } : {}) });
   } catch (e) {
-    throw new MeshError(opts.unreachableCode ?? 'JOIN_FAILED', `cannot reach ${url}: ${(e as Error).message}`);
+    // fetch says only 'fetch failed'; the cause names the refused certificate or the refused connection
+    const cause = (e as Error & { cause?: Error }).cause?.message;
+    throw new MeshError(opts.unreachableCode ?? 'JOIN_FAILED', `cannot reach ${url}: ${(e as Error).message}${cause ? ` (${cause})` : ''}`);
   }
   return jsonReply<T>(res, url);
 }

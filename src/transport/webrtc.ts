@@ -9,6 +9,7 @@ import SimplePeer from 'simple-peer';
 import type SimplePeerType from 'simple-peer';
 import { MeshError } from '../errors.ts';
 import type { MessagePipe } from './webrtc-link.ts';
+import type { CandidatePair } from '../protocol/control.ts';
 
 /** Chromium's SCTP maximum; a larger message is refused by the channel. */
 export const MAX_DATA_CHANNEL_MESSAGE = 256 * 1024;
@@ -36,6 +37,8 @@ export interface DataChannelOptions {
   iceTransportPolicy?: RTCIceTransportPolicy;
   /** give up after this long (ms, default 10 s) */
   timeoutMs?: number;
+  /** a WebRTC implementation where the runtime has none (Node: ./webrtc-node.ts) */
+  wrtc?: unknown;
 }
 
 /** What simple-peer keeps private but a flow-controlled sender needs. */
@@ -49,6 +52,28 @@ export interface DataChannelPipe extends MessagePipe {
   readonly peer: SimplePeerType.Instance;
   /** ms from creation to an open channel */
   readonly connectMs: number;
+  /** the ICE candidate pair the connection selected (null when the stats do not say) */
+  candidatePair(): Promise<CandidatePair | null>;
+}
+
+/** Reads the selected candidate pair from a peer connection's stats (the transport's, else the nominated succeeded pair). */
+export async function selectedCandidatePair(pc: RTCPeerConnection): Promise<CandidatePair | null> {
+  const stats = await pc.getStats();
+  const all = new Map<string, Record<string, unknown>>();
+  stats.forEach((r: Record<string, unknown>) => all.set(String(r.id), r));
+  let pair: Record<string, unknown> | undefined;
+  for (const r of all.values()) if (r.type === 'transport' && r.selectedCandidatePairId) pair = all.get(String(r.selectedCandidatePairId));
+  pair ??= [...all.values()].find((r) => r.type === 'candidate-pair' && r.state === 'succeeded' && (r.nominated || r.selected));
+  if (!pair) return null;
+  const local = all.get(String(pair.localCandidateId));
+  const remote = all.get(String(pair.remoteCandidateId));
+  if (!local || !remote) return null;
+  return {
+    local: String(local.candidateType ?? 'unknown'),
+    remote: String(remote.candidateType ?? 'unknown'),
+    protocol: String(local.protocol ?? 'unknown'),
+    ...(local.relayProtocol ? { relayProtocol: String(local.relayProtocol) } : {}),
+  };
 }
 
 /** Opens a data channel to the other side and resolves once it is open. */
@@ -56,7 +81,7 @@ export async function connectDataChannel(opts: DataChannelOptions): Promise<Data
   const t0 = performance.now();
   const config: RTCConfiguration = { iceServers: opts.iceServers ?? [] };
   if (opts.iceTransportPolicy) config.iceTransportPolicy = opts.iceTransportPolicy;
-  const peer = new SimplePeer({ initiator: opts.initiator, trickle: true, config });
+  const peer = new SimplePeer({ initiator: opts.initiator, trickle: true, config, ...(opts.wrtc ? { wrtc: opts.wrtc as SimplePeerType.Options['wrtc'] } : {}) });
   peer.on('signal', (s: unknown) => opts.signal.send(s));
   opts.signal.onSignal((s) => {
     if (!peer.destroyed) peer.signal(s as SimplePeerType.SignalData);
@@ -111,6 +136,7 @@ function pipeOver(peer: SimplePeerType.Instance, label: string, connectMs: numbe
     peer,
     connectMs,
     maxMessageSize,
+    candidatePair: () => (internals._pc ? selectedCandidatePair(internals._pc).catch(() => null) : Promise.resolve(null)),
     async send(message) {
       if (ended || peer.destroyed) throw new MeshError('LINK_CLOSED', `data channel to ${label} is closed`);
       while (channel.bufferedAmount > HIGH_WATER_BYTES && channel.readyState === 'open') await drained();

@@ -9,6 +9,7 @@ import type { Frame } from '../protocol/frame.ts';
 import { Fragmenter, Reassembler } from '../protocol/fragment.ts';
 import type { ReassemblyLimits } from '../protocol/fragment.ts';
 import { answer, errorReplyFor, FrameLanes, PendingReplies } from './link.ts';
+import { tlsOptions } from './tls-trust.ts';
 import type { FrameHandler, FrameLink } from './link.ts';
 
 export interface WsLinkOptions {
@@ -59,7 +60,7 @@ export class WsLink implements FrameLink {
 
   static connect(url: string, opts: WsLinkOptions = {}): Promise<WsLink> {
     return new Promise((resolve, reject) => {
-      const ws = new WebSocket(url, { headers: opts.headers, handshakeTimeout: opts.connectTimeoutMs ?? 10_000, maxPayload: 512 * 1024 * 1024 });
+      const ws = new WebSocket(url, { ...tlsOptions(), headers: opts.headers, handshakeTimeout: opts.connectTimeoutMs ?? 10_000, maxPayload: 512 * 1024 * 1024 });
       const onError = (e: Error): void => reject(new MeshError('LINK_FAILED', `cannot connect to ${url}: ${e.message}`));
       ws.once('error', onError);
       ws.once('unexpected-response', (_req, res) => {

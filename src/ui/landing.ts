@@ -6,6 +6,7 @@ import { MeshError } from '../errors.ts';
 import { field, h, replace } from './dom.ts';
 import { formatBytes } from './format.ts';
 import { jsonReply } from '../transport/server-json.ts';
+import { createTrustCard } from './trust.ts';
 
 /**
  * The admin secret `serve` puts in the page URL's fragment (#admin=…): kept for this tab and
@@ -71,7 +72,7 @@ export function createLanding(go: (joinUrl: string) => void): HTMLElement {
     urlInput.focus();
   });
   const error = h('p', { class: 'error', role: 'alert', hidden: true });
-  const joinInput = h('input', { type: 'url', placeholder: 'http://…/room/…#secret=…', autocomplete: 'off', spellcheck: 'false' });
+  const joinInput = h('input', { type: 'url', placeholder: 'https://…/room/…#secret=…', autocomplete: 'off', spellcheck: 'false' });
   let rooms: HostedRoom[] = [];
   let local = false;
 
@@ -157,5 +158,6 @@ export function createLanding(go: (joinUrl: string) => void): HTMLElement {
     h('header', { class: 'hero' }, h('h1', {}, 'gguf-mesh'), h('p', { class: 'lede' }, 'One GGUF model served across many devices: each browser tab runs a slice of the layers in WebGPU and passes activations to the next over WebRTC.')),
     webGpuNotice(),
     h('div', { class: 'columns' }, form, joinForm),
+    createTrustCard(),
   );
 }

@@ -147,11 +147,23 @@ export function createPeerView(opts: PeerViewOptions): PeerView {
     }
   };
 
+  /** Leave: the stage is handed to a replacement first (sessions go on there), then the tab closes. */
   const leave = async (): Promise<void> => {
     const p = peer;
     peer = null;
+    if (!p) return render(null);
+    status.textContent = 'Handing this tab\'s layers over…';
+    joinButton.disabled = true;
+    const moved = await p.leave().catch(() => false);
+    joinButton.disabled = false;
+    render({ ...p.state, status: 'closed' });
+    status.textContent = `${STATUS_TEXT.closed} — ${moved ? 'its layers are served elsewhere' : 'no replacement took its layers'}`;
+  };
+
+  const dispose = async (): Promise<void> => {
+    const p = peer;
+    peer = null;
     if (p) await p.close();
-    render(p ? { ...p.state, status: 'closed' } : null);
   };
 
   if (opts.memory) memoryInput.value = opts.memory;
@@ -164,6 +176,6 @@ export function createPeerView(opts: PeerViewOptions): PeerView {
     },
     join,
     leave,
-    dispose: leave,
+    dispose,
   };
 }

@@ -43,11 +43,22 @@ export interface StageSummary {
   peer: PeerSummary | null;
 }
 
+/** A peer outside the route holding a standby shard, ready to take over its stage. */
+export interface SpareSummary {
+  peerId: string;
+  stage: number;
+  shard: { start: number; end: number };
+  status: 'loading' | 'ready' | 'failed';
+}
+
 export interface RouteSummary {
   id: number;
   status: string;
   reason: string | null;
   stages: StageSummary[];
+  spares?: SpareSummary[];
+  /** a repair under way: when it began and the stages that lost their peer */
+  repair?: { since: number; stages: number[]; lost: Array<{ stage: number; lostPeer: string; cause: string; replacement: string | null; warm: boolean; phase: string }> } | null;
 }
 
 /** Reads a room link; the secret may also be given apart from the URL. */

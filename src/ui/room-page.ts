@@ -9,6 +9,7 @@ import { createRouteView } from './route-view.ts';
 import { fetchRoom, roomLink } from './room-api.ts';
 import type { RoomLink } from './room-api.ts';
 import { createShareBox } from './share.ts';
+import { createTrustCard } from './trust.ts';
 
 export function createRoomPage(href: string): HTMLElement {
   let link: RoomLink;
@@ -51,7 +52,7 @@ export function createRoomPage(href: string): HTMLElement {
     h('header', { class: 'hero compact' }, h('h1', {}, h('a', { href: '/' }, 'gguf-mesh')), modelLine),
     webGpuNotice(),
     route.root,
-    h('div', { class: 'columns' }, chat.root, h('div', { class: 'side' }, peer.root, createShareBox(link.joinUrl))),
+    h('div', { class: 'columns' }, chat.root, h('div', { class: 'side' }, peer.root, createShareBox(link.joinUrl), createTrustCard())),
   );
 }
 

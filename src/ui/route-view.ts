@@ -117,7 +117,19 @@ export function createRouteView(link: RoomLink, pollMs = 1000): RouteView {
     h('span', { class: 'swatch time-queue' }),
     ' queue — per decode step, as each stage reports it',
   );
-  const root = h('section', { class: 'card route-view', 'aria-labelledby': 'route-title' }, h('h2', { id: 'route-title' }, 'Route'), heading, stats, picture, legend);
+  const spares = h('p', { class: 'route-spares' });
+  const root = h('section', { class: 'card route-view', 'aria-labelledby': 'route-title' }, h('h2', { id: 'route-title' }, 'Route'), heading, stats, picture, spares, legend);
+
+  /** Spares (peers holding a standby shard) and a repair under way, in words under the picture. */
+  const renderSpares = (): void => {
+    const lines: string[] = [];
+    for (const l of route?.repair?.lost ?? []) {
+      lines.push(`repairing stage ${l.stage}: ${l.lostPeer} ${l.cause}; ${l.replacement ? `${l.replacement} takes over (${l.warm ? 'warm spare' : 'loading now'})` : 'waiting for a peer to take over'}`);
+    }
+    const ready = route?.spares ?? [];
+    lines.push(ready.length ? `spares: ${ready.map((s) => `${s.peerId} (layers ${s.shard.start}–${s.shard.end - 1}, ${s.status})`).join(' · ')}` : 'no spares: a lost stage waits for a new peer');
+    replace(spares, ...lines.map((t) => h('span', { class: 'spare-line' }, t)));
+  };
 
   const renderStats = (): void => {
     const hops = route?.stages.slice(0, -1).map(hopBytes) ?? [];
@@ -185,6 +197,7 @@ export function createRouteView(link: RoomLink, pollMs = 1000): RouteView {
     }
     renderStats();
     renderPicture();
+    renderSpares();
   };
 
   const loop = async (): Promise<void> => {

@@ -21,11 +21,21 @@ const config: ModelConfig = {
   nVocab: 32,
   nCtxTrain: 128,
   rmsEps: 1e-5,
-  rope: { mode: 'normal', nRot: 16, freqBase: 10000, freqScale: 1, freqFactors: null, freqFactorsTensor: null },
+  rope: { mode: 'normal', nRot: 16, freqBase: 10000, freqScale: 1, extFactor: 0, attnFactor: 1, betaFast: 32, betaSlow: 1, nCtxOrig: 128, freqFactors: null, freqFactorsTensor: null },
+  ropeSwa: null,
+  ropeLong: null,
+  swaLayers: [false],
   tiedEmbeddings: true,
   qkvBias: false,
   qkNorm: false,
-} as ModelConfig;
+  ffnActivation: 'silu',
+  moe: null,
+  embedScale: 1,
+  postNorms: false,
+  queryScale: null,
+  slidingWindow: 0,
+  finalLogitSoftcap: 0,
+};
 
 function tensor(name: string, shape: number[], type = GgmlType.Q8_0) {
   const n = shape.reduce((a, b) => a * b, 1);
@@ -120,10 +130,11 @@ describe('WebGPU stage failure paths', () => {
     expect(stage.sessionStats('a').position).toBe(4);
   });
 
-  it('a KV cache over the binding limit is refused up front (CONTEXT_TOO_LARGE)', async () => {
+  it('a KV cache whose one head exceeds the binding limit is refused up front (CONTEXT_TOO_LARGE)', async () => {
     const stage = await newStage();
     await stage.load(tinyModel());
-    const tooMany = Math.floor(stage.adapter.maxStorageBufferBindingSize / (config.nHeadKv * config.headDim * 4)) + 1;
+    // (a layer's cache over the limit is split by heads; one head is the smallest part)
+    const tooMany = Math.floor(stage.adapter.maxStorageBufferBindingSize / (config.headDim * 4)) + 1;
     expect(await codeOf(stage.openSession('big', tooMany))).toBe('CONTEXT_TOO_LARGE');
   });
 
@@ -138,7 +149,7 @@ describe('WebGPU stage failure paths', () => {
   it('an unsupported weight type is refused (UNSUPPORTED_TENSOR_TYPE)', async () => {
     const stage = await newStage();
     const model = tinyModel();
-    model.tensors[2] = { ...model.tensors[2]!, type: GgmlType.Q5_K };
+    model.tensors[2] = { ...model.tensors[2]!, type: GgmlType.IQ2_XXS };
     expect(await codeOf(stage.load(model))).toBe('UNSUPPORTED_TENSOR_TYPE');
   });
 });

@@ -61,11 +61,15 @@ const SECRET = (): string => server.rooms[0]!.secret;
 /** A valid message of every type a peer sends (the hello's proof is filled in per socket). */
 function fixtures(): Record<keyof typeof PEER_MESSAGES, Record<string, unknown>> {
   return {
-    hello: { t: 'hello', proof: '0'.repeat(64), name: 'fz', backend: 'cpu', memoryBytes: 1 << 20, listen: 'ws://127.0.0.1:9/v1/frames', httpUrl: 'http://127.0.0.1:9', layers: { start: 0, end: 1 }, artifact: 'a'.repeat(64), units: ['embed', 'layer.0'], adapter: { vendor: 'x', features: ['f'] } },
+    hello: { t: 'hello', proof: '0'.repeat(64), name: 'fz', backend: 'cpu', memoryBytes: 1 << 20, listen: 'ws://127.0.0.1:9/v1/frames', httpUrl: 'http://127.0.0.1:9', layers: { start: 0, end: 1 }, artifact: 'a'.repeat(64), units: ['embed', 'layer.0'], adapter: { vendor: 'x', features: ['f'] }, serves: { rangeArchitectures: ['llama'], wholeModelArchitectures: ['*'], weightTypes: ['F32', 'Q8_0'] }, rtc: true },
     ready: { t: 'ready', routeId: 7, stage: 0, loadMs: 1.5, bytesRead: 10 },
     'load-failed': { t: 'load-failed', routeId: 7, stage: 0, code: 'LOAD_FAILED', message: 'no' },
     loading: { t: 'loading', routeId: 7, stage: 0, bytesDone: 1, bytesTotal: 2 },
-    telemetry: { t: 'telemetry', routeId: 7, stage: 0, phase: 'ready', hop: 'relay', relayed: { frames: 1, bytes: 2 } },
+    telemetry: { t: 'telemetry', routeId: 7, stage: 0, phase: 'ready', hop: 'webrtc', relayed: { frames: 1, bytes: 2 }, candidatePair: { local: 'host', remote: 'srflx', protocol: 'udp' }, upstreamPairs: { 'p-2': { local: 'relay', remote: 'host', protocol: 'udp', relayProtocol: 'tcp' } } },
+    'standby-ready': { t: 'standby-ready', routeId: 7, stage: 1, loadMs: 3, bytesRead: 10 },
+    'standby-failed': { t: 'standby-failed', routeId: 7, stage: 1, code: 'LOAD_FAILED', message: 'no' },
+    rewired: { t: 'rewired', routeId: 7, stage: 1 },
+    leave: { t: 'leave' },
     signal: { t: 'signal', to: 'nobody', cid: 'c1', signal: { type: 'offer', sdp: 'v=0' } },
     relay: { t: 'relay', to: 'nobody', id: 1, frame: 'R01TSA==' },
     check: { t: 'check', routeId: 7, sessionId: 'ab'.repeat(16), position: 0, nTokens: 1, role: 'actual', row: 'AACAPw==' },
@@ -164,8 +168,11 @@ describe('control messages: what a peer reads from the server', () => {
   const valid: Record<keyof typeof SERVER_MESSAGES, Record<string, unknown>> = {
     challenge: { t: 'challenge', nonce: 'ab'.repeat(16) },
     welcome: { t: 'welcome', peerId: 'p-1', roomId: 'r', model: { id: 'm', url: 'http://127.0.0.1:1/models/m.gguf', nLayer: 5, fileBytes: 10, files: 1 }, iceServers: [{ urls: 'stun:127.0.0.1:3478' }] },
-    assign: { t: 'assign', routeId: 1, stage: 0, shard: { start: 0, end: 5 }, nLayer: 5, modelUrl: 'http://127.0.0.1:1/models/m.gguf', downstream: null, downstreamPeer: null, upstreamPeer: null },
+    assign: { t: 'assign', routeId: 1, stage: 0, shard: { start: 0, end: 5 }, nLayer: 5, modelUrl: 'http://127.0.0.1:1/models/m.gguf', downstream: null, downstreamPeer: null, upstreamPeer: null, downstreamRtc: true },
     release: { t: 'release', routeId: 1 },
+    standby: { t: 'standby', routeId: 1, stage: 1, shard: { start: 2, end: 5 }, nLayer: 5, modelUrl: 'https://127.0.0.1:1/models/m.gguf' },
+    rewire: { t: 'rewire', routeId: 1, stage: 0, downstream: 'wss://127.0.0.1:9/v1/frames', downstreamPeer: 'p-3', downstreamRtc: false, upstreamPeer: null },
+    'leave-ok': { t: 'leave-ok', moved: true },
     watch: { t: 'watch', routeId: 1, sessionId: 'cd'.repeat(16) },
     error: { t: 'error', code: 'AUTH_FAILED', message: 'no' },
     signal: { t: 'signal', from: 'p-2', cid: 'c', signal: { type: 'answer', sdp: 'v=0' } },

@@ -6,6 +6,7 @@ import WebSocket from 'ws';
 import { CpuBackend } from '../../src/backends/cpu/backend.ts';
 import type { StageBackend } from '../../src/backends/types.ts';
 import { openTensorSource } from '../../src/gguf/source.ts';
+import { backendCapability } from '../../src/backends/capabilities.ts';
 import { PeerCore } from '../../src/peer/peer-core.ts';
 import { parseJoinUrl, parseServerMessage } from '../../src/protocol/control.ts';
 import { MeshError } from '../../src/errors.ts';
@@ -20,6 +21,7 @@ class LyingBackend implements StageBackend {
   load: StageBackend['load'] = (s, r) => this.inner.load(s, r);
   openSession: StageBackend['openSession'] = (id, o) => this.inner.openSession(id, o);
   releaseSession: StageBackend['releaseSession'] = (id) => this.inner.releaseSession(id);
+  truncateSession: StageBackend['truncateSession'] = (id, p) => this.inner.truncateSession(id, p);
   sessionStats: StageBackend['sessionStats'] = (id) => this.inner.sessionStats(id);
   dispose: StageBackend['dispose'] = () => this.inner.dispose();
   async forward(...args: Parameters<StageBackend['forward']>): ReturnType<StageBackend['forward']> {
@@ -44,20 +46,20 @@ export async function startLyingPeer(joinUrl: string, name: string, lying: () =>
     secret: secret!,
     send: (m) => ws.readyState === ws.OPEN && ws.send(JSON.stringify(m)),
     log: () => undefined,
-    loadStage: async (ctx) => {
+    loadShard: async (ctx) => {
       const a = ctx.assignment;
       const source = ctx.keep(await openTensorSource(a.modelUrl, { headers: auth }), (s) => s.close());
       const backend = ctx.keep(new LyingBackend(lying), (b) => b.dispose());
       await backend.load(source, a.shard);
-      const downstream = a.downstream ? ctx.keep(await WsLink.connect(a.downstream, { headers: auth }), (l) => l.close()) : null;
-      return { backend, downstream, bytesRead: 0, detail: 'a donor' };
+      return { backend, bytesRead: 0, detail: 'a donor' };
     },
+    linkNext: async (next, ctx) => ({ link: next.downstream ? ctx.keep(await WsLink.connect(next.downstream, { headers: auth }), (l) => l.close()) : null, detail: 'ws' }),
   });
   serveFrames(ws, core.handle);
   ws.on('message', (d, bin) => !bin && core.onMessage(parseServerMessage(d.toString())));
   const gone = new Promise<Error>((r) => ws.on('close', () => r(new MeshError('JOIN_FAILED', 'closed'))));
   // joining before the socket opens: the server's challenge comes first thing
-  await core.join({ backend: 'cpu', memoryBytes: 4 * 2 ** 30, listen: server.wsUrl, httpUrl: server.url, name }, gone);
+  await core.join({ backend: 'cpu', memoryBytes: 4 * 2 ** 30, serves: backendCapability('cpu'), listen: server.wsUrl, httpUrl: server.url, name }, gone);
   return {
     get peerId() {
       return core.peerId;

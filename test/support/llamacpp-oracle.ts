@@ -60,3 +60,31 @@ export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
   for (let i = 0; i < a.length; i++) d = Math.max(d, Math.abs(a[i]! - b[i]!));
   return d;
 }
+
+/**
+ * The largest logit change one 8-bit activation-rounding flip has caused on the synthetic
+ * models (measured ≤ 2.4e-2): engines that round activations the ggml way agree with llama.cpp
+ * to ~1e-6 unless such a flip happened (test/cpu-synthetic.test.ts).
+ */
+export const FLIP_BOUND = 5e-2;
+
+/** the gap between the largest and second-largest logit */
+export function top2Gap(x: Float32Array): number {
+  let a = -Infinity;
+  let b = -Infinity;
+  for (const v of x) {
+    if (v > a) [a, b] = [v, a];
+    else if (v > b) b = v;
+  }
+  return a - b;
+}
+
+/** llama.cpp's top-two logit gap after `prompt` + `tokens` (how near a tie its greedy pick there was) */
+export function oracleGapAfter(model: LlamaModelFfi, prompt: readonly number[], tokens: readonly number[]): number {
+  const ctx = model.createContext({ ...EXACT, contextLength: prompt.length + tokens.length + 1 });
+  try {
+    return top2Gap(ctx.decode([...prompt, ...tokens]));
+  } finally {
+    ctx.dispose();
+  }
+}

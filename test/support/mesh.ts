@@ -32,9 +32,16 @@ export function testShardCache(): string {
   return shardCacheDir;
 }
 
-export function spawnMesh(args: string[]): MeshProcess {
+/** `prefix`: a command the process runs under (e.g. `ip netns exec <ns>`, test/support/netns.ts). */
+export function spawnMesh(args: string[], opts: { prefix?: string[]; env?: NodeJS.ProcessEnv } = {}): MeshProcess {
   if (args[0] === 'node' && !args.includes('--cache-dir') && !args.includes('--no-cache')) args = [...args, '--cache-dir', testShardCache()];
-  const child = spawn(process.execPath, [CLI, ...args], { cwd: REPO_ROOT, stdio: ['pipe', 'pipe', 'pipe'] });
+  return spawnCommand([...(opts.prefix ?? []), process.execPath, CLI, ...args], opts.env, `gguf-mesh ${args.join(' ')}`);
+}
+
+/** Any command (`argv[0]` the program), watched and killed at the end like spawnMesh's. */
+export function spawnCommand(command: string[], env: NodeJS.ProcessEnv = {}, label = command.join(' ')): MeshProcess {
+  const [cmd, ...argv] = command;
+  const child = spawn(cmd!, argv, { cwd: REPO_ROOT, stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let out = '';
   const waiters: Array<() => void> = [];
   const onData = (d: Buffer): void => {
@@ -61,14 +68,14 @@ export function spawnMesh(args: string[]): MeshProcess {
         };
         const timer = setTimeout(() => {
           waiters.splice(waiters.indexOf(check), 1);
-          reject(new Error(`timed out waiting for ${re} in output of gguf-mesh ${args.join(' ')}:\n${out}`));
+          reject(new Error(`timed out waiting for ${re} in output of ${label}:\n${out}`));
         }, timeoutMs);
         waiters.push(check);
         check();
         void exited.then((code) => {
           if (!check()) {
             clearTimeout(timer);
-            reject(new Error(`gguf-mesh ${args[0]} exited with ${code} before printing ${re}:\n${out}`));
+            reject(new Error(`${label.split(' ').slice(0, 2).join(' ')} exited with ${code} before printing ${re}:\n${out}`));
           }
         });
       });

@@ -52,6 +52,11 @@ export class StubBackend implements StageBackend {
     if (!this.sessions.delete(sessionId)) throw new MeshError('SESSION_UNKNOWN', `session ${sessionId} is not open on this stage`);
   }
 
+  async truncateSession(sessionId: string, position: number): Promise<void> {
+    const s = this.session(sessionId);
+    if (position !== s.position) throw new MeshError('POSITION_MISMATCH', `the stub keeps running sums: it can rewind only to where it is (${s.position}), not ${position}`);
+  }
+
   async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
     const t0 = performance.now();
     const shard = this.requireShard();

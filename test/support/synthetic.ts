@@ -12,8 +12,14 @@ export const MODEL_CACHE_DIR = join(REPO_ROOT, '.cache', 'models');
 
 const GENERATOR_SOURCES = [
   'src/model/synthetic-model.ts',
+  'src/model/synthetic-tensors.ts',
   'src/model/synthetic-vocab.ts',
   'src/gguf/quantize.ts',
+  'src/gguf/quantize-legacy.ts',
+  'src/gguf/quantize-k.ts',
+  'src/gguf/quantize-nl.ts',
+  'src/gguf/quant-search.ts',
+  'src/gguf/codebooks.ts',
   'src/gguf/writer.ts',
   'src/gguf/fp16.ts',
 ];

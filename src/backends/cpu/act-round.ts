@@ -2,17 +2,17 @@
 //
 // llama.cpp's CPU backend never multiplies a quantised weight by f32 activations: it first
 // converts each activation row to the weight type's "vec_dot_type" (f16 for F16 weights,
-// Q8_0 blocks of 32 for Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K blocks of 256 for the
-// K-quants) and takes integer dot products. That rounding moves logits of a small random
+// bf16 for BF16, Q8_0 blocks of 32 for Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K
+// blocks of 256 for the K-quants and IQ4_XS) and takes integer dot products. That rounding moves logits of a small random
 // model by ~0.1, enough to change greedy tokens. Replacing x by the value its quantised form
 // stands for (scale × integer) and then multiplying in f32 gives the same sums up to f32
 // summation order, so the CPU engine agrees with llama.cpp to ~1e-5 on every weight type.
 
-import { F16_TABLE, f32ToF16 } from '../../gguf/fp16.ts';
+import { F16_TABLE, bf16ToF32, f32ToBf16, f32ToF16 } from '../../gguf/fp16.ts';
 import { GgmlType } from '../../gguf/types.ts';
 
 /** How ggml rounds activations for a weight type ('f32': not at all). */
-export type ActivationFormat = 'f32' | 'f16' | 'q8_0' | 'q8_K';
+export type ActivationFormat = 'f32' | 'f16' | 'bf16' | 'q8_0' | 'q8_K';
 
 export function activationFormatFor(weightType: GgmlType): ActivationFormat {
   switch (weightType) {
@@ -26,10 +26,11 @@ export function activationFormatFor(weightType: GgmlType): ActivationFormat {
     case GgmlType.Q5_1:
     case GgmlType.Q8_0:
     case GgmlType.IQ4_NL:
+    case GgmlType.MXFP4:
       // Q8_1 (for Q4_1/Q5_1) has the same scale and integers as Q8_0
       return 'q8_0';
     case GgmlType.BF16:
-      return 'f32'; // bf16 dot products are not emulated; exact f32 instead
+      return 'bf16';
     default:
       return 'q8_K';
   }
@@ -48,6 +49,10 @@ export function roundActivations(x: Float32Array, nRows: number, n: number, form
   const out = new Float32Array(nRows * n);
   if (format === 'f16') {
     for (let i = 0; i < nRows * n; i++) out[i] = F16_TABLE[f32ToF16(x[i]!)]!;
+    return out;
+  }
+  if (format === 'bf16') {
+    for (let i = 0; i < nRows * n; i++) out[i] = bf16ToF32(f32ToBf16(x[i]!));
     return out;
   }
   const block = format === 'q8_0' ? 32 : 256;
@@ -109,4 +114,24 @@ export function quantizeRowsQ8_0(x: Float32Array, nRows: number, n: number, q: I
     const id = amax !== 0 ? f32(127 / amax) : 0;
     for (let i = 0; i < 32; i++) q[qOff + o + i] = f32(f32(x[o + i]! * id) + ROUND_MAGIC) - ROUND_MAGIC;
   }
+}
+
+/**
+ * The s field of each Q8_1 block of x, as ggml-cpu's x86 quantize_row_q8_1 computes it:
+ * f16(d · Σq) with d = amax/127 in f32 (not its f16 rounding) and q Q8_0's integers.
+ * x: [nRows × n] (n a multiple of 32); returns [nRows × n/32]
+ */
+export function q8_1Sums(x: Float32Array, nRows: number, n: number): Float32Array {
+  const out = new Float32Array((nRows * n) / 32);
+  for (let b = 0; b < out.length; b++) {
+    const o = b * 32;
+    let amax = 0;
+    for (let i = 0; i < 32; i++) amax = Math.max(amax, Math.abs(x[o + i]!));
+    const d = f32(amax / 127);
+    const id = amax !== 0 ? f32(127 / amax) : 0;
+    let sum = 0;
+    for (let i = 0; i < 32; i++) sum += f32(f32(x[o + i]! * id) + ROUND_MAGIC) - ROUND_MAGIC;
+    out[b] = F16_TABLE[f32ToF16(f32(d * sum))]!;
+  }
+  return out;
 }

@@ -6,6 +6,7 @@ import type { TensorSource } from '../../gguf/types.ts';
 import { configFromHeader, loadRopeFreqFactors } from '../../model/config.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { shardHasEmbedding, shardHasHead, validateShard } from '../shard.ts';
+import { checkTruncate } from '../types.ts';
 import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput, StageOutput } from '../types.ts';
 import { embed, forwardLayers, lastLogits } from './forward.ts';
 import { KvCache } from './kv-cache.ts';
@@ -65,6 +66,12 @@ export class CpuBackend implements StageBackend {
     this.sessions.delete(sessionId);
   }
 
+  async truncateSession(sessionId: string, position: number): Promise<void> {
+    const kv = this.session(sessionId);
+    checkTruncate(sessionId, position, kv.length);
+    kv.length = position;
+  }
+
   async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
     const { config, shard, weights } = this.model();
     const kv = this.session(sessionId);
@@ -87,7 +94,7 @@ export class CpuBackend implements StageBackend {
           throw new MeshError('BAD_TOKEN', `token id ${t} is outside the vocabulary [0, ${config.nVocab})`);
         }
       }
-      if (n > 0) x = embed(weights.tokenEmbd!, input.tokens, config.nEmbd);
+      if (n > 0) x = embed(weights.tokenEmbd!, input.tokens, config.nEmbd, config.embedScale);
       else x = new Float32Array(0);
     } else {
       if (shardHasEmbedding(shard)) {

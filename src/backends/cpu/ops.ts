@@ -137,27 +137,51 @@ export function addBias(x: Float32Array, bias: Float32Array, nRows: number, n: n
   }
 }
 
+/** x *= c, elementwise in f32 (ggml_scale). */
+export function scaleInPlace(x: Float32Array, c: number): void {
+  for (let i = 0; i < x.length; i++) x[i] = x[i]! * c;
+}
+
 /** Residual connection: x += y, elementwise. x, y: same length */
 export function addInPlace(x: Float32Array, y: Float32Array): void {
   for (let i = 0; i < x.length; i++) x[i] = x[i]! + y[i]!;
 }
 
 /**
- * cos/sin table of one position, as ggml builds it: θ_i = p · base^(-2i/nRot) (the power
- * taken by repeated f32 multiplication, like ggml), divided by the llama3 frequency factor
- * of pair i when present, times the linear freqScale.
+ * cos/sin table of one position, as ggml's rope cache builds it: θ_i = p · base^(-2i/nRot)
+ * (the power taken by repeated f32 multiplication, like ggml), divided by the frequency factor
+ * of pair i when present; then linear scaling by freqScale, or with YaRN (extFactor > 0) a
+ * ramp between the scaled and unscaled angle over the corrected dimensions; cos and sin are
+ * multiplied by attnFactor (times YaRN's 1 + 0.1·ln(1/freqScale)).
  * out: [nRot] interleaved (cos θ_0, sin θ_0, cos θ_1, sin θ_1, …)
  */
 export function ropeCache(out: Float32Array, position: number, rope: RopeConfig): void {
   const thetaScale = f32(Math.pow(rope.freqBase, f32(-2 / rope.nRot)));
+  const yarn = rope.extFactor !== 0;
+  const [low, high] = yarn ? yarnCorrDims(rope) : [0, 0];
+  const mscale = yarn ? f32(rope.attnFactor * f32(1 + f32(f32(0.1) * f32(Math.log(f32(1 / rope.freqScale)))))) : rope.attnFactor;
   let theta = f32(position);
   for (let i = 0; i < rope.nRot / 2; i++) {
     const ff = rope.freqFactors ? rope.freqFactors[i]! : 1;
-    const angle = f32(rope.freqScale * f32(theta / ff));
-    out[2 * i] = Math.cos(angle);
-    out[2 * i + 1] = Math.sin(angle);
+    const extrap = f32(theta / ff);
+    let angle = f32(rope.freqScale * extrap);
+    if (yarn) {
+      // rope_yarn_ramp: 1 below `low`, 0 above `high`
+      const y = f32(f32(i - low) / Math.max(f32(0.001), f32(high - low)));
+      const mix = f32(f32(1 - Math.min(1, Math.max(0, y))) * rope.extFactor);
+      angle = f32(f32(angle * f32(1 - mix)) + f32(extrap * mix));
+    }
+    out[2 * i] = mscale === 1 ? Math.cos(angle) : f32(Math.cos(angle)) * mscale;
+    out[2 * i + 1] = mscale === 1 ? Math.sin(angle) : f32(Math.sin(angle)) * mscale;
     theta = f32(theta * thetaScale);
   }
+}
+
+/** ggml_rope_yarn_corr_dims: the dimension range YaRN blends over, from beta_fast and beta_slow. */
+function yarnCorrDims(rope: RopeConfig): [number, number] {
+  const dim = (beta: number) =>
+    f32(f32(rope.nRot * f32(Math.log(f32(rope.nCtxOrig / f32(f32(beta * 2) * f32(Math.PI)))))) / f32(2 * f32(Math.log(rope.freqBase))));
+  return [Math.max(0, Math.floor(dim(rope.betaFast))), Math.min(rope.nRot - 1, Math.ceil(dim(rope.betaSlow)))];
 }
 
 /**
@@ -222,8 +246,9 @@ export function swiglu(out: Float32Array, gate: Float32Array, up: Float32Array):
 
 /**
  * Causal multi-head attention with grouped KV heads over a KV cache.
- * Query token t sits at position startPos + t and sees keys 0 … startPos + t. Query head h
- * reads KV head ⌊h / (nHead / nHeadKv)⌋ (consecutive query heads share a KV head, as in ggml).
+ * Query token t sits at position startPos + t and sees keys 0 … startPos + t (only the last
+ * `window` of them in a sliding-window layer). Query head h reads KV head ⌊h / (nHead /
+ * nHeadKv)⌋ (consecutive query heads share a KV head, as in ggml). Scores are q·k × scale.
  *
  * q:      [nTokens × nHead × headDim]
  * kCache: [nCtx × nHeadKv × headDim], positions < startPos + nTokens filled (RoPE applied)
@@ -242,27 +267,31 @@ export function attention(
   nHeadKv: number,
   headDim: number,
   scores: Float32Array = new Float32Array(startPos + nTokens),
+  scale: number = f32(1 / f32(Math.sqrt(headDim))),
+  window = 0,
 ): void {
   const group = nHead / nHeadKv;
-  const scale = f32(1 / f32(Math.sqrt(headDim)));
   const kvStride = nHeadKv * headDim; // floats per position in the cache
   const acc = new Float64Array(headDim); // [headDim] one head's output
   for (let t = 0; t < nTokens; t++) {
     const nKeys = startPos + t + 1;
+    // llama.cpp masks key p0 for query p1 when p1 - p0 >= window
+    const first = window > 0 ? Math.max(0, nKeys - window) : 0;
+    const count = nKeys - first;
     for (let h = 0; h < nHead; h++) {
       const qo = (t * nHead + h) * headDim;
       const kvo = Math.floor(h / group) * headDim;
       // scores
-      for (let j = 0; j < nKeys; j++) {
-        scores[j] = f32(dot(q, qo, kCache, j * kvStride + kvo, headDim)) * scale;
+      for (let j = 0; j < count; j++) {
+        scores[j] = f32(dot(q, qo, kCache, (first + j) * kvStride + kvo, headDim)) * scale;
       }
       // softmax
-      softmax(scores, 0, nKeys);
+      softmax(scores, 0, count);
       // weighted sum of values (position-major, so the cache streams; f64 accumulators)
       acc.fill(0, 0, headDim);
-      for (let j = 0; j < nKeys; j++) {
+      for (let j = 0; j < count; j++) {
         const p = scores[j]!;
-        const vo = j * kvStride + kvo;
+        const vo = (first + j) * kvStride + kvo;
         for (let d = 0; d < headDim; d++) acc[d] += p * vCache[vo + d]!;
       }
       for (let d = 0; d < headDim; d++) out[qo + d] = acc[d]!;

@@ -15,6 +15,13 @@ import type { ActivationFormat } from './act-round.ts';
 import { matmulRows } from './ops.ts';
 import { tryWasmArena } from './wasm-matmul.ts';
 import type { WasmArena } from './wasm-matmul.ts';
+import { loadLayer } from './layer-weights.ts';
+import { isQ8_1Type, Q8_1Matrix } from './q8-1-matrix.ts';
+import type { Matrix } from './matrix.ts';
+import type { LayerWeights, TensorLoader } from './layer-weights.ts';
+
+export type { LayerWeights } from './layer-weights.ts';
+export type { Matrix } from './matrix.ts';
 
 /**
  * How matrices are kept in memory. 'auto' (default): Q8_0 and Q4_0 as 8-bit integers with a
@@ -35,19 +42,6 @@ export type ActivationRounding = 'ggml' | 'none';
 
 /** Weight rows dequantised per tile when multiplying a quantised matrix. */
 const TILE_ROWS = 16;
-
-/** A weight matrix of `rows` output features × `cols` input features (ggml shape [cols, rows]). */
-export interface Matrix {
-  readonly name: string;
-  readonly rows: number;
-  readonly cols: number;
-  /** bytes this matrix occupies in memory */
-  readonly bytes: number;
-  /** y = x · selfᵀ. x: [nTokens × cols]; y: [nTokens × rows] */
-  matmul(y: Float32Array, x: Float32Array, nTokens: number): void;
-  /** copies row r, as f32, into out[outOffset …]. out: [cols] */
-  row(r: number, out: Float32Array, outOffset: number): void;
-}
 
 class DenseMatrix implements Matrix {
   constructor(
@@ -149,24 +143,47 @@ function unpackInt8(type: GgmlType, raw: Uint8Array, n: number, q: Int8Array, d:
   }
 }
 
-export interface LayerWeights {
-  attnNorm: Float32Array; // [nEmbd]
-  wq: Matrix; // [nHead·headDim × nEmbd]
-  wk: Matrix; // [nHeadKv·headDim × nEmbd]
-  wv: Matrix; // [nHeadKv·headDim × nEmbd]
-  wo: Matrix; // [nEmbd × nHead·headDim]
-  bq: Float32Array | null; // [nHead·headDim] (qwen2)
-  bk: Float32Array | null; // [nHeadKv·headDim]
-  bv: Float32Array | null; // [nHeadKv·headDim]
-  qNorm: Float32Array | null; // [headDim] (qwen3)
-  kNorm: Float32Array | null; // [headDim]
-  ffnNorm: Float32Array; // [nEmbd]
-  wGate: Matrix; // [nFf × nEmbd]
-  wUp: Matrix; // [nFf × nEmbd]
-  wDown: Matrix; // [nEmbd × nFf]
+/**
+ * One matrix of `rows` × `cols` from its GGUF bytes, kept as `storage` says: the file's blocks
+ * ('quantized'), int8 with block scales (`int8`, in `arena`), Q4_1/Q5_1 split for Q8_1
+ * activations, or dense f32 (in `arena` when there is one).
+ */
+export function makeMatrix(
+  label: string,
+  type: GgmlType,
+  raw: Uint8Array,
+  rows: number,
+  cols: number,
+  o: { storage: WeightStorage; rounding: ActivationRounding; arena: WasmArena | null; int8: boolean },
+): Matrix {
+  const n = rows * cols;
+  const activation = o.rounding === 'ggml' ? activationFormatFor(type) : 'f32';
+  const arena = o.arena;
+  if (o.storage === 'quantized' && type !== GgmlType.F32) return new QuantizedMatrix(label, rows, cols, type, raw, activation);
+  if (o.int8 && rows % 4 !== 0) return new DenseMatrix(label, rows, cols, dequantize(type, raw, n), activation, null);
+  if (arena?.hasInt8 && o.int8) {
+    const q = arena.allocInt8(n); // [rows × cols] int8
+    const d = arena.alloc(n / 32); // [rows × cols/32] f32
+    unpackInt8(type, raw, n, q, d);
+    return new Int8Matrix(label, rows, cols, q, d, arena);
+  }
+  if (o.rounding === 'ggml' && isQ8_1Type(type)) return Q8_1Matrix.fromBlocks(label, type, raw, rows, cols, arena ? arena.alloc(n) : null, arena);
+  if (arena) {
+    const view = arena.alloc(n); // [rows × cols] f32
+    dequantizeRow(type, raw, 0, n, view, 0);
+    return new DenseMatrix(label, rows, cols, view, activation, arena);
+  }
+  return new DenseMatrix(label, rows, cols, dequantize(type, raw, n), activation, null);
+}
+
+/** Whether makeMatrix keeps this type as int8 (Q8_0 and Q4_0 with SIMD and ggml rounding). */
+export function keepsInt8(type: GgmlType, cols: number, rows: number, storage: WeightStorage, rounding: ActivationRounding, simd: boolean): boolean {
+  return storage === 'auto' && rounding === 'ggml' && simd && INT8_TYPES.has(type) && cols % 32 === 0 && rows % 4 === 0;
 }
 
 export interface ShardWeights {
+  /** global index of layers[0] (= shard.start) */
+  layerStart: number;
   /** token embedding [nVocab × nEmbd], when the shard starts at layer 0 */
   tokenEmbd: Matrix | null;
   /** layers [shard.start, shard.end), index 0 = shard.start */
@@ -208,7 +225,6 @@ export async function loadShardWeights(
     if (!t) throw new MeshError('TENSOR_MISSING', `${source.location} has no tensor ${name}`);
     return t;
   };
-  const optional = (name: string): TensorInfo | undefined => byName.get(name);
 
   const vector = (name: string, length: number): Float32Array => {
     const t = info(name);
@@ -217,82 +233,70 @@ export async function loadShardWeights(
     }
     return dequantize(t.type, data.get(name)!, t.nElements);
   };
-  const optionalVector = (name: string, length: number): Float32Array | null => (optional(name) ? vector(name, length) : null);
 
   // matrices go into one WebAssembly arena, sized up front (it never grows)
-  const int8Ok = storage === 'auto' && rounding === 'ggml' && simd;
-  const asInt8 = (t: TensorInfo) => int8Ok && INT8_TYPES.has(t.type) && t.shape[0]! % 32 === 0 && t.shape[1]! % 4 === 0;
+  const asInt8 = (type: GgmlType, cols: number, rows: number) => keepsInt8(type, cols, rows, storage, rounding, simd);
+  // (1-D tensors too, small: qwen2moe's shared-expert gate is multiplied as a 1-row matrix;
+  // every expert of a 3-D tensor is its own allocation, so each gets its alignment slack)
   const arenaBytes = infos
-    .filter((t) => t.shape.length === 2 && (storage !== 'quantized' || t.type === GgmlType.F32))
-    .reduce((sum, t) => sum + (asInt8(t) ? t.nElements + t.nElements / 8 + 32 : t.nElements * 4 + 16), 0);
+    .filter((t) => storage !== 'quantized' || t.type === GgmlType.F32)
+    .reduce((sum, t) => {
+      const pieces = (t.shape[2] ?? 1) * 3; // experts, or fused q|k|v and gate|up
+      return sum + (asInt8(t.type, t.shape[0]!, t.shape[1] ?? 1) ? t.nElements + t.nElements / 8 : t.nElements * 4) + 32 * pieces;
+    }, 0);
   const arena = simd && arenaBytes > 0 ? tryWasmArena(arenaBytes) : null;
 
   let bytes = 0;
   const made = new Map<string, Matrix>();
-  const matrix = (name: string, cols: number, rows: number): Matrix => {
-    const done = made.get(name);
+  /** rows [row0, row0 + rows) of tensor `name` (rows of `cols` values) as a Matrix called `label` */
+  const rowsOf = (name: string, cols: number, row0: number, rows: number, label: string): Matrix => {
+    const done = made.get(label);
     if (done) return done;
+    const t = info(name);
+    const total = t.nElements / (t.shape[0] ?? 1);
+    if (t.shape[0] !== cols || row0 + rows > total) {
+      throw new MeshError('BAD_TENSOR_SHAPE', `${name} has shape [${t.shape.join(', ')}], expected rows of ${cols} and at least ${row0 + rows} rows`);
+    }
+    const rowBytes = (cols / TYPE_TRAITS[t.type]!.blockSize) * TYPE_TRAITS[t.type]!.typeSize;
+    const raw = data.get(name)!.subarray(row0 * rowBytes, (row0 + rows) * rowBytes);
+    // sized above as int8 when the tensor's ne1 rows suit the kernel; a piece of it that does not goes to the JS heap
+    const m = makeMatrix(label, t.type, raw, rows, cols, { storage, rounding, arena, int8: asInt8(t.type, cols, t.shape[1] ?? 1) });
+    made.set(label, m);
+    bytes += m.bytes;
+    return m;
+  };
+  const matrix = (name: string, cols: number, rows: number): Matrix => {
     const t = info(name);
     if (t.shape.length !== 2 || t.shape[0] !== cols || t.shape[1] !== rows) {
       throw new MeshError('BAD_TENSOR_SHAPE', `${name} has shape [${t.shape.join(', ')}], expected [${cols}, ${rows}]`);
     }
-    const raw = data.get(name)!;
-    const activation = rounding === 'ggml' ? activationFormatFor(t.type) : 'f32';
-    let m: Matrix;
-    if (storage === 'quantized' && t.type !== GgmlType.F32) {
-      m = new QuantizedMatrix(name, rows, cols, t.type, raw, activation);
-    } else if (arena?.hasInt8 && asInt8(t)) {
-      const q = arena.allocInt8(t.nElements); // [rows × cols] int8
-      const d = arena.alloc(t.nElements / 32); // [rows × cols/32] f32
-      unpackInt8(t.type, raw, t.nElements, q, d);
-      m = new Int8Matrix(name, rows, cols, q, d, arena);
-    } else if (arena) {
-      const view = arena.alloc(t.nElements); // [rows × cols] f32
-      dequantizeRow(t.type, raw, 0, t.nElements, view, 0);
-      m = new DenseMatrix(name, rows, cols, view, activation, arena);
-    } else {
-      m = new DenseMatrix(name, rows, cols, dequantize(t.type, raw, t.nElements), activation, null);
-    }
-    made.set(name, m);
-    bytes += m.bytes;
-    return m;
+    return rowsOf(name, cols, 0, rows, name);
+  };
+  const loader: TensorLoader = {
+    has: (name) => byName.has(name),
+    vector,
+    matrix,
+    rows: rowsOf,
+    experts: (name, cols, rows, nExpert) => {
+      const t = info(name);
+      if (t.shape.length !== 3 || t.shape[0] !== cols || t.shape[1] !== rows || t.shape[2] !== nExpert) {
+        throw new MeshError('BAD_TENSOR_SHAPE', `${name} has shape [${t.shape.join(', ')}], expected [${cols}, ${rows}, ${nExpert}]`);
+      }
+      return Array.from({ length: nExpert }, (_, e) => rowsOf(name, cols, e * rows, rows, `${name}[${e}]`));
+    },
   };
 
-  const { nEmbd, nFf, headDim } = config;
-  const qDim = config.nHead * headDim;
-  const kvDim = config.nHeadKv * headDim;
   const layers: LayerWeights[] = [];
-  for (let il = shard.start; il < shard.end; il++) {
-    const p = `blk.${il}.`;
-    if (optional(`${p}attn_qkv.weight`)) {
-      throw new MeshError('UNSUPPORTED_TENSOR_LAYOUT', `${p}attn_qkv.weight (fused QKV) is not supported`);
-    }
-    layers.push({
-      attnNorm: vector(`${p}attn_norm.weight`, nEmbd),
-      wq: matrix(`${p}attn_q.weight`, nEmbd, qDim),
-      wk: matrix(`${p}attn_k.weight`, nEmbd, kvDim),
-      wv: matrix(`${p}attn_v.weight`, nEmbd, kvDim),
-      wo: matrix(`${p}attn_output.weight`, qDim, nEmbd),
-      bq: config.qkvBias ? vector(`${p}attn_q.bias`, qDim) : optionalVector(`${p}attn_q.bias`, qDim),
-      bk: config.qkvBias ? vector(`${p}attn_k.bias`, kvDim) : optionalVector(`${p}attn_k.bias`, kvDim),
-      bv: config.qkvBias ? vector(`${p}attn_v.bias`, kvDim) : optionalVector(`${p}attn_v.bias`, kvDim),
-      qNorm: config.qkNorm ? vector(`${p}attn_q_norm.weight`, headDim) : null,
-      kNorm: config.qkNorm ? vector(`${p}attn_k_norm.weight`, headDim) : null,
-      ffnNorm: vector(`${p}ffn_norm.weight`, nEmbd),
-      wGate: matrix(`${p}ffn_gate.weight`, nEmbd, nFf),
-      wUp: matrix(`${p}ffn_up.weight`, nEmbd, nFf),
-      wDown: matrix(`${p}ffn_down.weight`, nFf, nEmbd),
-    });
-  }
+  for (let il = shard.start; il < shard.end; il++) layers.push(loadLayer(loader, config, il));
 
-  const tokenEmbd = shardHasEmbedding(shard) ? matrix(TOKEN_EMBD_TENSOR, nEmbd, config.nVocab) : null;
+  const tokenEmbd = shardHasEmbedding(shard) ? matrix(TOKEN_EMBD_TENSOR, config.nEmbd, config.nVocab) : null;
   let outputNorm: Float32Array | null = null;
   let output: Matrix | null = null;
   if (shardHasHead(shard, config.nLayer)) {
-    outputNorm = vector(OUTPUT_NORM_TENSOR, nEmbd);
+    outputNorm = vector(OUTPUT_NORM_TENSOR, config.nEmbd);
     output = config.tiedEmbeddings
-      ? (tokenEmbd ?? matrix(TOKEN_EMBD_TENSOR, nEmbd, config.nVocab))
-      : matrix(OUTPUT_TENSOR, nEmbd, config.nVocab);
+      ? (tokenEmbd ?? matrix(TOKEN_EMBD_TENSOR, config.nEmbd, config.nVocab))
+      : matrix(OUTPUT_TENSOR, config.nEmbd, config.nVocab);
   }
-  return { tokenEmbd, layers, outputNorm, output, bytes };
+  return { layerStart: shard.start, tokenEmbd, layers, outputNorm, output, bytes };
 }

@@ -20,7 +20,7 @@ type TypeSpec = ReturnType<Koffi['struct']>;
 export const KV_TYPES = { f32: 0, f16: 1, q8_0: 8, q4_0: 2 } as const;
 export type KvType = keyof typeof KV_TYPES;
 
-interface Bindings {
+export interface Bindings {
   koffi: Koffi;
   binsDir: string;
   ContextParams: TypeSpec;
@@ -31,6 +31,8 @@ interface Bindings {
   fn: Record<string, Fn>;
   /** the last error-level lines llama.cpp logged, for error messages */
   recentErrors: string[];
+  /** while set, every line llama.cpp logs is appended here (see `loggedBuffers`) */
+  logSink: string[] | null;
 }
 
 let bindings: Bindings | null = null;
@@ -59,16 +61,13 @@ export function llamaBinsDir(): string {
   return found;
 }
 
-async function bind(): Promise<Bindings> {
-  if (bindings) return bindings;
-  const mod = (await import('koffi')) as unknown as Koffi & { default?: Koffi };
-  const koffi = mod.default ?? mod;
-  const binsDir = llamaBinsDir();
-  const file = (re: RegExp): string => join(binsDir, readdirSync(binsDir).find((f) => re.test(f))!);
-  const ggmlBase = koffi.load(join(binsDir, 'libggml-base.so'));
-  const ggml = koffi.load(file(/^libggml(\.v[\d.]+)?\.so$/));
-  const llama = koffi.load(file(/^libllama(\.v[\d.]+)?\.so$/));
+/** The koffi binding to libllama/libggml (loaded once per process). */
+export async function llamaBindings(): Promise<Bindings> {
+  return bind();
+}
 
+/** The structs and callback types of include/llama.h and ggml.h that the calls pass. */
+function declareTypes(koffi: Koffi) {
   // include/llama.h `struct llama_model_params`
   const ModelParams = koffi.struct('gm_llama_model_params', {
     devices: 'void *',
@@ -147,7 +146,16 @@ async function bind(): Promise<Bindings> {
   const EvalCallback = koffi.proto('bool gm_eval_cb(void *t, bool ask, void *user)');
   const LogCallback = koffi.proto('void gm_log_cb(int level, const char *text, void *user)');
 
-  const fn: Record<string, Fn> = {
+  return { ModelParams, ContextParams, Batch, TensorHead, EvalCallback, LogCallback };
+}
+
+type Library = ReturnType<Koffi['load']>;
+
+/** The C functions called, by short name. */
+function declareFunctions(libs: { llama: Library; ggml: Library; ggmlBase: Library }, t: ReturnType<typeof declareTypes>): Record<string, Fn> {
+  const { llama, ggml, ggmlBase } = libs;
+  const { ModelParams, ContextParams, Batch } = t;
+  return {
     backend_init: llama.func('void llama_backend_init(void)') as Fn,
     load_all: ggml.func('void ggml_backend_load_all_from_path(const char *dir)') as Fn,
     dev_count: ggml.func('size_t ggml_backend_dev_count(void)') as Fn,
@@ -172,12 +180,39 @@ async function bind(): Promise<Bindings> {
     tensor_name: ggmlBase.func('const char *ggml_get_name(void *t)') as Fn,
     tensor_nbytes: ggmlBase.func('size_t ggml_nbytes(void *t)') as Fn,
     tensor_get: ggmlBase.func('void ggml_backend_tensor_get(void *t, _Out_ void *data, size_t offset, size_t size)') as Fn,
+    // for layer ranges (range-context.ts): batches of embeddings, per-sequence KV removal,
+    // graph tensors' data read in place, ggml's own row conversions
+    batch_init: llama.func('llama_batch_init', Batch, ['int32_t', 'int32_t', 'int32_t']) as Fn,
+    batch_free: llama.func('llama_batch_free', 'void', [Batch]) as Fn,
+    memory_seq_rm: llama.func('bool llama_memory_seq_rm(void *mem, int32_t seq_id, int32_t p0, int32_t p1)') as Fn,
+    model_size: llama.func('uint64_t llama_model_size(void *model)') as Fn,
+    tensor_data: ggmlBase.func('void *ggml_get_data(void *t)') as Fn,
+    fp16_to_fp32_row: ggmlBase.func('void ggml_fp16_to_fp32_row(const void *x, void *y, int64_t n)') as Fn,
+    fp32_to_fp16_row: ggmlBase.func('void ggml_fp32_to_fp16_row(const void *x, void *y, int64_t n)') as Fn,
+    type_traits: ggmlBase.func('void *ggml_get_type_traits(int type)') as Fn,
   };
+
+}
+
+async function bind(): Promise<Bindings> {
+  if (bindings) return bindings;
+  const mod = (await import('koffi')) as unknown as Koffi & { default?: Koffi };
+  const koffi = mod.default ?? mod;
+  const binsDir = llamaBinsDir();
+  const file = (re: RegExp): string => join(binsDir, readdirSync(binsDir).find((f) => re.test(f))!);
+  const ggmlBase = koffi.load(join(binsDir, 'libggml-base.so'));
+  const ggml = koffi.load(file(/^libggml(\.v[\d.]+)?\.so$/));
+  const llama = koffi.load(file(/^libllama(\.v[\d.]+)?\.so$/));
+
+  const types = declareTypes(koffi);
+  const { ContextParams, ModelParams, Batch, TensorHead, EvalCallback, LogCallback } = types;
+  const fn = declareFunctions({ llama, ggml, ggmlBase }, types);
 
   const recentErrors: string[] = [];
   // keep llama.cpp quiet (it logs every tensor at load); remember errors for our messages
   const GGML_LOG_LEVEL_ERROR = 4;
   const logCb = koffi.register((level: number, text: string) => {
+    bindings?.logSink?.push(text);
     if (level === GGML_LOG_LEVEL_ERROR) {
       recentErrors.push(text.trim());
       if (recentErrors.length > 8) recentErrors.shift();
@@ -190,8 +225,36 @@ async function bind(): Promise<Bindings> {
   // node-llama-cpp may have loaded the backends into this process already
   if (Number(fn.dev_count!()) === 0) fn.load_all!(binsDir);
 
-  bindings = { koffi, binsDir, ContextParams, ModelParams, Batch, TensorHead, EvalCallback, fn, recentErrors };
+  bindings = { koffi, binsDir, ContextParams, ModelParams, Batch, TensorHead, EvalCallback, fn, recentErrors, logSink: null };
   return bindings;
+}
+
+/**
+ * Runs `f` and returns, besides its result, the buffers llama.cpp allocated meanwhile as it
+ * logs them ("CPU KV buffer size = 1.00 MiB", "AMX model buffer size = …"): bytes by kind
+ * ('model', 'KV', 'compute', 'output') and by buffer ('AMX model', 'CPU_Mapped model', …).
+ * llama.cpp has no API that reports a context's memory; its log lines are its own accounting.
+ */
+export function loggedBuffers<T>(b: Bindings, f: () => T): { result: T; buffers: Record<string, number> } {
+  const sink: string[] = [];
+  const outer = b.logSink;
+  b.logSink = sink;
+  let result: T;
+  try {
+    result = f();
+  } finally {
+    b.logSink = outer;
+    outer?.push(...sink);
+  }
+  const buffers: Record<string, number> = {};
+  for (const line of sink.join('').split('\n')) {
+    const m = /\s(\S+)\s+(model|KV|compute|output) buffer size =\s+([\d.]+) MiB/.exec(line);
+    if (!m) continue;
+    const bytes = Math.round(Number(m[3]) * 1024 * 1024);
+    buffers[m[2]!] = (buffers[m[2]!] ?? 0) + bytes;
+    buffers[`${m[1]} ${m[2]}`] = (buffers[`${m[1]} ${m[2]}`] ?? 0) + bytes;
+  }
+  return { result, buffers };
 }
 
 /**
@@ -223,6 +286,25 @@ export interface LlamaContextOptions {
   capture?: string[];
 }
 
+/** llama_context_params for one sequence of `contextLength` positions (the options' defaults applied). */
+export function contextParams(b: Bindings, options: Omit<LlamaContextOptions, 'capture' | 'embeddings'>): Record<string, unknown> {
+  const p = b.fn.context_default_params!() as Record<string, unknown>;
+  const contextLength = options.contextLength ?? 2048;
+  p.n_ctx = contextLength;
+  p.n_batch = options.batchSize ?? contextLength;
+  p.n_ubatch = options.batchSize ?? contextLength;
+  p.n_seq_max = 1;
+  const threads = options.threads ?? defaultLlamaThreads();
+  p.n_threads = threads;
+  p.n_threads_batch = threads;
+  p.flash_attn_type = options.flashAttention ? 1 : 0;
+  const kv = KV_TYPES[options.kvType ?? 'f32'];
+  p.type_k = kv;
+  p.type_v = kv;
+  p.no_perf = true;
+  return p;
+}
+
 /** A GGUF loaded by llama.cpp; contexts made from it share its weights. */
 export class LlamaModelFfi {
   private constructor(
@@ -238,12 +320,29 @@ export class LlamaModelFfi {
     const params = b.fn.model_default_params!() as Record<string, unknown>;
     params.n_gpu_layers = 0;
     b.recentErrors.length = 0;
-    const ptr = b.fn.model_load!(path, params);
+    const { result: ptr, buffers } = loggedBuffers(b, () => b.fn.model_load!(path, params));
     if (!ptr) {
       throw new MeshError('LLAMACPP_LOAD_FAILED', `llama.cpp could not load ${path}: ${b.recentErrors.join(' | ') || 'no reason given'}`);
     }
     const vocab = b.fn.get_vocab!(ptr);
-    return new LlamaModelFfi(b, ptr, path, Number(b.fn.vocab_n_tokens!(vocab)), Number(b.fn.model_n_embd!(ptr)));
+    const model = new LlamaModelFfi(b, ptr, path, Number(b.fn.vocab_n_tokens!(vocab)), Number(b.fn.model_n_embd!(ptr)));
+    model.bufferBytes = buffers.model ?? 0;
+    model.buffers = Object.fromEntries(Object.entries(buffers).filter(([k]) => k.endsWith(' model')));
+    return model;
+  }
+
+  /** bytes of the model's weight buffers, as llama.cpp logged them at load (mapped or copied) */
+  bufferBytes = 0;
+  /**
+   * the same by buffer: 'CPU_Mapped model' is the file mapped in place, 'AMX model' /
+   * 'CPU_REPACK model' copies of the matrices in the layout the CPU kernels want (their mapped
+   * source pages were read once and are clean page cache afterwards)
+   */
+  buffers: Record<string, number> = {};
+
+  /** bytes of every weight tensor llama.cpp holds (llama_model_size) */
+  get tensorBytes(): number {
+    return Number(this.b.fn.model_size!(this.live()));
   }
 
   /** llama.cpp's tokenisation, as for generation: BOS when the model asks, special tokens parsed. */
@@ -290,21 +389,9 @@ export class LlamaContextFfi {
     modelPtr: unknown,
     options: LlamaContextOptions,
   ) {
-    const p = b.fn.context_default_params!() as Record<string, unknown>;
-    this.contextLength = options.contextLength ?? 2048;
-    p.n_ctx = this.contextLength;
-    p.n_batch = options.batchSize ?? this.contextLength;
-    p.n_ubatch = options.batchSize ?? this.contextLength;
-    p.n_seq_max = 1;
-    const threads = options.threads ?? defaultLlamaThreads();
-    p.n_threads = threads;
-    p.n_threads_batch = threads;
-    p.flash_attn_type = options.flashAttention ? 1 : 0;
-    const kv = KV_TYPES[options.kvType ?? 'f32'];
-    p.type_k = kv;
-    p.type_v = kv;
+    const p = contextParams(b, options);
+    this.contextLength = p.n_ctx as number;
     p.embeddings = options.embeddings ?? false;
-    p.no_perf = true;
     const wanted = new Set(options.capture ?? []);
     if (wanted.size > 0) {
       const { koffi } = b;
@@ -358,6 +445,13 @@ export class LlamaContextFfi {
   /** the tensor named in `capture`, as computed by the last decode (row-major, all rows) */
   captured(name: string): Float32Array | undefined {
     return this.capturedTensors.get(name);
+  }
+
+  /** forgets positions [position, current) of the one sequence (its KV cells are freed) */
+  truncate(position: number): void {
+    const ok = this.b.fn.memory_seq_rm!(this.b.fn.get_memory!(this.live()), 0, position, -1);
+    if (!ok) throw new MeshError('LLAMACPP_DECODE_FAILED', `llama.cpp could not drop positions ${position}.. of its sequence`);
+    this.position = position;
   }
 
   /** forgets every position (the KV cache is emptied) */

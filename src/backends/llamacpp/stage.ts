@@ -1,13 +1,15 @@
-// llama.cpp as a StageBackend: a stage that holds every layer (llama.cpp's public API cannot
-// run a partial layer range), token ids in, last-position logits out. Each session is one
-// llama.cpp context with its own KV cache. Runs through ./ffi.ts because node-llama-cpp does
-// not hand out raw logits.
+// llama.cpp as a StageBackend holding every layer, from the artifact's own file: token ids in,
+// last-position logits out, for any architecture llama.cpp loads (a layer range is
+// range-stage.ts). Each session is one llama.cpp context with its own KV cache. Runs through
+// ./ffi.ts because node-llama-cpp does not hand out raw logits.
 
 import { MeshError } from '../../errors.ts';
 import { isUrl } from '../../gguf/parse.ts';
-import type { TensorSource } from '../../gguf/types.ts';
-import { configFromHeader } from '../../model/config.ts';
-import type { ModelConfig } from '../../model/config.ts';
+import type { GgufHeader, TensorSource } from '../../gguf/types.ts';
+import { metadataNumber } from '../../gguf/metadata.ts';
+import { hyperParameters } from '../../gguf/summary.ts';
+import type { HyperParameters } from '../../gguf/summary.ts';
+import { checkTruncate } from '../types.ts';
 import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
 import { LlamaModelFfi } from './ffi.ts';
 import type { LlamaContextFfi, LlamaContextOptions } from './ffi.ts';
@@ -22,17 +24,18 @@ interface Session {
 export class LlamaCppStage implements StageBackend {
   readonly kind = 'llamacpp' as const;
   private model: LlamaModelFfi | null = null;
-  private config: ModelConfig | null = null;
+  private config: HyperParameters | null = null;
+  private header: GgufHeader | null = null;
   private readonly sessions = new Map<string, Session>();
 
   constructor(private readonly options: LlamaCppStageOptions = {}) {}
 
   async load(source: TensorSource, shard: ShardRange): Promise<void> {
-    const config = configFromHeader(source.header);
-    if (shard.start !== 0 || shard.end !== config.nLayer) {
+    const config = hyperParameters(source.header, source.location);
+    if (shard.start !== 0 || shard.end !== config.n_layer) {
       throw new MeshError(
         'UNSUPPORTED_SHARD',
-        `the llama.cpp backend serves whole models only: asked for layers [${shard.start}, ${shard.end}) of ${config.nLayer}`,
+        `this llama.cpp stage serves whole models (layer ranges: LlamaCppRangeStage): asked for layers [${shard.start}, ${shard.end}) of ${config.n_layer}`,
       );
     }
     if (isUrl(source.location)) {
@@ -40,6 +43,7 @@ export class LlamaCppStage implements StageBackend {
     }
     this.model = await LlamaModelFfi.load(source.location);
     this.config = config;
+    this.header = source.header;
   }
 
   async openSession(sessionId: string, options: SessionOptions): Promise<void> {
@@ -52,6 +56,12 @@ export class LlamaCppStage implements StageBackend {
   async releaseSession(sessionId: string): Promise<void> {
     this.session(sessionId).ctx.dispose();
     this.sessions.delete(sessionId);
+  }
+
+  async truncateSession(sessionId: string, position: number): Promise<void> {
+    const s = this.session(sessionId);
+    checkTruncate(sessionId, position, s.ctx.position);
+    s.ctx.truncate(position);
   }
 
   async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
@@ -73,11 +83,15 @@ export class LlamaCppStage implements StageBackend {
     const s = this.session(sessionId);
     const cfg = this.config!;
     const kvBytesPerElement = { f32: 4, f16: 2, q8_0: 34 / 32, q4_0: 18 / 32 }[this.options.kvType ?? 'f32'];
+    const at = (v: number | number[], l: number): number => (Array.isArray(v) ? (v[l] ?? 0) : v);
+    const headDim = metadataNumber(this.header!.metadata[`${cfg.architecture}.attention.key_length`]) ?? cfg.n_embd / Math.max(1, at(cfg.n_head, 0));
+    let kvHeads = 0; // summed over layers
+    for (let l = 0; l < cfg.n_layer; l++) kvHeads += at(cfg.n_head_kv, l);
     return {
       position: s.ctx.position,
-      // what llama.cpp reserves: K and V for every layer and every position of the context
-      kvBytes: Math.round(2 * cfg.nLayer * s.ctx.contextLength * cfg.nHeadKv * cfg.headDim * kvBytesPerElement),
-      processedTokens: new Array<number>(cfg.nLayer).fill(s.processed),
+      // K and V for every layer and every position of the context (for plain attention models)
+      kvBytes: Math.round(2 * kvHeads * s.ctx.contextLength * headDim * kvBytesPerElement),
+      processedTokens: new Array<number>(cfg.n_layer).fill(s.processed),
     };
   }
 

@@ -7,7 +7,7 @@
 import * as Comlink from 'comlink';
 import { MeshError } from '../../errors.ts';
 import type { TensorSource } from '../../gguf/types.ts';
-import { configFromHeader, loadRopeFreqFactors, ROPE_FREQS_TENSOR } from '../../model/config.ts';
+import { configFromHeader, loadRopeFreqFactors, ROPE_FACTOR_TENSORS } from '../../model/config.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { shardTensors, validateShard } from '../shard.ts';
 import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
@@ -90,7 +90,7 @@ export class WebGpuBackend implements StageBackend {
     const config = configFromHeader(source.header);
     validateShard(shard, config.nLayer);
     await loadRopeFreqFactors(config, source);
-    const infos = shardTensors(source.header, shard, config.nLayer).filter((t) => t.name !== ROPE_FREQS_TENSOR);
+    const infos = shardTensors(source.header, shard, config.nLayer).filter((t) => !ROPE_FACTOR_TENSORS.includes(t.name));
     // refuse unsupported types before reading a byte
     for (const t of infos) if (t.shape.length > 1) quantKindOf(t.type, `tensor ${t.name}`);
     const bytes = await source.read(infos);
@@ -123,6 +123,11 @@ export class WebGpuBackend implements StageBackend {
   async releaseSession(sessionId: string): Promise<void> {
     await this.engine.releaseSession(sessionId);
     this.sessions.delete(sessionId);
+  }
+
+  async truncateSession(sessionId: string, position: number): Promise<void> {
+    await this.engine.truncateSession(sessionId, position);
+    this.sessions.get(sessionId)!.position = position;
   }
 
   async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
@@ -174,6 +179,7 @@ function workerEngine(remote: Comlink.Remote<WorkerApi>, adapter: AdapterSummary
     },
     openSession: (id, ctx) => call(remote.openSession(id, ctx)),
     releaseSession: (id) => call(remote.releaseSession(id)),
+    truncateSession: (id, position) => call(remote.truncateSession(id, position)),
     forward: (id, input, position) => call(remote.forward(id, input, position)),
     bufferStats: () => call(remote.bufferStats()),
     dispose: () => call(remote.dispose()),

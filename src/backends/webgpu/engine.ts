@@ -17,6 +17,7 @@ export interface StageEngine {
   load(model: StageModel): Promise<void>;
   openSession(sessionId: string, contextLength: number): Promise<void>;
   releaseSession(sessionId: string): Promise<void>;
+  truncateSession(sessionId: string, position: number): Promise<void>;
   forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult>;
   bufferStats(): Promise<BufferStats>;
   dispose(): Promise<void>;
@@ -50,6 +51,7 @@ export function inThreadEngine(stage: WebGpuStage): StageEngine {
     load: (model) => stage.load(model),
     openSession: (id, ctx) => stage.openSession(id, ctx),
     releaseSession: (id) => stage.releaseSession(id),
+    truncateSession: (id, position) => stage.truncateSession(id, position),
     forward: (id, input, position) => stage.forward(id, input, position),
     bufferStats: async () => stage.bufferStats(),
     dispose: () => stage.dispose(),
@@ -62,6 +64,7 @@ export interface WorkerApi {
   load(model: StageModel): Promise<WireResult<void>>;
   openSession(sessionId: string, contextLength: number): Promise<WireResult<void>>;
   releaseSession(sessionId: string): Promise<WireResult<void>>;
+  truncateSession(sessionId: string, position: number): Promise<WireResult<void>>;
   forward(sessionId: string, input: StageInput, position: number): Promise<WireResult<ForwardResult>>;
   bufferStats(): Promise<WireResult<BufferStats>>;
   dispose(): Promise<WireResult<void>>;

@@ -17,14 +17,15 @@ export interface Scratch {
   xb: GPUBuffer; // [n × nEmbd] normed block input
   q: GPUBuffer; // [n × nHead·headDim]
   att: GPUBuffer; // [n × nHead·headDim] attention output (and raw q when q is normed)
-  kTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 k on its way to the cache (normed or f16 caches)
-  kTmp2?: GPUBuffer; // [n × nHeadKv·headDim] f32 normed k for an f16 cache (qwen3)
-  vTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 v for an f16 cache
+  kTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 k on its way to the cache (normed, f16 or split caches)
+  kTmp2?: GPUBuffer; // [n × nHeadKv·headDim] f32 normed k for an f16 or split cache (qwen3, gemma3)
+  vTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 v for an f16 or split cache
   tmp: GPUBuffer; // [n × nEmbd] block output before the residual add
   gate: GPUBuffer; // [n × nFf]
   up: GPUBuffer; // [n × nFf]
   ids: GPUBuffer; // [n] u32 token ids
   rope: GPUBuffer; // [n × nRot/2] (cos, sin)
+  ropeSwa?: GPUBuffer; // [n × nRot/2] the sliding-window layers' table (gemma3)
   logits?: GPUBuffer; // [nVocab]
   /** rounded copies of a matmul input, by format: [n × widest input row] (ggml rounding only) */
   rounded: Partial<Record<Exclude<op.ActivationFormat, 'f32'>, GPUBuffer>>;
@@ -50,8 +51,9 @@ export class ForwardBuffers {
     const tokens = n;
     const qDim = c.nHead * c.headDim;
     const kvDim = c.nHeadKv * c.headDim;
-    const f16kv = this.kernels.kvType === 'f16';
     const kNorm = m.layers.some((l) => l.kNorm);
+    // the dense FFN's width, or the shared expert's (a MoE without one needs none)
+    const ffnWidth = Math.max(1, c.moe ? c.moe.nFfShared : c.nFf);
     const buf = (label: string, elements: number) => this.memory.create(label, elements * 4, ACTIVATION);
     this.scratch = {
       tokens,
@@ -59,20 +61,22 @@ export class ForwardBuffers {
       xb: buf('xb', tokens * c.nEmbd),
       q: buf('q', tokens * qDim),
       att: buf('att', tokens * qDim),
-      kTmp: kNorm || f16kv ? buf('kTmp', tokens * kvDim) : undefined,
-      kTmp2: kNorm && f16kv ? buf('kTmp2', tokens * kvDim) : undefined,
-      vTmp: f16kv ? buf('vTmp', tokens * kvDim) : undefined,
+      // (k and v stage here for normed or f16 caches, and for caches split by heads, which any session may have)
+      kTmp: buf('kTmp', tokens * kvDim),
+      kTmp2: kNorm ? buf('kTmp2', tokens * kvDim) : undefined,
+      vTmp: buf('vTmp', tokens * kvDim),
       tmp: buf('tmp', tokens * c.nEmbd),
-      gate: buf('gate', tokens * c.nFf),
-      up: buf('up', tokens * c.nFf),
+      gate: buf('gate', tokens * ffnWidth),
+      up: buf('up', tokens * ffnWidth),
       ids: buf('ids', tokens),
       rope: buf('rope', tokens * c.rope.nRot),
+      ropeSwa: c.ropeSwa ? buf('rope swa', tokens * c.rope.nRot) : undefined,
       logits: m.output ? buf('logits', m.output.rows) : undefined,
       rounded: {},
     };
     if (this.kernels.roundActivations) {
-      const widest = tokens * Math.max(c.nEmbd, qDim, c.nFf);
-      for (const f of ['f16', 'q8_0', 'q8_K'] as const) this.scratch.rounded[f] = buf(`x rounded ${f}`, widest);
+      const widest = tokens * Math.max(c.nEmbd, qDim, ffnWidth);
+      for (const f of ['f16', 'bf16', 'q8_0', 'q8_K'] as const) this.scratch.rounded[f] = buf(`x rounded ${f}`, widest);
     }
     return this.scratch;
   }
@@ -98,7 +102,7 @@ export class ForwardBuffers {
   private freeScratch(): void {
     const sc = this.scratch;
     if (!sc) return;
-    for (const b of [sc.x, sc.xb, sc.q, sc.att, sc.kTmp, sc.kTmp2, sc.vTmp, sc.tmp, sc.gate, sc.up, sc.ids, sc.rope, sc.logits, ...Object.values(sc.rounded)]) this.memory.destroy(b);
+    for (const b of [sc.x, sc.xb, sc.q, sc.att, sc.kTmp, sc.kTmp2, sc.vTmp, sc.tmp, sc.gate, sc.up, sc.ids, sc.rope, sc.ropeSwa, sc.logits, ...Object.values(sc.rounded)]) this.memory.destroy(b);
     this.scratch = null;
   }
 }

@@ -5,21 +5,27 @@
 // imported from it, so the two backends cannot drift apart.
 
 import { activationFormatFor } from '../cpu/act-round.ts';
+import { ropeFor } from '../../model/config.ts';
+import type { RopeConfig } from '../../model/config.ts';
 import type { StageInput, StageOutput } from '../types.ts';
 import { ForwardBuffers } from './forward-buffers.ts';
 import type { Scratch } from './forward-buffers.ts';
 import type { GpuMemory } from './gpu-memory.ts';
 import { Recorder } from './kernels.ts';
 import type { KernelLibrary, SubmitResources } from './kernels.ts';
+import type { DenseFfnWeights } from './layer-weights.ts';
 import type { GpuMatrix } from './matrix.ts';
+import { MoePass } from './moe-pass.ts';
+import type { DensePath } from './moe-pass.ts';
 import * as op from './ops.ts';
 import { ropeTable } from './rope-table.ts';
-import type { SessionKv } from './session-kv.ts';
+import type { KvPart, SessionKv } from './session-kv.ts';
 import type { LayerWeights, ShardWeights } from './shard-weights.ts';
 import type { StageKernels } from './stage-kernels.ts';
 
 export class ForwardPass {
   private readonly buffers: ForwardBuffers;
+  private readonly moe: MoePass | null;
 
   constructor(
     private readonly memory: GpuMemory,
@@ -29,6 +35,7 @@ export class ForwardPass {
     private readonly kernels: StageKernels,
   ) {
     this.buffers = new ForwardBuffers(memory, weights, kernels);
+    this.moe = weights.config.moe ? new MoePass(memory, weights.config, kernels) : null;
   }
 
   /** Runs the shard over `input` (n tokens, already checked) at `position` of `kv`. */
@@ -40,12 +47,27 @@ export class ForwardPass {
     const queue = this.library.device.queue;
     if (input.kind === 'tokens') queue.writeBuffer(sc.ids, 0, new Uint32Array(input.tokens));
     else queue.writeBuffer(sc.x, 0, input.hidden as Float32Array<ArrayBuffer>);
-    queue.writeBuffer(sc.rope, 0, ropeTable(c.rope, position, n) as Float32Array<ArrayBuffer>);
+    // the rope tables this session's layers use (sliding-window layers and long Phi-3 sessions have their own)
+    const tables = new Map<RopeConfig, GPUBuffer>();
+    const ropes = m.layers.map((_, l) => ropeFor(c, m.shard.start + l, kv.contextLength));
+    for (const r of ropes) {
+      if (tables.has(r)) continue;
+      const buf = tables.size === 0 ? sc.rope : sc.ropeSwa!;
+      queue.writeBuffer(buf, 0, ropeTable(r, position, n) as Float32Array<ArrayBuffer>);
+      tables.set(r, buf);
+    }
 
     const rec = new Recorder(this.library, this.resources);
     const retired = kv.grow(rec, position + n);
-    if (m.tokenEmbd) op.getRows(rec, m.tokenEmbd, sc.ids, sc.x, n);
-    m.layers.forEach((layer, l) => this.recordLayer(rec, layer, kv.keys[l]!, kv.values[l]!, sc, partial, n, position));
+    if (m.tokenEmbd) {
+      op.getRows(rec, m.tokenEmbd, sc.ids, sc.x, n);
+      if (c.embedScale !== 1) op.scale(rec, sc.x, 0, n * c.nEmbd, c.embedScale);
+    }
+    m.layers.forEach((layer, l) => {
+      const il = m.shard.start + l;
+      this.recordAttention(rec, layer, kv.keys[l]!, kv.values[l]!, kv.parts, sc, partial, n, position, tables.get(ropes[l]!)!, c.swaLayers[il] ? c.slidingWindow : 0);
+      this.recordFfn(rec, layer, sc, n);
+    });
 
     if (m.output && m.outputNorm) {
       // logits of the last position only: output norm, then the head
@@ -53,7 +75,11 @@ export class ForwardPass {
       op.matmul(rec, m.output, this.input(rec, sc, m.output, sc.xb, 1, new Map()), 0, sc.logits!, 0, m.output.rows, 1, this.kernels.matVec);
       const bytes = await rec.submit({ buffer: sc.logits!, offset: 0, bytes: m.output.rows * 4 });
       for (const b of retired) this.memory.destroy(b);
-      return { kind: 'logits', logits: new Float32Array(bytes!) };
+      const logits = new Float32Array(bytes!);
+      // gemma: logits = c · tanh(logits / c), on the host as the CPU reference does it
+      const cap = c.finalLogitSoftcap;
+      if (cap > 0) for (let i = 0; i < logits.length; i++) logits[i] = Math.fround(Math.fround(Math.tanh(Math.fround(logits[i]! * Math.fround(1 / cap)))) * cap);
+      return { kind: 'logits', logits };
     }
     const bytes = await rec.submit({ buffer: sc.x, offset: 0, bytes: n * c.nEmbd * 4 });
     for (const b of retired) this.memory.destroy(b);
@@ -62,12 +88,25 @@ export class ForwardPass {
 
   dispose(): void {
     this.buffers.dispose();
+    this.moe?.dispose();
   }
 
-  /** One transformer block over n tokens at positions [pos, pos + n). */
-  private recordLayer(rec: Recorder, w: LayerWeights, kCache: GPUBuffer, vCache: GPUBuffer, sc: Scratch, partial: GPUBuffer, n: number, pos: number): void {
+  /** One block's attention over n tokens at positions [pos, pos + n), with its residual add. */
+  private recordAttention(
+    rec: Recorder,
+    w: LayerWeights,
+    kParts: GPUBuffer[],
+    vParts: GPUBuffer[],
+    parts: readonly KvPart[],
+    sc: Scratch,
+    partial: GPUBuffer,
+    n: number,
+    pos: number,
+    ropeTab: GPUBuffer,
+    window: number,
+  ): void {
     const c = this.weights.config;
-    const { nEmbd, nHead, nHeadKv, headDim, nFf, rmsEps } = c;
+    const { nEmbd, nHead, nHeadKv, headDim, rmsEps } = c;
     const qDim = nHead * headDim;
     const kvDim = nHeadKv * headDim;
     const kvAt = pos * kvDim; // this batch's rows of the cache
@@ -81,50 +120,97 @@ export class ForwardPass {
     // q, k, v projections (+ biases for qwen2, per-head norms for qwen3), RoPE; k and v are
     // computed in f32 and land straight in an f32 cache, or are packed into an f16 one
     const f16kv = kvType === 'f16';
+    // a cache split by heads: k and v are computed in f32 scratch, then stored part by part
+    const split = parts.length > 1;
+    const kCache = kParts[0]!;
+    const vCache = vParts[0]!;
+    const storeParts = (src: GPUBuffer, dst: GPUBuffer[]) => parts.forEach((part, i) => op.kvStore(rec, src, dst[i]!, part, headDim, kvDim, n, pos, kvType));
     const normed = new Map<string, GPUBuffer>();
     const qRaw = w.qNorm ? sc.att : sc.q;
     mm(w.wq, sc.xb, normed, qRaw, 0, qDim);
     if (w.bq) op.add(rec, qRaw, 0, w.bq, n * qDim, qDim);
     if (w.qNorm) op.rmsNorm(rec, sc.att, 0, headDim, w.qNorm, sc.q, 0, headDim, headDim, n * nHead, rmsEps);
-    op.rope(rec, sc.q, 0, sc.rope, n, nHead, headDim, c.rope.nRot, neox);
+    op.rope(rec, sc.q, 0, ropeTab, n, nHead, headDim, c.rope.nRot, neox);
+    // gemma3, phi3: queries scaled before attention, scores not scaled again
+    if (c.queryScale !== null) op.scale(rec, sc.q, 0, n * qDim, c.queryScale);
 
-    const direct = !w.kNorm && !f16kv; // k computed in place in the cache
+    const direct = !w.kNorm && !f16kv && !split; // k computed in place in the cache
     let kBuf = direct ? kCache : sc.kTmp!;
     let kAt = direct ? kvAt : 0;
     mm(w.wk, sc.xb, normed, kBuf, kAt, kvDim);
     if (w.bk) op.add(rec, kBuf, kAt, w.bk, n * kvDim, kvDim);
     if (w.kNorm) {
-      const dst = f16kv ? sc.kTmp2! : kCache;
-      const dstAt = f16kv ? 0 : kvAt;
+      const staged = f16kv || split;
+      const dst = staged ? sc.kTmp2! : kCache;
+      const dstAt = staged ? 0 : kvAt;
       op.rmsNorm(rec, kBuf, kAt, headDim, w.kNorm, dst, dstAt, headDim, headDim, n * nHeadKv, rmsEps);
       kBuf = dst;
       kAt = dstAt;
     }
-    op.rope(rec, kBuf, kAt, sc.rope, n, nHeadKv, headDim, c.rope.nRot, neox);
-    if (f16kv) op.packF16(rec, kBuf, kCache, n * kvDim, 0, kvAt);
+    op.rope(rec, kBuf, kAt, ropeTab, n, nHeadKv, headDim, c.rope.nRot, neox);
+    if (split) storeParts(kBuf, kParts);
+    else if (f16kv) op.packF16(rec, kBuf, kCache, n * kvDim, 0, kvAt);
 
-    const vBuf = f16kv ? sc.vTmp! : vCache;
-    const vAt = f16kv ? 0 : kvAt;
+    const vBuf = f16kv || split ? sc.vTmp! : vCache;
+    const vAt = f16kv || split ? 0 : kvAt;
     mm(w.wv, sc.xb, normed, vBuf, vAt, kvDim);
     if (w.bv) op.add(rec, vBuf, vAt, w.bv, n * kvDim, kvDim);
-    if (f16kv) op.packF16(rec, vBuf, vCache, n * kvDim, 0, kvAt);
-    // attention over the cache: split-K for one token, tiled causal for a batch
+    if (split) storeParts(vBuf, vParts);
+    else if (f16kv) op.packF16(rec, vBuf, vCache, n * kvDim, 0, kvAt);
+    // attention over the cache (the last `window` positions in a sliding-window layer): split-K
+    // for one token, tiled causal for a batch
     const shape = { nHead, nHeadKv, headDim };
-    if (n === 1) op.attentionDecode(rec, shape, sc.q, 0, kCache, vCache, partial, sc.att, pos + 1, kvType);
-    else op.attentionPrefill(rec, shape, sc.q, kCache, vCache, sc.att, n, pos, kvType);
-    // output projection, residual
+    const scoreScale = c.queryScale !== null ? 1 : 1 / Math.sqrt(headDim);
+    const slices = parts.map((part, i) => ({ k: kParts[i]!, v: vParts[i]!, slice: split ? part : { h0: 0, heads: nHeadKv } }));
+    if (n === 1) op.attentionDecode(rec, shape, sc.q, 0, kCache, vCache, partial, sc.att, pos + 1, kvType, window, scoreScale, slices);
+    else for (const p of slices) op.attentionPrefill(rec, shape, sc.q, p.k, p.v, sc.att, n, pos, kvType, window, scoreScale, p.slice);
+    // output projection (and its post-norm, gemma3), residual
     mm(w.wo, sc.att, new Map(), sc.tmp, 0, nEmbd);
-    op.add(rec, sc.x, 0, sc.tmp, n * nEmbd);
+    this.addResidual(rec, sc, w.attnPostNorm, n);
+  }
 
-    // feed-forward norm
-    op.rmsNorm(rec, sc.x, 0, nEmbd, w.ffnNorm, sc.xb, 0, nEmbd, nEmbd, n, rmsEps);
-    // gate and up, SwiGLU, down, residual
-    const ffnIn = new Map<string, GPUBuffer>();
-    mm(w.wGate, sc.xb, ffnIn, sc.gate, 0, nFf);
-    mm(w.wUp, sc.xb, ffnIn, sc.up, 0, nFf);
-    op.swiglu(rec, sc.gate, sc.up, n * nFf);
-    mm(w.wDown, sc.gate, new Map(), sc.tmp, 0, nEmbd);
-    op.add(rec, sc.x, 0, sc.tmp, n * nEmbd);
+  /** One block's feed-forward: norm, dense gated FFN or mixture of experts, residual add. */
+  private recordFfn(rec: Recorder, w: LayerWeights, sc: Scratch, n: number): void {
+    const c = this.weights.config;
+    op.rmsNorm(rec, sc.x, 0, c.nEmbd, w.ffnNorm, sc.xb, 0, c.nEmbd, c.nEmbd, n, c.rmsEps);
+    if (w.ffn.kind === 'moe') this.moe!.record(rec, w.ffn, sc.xb, sc.tmp, n, this.densePath(rec, sc));
+    else this.densePath(rec, sc).ffn(w.ffn, sc.xb, sc.tmp, n);
+    this.addResidual(rec, sc, w.ffnPostNorm, n);
+  }
+
+  /** x += block output (sc.tmp), RMS-normed first when the block has a post-norm (normed into sc.xb, which is free by then). */
+  private addResidual(rec: Recorder, sc: Scratch, postNorm: GPUBuffer | undefined, n: number): void {
+    const { nEmbd, rmsEps } = this.weights.config;
+    let out = sc.tmp;
+    if (postNorm) {
+      op.rmsNorm(rec, sc.tmp, 0, nEmbd, postNorm, sc.xb, 0, nEmbd, nEmbd, n, rmsEps);
+      out = sc.xb;
+    }
+    op.add(rec, sc.x, 0, out, n * nEmbd);
+  }
+
+  /** The dense building blocks, with ggml's activation rounding: a matmul, the gated FFN, its activation. */
+  private densePath(rec: Recorder, sc: Scratch): DensePath {
+    const c = this.weights.config;
+    const { matVec, matMul } = this.kernels;
+    const activation = (gate: GPUBuffer, up: GPUBuffer, count: number) => {
+      if (c.ffnActivation === 'gelu') op.geglu(rec, gate, up, this.weights.geluTable!, count);
+      else op.swiglu(rec, gate, up, count);
+    };
+    const matmul = (w: GpuMatrix, x: GPUBuffer, out: GPUBuffer, outStride: number, n: number, memo = new Map<string, GPUBuffer>()) =>
+      op.matmul(rec, w, this.input(rec, sc, w, x, n, memo), 0, out, 0, outStride, n, matVec, matMul);
+    return {
+      matmul,
+      activation,
+      ffn: (w: DenseFfnWeights, x: GPUBuffer, out: GPUBuffer, n: number) => {
+        // gate and up (one rounding of x), SwiGLU / GeGLU, down
+        const ffnIn = new Map<string, GPUBuffer>();
+        matmul(w.wGate, x, sc.gate, w.wGate.rows, n, ffnIn);
+        matmul(w.wUp, x, sc.up, w.wUp.rows, n, ffnIn);
+        activation(sc.gate, sc.up, n * w.wGate.rows);
+        matmul(w.wDown, sc.gate, out, c.nEmbd, n);
+      },
+    };
   }
 
   /**

@@ -85,6 +85,8 @@ export interface DispatchSpec {
   buffers: (GPUBuffer | undefined)[];
   /** workgroup counts (each ≤ 65,535) */
   groups: [number, number?, number?];
+  /** bytes of weights the dispatch reads (each byte once however often it is used), for accounting */
+  reads?: number;
 }
 
 /** x/y workgroup counts covering `n` workgroups in a grid no wider than 65,535. */
@@ -105,6 +107,8 @@ export class SubmitResources {
   submissions = 0;
   /** bytes copied back to the host */
   readbackBytes = 0;
+  /** weight bytes the submitted dispatches read (DispatchSpec.reads) */
+  weightBytesRead = 0;
 
   constructor(private readonly memory: GpuMemory) {}
 
@@ -172,6 +176,7 @@ export class Recorder {
       });
     });
     if (n > 0) device.queue.writeBuffer(uniforms, 0, data, 0, n * PARAM_SLOT);
+    for (const d of this.dispatches) this.resources.weightBytesRead += d.reads ?? 0;
 
     const encoder = device.createCommandEncoder();
     for (const c of this.copies) encoder.copyBufferToBuffer(c.src, 0, c.dst, 0, c.bytes);

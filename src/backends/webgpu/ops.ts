@@ -49,6 +49,7 @@ export function matmul(
       rec.dispatch({
         kernel: 'mul_mat_tiled',
         quant: w.quant,
+        reads: c.rows * w.rowBytes,
         params: [w.k, c.rows, w.rowBytes, nTokens, xOffset, w.k, outOffset + c.row0, outStride],
         buffers: [c.buffer, x, out],
         groups: [Math.ceil(c.rows / TILE_ROWS), Math.ceil(nTokens / TILE_TOKENS)],
@@ -58,6 +59,7 @@ export function matmul(
       rec.dispatch({
         kernel: 'mul_mat_vec',
         quant: w.quant,
+        reads: c.rows * w.rowBytes,
         params: [w.k, c.rows, w.rowBytes, xOffset, outOffset + c.row0, gx],
         buffers: [c.buffer, x, out],
         groups: [gx, gy],
@@ -66,12 +68,18 @@ export function matmul(
       rec.dispatch({
         kernel: 'mul_mat',
         quant: w.quant,
+        reads: c.rows * w.rowBytes,
         params: [w.k, c.rows, w.rowBytes, nTokens, xOffset, w.k, outOffset + c.row0, outStride],
         buffers: [c.buffer, x, out],
         groups: [Math.ceil(c.rows / WG), Math.ceil(nTokens / MUL_MAT_TOKENS)],
       });
     }
   }
+}
+
+/** rows a lookup of nTokens ids reads from a chunk of `rows` (at most one row per token) */
+function chunkReads(nTokens: number, rows: number): number {
+  return Math.min(nTokens, rows);
 }
 
 /** out[t, :] = row ids[t] of `table`, dequantised. ids: [nTokens] u32; out: [nTokens × k] */
@@ -81,6 +89,7 @@ export function getRows(rec: Recorder, table: GpuMatrix, ids: GPUBuffer, out: GP
     rec.dispatch({
       kernel: 'get_rows',
       quant: table.quant,
+      reads: chunkReads(nTokens, c.rows) * table.rowBytes,
       params: [table.k, c.rows, table.rowBytes, c.row0, nTokens, gx],
       buffers: [c.buffer, ids, out],
       groups: [gx, nTokens],
@@ -138,12 +147,22 @@ export interface AttentionShape {
   headDim: number;
 }
 
+/** The part of a KV cache split by heads that one attention dispatch reads (whole: h0 0, all heads). */
+export interface KvSlice {
+  /** first KV head the part holds */
+  h0: number;
+  heads: number;
+}
+
 /** Elements the split-K partial buffer needs for `nKv` cached positions. */
 export function attentionPartialElements(s: AttentionShape, nKv: number): number {
   return s.nHead * Math.ceil(nKv / ATTENTION_CHUNK) * (s.headDim + 2);
 }
 
-/** One query token (q[qOffset …] = [nHead × headDim]) over nKv cached positions → out [nHead × headDim]. */
+/**
+ * One query token (q[qOffset …] = [nHead × headDim]) over nKv cached positions → out [nHead × headDim];
+ * only the last `window` positions in a sliding-window layer (0: all). Scores are q·k × scale.
+ */
 export function attentionDecode(
   rec: Recorder,
   s: AttentionShape,
@@ -155,10 +174,18 @@ export function attentionDecode(
   out: GPUBuffer,
   nKv: number,
   kvType: KvType = 'f32',
+  window = 0,
+  scale = 1 / Math.sqrt(s.headDim),
+  parts: readonly { k: GPUBuffer; v: GPUBuffer; slice: KvSlice }[] = [{ k: kCache, v: vCache, slice: { h0: 0, heads: s.nHeadKv } }],
 ): void {
   const nChunks = Math.ceil(nKv / ATTENTION_CHUNK);
-  const params = [s.nHead, s.nHeadKv, s.headDim, nKv, nChunks, f32(1 / Math.sqrt(s.headDim)), qOffset];
-  rec.dispatch({ kernel: 'attention_decode', quant: kvType, entry: 'split', params, buffers: [q, kCache, vCache, partial], groups: [nChunks, s.nHead] });
+  const group = s.nHead / s.nHeadKv;
+  const params = [s.nHead, s.nHeadKv, s.headDim, nKv, nChunks, f32(scale), qOffset, window, 0, 0, s.nHeadKv];
+  // each part's query heads score its cached heads; the combine merges every head's chunks
+  for (const part of parts) {
+    const partParams = [...params.slice(0, 8), part.slice.h0 * group, part.slice.h0, part.slice.heads];
+    rec.dispatch({ kernel: 'attention_decode', quant: kvType, entry: 'split', params: partParams, buffers: [q, part.k, part.v, partial], groups: [nChunks, part.slice.heads * group] });
+  }
   rec.dispatch({
     kernel: 'attention_decode',
     quant: kvType,
@@ -169,7 +196,7 @@ export function attentionDecode(
   });
 }
 
-/** Causal attention of nTokens queries at positions pos0… (q, out: [nTokens × nHead × headDim]). */
+/** Causal (sliding-window when window > 0) attention of nTokens queries at positions pos0… (q, out: [nTokens × nHead × headDim]). */
 export function attentionPrefill(
   rec: Recorder,
   s: AttentionShape,
@@ -180,13 +207,34 @@ export function attentionPrefill(
   nTokens: number,
   pos0: number,
   kvType: KvType = 'f32',
+  window = 0,
+  scale = 1 / Math.sqrt(s.headDim),
+  slice: KvSlice = { h0: 0, heads: s.nHeadKv },
 ): void {
+  const group = s.nHead / s.nHeadKv;
   rec.dispatch({
     kernel: 'attention_prefill',
     quant: kvType,
-    params: [s.nHead, s.nHeadKv, s.headDim, nTokens, pos0, f32(1 / Math.sqrt(s.headDim))],
+    params: [s.nHead, s.nHeadKv, s.headDim, nTokens, pos0, f32(scale), window, slice.h0 * group, slice.h0, slice.heads],
     buffers: [q, kCache, vCache, out],
-    groups: [nTokens, s.nHead],
+    groups: [nTokens, slice.heads * group],
+  });
+}
+
+/**
+ * Writes a batch's keys or values (src: [nTokens × nHeadKv·headDim] f32) into one part of a
+ * cache split by heads, at positions pos0…: f32, or packed f16.
+ */
+export function kvStore(rec: Recorder, src: GPUBuffer, dst: GPUBuffer, slice: KvSlice, headDim: number, kvDim: number, nTokens: number, pos0: number, kvType: KvType): void {
+  const width = slice.heads * headDim;
+  const units = kvType === 'f16' ? (nTokens * width) / 2 : nTokens * width;
+  const [gx, gy] = grid2d(Math.ceil(units / WG));
+  rec.dispatch({
+    kernel: 'kv_store',
+    entry: kvType === 'f16' ? 'store_f16' : 'store_f32',
+    params: [nTokens, width, kvDim, slice.h0 * headDim, pos0, gx],
+    buffers: [src, dst],
+    groups: [gx, gy],
   });
 }
 
@@ -200,6 +248,18 @@ export function softmax(rec: Recorder, x: GPUBuffer, n: number, nRows: number): 
 export function swiglu(rec: Recorder, g: GPUBuffer, u: GPUBuffer, n: number): void {
   const [gx, gy] = grid2d(Math.ceil(n / WG));
   rec.dispatch({ kernel: 'swiglu', params: [n, gx], buffers: [g, u], groups: [gx, gy] });
+}
+
+/** g = gelu(g) * u over n elements, GELU from `table` (65536 f32 by f16 bit pattern, cpu/gelu.ts's). */
+export function geglu(rec: Recorder, g: GPUBuffer, u: GPUBuffer, table: GPUBuffer, n: number): void {
+  const [gx, gy] = grid2d(Math.ceil(n / WG));
+  rec.dispatch({ kernel: 'geglu', params: [n, gx], buffers: [g, u, table], groups: [gx, gy] });
+}
+
+/** x[xOffset + i] *= c for i < n. */
+export function scale(rec: Recorder, x: GPUBuffer, xOffset: number, n: number, c: number): void {
+  const [gx, gy] = grid2d(Math.ceil(n / WG));
+  rec.dispatch({ kernel: 'scale', params: [n, gx, xOffset, f32(c)], buffers: [x], groups: [gx, gy] });
 }
 
 /** a[aOffset + i] += b[i % nb] for i < n. */
@@ -221,9 +281,9 @@ export function unpackF16(rec: Recorder, x: GPUBuffer, out: GPUBuffer, n: number
 }
 
 /** How ggml rounds activations before a matmul with a weight of some type (see act-round.ts). */
-export type ActivationFormat = 'f32' | 'f16' | 'q8_0' | 'q8_K';
+export type ActivationFormat = 'f32' | 'f16' | 'bf16' | 'q8_0' | 'q8_K';
 
-const ROUND_BLOCK: Record<Exclude<ActivationFormat, 'f32'>, number> = { f16: 1, q8_0: 32, q8_K: 256 };
+const ROUND_BLOCK: Record<Exclude<ActivationFormat, 'f32'>, number> = { f16: 1, bf16: 1, q8_0: 32, q8_K: 256 };
 
 /** Whether `roundActivations` changes rows of `rowLength` elements in this format. */
 export function roundsRows(format: ActivationFormat, rowLength: number): boolean {

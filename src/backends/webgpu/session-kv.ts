@@ -1,8 +1,11 @@
 // One session's KV cache on a stage: a key and a value buffer per layer of the shard, holding
 // `capacity` positions of nHeadKv·headDim elements (f32, or f16 packed two to a u32). It starts
 // at kvCapacity's first size and grows by doubling, the filled positions copied over inside the
-// forward that needs the room.
+// forward that needs the room. A cache larger than one storage binding may be (long contexts)
+// is split by KV heads into parts that each fit: part p holds heads [h0, h0 + heads) as its own
+// [capacity × heads·headDim] buffer, and attention runs per part.
 
+import { MeshError } from '../../errors.ts';
 import type { SessionStats } from '../types.ts';
 import type { GpuMemory } from './gpu-memory.ts';
 import type { Recorder } from './kernels.ts';
@@ -11,13 +14,36 @@ import { BufferUsage } from './usage.ts';
 
 const KV_USAGE = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DST;
 
+/** KV heads [h0, h0 + heads) of a cache split over buffers. */
+export interface KvPart {
+  h0: number;
+  heads: number;
+}
+
+/**
+ * How nHeadKv heads split so each part's buffer for `contextLength` positions fits `maxBinding`
+ * bytes: one part when the whole cache fits. CONTEXT_TOO_LARGE when one head alone does not.
+ */
+export function kvParts(nHeadKv: number, headDim: number, elementBytes: number, contextLength: number, maxBinding: number): KvPart[] {
+  const headBytes = contextLength * headDim * elementBytes;
+  const perPart = Math.min(nHeadKv, Math.floor(maxBinding / headBytes));
+  if (perPart < 1) {
+    throw new MeshError('CONTEXT_TOO_LARGE', `a ${contextLength}-position KV cache needs ${headBytes} bytes per head per layer, over this device's ${maxBinding}-byte binding limit`);
+  }
+  const parts: KvPart[] = [];
+  for (let h0 = 0; h0 < nHeadKv; h0 += perPart) parts.push({ h0, heads: Math.min(perPart, nHeadKv - h0) });
+  return parts;
+}
+
 export class SessionKv {
   /** positions the cache buffers hold now (grown by doubling up to contextLength) */
   capacity: number;
   position = 0;
   readonly processedTokens: number[];
-  keys: GPUBuffer[] = []; // per layer [capacity × kvDim] f32 or packed f16, RoPE applied
-  values: GPUBuffer[] = []; // per layer [capacity × kvDim] f32 or packed f16
+  /** per layer, per part: [capacity × part heads·headDim] f32 or packed f16, RoPE applied */
+  keys: GPUBuffer[][] = [];
+  /** per layer, per part: [capacity × part heads·headDim] f32 or packed f16 */
+  values: GPUBuffer[][] = [];
   kvBytes: number;
 
   constructor(
@@ -28,18 +54,25 @@ export class SessionKv {
     private readonly kvDim: number,
     private readonly elementBytes: number,
     private readonly nLayers: number,
+    /** the split by KV heads (one part: unsplit) */
+    readonly parts: readonly KvPart[] = [{ h0: 0, heads: 1 }],
+    private readonly headDim: number = kvDim,
   ) {
     this.capacity = kvCapacity(0, 1, contextLength);
     this.processedTokens = new Array<number>(nLayers).fill(0);
     this.kvBytes = 2 * nLayers * this.capacity * kvDim * elementBytes;
   }
 
+  /** elements per position of part p */
+  partWidth(p: number): number {
+    return this.parts.length === 1 ? this.kvDim : this.parts[p]!.heads * this.headDim;
+  }
+
   /** creates the first buffers (in the caller's error scopes) */
   allocate(): void {
-    const bytes = this.capacity * this.kvDim * this.elementBytes;
     for (let l = 0; l < this.nLayers; l++) {
-      this.keys.push(this.memory.create(`k[${l}] ${this.sessionId}`, bytes, KV_USAGE));
-      this.values.push(this.memory.create(`v[${l}] ${this.sessionId}`, bytes, KV_USAGE));
+      this.keys.push(this.parts.map((_, p) => this.memory.create(`k[${l}.${p}] ${this.sessionId}`, this.capacity * this.partWidth(p) * this.elementBytes, KV_USAGE)));
+      this.values.push(this.parts.map((_, p) => this.memory.create(`v[${l}.${p}] ${this.sessionId}`, this.capacity * this.partWidth(p) * this.elementBytes, KV_USAGE)));
     }
   }
 
@@ -52,14 +85,16 @@ export class SessionKv {
     if (needed <= this.capacity) return [];
     const capacity = kvCapacity(this.capacity, needed, this.contextLength);
     const eb = this.elementBytes;
-    const filled = this.position * this.kvDim * eb;
-    const grow = (old: GPUBuffer[], name: string) =>
-      old.map((b, l) => {
-        const bigger = this.memory.create(`${name}[${l}] ${this.sessionId}`, capacity * this.kvDim * eb, KV_USAGE);
-        if (filled > 0) rec.copyBefore(b, bigger, filled);
-        return bigger;
-      });
-    const retired = [...this.keys, ...this.values];
+    const grow = (old: GPUBuffer[][], name: string) =>
+      old.map((parts, l) =>
+        parts.map((b, p) => {
+          const bigger = this.memory.create(`${name}[${l}.${p}] ${this.sessionId}`, capacity * this.partWidth(p) * eb, KV_USAGE);
+          const filled = this.position * this.partWidth(p) * eb;
+          if (filled > 0) rec.copyBefore(b, bigger, filled);
+          return bigger;
+        }),
+      );
+    const retired = [...this.keys.flat(), ...this.values.flat()];
     this.keys = grow(this.keys, 'k');
     this.values = grow(this.values, 'v');
     this.capacity = capacity;
@@ -78,7 +113,7 @@ export class SessionKv {
   }
 
   free(): void {
-    for (const b of [...this.keys, ...this.values]) this.memory.destroy(b);
+    for (const b of [...this.keys.flat(), ...this.values.flat()]) this.memory.destroy(b);
     this.keys = [];
     this.values = [];
   }

@@ -11,15 +11,27 @@ import { GgmlType } from '../../gguf/types.ts';
 export type ShaderSources = Readonly<Record<string, string>>;
 
 /** Weight encodings with a dequant snippet in shaders/quant/. */
-export type QuantKind = 'f32' | 'f16' | 'q8_0' | 'q4_0' | 'q4_k' | 'q6_k';
+export type QuantKind =
+  | 'f32' | 'f16' | 'bf16' | 'q8_0' | 'q4_0' | 'q4_1' | 'q5_0' | 'q5_1'
+  | 'q2_k' | 'q3_k' | 'q4_k' | 'q5_k' | 'q6_k' | 'iq4_nl' | 'iq4_xs' | 'mxfp4';
 
 export const QUANT_OF_TYPE: Partial<Record<GgmlType, QuantKind>> = {
   [GgmlType.F32]: 'f32',
   [GgmlType.F16]: 'f16',
+  [GgmlType.BF16]: 'bf16',
   [GgmlType.Q8_0]: 'q8_0',
   [GgmlType.Q4_0]: 'q4_0',
+  [GgmlType.Q4_1]: 'q4_1',
+  [GgmlType.Q5_0]: 'q5_0',
+  [GgmlType.Q5_1]: 'q5_1',
+  [GgmlType.Q2_K]: 'q2_k',
+  [GgmlType.Q3_K]: 'q3_k',
   [GgmlType.Q4_K]: 'q4_k',
+  [GgmlType.Q5_K]: 'q5_k',
   [GgmlType.Q6_K]: 'q6_k',
+  [GgmlType.IQ4_NL]: 'iq4_nl',
+  [GgmlType.IQ4_XS]: 'iq4_xs',
+  [GgmlType.MXFP4]: 'mxfp4',
 };
 
 export const SUPPORTED_WEIGHT_TYPES: readonly GgmlType[] = Object.keys(QUANT_OF_TYPE).map(Number) as GgmlType[];
@@ -27,7 +39,7 @@ export const SUPPORTED_WEIGHT_TYPES: readonly GgmlType[] = Object.keys(QUANT_OF_
 export function quantKindOf(type: GgmlType, what: string): QuantKind {
   const q = QUANT_OF_TYPE[type];
   if (!q) {
-    throw new MeshError('UNSUPPORTED_TENSOR_TYPE', `${what} has type ${GgmlType[type] ?? type}, which the WebGPU kernels cannot read (supported: F32, F16, Q8_0, Q4_0, Q4_K, Q6_K)`);
+    throw new MeshError('UNSUPPORTED_TENSOR_TYPE', `${what} has type ${GgmlType[type] ?? type}, which the WebGPU kernels cannot read (supported: ${SUPPORTED_WEIGHT_TYPES.map((t) => GgmlType[t]).join(', ')})`);
   }
   return q;
 }
@@ -39,7 +51,7 @@ export type KvType = 'f32' | 'f16';
 export const KV_KERNELS: ReadonlySet<string> = new Set(['attention_decode', 'attention_prefill']);
 
 /** Kernels that call `workgroup_sum` and take the adapter's shaders/reduce/ snippet. */
-export const REDUCING_KERNELS: ReadonlySet<string> = new Set(['mul_mat_vec', 'rms_norm']);
+export const REDUCING_KERNELS: ReadonlySet<string> = new Set(['mul_mat_vec', 'mul_mat_vec_id', 'rms_norm']);
 
 /**
  * Kernels that call `workgroup_max` / `workgroup_sum` and always take reduce/shared: their

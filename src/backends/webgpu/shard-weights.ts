@@ -8,8 +8,15 @@ import type { GgmlType } from '../../gguf/types.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import type { ShardRange } from '../types.ts';
 import type { GpuMemory } from './gpu-memory.ts';
+import { GELU_F16_TABLE } from '../cpu/gelu.ts';
+import { destroyExperts, uploadExperts } from './experts.ts';
+import type { GpuExperts } from './experts.ts';
+import { layerExperts, layerMatrices, layerVectors, uploadLayer } from './layer-weights.ts';
+import type { LayerWeights, TensorUploader } from './layer-weights.ts';
 import { destroyMatrix, uploadMatrix } from './matrix.ts';
 import type { GpuMatrix } from './matrix.ts';
+
+export type { LayerWeights } from './layer-weights.ts';
 
 /** One tensor of the shard as read from the artifact. */
 export interface StageTensor {
@@ -28,23 +35,6 @@ export interface StageModel {
   tensors: StageTensor[];
 }
 
-export interface LayerWeights {
-  attnNorm: GPUBuffer; // [nEmbd] f32
-  wq: GpuMatrix; // [nHead·headDim rows × nEmbd]
-  wk: GpuMatrix; // [nHeadKv·headDim rows × nEmbd]
-  wv: GpuMatrix;
-  wo: GpuMatrix; // [nEmbd rows × nHead·headDim]
-  bq?: GPUBuffer; // [nHead·headDim] f32 (qwen2)
-  bk?: GPUBuffer; // [nHeadKv·headDim]
-  bv?: GPUBuffer;
-  qNorm?: GPUBuffer; // [headDim] f32 (qwen3)
-  kNorm?: GPUBuffer;
-  ffnNorm: GPUBuffer; // [nEmbd] f32
-  wGate: GpuMatrix; // [nFf rows × nEmbd]
-  wUp: GpuMatrix;
-  wDown: GpuMatrix; // [nEmbd rows × nFf]
-}
-
 export interface ShardWeights {
   config: ModelConfig;
   shard: ShardRange;
@@ -53,6 +43,8 @@ export interface ShardWeights {
   layers: LayerWeights[];
   outputNorm?: GPUBuffer; // [nEmbd] f32
   output?: GpuMatrix; // [nVocab rows × nEmbd]
+  /** [65536] f32 GELU by f16 bit pattern, for GeGLU models (gemma3) */
+  geluTable?: GPUBuffer;
 }
 
 /** "shard [start, end) of artifact", for error messages. */
@@ -74,38 +66,36 @@ export function uploadShardWeights(memory: GpuMemory, model: StageModel, maxChun
     if (!t) throw new MeshError('TENSOR_MISSING', `${where} needs ${name}, which was not given`);
     return t;
   };
-  const matrix = (name: string): GpuMatrix => {
+  const elements = (t: StageTensor) => t.shape.reduce((a, b) => a * b, 1);
+  const made = new Map<string, GpuMatrix>();
+  const matrix = (name: string, row0 = 0, rows?: number): GpuMatrix => {
     const t = need(name);
-    return uploadMatrix(memory, name, t.type, t.shape, t.bytes, maxChunkBytes);
+    const k = t.shape[0]!;
+    const all = elements(t) / k;
+    const n = rows ?? all - row0;
+    const label = row0 === 0 && n === all ? name : `${name}[${row0}..${row0 + n})`;
+    const done = made.get(label);
+    if (done) return done;
+    const rowBytes = t.bytes.byteLength / all;
+    const m = uploadMatrix(memory, label, t.type, [k, n], t.bytes.subarray(row0 * rowBytes, (row0 + n) * rowBytes), maxChunkBytes);
+    made.set(label, m);
+    return m;
   };
-  const vector = (name: string): GPUBuffer => {
+  const vector = (name: string, from = 0, n?: number): GPUBuffer => {
     const t = need(name);
-    const n = t.shape.reduce((a, b) => a * b, 1);
-    return memory.upload(name, dequantize(t.type, t.bytes, n));
+    const all = dequantize(t.type, t.bytes, elements(t));
+    return memory.upload(n === undefined && from === 0 ? name : `${name}[${from}..)`, all.subarray(from, n === undefined ? undefined : from + n));
   };
-  const optionalVector = (name: string): GPUBuffer | undefined => (byName.has(name) ? vector(name) : undefined);
+  const experts = (name: string): GpuExperts => {
+    const t = need(name);
+    return uploadExperts(memory, name, t.type, t.shape, t.bytes, maxChunkBytes);
+  };
+  const uploader: TensorUploader = { has: (name) => byName.has(name), vector, matrix, experts };
 
   const weights: ShardWeights = { config, shard: { ...shard }, artifact: model.artifact, layers: [] };
   if (shard.start === 0) weights.tokenEmbd = matrix('token_embd.weight');
-  for (let l = shard.start; l < shard.end; l++) {
-    const p = `blk.${l}.`;
-    weights.layers.push({
-      attnNorm: vector(`${p}attn_norm.weight`),
-      wq: matrix(`${p}attn_q.weight`),
-      wk: matrix(`${p}attn_k.weight`),
-      wv: matrix(`${p}attn_v.weight`),
-      wo: matrix(`${p}attn_output.weight`),
-      bq: optionalVector(`${p}attn_q.bias`),
-      bk: optionalVector(`${p}attn_k.bias`),
-      bv: optionalVector(`${p}attn_v.bias`),
-      qNorm: optionalVector(`${p}attn_q_norm.weight`),
-      kNorm: optionalVector(`${p}attn_k_norm.weight`),
-      ffnNorm: vector(`${p}ffn_norm.weight`),
-      wGate: matrix(`${p}ffn_gate.weight`),
-      wUp: matrix(`${p}ffn_up.weight`),
-      wDown: matrix(`${p}ffn_down.weight`),
-    });
-  }
+  for (let l = shard.start; l < shard.end; l++) weights.layers.push(uploadLayer(uploader, config, l));
+  if (config.ffnActivation === 'gelu') weights.geluTable = memory.upload('gelu f16 table', GELU_F16_TABLE);
   if (shard.end === config.nLayer) {
     weights.outputNorm = vector('output_norm.weight');
     weights.output = byName.has('output.weight') ? matrix('output.weight') : (weights.tokenEmbd ?? matrix('token_embd.weight'));
@@ -115,17 +105,24 @@ export function uploadShardWeights(memory: GpuMemory, model: StageModel, maxChun
 
 /** Every matrix a forward multiplies by: the layers' projections and the head. */
 export function shardMatrices(w: ShardWeights): GpuMatrix[] {
-  const out = w.layers.flatMap((l) => [l.wq, l.wk, l.wv, l.wo, l.wGate, l.wUp, l.wDown]);
+  const out = w.layers.flatMap(layerMatrices);
   if (w.output) out.push(w.output);
   return out;
+}
+
+/** Every expert tensor of the shard. */
+export function shardExperts(w: ShardWeights): GpuExperts[] {
+  return w.layers.flatMap(layerExperts);
 }
 
 export function destroyShardWeights(memory: GpuMemory, w: ShardWeights): void {
   if (w.output !== w.tokenEmbd) destroyMatrix(memory, w.output);
   destroyMatrix(memory, w.tokenEmbd);
   memory.destroy(w.outputNorm);
+  memory.destroy(w.geluTable);
   for (const l of w.layers) {
-    for (const mat of [l.wq, l.wk, l.wv, l.wo, l.wGate, l.wUp, l.wDown]) destroyMatrix(memory, mat);
-    for (const v of [l.attnNorm, l.ffnNorm, l.bq, l.bk, l.bv, l.qNorm, l.kNorm]) memory.destroy(v);
+    for (const mat of layerMatrices(l)) destroyMatrix(memory, mat);
+    for (const e of layerExperts(l)) destroyExperts(memory, e);
+    for (const v of layerVectors(l)) memory.destroy(v);
   }
 }

@@ -6,12 +6,14 @@ import type { AdapterSummary } from './device.ts';
 import * as op from './ops.ts';
 import type { MatMulKernel, MatVecKernel } from './ops.ts';
 import type { KvType, QuantKind } from './shader-library.ts';
-import { shardMatrices } from './shard-weights.ts';
+import { shardExperts, shardMatrices } from './shard-weights.ts';
 import type { ShardWeights } from './shard-weights.ts';
 
 export interface WebGpuStageOptions {
   /** split weight matrices into buffers of at most this many bytes (default: the device limit) */
   maxChunkBytes?: number;
+  /** split each layer's KV cache by heads into buffers of at most this many bytes (default: the device limit) */
+  maxKvBindingBytes?: number;
   /** matrix × vector kernel for decode; 'auto' picks mul_mat on software adapters */
   matVec?: MatVecKernel | 'auto';
   /** matrix × matrix kernel for prefill; 'auto' picks mul_mat_tiled except on software adapters */
@@ -68,21 +70,33 @@ export function pipelinesFor(m: ShardWeights, k: StageKernels): PipelineWanted[]
     if (k.matMul === 'mul_mat' || ofType.some((w) => !op.tiledFits(w.k))) kernels.add('mul_mat');
     for (const kernel of kernels) out.push({ kernel, quant: q });
   }
+  // experts: the grouped matmul always (prefill, and decode on software adapters), the gather mat-vec for GPU decode
+  const experts = shardExperts(m);
+  for (const q of new Set(experts.map((e) => e.quant))) {
+    out.push({ kernel: 'mul_mat_id', quant: q });
+    if (k.matVec === 'mul_mat_vec') out.push({ kernel: 'mul_mat_vec_id', quant: q });
+  }
+  if (experts.length > 0) {
+    out.push({ kernel: 'moe_route' }, { kernel: 'moe_group' }, { kernel: 'moe_combine', entry: m.config.moe!.nFfShared > 0 ? 'with_shared' : 'main' });
+  }
   if (m.tokenEmbd) out.push({ kernel: 'get_rows', quant: m.tokenEmbd.quant });
   if (k.roundActivations) {
-    for (const f of new Set(matrices.map((w) => activationFormatFor(w.type)))) {
+    for (const f of new Set([...matrices, ...experts].map((w) => activationFormatFor(w.type)))) {
       if (f !== 'f32') out.push({ kernel: 'round_activations', entry: f === 'q8_K' ? 'q8_k' : f });
     }
   }
+  const c = m.config;
+  if (c.embedScale !== 1 || c.queryScale !== null) out.push({ kernel: 'scale' });
   out.push(
     { kernel: 'rms_norm' },
     { kernel: 'rope' },
     { kernel: 'add' },
-    { kernel: 'swiglu' },
+    { kernel: c.ffnActivation === 'gelu' ? 'geglu' : 'swiglu' },
     { kernel: 'attention_decode', quant: k.kvType, entry: 'split' },
     { kernel: 'attention_decode', quant: k.kvType, entry: 'combine' },
     { kernel: 'attention_prefill', quant: k.kvType },
   );
   if (k.kvType === 'f16') out.push({ kernel: 'pack_f16' });
+  out.push({ kernel: 'kv_store', entry: k.kvType === 'f16' ? 'store_f16' : 'store_f32' });
   return out;
 }

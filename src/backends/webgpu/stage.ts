@@ -6,6 +6,7 @@
 // shard, device loss and the lifetimes of everything the stage holds.
 
 import { MeshError } from '../../errors.ts';
+import { checkTruncate } from '../types.ts';
 import type { ForwardResult, SessionStats, StageInput } from '../types.ts';
 import type { AdapterSummary } from './device.ts';
 import { withErrorScopes } from './error-scopes.ts';
@@ -13,7 +14,7 @@ import { ForwardPass } from './forward-pass.ts';
 import { GpuMemory } from './gpu-memory.ts';
 import { KernelLibrary, SubmitResources } from './kernels.ts';
 import * as op from './ops.ts';
-import { SessionKv } from './session-kv.ts';
+import { kvParts, SessionKv } from './session-kv.ts';
 import type { ShaderSources } from './shader-library.ts';
 import { destroyShardWeights, shardLabel, uploadShardWeights } from './shard-weights.ts';
 import type { ShardWeights, StageModel } from './shard-weights.ts';
@@ -56,9 +57,9 @@ export class WebGpuStage {
     return { count: this.memory.count, bytes: this.memory.bytes };
   }
 
-  /** queue submissions and bytes read back since the stage was made */
-  transferStats(): { submissions: number; readbackBytes: number } {
-    return { submissions: this.resources.submissions, readbackBytes: this.resources.readbackBytes };
+  /** queue submissions, bytes read back and weight bytes the kernels read since the stage was made */
+  transferStats(): { submissions: number; readbackBytes: number; weightBytesRead: number } {
+    return { submissions: this.resources.submissions, readbackBytes: this.resources.readbackBytes, weightBytesRead: this.resources.weightBytesRead };
   }
 
   /** labels of the compiled pipelines */
@@ -104,12 +105,11 @@ export class WebGpuStage {
     if (!Number.isSafeInteger(contextLength) || contextLength <= 0) {
       throw new MeshError('BAD_CONTEXT_LENGTH', `context length must be a positive integer, got ${contextLength}`);
     }
-    const kvDim = m.config.nHeadKv * m.config.headDim;
-    const layerBytes = contextLength * kvDim * this.kernels.kvElementBytes;
-    if (layerBytes > this.adapter.maxStorageBufferBindingSize) {
-      throw new MeshError('CONTEXT_TOO_LARGE', `a ${contextLength}-position KV cache needs ${layerBytes} bytes per layer, over this device's ${this.adapter.maxStorageBufferBindingSize}-byte binding limit`);
-    }
-    const kv = new SessionKv(this.memory, sessionId, contextLength, kvDim, this.kernels.kvElementBytes, m.layers.length);
+    const { nHeadKv, headDim } = m.config;
+    // a layer's cache larger than one binding is split by KV heads (CONTEXT_TOO_LARGE when one head does not fit)
+    const maxBinding = Math.min(this.options.maxKvBindingBytes ?? Infinity, this.adapter.maxStorageBufferBindingSize, this.adapter.maxBufferSize);
+    const parts = kvParts(nHeadKv, headDim, this.kernels.kvElementBytes, contextLength, maxBinding);
+    const kv = new SessionKv(this.memory, sessionId, contextLength, nHeadKv * headDim, this.kernels.kvElementBytes, m.layers.length, parts, headDim);
     await this.guard(shardLabel(m), `allocating the KV cache of session ${sessionId}`, async () => kv.allocate()).catch((e) => {
       kv.free();
       throw e;
@@ -127,6 +127,15 @@ export class WebGpuStage {
 
   sessionStats(sessionId: string): SessionStats {
     return this.session(sessionId).stats();
+  }
+
+  /** forgets positions [position, current): attention reads only the first `position` */
+  truncateSession(sessionId: string, position: number): Promise<void> {
+    return this.exclusive(async () => {
+      const kv = this.session(sessionId);
+      checkTruncate(sessionId, position, kv.position);
+      kv.position = position;
+    });
   }
 
   forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {

@@ -39,13 +39,16 @@ function peersFrom(args: ParsedArgs): PeerSpec[] | undefined {
 }
 
 const JSON_KEYS = `JSON output (--json), one object:
-  location, architecture, n_layer (main blocks), n_layer_nextn (MTP blocks), n_embd,
+  location, architecture, serve {accepted, code, reason} (whether serve takes the model;
+  every backend's ready needs it), n_layer (main blocks), n_layer_nextn (MTP blocks), n_embd,
   hc_streams, tensor_count, file_bytes;
   backends.{cpu,webgpu,llamacpp}: {architecture, missing_ops[], unsupported_types[], ready, notes[]};
   tensor_types[]: {type, tensors, bytes, cpu, webgpu, llamacpp};
   ops[]: {op, what, cpu, webgpu};
   layer_bytes[], embed_bytes, head_bytes, mtp_bytes (optional MTP blocks, not planned),
-  global_bytes, largest_tensor {name, bytes};
+  global_bytes, largest_tensor {name, bytes}; expert_bytes (routed experts, all blocks),
+  active_weight_bytes_per_token (what one decoded token reads: non-expert weights, the routed
+  experts' share, the head);
   kv_bytes_per_token (f16, whole model), kv_bytes_per_token_per_layer[], fixed_state_bytes;
   hop_bytes_per_token (f16 activations crossing one boundary);
   boundaries: {free_starts[] | null, token_id_blocks[], start_penalty_bytes_per_token, notes[]};

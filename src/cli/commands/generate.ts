@@ -24,6 +24,8 @@ import { ChainGenerator, InProcessChain } from '../../route/generation.ts';
 import { StepperGenerator } from '../../route/generation-loop.ts';
 import type { GenerationResult, TextGenerator } from '../../model/generation-output.ts';
 import { joinRoom, RemoteChain, timingTable } from '../../route/remote.ts';
+import { trustRoomServer } from '../../transport/tls-trust.ts';
+import type { HopTelemetry } from '../../route/telemetry.ts';
 
 const BACKENDS = ['cpu', 'llamacpp', 'webgpu'] as const;
 type Backend = (typeof BACKENDS)[number];
@@ -37,7 +39,7 @@ export const command: Command = {
     prompt: { type: 'string', short: 'p', valueName: '<text>', description: 'prompt text (BOS added when the model asks, special tokens parsed)' },
     n: { type: 'string', valueName: '<count>', description: 'most tokens to generate', default: '64' },
     backend: { type: 'string', valueName: '<cpu|llamacpp|webgpu>', description: 'engine (webgpu: Dawn in this process, SwiftShader where there is no GPU)', default: 'cpu' },
-    layers: { type: 'string', valueName: '<a-b,b-c,…>', description: 'cpu: run as a chain of in-process stages over these layer ranges' },
+    layers: { type: 'string', valueName: '<a-b,b-c,…>', description: 'run as a chain of in-process stages over these layer ranges (llamacpp: each a shard GGUF)' },
     temperature: { type: 'string', valueName: '<t>', description: 'sampling temperature; 0 is greedy', default: '0' },
     'top-k': { type: 'string', valueName: '<k>', description: 'keep the k most likely tokens (0 = off)', default: '0' },
     'top-p': { type: 'string', valueName: '<p>', description: 'nucleus sampling threshold (1 = off)', default: '1' },
@@ -54,11 +56,14 @@ export const command: Command = {
     join: { type: 'string', valueName: '<room url>', description: 'generate over the route of a room instead of a local model (see `serve`)' },
     secret: { type: 'string', valueName: '<secret>', description: '--join: the room secret (default: the URL\'s #secret=)' },
     wait: { type: 'string', valueName: '<s>', description: '--join: wait this long for the route to be ready', default: '30' },
+    'ca-fingerprint': { type: 'string', description: "an https room server's local CA: its sha256 fingerprint (default: the link's #ca=)", valueName: '<sha256>' },
+    'ca-file': { type: 'string', description: "an https room server's CA certificate (PEM), trusted beside the system's", valueName: '<file>' },
     telemetry: { type: 'boolean', description: '--join: print a per-stage timing table at the end (stderr)' },
   },
   async run(args: ParsedArgs): Promise<number> {
     const opts = readOptions(args);
     const joinUrl = stringOption(args, 'join');
+    if (joinUrl) await trustRoomServer(joinUrl, { fingerprint: stringOption(args, 'ca-fingerprint'), caFile: stringOption(args, 'ca-file') });
     const joined = joinUrl ? await joinRoom(joinUrl, stringOption(args, 'secret'), intOption(args, 'wait', 30) * 1000) : null;
     const source = joined ? null : await openTensorSource(opts.model);
     let generator: TextGenerator | null = null;
@@ -76,7 +81,7 @@ export const command: Command = {
         contextLength,
         ...(opts.json ? {} : { onDelta: (d: string) => process.stdout.write(d) }),
       });
-      printResult(result, opts.json);
+      printResult(result, opts.json, remote?.lastInfo?.hops);
       if (remote?.lastInfo && args.values.telemetry) process.stderr.write(`${timingTable(remote.lastInfo)}\n`);
       return 0;
     } finally {
@@ -120,7 +125,6 @@ function readOptions(args: ParsedArgs): GenerateOptions {
   if (ctx !== undefined && ctx <= 0) throw new UsageError(`--ctx must be > 0, got ${ctx}`);
   const threads = optionalIntOption(args, 'threads');
   const layers = stringOption(args, 'layers');
-  if (layers !== undefined && backend === 'llamacpp') throw new UsageError('--layers needs --backend cpu or webgpu (llama.cpp runs whole models only)');
   const stop = (args.values.stop as string[] | undefined) ?? [];
   return {
     model: args.values.join !== undefined ? '' : stringOption(args, 'model', true),
@@ -148,7 +152,7 @@ function readOptions(args: ParsedArgs): GenerateOptions {
 
 /** The generator the options ask for. */
 async function openGenerator(opts: GenerateOptions, source: TensorSource, tokenizer: Tokenizer, contextLength: number): Promise<TextGenerator> {
-  if (opts.backend === 'llamacpp') {
+  if (opts.backend === 'llamacpp' && !opts.layers) {
     if (isUrl(opts.model)) throw new MeshError('LLAMACPP_LOCAL_ONLY', `llama.cpp loads local files only, not ${opts.model}`);
     const model = await LlamaCppModel.load(opts.model, {
       contextLength,
@@ -162,15 +166,20 @@ async function openGenerator(opts: GenerateOptions, source: TensorSource, tokeni
   const shards = opts.layers ? parseLayerRanges(opts.layers, nLayer) : [{ start: 0, end: nLayer }];
   const stages: StageBackend[] = [];
   for (const shard of shards) {
-    // webgpu: loaded lazily, so other backends never start Dawn
-    const stage = opts.backend === 'webgpu' ? await (await import('../../backends/webgpu/node.ts')).createNodeWebGpuBackend() : new CpuBackend({ weightStorage: opts.weightStorage });
+    // webgpu and llama.cpp: loaded lazily, so other backends never start Dawn or libllama
+    const stage =
+      opts.backend === 'webgpu'
+        ? await (await import('../../backends/webgpu/node.ts')).createNodeWebGpuBackend()
+        : opts.backend === 'llamacpp'
+          ? new (await import('../../backends/llamacpp/range-stage.ts')).LlamaCppRangeStage({ flashAttention: opts.flashAttention, kvType: opts.kvType, ...(opts.threads ? { threads: opts.threads } : {}) })
+          : new CpuBackend({ weightStorage: opts.weightStorage });
     await stage.load(source, shard);
     stages.push(stage);
   }
   return new ChainGenerator(new InProcessChain(stages), tokenizer);
 }
 
-function printResult(result: GenerationResult, json: boolean): void {
+function printResult(result: GenerationResult, json: boolean, hops?: HopTelemetry[]): void {
   if (json) {
     process.stdout.write(
       JSON.stringify({
@@ -178,6 +187,8 @@ function printResult(result: GenerationResult, json: boolean): void {
         tokens: result.tokens,
         text: result.text,
         timings: result.timings,
+        // --join: each hop of the route with its carrier, candidate pair, bytes and wire time
+        ...(hops ? { hops } : {}),
       }) + '\n',
     );
     return;

@@ -1,5 +1,7 @@
 // `gguf-mesh serve`: the signaling server. Hosts each --model with Range support, opens a
 // room per model, prints each room's join URL (secret in the fragment) and runs until stopped.
+// Bound beyond loopback it serves HTTPS/WSS (other devices get WebGPU only on a secure page):
+// with the operator's certificate, or a local CA it makes once (signaling-server/tls.ts).
 
 import { networkInterfaces } from 'node:os';
 import type { Command } from '../command.ts';
@@ -11,8 +13,10 @@ import type { WebAppMode } from '../../../signaling-server/static.ts';
 import { modelsToServe } from '../../model/default-model.ts';
 import { parseIceServer } from '../../protocol/control.ts';
 import type { IceServer } from '../../protocol/control.ts';
-
-const LOOPBACK_HOSTS = new Set(['127.0.0.1', 'localhost', '::1']);
+import { chooseTls, isLoopbackHost, localCaTls, machineNames, operatorTls } from '../../../signaling-server/tls.ts';
+import type { ServerTls } from '../../../signaling-server/tls.ts';
+import { meshCacheDir } from '../../cache-dir.ts';
+import { join } from 'node:path';
 
 /** Non-loopback IPv4 addresses of this machine. */
 function interfaceAddresses(): string[] {
@@ -31,10 +35,16 @@ function publicRoomOptions(args: Parameters<Command['run']>[0]): { trustedSecret
   return { trustedSecret: stringOption(args, 'trusted-secret')!, fraction, tolerance };
 }
 
+function standbyOption(v: string | undefined): boolean {
+  if (v === undefined || v === 'on') return true;
+  if (v === 'off') return false;
+  throw new UsageError(`--standby must be on or off, got '${v}'`);
+}
+
 export const command: Command = {
   name: 'serve',
   summary: 'run the signaling server: host models, open a room per model, plan routes over joining peers',
-  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S | --join-secret J --api-key K … --admin-secret A] [--ice-server <url> …] [--ui dist|dev|off]',
+  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S | --join-secret J --api-key K … --admin-secret A] [--tls | --tls-cert F --tls-key F | --insecure-http] [--ice-server <url> … [--turn-secret S]] [--ui dist|dev|off]',
   options: {
     host: { type: 'string', description: 'interface to bind', default: '127.0.0.1', valueName: '<host>' },
     port: { type: 'string', description: 'TCP port (0 = any free port)', default: '8080', valueName: '<port>' },
@@ -50,17 +60,29 @@ export const command: Command = {
     'spot-check': { type: 'string', description: 'public rooms: the fraction of sessions the trusted first stage re-runs through the middle stages (0..1)', default: '0.1', valueName: '<fraction>' },
     'spot-check-tolerance': { type: 'string', description: 'public rooms: the relative difference of hidden states past which a middle stage is excluded', default: '0.02', valueName: '<x>' },
     'max-sessions': { type: 'string', description: 'live sessions one client (connection or API key) may hold', default: '16', valueName: '<n>' },
-    'ice-server': { type: 'string', multiple: true, description: 'STUN/TURN server for browser peers across the internet, sent to them on join (repeatable): stun:host:port or turn:user:pass@host:port', valueName: '<url>' },
+    'ice-server': { type: 'string', multiple: true, description: 'STUN/TURN server for browser peers across the internet, sent to them on join (repeatable): stun:host:port or turn:user:pass@host:port (with --turn-secret: turn:host:port)', valueName: '<url>' },
+    'turn-secret': { type: 'string', description: "mint each peer a short-lived TURN credential with this shared secret (coturn's use-auth-secret / static-auth-secret)", valueName: '<secret>' },
+    'turn-ttl': { type: 'string', description: 'minted TURN credentials expire after this many seconds', default: '3600', valueName: '<s>' },
+    tls: { type: 'boolean', description: 'HTTPS/WSS with the local CA even on loopback (the default beyond loopback)' },
+    'tls-cert': { type: 'string', description: 'HTTPS/WSS with this certificate chain (PEM) instead of the local CA', valueName: '<file>' },
+    'tls-key': { type: 'string', description: 'the private key (PEM) of --tls-cert', valueName: '<file>' },
+    'insecure-http': { type: 'boolean', description: 'plain HTTP beyond loopback: other devices then get no WebGPU (browsers need https)' },
     'min-peers': { type: 'string', description: 'plan a route once this many peers joined', default: '1', valueName: '<n>' },
     'plan-delay': { type: 'string', description: 'wait after the last join before planning (ms)', default: '300', valueName: '<ms>' },
     'session-ttl': { type: 'string', description: 'idle sessions expire after this many seconds', default: '300', valueName: '<s>' },
+    'repair-timeout': { type: 'string', description: 'a route that lost a stage waits this long for a replacement before its sessions fail (ms; 0 = never repair)', default: '30000', valueName: '<ms>' },
+    heartbeat: { type: 'string', description: 'ping every peer this often (ms)', default: '500', valueName: '<ms>' },
+    'heartbeat-timeout': { type: 'string', description: 'a peer that answers no ping for this long is lost (ms)', default: '3500', valueName: '<ms>' },
+    standby: { type: 'string', description: 'spares load the shard they would take over ahead of time (on), or only when they take it over (off)', default: 'on', valueName: '<on|off>' },
+    'step-timeout': { type: 'string', description: 'a step unanswered this long makes the server look for a stalled stage (ms)', default: '30000', valueName: '<ms>' },
     quiet: { type: 'boolean', description: 'print only the join URLs, not room events' },
     ui: { type: 'string', description: 'the web app: dist (the production build, made on install and rebuilt when sources changed), dev (vite from the sources with HMR, 127.0.0.1 only), or off', default: 'dist', valueName: '<mode>' },
   },
   async run(args) {
     let iceServers: IceServer[];
     try {
-      iceServers = ((args.values['ice-server'] as string[] | undefined) ?? []).map(parseIceServer);
+      const minted = stringOption(args, 'turn-secret') !== undefined;
+      iceServers = ((args.values['ice-server'] as string[] | undefined) ?? []).map((t) => parseIceServer(t, { minted }));
     } catch (e) {
       throw new UsageError(`--ice-server: ${(e as Error).message}`);
     }
@@ -68,13 +90,15 @@ export const command: Command = {
     if (!['dist', 'dev', 'off'].includes(ui)) throw new UsageError(`--ui must be dist, dev or off, got '${ui}'`);
     const host = stringOption(args, 'host') ?? '127.0.0.1';
     // vite's dev server answers for every file of the repository (sources, node_modules, models)
-    if (ui === 'dev' && !LOOPBACK_HOSTS.has(host)) throw new UsageError(`--ui dev serves the whole source tree, so it binds 127.0.0.1 only (got --host ${host}); other devices get the build (--ui dist)`);
+    if (ui === 'dev' && !isLoopbackHost(host)) throw new UsageError(`--ui dev serves the whole source tree, so it binds 127.0.0.1 only (got --host ${host}); other devices get the build (--ui dist)`);
+    const tls = await serverTls(args, host);
     // no --model: $GGUF_MESH_MODEL, else the default synthetic model (made once, cached)
     const { models, describe, made } = await modelsToServe((args.values.model as string[] | undefined) ?? []);
     if (made) console.log(`made the default model ${models[0]}`);
     const joinSecret = stringOption(args, 'join-secret') ?? stringOption(args, 'secret');
     if (stringOption(args, 'join-secret') && stringOption(args, 'secret') && stringOption(args, 'join-secret') !== stringOption(args, 'secret')) throw new UsageError('--secret and --join-secret name the same secret: give one');
     const apiKeys = (args.values['api-key'] as string[] | undefined) ?? [];
+    const turnSecret = stringOption(args, 'turn-secret');
     const serverOptions: SignalingServerOptions = {
       host,
       port: intOption(args, 'port', 8080),
@@ -88,7 +112,14 @@ export const command: Command = {
       minPeers: intOption(args, 'min-peers', 1),
       planDelayMs: intOption(args, 'plan-delay', 300),
       sessionTtlMs: intOption(args, 'session-ttl', 300) * 1000,
+      repairTimeoutMs: intOption(args, 'repair-timeout', 30_000),
+      heartbeatMs: intOption(args, 'heartbeat', 500),
+      heartbeatTimeoutMs: intOption(args, 'heartbeat-timeout', 3_500),
+      standby: standbyOption(stringOption(args, 'standby')),
+      stepTimeoutMs: intOption(args, 'step-timeout', 30_000),
       ...(iceServers.length ? { iceServers } : {}),
+      ...(turnSecret ? { turn: { secret: turnSecret, ttlS: intOption(args, 'turn-ttl', 3600) } } : {}),
+      ...(tls ? { tls } : {}),
       log: args.values.quiet ? () => undefined : (line) => console.log(line),
     };
     const { server, app } =
@@ -96,13 +127,16 @@ export const command: Command = {
     console.log(`gguf-mesh signaling server listening on ${server.url}`);
     if (app) console.log(`page:     ${server.pageUrl}  (web app: ${app.mode})`);
     if (server.access.separate) console.log(`credentials: join secret (peers), ${apiKeys.length} API key(s) (completions, own sessions${args.values['api-downloads'] ? ', model downloads' : ''}), admin secret (rooms, peers, routes, all sessions)`);
-    if (!LOOPBACK_HOSTS.has(host)) console.log(`bound to ${host}: every room still requires its secret`);
+    if (!isLoopbackHost(host)) console.log(`bound to ${host}: every room still requires its secret`);
+    if (tls) console.log(`tls:      ${tls.description}`);
+    if (tls?.ca) console.log(`trust:    ${server.url}/tls/ca.crt  (install once on each device; the landing page says how)`);
+    if (!tls && !isLoopbackHost(host)) console.log(`plain HTTP on ${host}: other devices get no WebGPU, SubtleCrypto or OPFS there (browsers give them to https:// pages only); they can chat but not serve layers`);
     // bound to every interface: also print the join URL for each address others can use
-    const otherAddresses = host === '0.0.0.0' || host === '::' ? interfaceAddresses() : [];
+    const otherAddresses = host === '0.0.0.0' || host === '::' ? interfaceAddresses().filter((a) => a !== new URL(server.url).hostname) : [];
     for (const room of server.rooms) {
       console.log(`room ${room.id} model ${room.model.id} (${room.model.nLayer} layers)${describe.has(room.model.location) ? `: ${describe.get(room.model.location)}` : ''}`);
       console.log(`  join:   ${server.joinUrl(room)}`);
-      for (const addr of otherAddresses) console.log(`  join:   ${server.joinUrl(room).replace(server.url, `http://${addr}:${new URL(server.url).port}`)}`);
+      for (const addr of otherAddresses) console.log(`  join:   ${server.joinUrl(room).replace(server.url, `${new URL(server.url).protocol}//${addr}:${new URL(server.url).port}`)}`);
       console.log(`  secret: ${room.secret}`);
     }
     await new Promise<void>((resolve) => {
@@ -114,3 +148,16 @@ export const command: Command = {
     return 0;
   },
 };
+
+/** The certificate `serve` presents, or null for plain HTTP (signaling-server/tls.ts decides). */
+async function serverTls(args: Parameters<Command['run']>[0], host: string): Promise<ServerTls | null> {
+  let choice;
+  try {
+    choice = chooseTls({ host, certFile: stringOption(args, 'tls-cert'), keyFile: stringOption(args, 'tls-key'), force: Boolean(args.values.tls), insecureHttp: Boolean(args.values['insecure-http']) });
+  } catch (e) {
+    throw new UsageError((e as Error).message);
+  }
+  if (choice.kind === 'off') return null;
+  if (choice.kind === 'operator') return operatorTls(choice.certFile, choice.keyFile);
+  return localCaTls(join(meshCacheDir(), 'tls'), machineNames(host), (line) => console.log(line));
+}

@@ -1,0 +1,197 @@
+"""One stage as a frame handler, as docs/protocol.md "A stage" specifies: sessions open and
+close here, stage 0 takes token ids, later stages hidden states; hidden states go to the next
+stage, the last stage samples (or answers logits), and each reply passes back up the chain
+with this stage's timing record added when asked."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from . import frames as fr
+from .engine import TorchStage
+from .errors import MeshError
+from .frames import Frame
+from .links import unwrap
+from .sampler import Sampler
+
+
+@dataclass
+class _Session:
+    sample: Sampler | None
+    hidden_dtype: int
+    pipeline_error: MeshError | None = None
+    # totals over the session's steps (ms, bytes)
+    timing: dict = field(default_factory=lambda: {"steps": 0, "computeMs": 0.0, "downstreamMs": 0.0, "handleMs": 0.0, "bytesIn": 0, "bytesOut": 0})
+
+
+class StageService:
+    def __init__(self, engine: TorchStage, stage: int, downstream, compute: ThreadPoolExecutor):
+        self.engine, self.stage, self.downstream = engine, stage, downstream
+        self.compute = compute  # one thread: torch runs one forward at a time
+        self.sessions: dict[str, _Session] = {}
+
+    @property
+    def shard(self) -> dict:
+        return {"start": self.engine.start, "end": self.engine.end}
+
+    async def handle(self, f: Frame) -> Frame:
+        try:
+            return await self._dispatch(f)
+        except MeshError as e:
+            raise e.with_stage(self.stage) from None
+        except Exception as e:  # noqa: BLE001 - a bug must still answer the frame
+            raise MeshError("INTERNAL", f"stage {self.stage}: {e.__class__.__name__}: {e}", {"stage": self.stage}) from None
+
+    async def _dispatch(self, f: Frame) -> Frame:
+        if f.type == fr.SESSION_OPEN:
+            return await self._open(f)
+        if f.type == fr.SESSION_CLOSE:
+            if self.sessions.pop(f.session_id, None) is None:
+                raise MeshError("SESSION_UNKNOWN", f"frame session id: session {f.session_id} is not open on stage {self.stage}", {"field": "session id"})
+            await self._run(self.engine.release_session, f.session_id)
+            return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "state": "closed"})
+        if f.type == fr.STATUS:
+            body = self.status() if f.session_id == fr.NIL_SESSION else self.session_status(f.session_id)
+            return fr.json_frame(fr.STATUS, f, body)
+        if f.type in (fr.PREFILL, fr.DECODE):
+            if not self.engine.is_first:
+                raise MeshError("STAGE_INPUT_KIND", f"stage {self.stage} takes hidden states, not token ids")
+            return await self._compute(f, tokens=fr.decode_i32(f))
+        if f.type == fr.HIDDEN:
+            if self.engine.is_first:
+                raise MeshError("STAGE_INPUT_KIND", "stage 0 takes token ids, not hidden states")
+            return await self._compute(f, hidden=fr.decode_rows(f))
+        raise MeshError("FRAME_BAD_TYPE", f"frame type: a stage does not accept {fr.TYPE_NAMES.get(f.type, f.type)} frames", {"field": "type"})
+
+    async def _run(self, fn, *args, **kw):
+        return await asyncio.get_running_loop().run_in_executor(self.compute, lambda: fn(*args, **kw))
+
+    async def _open(self, f: Frame) -> Frame:
+        body = fr.decode_json(f)
+        ctx = body.get("contextLength") if isinstance(body, dict) else None
+        if not isinstance(ctx, int) or isinstance(ctx, bool) or ctx < 1:
+            raise MeshError("BAD_REQUEST", f"session open: contextLength must be a positive integer, got {ctx!r}")
+        if f.session_id in self.sessions:
+            raise MeshError("SESSION_EXISTS", f"session {f.session_id} is already open")
+        await self._run(self.engine.open_session, f.session_id, ctx)
+        self.sessions[f.session_id] = _Session(
+            sample=Sampler(body.get("sampler")) if self.engine.is_last else None,
+            hidden_dtype=fr.F32 if body.get("hiddenDtype") == "f32" else fr.F16,
+        )
+        return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "state": "open", "position": 0})
+
+    async def _compute(self, f: Frame, tokens=None, hidden=None) -> Frame:
+        s = self.sessions.get(f.session_id)
+        if s is None:
+            raise MeshError("SESSION_UNKNOWN", f"frame session id: session {f.session_id} is not open on stage {self.stage}", {"field": "session id"})
+        started = time.perf_counter()
+        arrived = f.received_at or started
+        bytes_in = fr.HEADER_BYTES + len(f.payload) if f.type == fr.HIDDEN else 0
+        s.timing["steps"] += 1
+        s.timing["bytesIn"] += bytes_in
+        step = {"computeMs": 0.0, "downstreamMs": 0.0, "bytesOut": 0}
+        try:
+            reply = await self._step(f, s, tokens, hidden, step)
+        finally:
+            s.timing["handleMs"] += (time.perf_counter() - started) * 1000
+        if not f.flags & fr.WANT_TIMINGS:
+            return reply
+        now = time.perf_counter()
+        us = lambda ms: ms * 1000  # noqa: E731
+        record = (self.stage, f.position, us(step["computeMs"]), us(step["downstreamMs"]), (now - arrived) * 1e6, (started - arrived) * 1e6, bytes_in, step["bytesOut"])
+        return fr.with_timings(reply, record)
+
+    async def _step(self, f: Frame, s: _Session, tokens, hidden, step: dict) -> Frame:
+        if s.pipeline_error:
+            raise s.pipeline_error
+        kind, out, compute_ms = await self._run(self.engine.forward, f.session_id, f.position, tokens=tokens, hidden=hidden)
+        s.timing["computeMs"] += compute_ms
+        step["computeMs"] = compute_ms
+        sample_now = f.type == fr.DECODE or bool(f.flags & fr.SAMPLE)
+        end = f.position + f.n_tokens
+        if kind == "hidden":
+            return await self._forward(f, s, out, sample_now, step)
+        if f.flags & fr.WANT_LOGITS:
+            return fr.rows_frame(fr.LOGITS, f, end, out[None, :], fr.F32)
+        if not sample_now:
+            return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": end})
+        return fr.tokens_frame(fr.TOKEN, f, end, [s.sample(out)])
+
+    async def _forward(self, f: Frame, s: _Session, rows, sample_now: bool, step: dict) -> Frame:
+        nxt = self.downstream
+        if nxt is None:
+            raise MeshError("STAGE_UNREACHABLE", f"stage {self.stage} has no next stage to send hidden states to", {"stage": self.stage + 1})
+        flags = (f.flags & (fr.SAMPLE | fr.WANT_LOGITS | fr.WANT_TIMINGS)) | (fr.SAMPLE if sample_now else 0)
+        out = fr.rows_frame(fr.HIDDEN, f.with_(seq=0), f.position, rows, s.hidden_dtype, flags)
+        size = fr.HEADER_BYTES + len(out.payload)
+        s.timing["bytesOut"] += size
+        step["bytesOut"] = size
+        sent = time.perf_counter()
+        try:
+            pending = nxt.start(out)
+        except MeshError as e:
+            raise self._downstream_error(e, nxt) from None
+        if not sample_now and not f.flags & fr.WANT_LOGITS:
+            # pipelined: answer now; a failure downstream answers this session's next frame
+            def done(fut: asyncio.Future) -> None:
+                e = fut.exception() if not fut.cancelled() else MeshError("LINK_CLOSED", "cancelled")
+                if e is None:
+                    try:
+                        unwrap(fut.result())
+                    except MeshError as err:
+                        e = err
+                if e is not None and s.pipeline_error is None:
+                    s.pipeline_error = self._downstream_error(e, nxt)
+
+            pending.add_done_callback(done)
+            return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": f.position + f.n_tokens, "pipelined": True})
+        try:
+            return unwrap(await pending)
+        except MeshError as e:
+            raise s.pipeline_error or self._downstream_error(e, nxt) from None
+        finally:
+            step["downstreamMs"] = (time.perf_counter() - sent) * 1000
+            s.timing["downstreamMs"] += step["downstreamMs"]
+
+    def _downstream_error(self, e: BaseException, nxt) -> MeshError:
+        if isinstance(e, MeshError) and e.stage is not None:
+            return e
+        code = e.code if isinstance(e, MeshError) else "STAGE_FAILED"
+        if code in ("LINK_CLOSED", "LINK_FAILED"):
+            code = "STAGE_UNREACHABLE"
+        message = e.message if isinstance(e, MeshError) else str(e)
+        return MeshError(code, f"stage {self.stage + 1} ({nxt.remote}): {message}", {"stage": self.stage + 1})
+
+    # ---- status ----
+
+    def session_status(self, sid: str) -> dict:
+        if sid not in self.sessions:
+            return {"stage": self.stage, "shard": self.shard, "open": False, "position": 0, "kvBytes": 0, "processedTokens": []}
+        t = self.sessions[sid].timing
+        r3 = lambda x: round(x, 3)  # noqa: E731
+        timing = {
+            "stage": self.stage,
+            "steps": t["steps"],
+            "computeMs": r3(t["computeMs"]),
+            "downstreamMs": r3(t["downstreamMs"]),
+            "overheadMs": r3(max(0.0, t["handleMs"] - t["computeMs"] - t["downstreamMs"])),
+            "bytesIn": t["bytesIn"],
+            "bytesOut": t["bytesOut"],
+        }
+        return {"stage": self.stage, "shard": self.shard, "open": True, "backend": self.engine.kind, **self.engine.session_stats(sid), "timing": timing}
+
+    def status(self) -> dict:
+        return {
+            "stage": self.stage,
+            "shard": self.shard,
+            "backend": self.engine.kind,
+            "sessions": [{"sessionId": sid, **self.engine.session_stats(sid)} for sid in self.sessions],
+        }
+
+    async def release_all(self) -> None:
+        for sid in list(self.sessions):
+            self.sessions.pop(sid, None)
+            await self._run(self.engine.release_session, sid)

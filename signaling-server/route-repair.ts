@@ -1,0 +1,354 @@
+// Keeping a room's route whole: warm spares, and replacing a stage whose peer was lost.
+//
+// Peers that are not in the route are spares: each gets a standby shard (the range it would
+// take over), which it loads and verifies ahead of time. When a stage's peer is lost (its
+// socket closed, its heartbeat stopped, a step found it stalled) or leaves gracefully, the
+// route goes `repairing`: the stage is assigned to a replacement — a warm spare holding that
+// shard, else any idle peer that can hold it (cold: it loads now), else the first suitable peer
+// to join — its neighbours are rewired to it, and the route is `ready` again. Sessions wait
+// meanwhile and are rebuilt on the new peer by the session manager (src/route/repair.ts). With
+// no replacement ready within the repair timeout, the sessions fail naming the stage, the peer
+// and the cause. Peers that fail repeatedly are kept out of routes and spares with back-off.
+
+import { MeshError } from '../src/errors.ts';
+import type { ShardRange } from '../src/gguf/types.ts';
+import { shardBytes } from '../src/backends/shard.ts';
+import type { RouteRepair } from '../src/route/sessions.ts';
+import type { Peer, Room, Route } from './room.ts';
+
+export interface RepairOptions {
+  /** how long a route may wait for a replacement before its sessions fail (ms; 0 = never repair) */
+  repairTimeoutMs: number;
+  /** how long a neighbour may take to rewire (ms) */
+  rewireTimeoutMs?: number;
+  /** spares load their standby shard ahead of time (false: a replacement loads when it takes over) */
+  standby?: boolean;
+}
+
+export interface Spare {
+  peerId: string;
+  /** the stage (of the route when the standby was given) whose shard it holds */
+  stage: number;
+  shard: ShardRange;
+  status: 'loading' | 'ready' | 'failed';
+}
+
+interface LostStage {
+  stage: number;
+  lostPeer: string;
+  cause: string;
+  /** the peer taking over, once one is chosen */
+  replacement: string | null;
+  warm: boolean;
+  /** graceful leave: the leaving peer serves until the replacement is ready */
+  graceful: boolean;
+  phase: 'waiting' | 'loading' | 'rewiring' | 'done';
+}
+
+/** A route's repair: the lost stages, and the promise sessions wait on. */
+export class RepairState implements RouteRepair {
+  readonly lost = new Map<number, LostStage>();
+  readonly since = Date.now();
+  readonly done: Promise<void>;
+  resolve!: () => void;
+  reject!: (e: MeshError) => void;
+  timer: NodeJS.Timeout | null = null;
+
+  constructor() {
+    this.done = new Promise<void>((resolve, reject) => {
+      this.resolve = resolve;
+      this.reject = reject;
+    });
+    this.done.catch(() => undefined); // observed by the sessions that wait on it
+  }
+
+  get stages(): number[] {
+    return [...this.lost.keys()].sort((a, b) => a - b);
+  }
+}
+
+/** Who a peer is across reconnects: its name, else its listen address, else its id. */
+function identityOf(p: Peer): string {
+  return p.hello.name ?? p.hello.listen ?? p.id;
+}
+
+const BACKOFF_BASE_MS = 5_000;
+const BACKOFF_MAX_MS = 5 * 60_000;
+
+export class RouteKeeper {
+  readonly spares = new Map<string, Spare>();
+  private readonly failures = new Map<string, { count: number; until: number }>();
+  /** rewires sent, waiting for `rewired` */
+  private readonly rewiring = new Map<string, () => void>();
+
+  constructor(
+    private readonly room: Room,
+    private readonly opts: RepairOptions,
+  ) {}
+
+  get enabled(): boolean {
+    return this.opts.repairTimeoutMs > 0;
+  }
+
+  /**
+   * A peer failed (lost while serving, refused its shard). Once is forgiven (a reloaded tab, a
+   * restarted node); from the second time it stays out of routes and spares for a while that
+   * doubles with each failure, and the room looks again when the while is over.
+   */
+  penalise(p: Peer, why: string): void {
+    const key = identityOf(p);
+    const f = this.failures.get(key) ?? { count: 0, until: 0 };
+    f.count++;
+    this.failures.set(key, f);
+    if (f.count < 2) return;
+    const ms = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** (f.count - 2));
+    f.until = Date.now() + ms;
+    this.room.log(`peer ${p.id} (${key}) kept out of routes for ${ms / 1000} s: ${why} (failure ${f.count})`);
+    setTimeout(() => {
+      const r = this.room.route;
+      if (r?.repairState) this.fillWaiting(r);
+      else if (r?.status === 'ready') this.assignStandbys(r);
+      this.room.schedulePlan();
+    }, ms + 10).unref();
+  }
+
+  /** Whether a peer may take a stage or a standby now. */
+  eligible(p: Peer): boolean {
+    if (p.gone || p.excluded || p.leaving || p.hello.backend === 'none') return false;
+    const f = this.failures.get(identityOf(p));
+    return !f || f.until <= Date.now();
+  }
+
+  /** Can `p` hold and serve `shard`? (memory; llama.cpp peers serve whole models only) */
+  canServe(p: Peer, shard: ShardRange): boolean {
+    const whole = shard.start === 0 && shard.end === this.room.model.nLayer;
+    if (p.hello.backend === 'llamacpp' && !whole) return false;
+    return shardBytes(this.room.model.header, shard, this.room.model.nLayer) <= p.hello.memoryBytes;
+  }
+
+  /** Peers of the room serving no stage of `r` and taking over none. */
+  private idlePeers(r: Route): Peer[] {
+    const busy = new Set(r.stages.map((s) => s.peerId));
+    for (const l of r.repairState?.lost.values() ?? []) if (l.replacement) busy.add(l.replacement);
+    return [...this.room.peers.values()].filter((p) => !busy.has(p.id) && this.eligible(p));
+  }
+
+  /** Gives every idle peer a standby shard: the one it asked for or holds, else the stage with the fewest spares. */
+  assignStandbys(r: Route): void {
+    if (!this.enabled || r.status !== 'ready' || this.opts.standby === false) return;
+    for (const p of this.idlePeers(r)) {
+      const current = this.spares.get(p.id);
+      if (current && current.status !== 'failed') continue;
+      const fits = r.stages.filter((st) => this.canServe(p, st.shard) && this.room.mayServeStage(p, r, st.stage));
+      if (fits.length === 0) continue;
+      const count = (stage: number): number => [...this.spares.values()].filter((s) => s.stage === stage && s.status !== 'failed').length;
+      const wanted = p.hello.layers ?? this.room.heldRangeOf(p);
+      const pick = fits.find((st) => wanted && st.shard.start === wanted.start && st.shard.end === wanted.end) ?? [...fits].sort((a, b) => count(a.stage) - count(b.stage) || b.stage - a.stage)[0]!;
+      this.spares.set(p.id, { peerId: p.id, stage: pick.stage, shard: { ...pick.shard }, status: 'loading' });
+      this.room.log(`peer ${p.id}: spare for stage ${pick.stage} (layers ${pick.shard.start}-${pick.shard.end}), loading its standby shard`);
+      this.room.send(p, { t: 'standby', routeId: r.id, stage: pick.stage, shard: { ...pick.shard }, nLayer: this.room.model.nLayer, modelUrl: this.room.modelUrlFor(p) });
+    }
+  }
+
+  onStandby(p: Peer, ok: boolean, detail: string): void {
+    const s = this.spares.get(p.id);
+    if (!s) return;
+    s.status = ok ? 'ready' : 'failed';
+    this.room.log(`peer ${p.id}: standby shard ${s.shard.start}-${s.shard.end} ${ok ? 'ready' : `failed: ${detail}`}`);
+    if (!ok) this.penalise(p, `standby load failed: ${detail}`);
+    const r = this.room.route;
+    if (ok && r?.repairState) this.fillWaiting(r);
+  }
+
+  /**
+   * Stage `stage` of `r` lost its peer (or it is leaving: `graceful`). Returns false when the
+   * route cannot be repaired (repair off, or the route was not serving).
+   */
+  stageLost(r: Route, stage: number, lostPeer: string, cause: string, graceful = false): boolean {
+    if (!this.enabled || (r.status !== 'ready' && r.status !== 'repairing')) return false;
+    let rep = r.repairState;
+    const firstLoss = !rep;
+    if (!rep) {
+      rep = r.repairState = new RepairState();
+      rep.timer = setTimeout(() => this.giveUp(r), this.opts.repairTimeoutMs);
+      rep.timer.unref();
+    }
+    const existing = rep.lost.get(stage);
+    if (existing && existing.replacement === lostPeer) {
+      // the replacement itself was lost before it was ready: find another
+      existing.replacement = null;
+      existing.phase = 'waiting';
+    } else if (!existing) {
+      rep.lost.set(stage, { stage, lostPeer, cause, replacement: null, warm: false, graceful, phase: 'waiting' });
+    }
+    if (!graceful) {
+      r.stages[stage]!.status = 'lost';
+      if (firstLoss || r.status === 'ready') r.setStatus('repairing', `stage ${stage} (${lostPeer}) ${graceful ? 'is leaving' : 'lost'}: ${cause}`);
+    }
+    this.room.emit({ type: 'stage_lost', routeId: r.id, stage, peerId: lostPeer, cause });
+    // every stage lost: nothing survives to rebuild from — plan a fresh route instead
+    if (r.stages.every((st) => st.status === 'lost' && !rep!.lost.get(st.stage)?.replacement)) {
+      this.giveUp(r, 'every stage was lost');
+      return true;
+    }
+    this.fillWaiting(r);
+    return true;
+  }
+
+  /** Assigns a replacement to every lost stage still waiting for one. */
+  fillWaiting(r: Route): void {
+    const rep = r.repairState;
+    if (!rep) return;
+    for (const l of rep.lost.values()) {
+      if (l.replacement) continue;
+      const shard = r.stages[l.stage]!.shard;
+      const idle = this.idlePeers(r).filter((p) => this.canServe(p, shard) && this.room.mayServeStage(p, r, l.stage));
+      const same = (p: Peer): boolean => {
+        const s = this.spares.get(p.id);
+        return !!s && s.shard.start === shard.start && s.shard.end === shard.end;
+      };
+      // a peer that rejoined (its control socket dropped) still holding this shard verified loads nothing
+      const holds = (p: Peer): boolean => {
+        const h = this.room.heldRangeOf(p);
+        return !!h && h.start <= shard.start && h.end >= shard.end;
+      };
+      const pick = idle.find((p) => same(p) && this.spares.get(p.id)!.status === 'ready') ?? idle.find(holds) ?? idle.find(same) ?? idle.find((p) => !this.spares.has(p.id)) ?? idle[0];
+      if (!pick) continue;
+      l.replacement = pick.id;
+      l.warm = same(pick) && this.spares.get(pick.id)!.status === 'ready';
+      l.phase = 'loading';
+      this.spares.delete(pick.id);
+      this.room.log(`route ${r.id}: stage ${l.stage} goes to ${pick.id} (${l.warm ? 'warm spare' : 'cold: it loads now'})`);
+      this.room.emit({ type: 'route_repairing', routeId: r.id, stages: rep.stages, replacementPeer: pick.id, warm: l.warm });
+      if (!l.graceful) {
+        const st = r.stages[l.stage]!;
+        st.peerId = pick.id;
+        st.status = 'loading';
+        st.listen = pick.hello.listen ?? null;
+      }
+      this.room.assignStage(r, l.stage, pick);
+    }
+  }
+
+  /** The peer taking over `stage` of `r`, if `p` is one. */
+  replacementStage(r: Route, p: Peer): number | null {
+    for (const l of r.repairState?.lost.values() ?? []) if (l.replacement === p.id && l.phase === 'loading') return l.stage;
+    return null;
+  }
+
+  /** A replacement failed to load: penalise it and find another. */
+  replacementFailed(r: Route, p: Peer, why: string): void {
+    const stage = this.replacementStage(r, p);
+    if (stage === null) return;
+    const l = r.repairState!.lost.get(stage)!;
+    l.replacement = null;
+    l.phase = 'waiting';
+    this.penalise(p, why);
+    this.fillWaiting(r);
+  }
+
+  /** A replacement is ready: swap it in (a graceful leave: after the sessions' steps in flight), rewire its neighbours, maybe finish. */
+  async replacementReady(r: Route, p: Peer): Promise<void> {
+    const stage = this.replacementStage(r, p);
+    const rep = r.repairState;
+    if (stage === null || !rep) return;
+    const l = rep.lost.get(stage)!;
+    l.phase = 'rewiring';
+    if (l.graceful) {
+      // new steps wait from here; the ones in flight finish on the leaving peer
+      if (r.status === 'ready') r.setStatus('repairing', `stage ${stage} (${l.lostPeer}) is leaving; ${p.id} takes over`);
+      await this.room.sessions.settled(r.id);
+      const st = r.stages[stage]!;
+      st.peerId = p.id;
+      st.listen = p.hello.listen ?? null;
+    }
+    r.stages[stage]!.status = 'ready';
+    try {
+      await this.rewireAround(r, stage, p);
+    } catch (e) {
+      this.room.log(`route ${r.id}: rewiring around stage ${stage} failed: ${(e as Error).message}`);
+      return this.giveUp(r, (e as Error).message);
+    }
+    l.phase = 'done';
+    if ([...rep.lost.values()].every((x) => x.phase === 'done')) this.finish(r);
+  }
+
+  /** Tells the stages before and after `stage` about its new peer, and waits until both opened their links. */
+  private async rewireAround(r: Route, stage: number, p: Peer): Promise<void> {
+    const waits: Array<Promise<void>> = [];
+    const prev = r.stages[stage - 1];
+    const next = r.stages[stage + 1];
+    const tell = (st: NonNullable<typeof prev>, fields: Record<string, unknown>): void => {
+      const peer = this.room.peers.get(st.peerId);
+      if (!peer) return;
+      // a neighbour still loading (itself a replacement) applies the rewire when its load is done
+      if (st.status === 'ready') waits.push(this.awaitRewired(peer.id, r.id, st.stage));
+      this.room.send(peer, { t: 'rewire', routeId: r.id, stage: st.stage, ...fields });
+    };
+    if (prev) tell(prev, this.room.downstreamOf(p.id, p.hello));
+    if (next) tell(next, { upstreamPeer: p.id });
+    await Promise.all(waits);
+    if (stage === 0) await this.room.connectEntry(r);
+  }
+
+  private awaitRewired(peerId: string, routeId: number, stage: number): Promise<void> {
+    const key = `${peerId}/${routeId}/${stage}`;
+    return new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.rewiring.delete(key);
+        reject(new MeshError('STAGE_UNREACHABLE', `peer ${peerId} did not rewire stage ${stage} within ${this.rewireTimeoutMs} ms`, { stage }));
+      }, this.rewireTimeoutMs);
+      this.rewiring.set(key, () => {
+        clearTimeout(timer);
+        this.rewiring.delete(key);
+        resolve();
+      });
+    });
+  }
+
+  onRewired(p: Peer, routeId: number, stage: number): void {
+    this.rewiring.get(`${p.id}/${routeId}/${stage}`)?.();
+  }
+
+  private get rewireTimeoutMs(): number {
+    return this.opts.rewireTimeoutMs ?? 10_000;
+  }
+
+  private finish(r: Route): void {
+    const rep = r.repairState!;
+    if (rep.timer) clearTimeout(rep.timer);
+    r.repairState = null;
+    const leavers = [...rep.lost.values()].filter((l) => l.graceful);
+    r.setStatus('ready');
+    this.room.log(`route ${r.id}: repaired in ${Date.now() - rep.since} ms (stages ${rep.stages.join(', ')})`);
+    rep.resolve();
+    this.room.sessions.routeRepaired(r.id);
+    for (const l of leavers) this.room.leaveDone(l.lostPeer, true);
+    this.assignStandbys(r);
+  }
+
+  /** No replacement in time (or the repair broke): the sessions fail naming the stage, the peer and the cause; the room replans. */
+  giveUp(r: Route, why?: string): void {
+    const rep = r.repairState;
+    if (!rep) return;
+    if (rep.timer) clearTimeout(rep.timer);
+    r.repairState = null;
+    const lost = [...rep.lost.values()];
+    const reason = why ?? `no replacement was ready within ${this.opts.repairTimeoutMs / 1000} s`;
+    for (const l of lost) {
+      const st = r.stages[l.stage]!;
+      st.status = 'lost';
+      void this.room.sessions.stageLost(r.id, l.stage, `${l.cause}; ${reason}`, { peerId: l.lostPeer });
+      if (l.graceful) this.room.leaveDone(l.lostPeer, false);
+    }
+    const first = lost[0]!;
+    rep.reject(new MeshError('STAGE_LOST', `stage ${first.stage} (${first.lostPeer}) left: ${first.cause}; ${reason}`, { stage: first.stage }));
+    r.setStatus('degraded', `stage ${first.stage} (${first.lostPeer}): ${first.cause}; ${reason}`);
+    this.room.schedulePlan();
+  }
+
+  /** The spares, for /v1/routes and the page. */
+  summary(): Spare[] {
+    return [...this.spares.values()].map((s) => ({ ...s, shard: { ...s.shard } }));
+  }
+}

@@ -1,0 +1,292 @@
+// One conformance suite, run against both implementations of a native peer: the TypeScript
+// node (`gguf-mesh node --backend cpu`) and the PyTorch peer (`--backend torch`, peers/torch/,
+// written from docs/protocol.md). Each serves stories260K alone; the test speaks raw frames to
+// its /v1/frames WebSocket and binary HTTP paths — malformed frames and fragments, unknown
+// sessions, refused steps, a whole session — and expects the answers docs/protocol.md gives
+// ("Strict decoding", "Fragments", "A stage"), identical for both. A tampered shard is refused
+// by both with TENSOR_HASH_MISMATCH naming the tensor, after one re-fetch.
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import WebSocket from 'ws';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { buildManifest, manifestJson } from '../src/gguf/manifest.ts';
+import { readHeader } from '../src/gguf/parse.ts';
+import { DType, encodeFrame, FrameFlag, FrameType, makeFrame } from '../src/protocol/frame.ts';
+import type { Frame } from '../src/protocol/frame.ts';
+import { fragment } from '../src/protocol/fragment.ts';
+import { decodeFrame } from '../src/protocol/frame.ts';
+import { decodeJson, hiddenFrame, jsonFrame, payloadBody, tokensFrame } from '../src/protocol/payload.ts';
+import { newSessionId } from '../src/protocol/session.ts';
+import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
+import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
+
+const IMPLEMENTATIONS = ['cpu', 'torch'] as const;
+type Impl = (typeof IMPLEMENTATIONS)[number];
+
+let model: string;
+let work: string;
+
+beforeAll(async () => {
+  model = await stories260K();
+  work = mkdtempSync(join(tmpdir(), 'gguf-mesh-conformance-'));
+});
+
+afterAll(async () => {
+  await killAll();
+  rmSync(work, { recursive: true, force: true });
+});
+
+/** One request/reply WebSocket to a node's /v1/frames: send a message, get the next binary message. */
+class RawSocket {
+  private replies: Uint8Array[] = [];
+  private waiting: Array<(m: Uint8Array) => void> = [];
+  private constructor(readonly ws: WebSocket) {
+    ws.on('message', (data: Buffer) => {
+      const m = new Uint8Array(data);
+      const w = this.waiting.shift();
+      if (w) w(m);
+      else this.replies.push(m);
+    });
+  }
+
+  static open(url: string, secret: string): Promise<RawSocket> {
+    return new Promise((resolve, reject) => {
+      const ws = new WebSocket(url, { headers: { authorization: `Bearer ${secret}` } });
+      ws.once('open', () => resolve(new RawSocket(ws)));
+      ws.once('error', reject);
+    });
+  }
+
+  /** Sends each message in turn and returns the one reply the last one causes. */
+  send(...messages: Uint8Array[]): Promise<Frame> {
+    for (const m of messages) this.ws.send(m);
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error('no reply within 20 s')), 20_000);
+      const take = (m: Uint8Array): void => {
+        clearTimeout(timer);
+        resolve(decodeFrame(m));
+      };
+      const queued = this.replies.shift();
+      if (queued) take(queued);
+      else this.waiting.push(take);
+    });
+  }
+}
+
+/** What a reply says, without what may differ between implementations (messages, the backend name, timings). */
+function summary(f: Frame): unknown {
+  if (f.type === FrameType.Error) {
+    const e = decodeJson<{ code: string; stage?: number; details?: Record<string, unknown> }>(f.payload);
+    return { error: e.code, ...(e.stage !== undefined ? { stage: e.stage } : {}), ...(e.details ? { details: e.details } : {}), seq: f.seq, reply: (f.flags & FrameFlag.Reply) !== 0 };
+  }
+  if (f.type === FrameType.Status) {
+    const { backend, timing, ...rest } = decodeJson<Record<string, unknown>>(f.payload);
+    return { status: rest, ...(backend !== undefined ? { backend: typeof backend } : {}), ...(timing ? { timing: Object.keys(timing as object).sort() } : {}), seq: f.seq };
+  }
+  if (f.type === FrameType.Token) return { token: new Int32Array(payloadBody(f).slice().buffer)[0], position: f.position, seq: f.seq };
+  return { type: FrameType[f.type], seq: f.seq };
+}
+
+/** An encoded frame with bytes changed: [offset, value] pairs. */
+function patched(f: Frame, ...changes: Array<[number, number]>): Uint8Array {
+  const b = encodeFrame(f);
+  for (const [o, v] of changes) b[o] = v;
+  return b;
+}
+
+const SID = 'c0ffee00' + '0'.repeat(23) + '1';
+const at = (seq: number, sessionId = SID) => ({ routeId: 1, sessionId, seq });
+
+/** The probes, in order (a session is opened, stepped and closed along the way), each with its reply. */
+async function frameProbes(sock: RawSocket): Promise<Record<string, unknown>> {
+  const out: Record<string, unknown> = {};
+  const probe = async (name: string, ...messages: Uint8Array[]): Promise<void> => {
+    out[name] = summary(await sock.send(...messages));
+  };
+  const prefill = (seq: number, pos: number, tokens: number[], flags = 0) => tokensFrame(FrameType.Prefill, at(seq), pos, tokens, flags);
+  // strict decoding, in the documented order
+  await probe('garbage', new Uint8Array(80).fill(7));
+  await probe('short header', encodeFrame(prefill(1, 0, [1])).subarray(0, 30));
+  await probe('version 2', patched(prefill(1, 0, [1]), [4, 2]));
+  await probe('reserved byte', patched(prefill(1, 0, [1]), [42, 1]));
+  await probe('type 99', patched(prefill(1, 0, [1]), [5, 99]));
+  await probe('flag bit 8', patched(prefill(1, 0, [1]), [7, 1]));
+  await probe('prefill as f32', patched(prefill(1, 0, [1]), [40, DType.F32]));
+  await probe('prefill of 0 tokens', patched(prefill(1, 0, [1]), [36, 0]));
+  await probe('decode of width 2', patched(tokensFrame(FrameType.Decode, at(1), 0, [1]), [44, 2]));
+  await probe('payload length off', patched(prefill(1, 0, [1, 2]), [48, 4]));
+  await probe('payload cut short', encodeFrame(prefill(1, 0, [1, 2])).subarray(0, 56));
+  await probe('bytes after the frame', new Uint8Array([...encodeFrame(prefill(1, 0, [1])), 0]));
+  await probe('timings on a JSON frame', encodeFrame({ ...jsonFrame(FrameType.Status, at(1), {}), flags: 0 }).map((x, i) => (i === 6 ? FrameFlag.Timings : x)));
+  // fragments
+  // 52 + 80 bytes in 64-byte messages: three fragments of 44-byte slices
+  const whole = encodeFrame(makeFrame({ type: FrameType.Status, ...at(11), dtype: DType.Json, payload: new TextEncoder().encode(JSON.stringify({ pad: 'x'.repeat(70) })) }));
+  const [f0, f1, f2] = fragment(whole, 64, 7);
+  await probe('fragment 1 first', f1!);
+  await probe('fragment version 2', f0!.map((x, i) => (i === 4 ? 2 : x)));
+  await probe('a frame in fragments', f0!, f1!, f2!);
+  const short = fragment(whole, 64, 8);
+  const lastCut = short[1]!.slice(0, 24).map((x, i) => (i === 5 ? 1 : x));
+  await probe('last fragment leaves bytes missing', short[0]!, lastCut);
+  // sessions
+  await probe('prefill, no session', encodeFrame(prefill(21, 0, [1])));
+  await probe('close, no session', encodeFrame(makeFrame({ type: FrameType.SessionClose, ...at(22) })));
+  await probe('status, no session', encodeFrame(makeFrame({ type: FrameType.Status, ...at(23) })));
+  await probe('open, contextLength 0', encodeFrame(jsonFrame(FrameType.SessionOpen, at(24), { contextLength: 0 })));
+  await probe('open, not JSON', encodeFrame(makeFrame({ type: FrameType.SessionOpen, ...at(25), dtype: DType.Json, payload: new TextEncoder().encode('{nope') })));
+  await probe('open', encodeFrame(jsonFrame(FrameType.SessionOpen, at(26), { contextLength: 8 })));
+  await probe('open again', encodeFrame(jsonFrame(FrameType.SessionOpen, at(27), { contextLength: 8 })));
+  await probe('stage status', encodeFrame(makeFrame({ type: FrameType.Status, ...at(40, '0'.repeat(32)) })));
+  await probe('prefill at position 3', encodeFrame(prefill(28, 3, [1])));
+  await probe('hidden into stage 0', encodeFrame(hiddenFrame(at(29), 0, new Float32Array(64), 1, DType.F16)));
+  await probe('a token frame', encodeFrame(tokensFrame(FrameType.Token, at(30), 0, [1])));
+  await probe('token outside the vocabulary', encodeFrame(prefill(31, 0, [99999])));
+  await probe('prefill, pipelined', encodeFrame(prefill(32, 0, STORIES_PROMPT_TOKENS.slice(0, 2))));
+  await probe('prefill, sampled', encodeFrame(prefill(33, 2, STORIES_PROMPT_TOKENS.slice(2), FrameFlag.Sample)));
+  await probe('decode', encodeFrame(tokensFrame(FrameType.Decode, at(34), 5, [432])));
+  await probe('status, open', encodeFrame(makeFrame({ type: FrameType.Status, ...at(35) })));
+  await probe('prefill past the context', encodeFrame(prefill(36, 6, [1, 2, 3])));
+  await probe('status after the refusals', encodeFrame(makeFrame({ type: FrameType.Status, ...at(37) })));
+  await probe('close', encodeFrame(makeFrame({ type: FrameType.SessionClose, ...at(38) })));
+  await probe('decode after close', encodeFrame(tokensFrame(FrameType.Decode, at(39), 6, [1])));
+  return out;
+}
+
+/** The binary HTTP paths and the secret checks. */
+async function httpProbes(httpUrl: string, wsUrl: string, secret: string): Promise<Record<string, unknown>> {
+  const auth = { authorization: `Bearer ${secret}` };
+  const sid = newSessionId();
+  const out: Record<string, unknown> = {};
+  const frameAnswer = async (res: Response) => ({ http: res.status, ...(summary(decodeFrame(new Uint8Array(await res.arrayBuffer()))) as object) });
+  out['POST garbage'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}/prefill`, { method: 'POST', headers: auth, body: new Uint8Array(80).fill(7) }));
+  out['POST another session'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}`, { method: 'POST', headers: auth, body: encodeFrame(jsonFrame(FrameType.SessionOpen, at(1, newSessionId()), { contextLength: 8 })) }));
+  out['POST open at decode'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}/decode`, { method: 'POST', headers: auth, body: encodeFrame(jsonFrame(FrameType.SessionOpen, at(1, sid), { contextLength: 8 })) }));
+  out['DELETE unknown'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}`, { method: 'DELETE', headers: auth }));
+  const get = await fetch(`${httpUrl}/v1/sessions/${sid}`, { headers: auth });
+  out['GET unknown'] = { http: get.status, body: await get.json() };
+  const open = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}`, { method: 'POST', headers: auth, body: encodeFrame(jsonFrame(FrameType.SessionOpen, at(5, sid), { contextLength: 8 })) }));
+  out['POST open'] = open;
+  out['POST prefill'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}/prefill`, { method: 'POST', headers: auth, body: encodeFrame(tokensFrame(FrameType.Prefill, at(6, sid), 0, STORIES_PROMPT_TOKENS, FrameFlag.Sample)) }));
+  out['POST decode at 9'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}/decode`, { method: 'POST', headers: auth, body: encodeFrame(tokensFrame(FrameType.Decode, at(7, sid), 9, [432])) }));
+  out['DELETE'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}`, { method: 'DELETE', headers: auth }));
+  const status = (await (await fetch(`${httpUrl}/v1/status`, { headers: auth })).json()) as Record<string, unknown>;
+  out['node status'] = { keys: Object.keys(status).sort(), backend: typeof status.backend, stage: status.stage, shard: status.shard, sessions: status.sessions };
+  out['status, wrong secret'] = (await fetch(`${httpUrl}/v1/status`, { headers: { authorization: 'Bearer wrong' } })).status;
+  out['unknown path'] = (await fetch(`${httpUrl}/v1/nothing`, { headers: auth })).status;
+  out['upgrade, wrong secret'] = await new Promise((resolve) => {
+    const ws = new WebSocket(wsUrl, { headers: { authorization: 'Bearer wrong' } });
+    ws.once('unexpected-response', (_req, res) => resolve(res.statusCode));
+    ws.once('open', () => resolve('open'));
+    ws.once('error', () => undefined);
+  });
+  return out;
+}
+
+const answers: Partial<Record<Impl, { frames: Record<string, unknown>; http: Record<string, unknown> }>> = {};
+
+describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => {
+  it('answers every probe as docs/protocol.md says', async () => {
+    const serve = await spawnServe(model);
+    const node = spawnMesh(['node', '--join', serve.joinUrl, '--backend', impl, '--no-cache', '--name', impl]);
+    await node.waitFor(/joined room/, 120_000);
+    await waitForRoute(serve, 'ready', 120_000);
+    const peer = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.peers[0];
+    const sock = await RawSocket.open(peer.listen, serve.secret);
+    const frames = await frameProbes(sock);
+    sock.ws.close();
+    const http = await httpProbes(peer.listen.replace(/^ws/, 'http').replace(/\/v1\/frames$/, ''), peer.listen, serve.secret);
+    answers[impl] = { frames, http };
+    await node.kill();
+    await serve.proc.kill();
+
+    const bad = (code: string, field: string) => ({ error: code, details: { field }, seq: 0, reply: true });
+    const stageErr = (seq: number, code: string, details?: Record<string, unknown>) => ({ error: code, stage: 0, ...(details ? { details } : {}), seq, reply: true });
+    const shard = { start: 0, end: 5 };
+    const kv = 2 * 5 * 8 * 4 * 8 * 4; // K and V, 5 layers, 8 positions, 4 KV heads × 8 dims, f32
+    expect(frames).toEqual({
+      garbage: bad('FRAME_BAD_MAGIC', 'magic'),
+      'short header': bad('FRAME_TRUNCATED', 'header'),
+      'version 2': bad('FRAME_BAD_VERSION', 'version'),
+      'reserved byte': bad('FRAME_BAD_RESERVED', 'reserved'),
+      'type 99': bad('FRAME_BAD_TYPE', 'type'),
+      'flag bit 8': bad('FRAME_BAD_FLAGS', 'flags'),
+      'prefill as f32': bad('FRAME_BAD_DTYPE', 'dtype'),
+      'prefill of 0 tokens': bad('FRAME_BAD_DIMENSION', 'token count'),
+      'decode of width 2': bad('FRAME_BAD_DIMENSION', 'width'),
+      'payload length off': bad('FRAME_BAD_LENGTH', 'payload length'),
+      'payload cut short': bad('FRAME_TRUNCATED', 'payload'),
+      'bytes after the frame': bad('FRAME_BAD_LENGTH', 'payload length'),
+      'timings on a JSON frame': bad('FRAME_BAD_FLAGS', 'flags'),
+      'fragment 1 first': bad('FRAGMENT_OUT_OF_ORDER', 'index'),
+      'fragment version 2': bad('FRAGMENT_BAD_VERSION', 'version'),
+      'a frame in fragments': { status: { stage: 0, shard, open: false, position: 0, kvBytes: 0, processedTokens: [] }, seq: 11 },
+      'last fragment leaves bytes missing': bad('FRAGMENT_TRUNCATED', 'total'),
+      'prefill, no session': stageErr(21, 'SESSION_UNKNOWN', { field: 'session id' }),
+      'close, no session': stageErr(22, 'SESSION_UNKNOWN', { field: 'session id' }),
+      'status, no session': { status: { stage: 0, shard, open: false, position: 0, kvBytes: 0, processedTokens: [] }, seq: 23 },
+      'open, contextLength 0': stageErr(24, 'BAD_REQUEST'),
+      'open, not JSON': stageErr(25, 'FRAME_BAD_PAYLOAD', { field: 'payload' }),
+      open: { status: { stage: 0, state: 'open', position: 0 }, seq: 26 },
+      'open again': stageErr(27, 'SESSION_EXISTS'),
+      'stage status': { status: { stage: 0, shard, sessions: [{ sessionId: SID, position: 0, kvBytes: kv, processedTokens: [0, 0, 0, 0, 0] }] }, backend: 'string', seq: 40 },
+      'prefill at position 3': stageErr(28, 'POSITION_MISMATCH', { expected: 0, got: 3 }),
+      'hidden into stage 0': stageErr(29, 'STAGE_INPUT_KIND'),
+      'a token frame': stageErr(30, 'FRAME_BAD_TYPE', { field: 'type' }),
+      'token outside the vocabulary': stageErr(31, 'BAD_TOKEN'),
+      'prefill, pipelined': { status: { stage: 0, position: 2 }, seq: 32 },
+      'prefill, sampled': { token: 432, position: 5, seq: 33 },
+      decode: { token: 383, position: 6, seq: 34 },
+      'status, open': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6] }, backend: 'string', timing: ['bytesIn', 'bytesOut', 'computeMs', 'downstreamMs', 'overheadMs', 'stage', 'steps'], seq: 35 },
+      'prefill past the context': stageErr(36, 'CONTEXT_FULL'),
+      'status after the refusals': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6] }, backend: 'string', timing: ['bytesIn', 'bytesOut', 'computeMs', 'downstreamMs', 'overheadMs', 'stage', 'steps'], seq: 37 },
+      close: { status: { stage: 0, state: 'closed' }, seq: 38 },
+      'decode after close': stageErr(39, 'SESSION_UNKNOWN', { field: 'session id' }),
+    });
+    expect(http).toEqual({
+      'POST garbage': { http: 400, ...bad('FRAME_BAD_MAGIC', 'magic') },
+      'POST another session': { http: 400, ...bad('FRAME_SESSION_MISMATCH', 'session id') },
+      'POST open at decode': { http: 400, ...bad('FRAME_BAD_TYPE', 'type') },
+      'DELETE unknown': { http: 404, ...stageErr(0, 'SESSION_UNKNOWN', { field: 'session id' }) },
+      'GET unknown': { http: 200, body: { stage: 0, shard, open: false, position: 0, kvBytes: 0, processedTokens: [] } },
+      'POST open': { http: 200, status: { stage: 0, state: 'open', position: 0 }, seq: 5 },
+      'POST prefill': { http: 200, token: 432, position: 5, seq: 6 },
+      'POST decode at 9': { http: 409, ...stageErr(7, 'POSITION_MISMATCH', { expected: 5, got: 9 }) },
+      DELETE: { http: 200, status: { stage: 0, state: 'closed' }, seq: 0 },
+      'node status': { keys: ['backend', 'memoryBytes', 'peerId', 'routeId', 'sessions', 'shard', 'stage'], backend: 'string', stage: 0, shard, sessions: [] },
+      'status, wrong secret': 401,
+      'unknown path': 404,
+      'upgrade, wrong secret': 401,
+    });
+  });
+});
+
+describe('both implementations', () => {
+  it('gave the same answers to every probe', () => {
+    expect(answers.cpu, 'the cpu peer ran').toBeDefined();
+    expect(answers.torch).toEqual(answers.cpu);
+  });
+
+  it.each(IMPLEMENTATIONS)('%s: a flipped byte in blk.2 is refused with TENSOR_HASH_MISMATCH naming the tensor, after one re-fetch', async (impl) => {
+    const copy = join(work, `tampered-${impl}.gguf`);
+    copyFileSync(model, copy);
+    const header = await readHeader(copy);
+    const victim = header.tensors.find((t) => t.name.startsWith('blk.2.'))!;
+    const bytes = readFileSync(copy);
+    bytes[victim.offset + 17]! ^= 0x40;
+    writeFileSync(copy, bytes);
+    writeFileSync(`${copy}.manifest.json`, manifestJson(await buildManifest(model)));
+    const serve = await spawnServe(copy);
+    const node = spawnMesh(['node', '--join', serve.joinUrl, '--backend', impl, '--no-cache', '--name', impl]);
+    await node.waitFor(/joined room/, 120_000);
+    const route = await waitForRoute(serve, 'degraded', 120_000);
+    expect(route.stages[0].status).toBe('failed');
+    expect(route.stages[0].error.code).toBe('TENSOR_HASH_MISMATCH');
+    expect(route.stages[0].error.message).toContain(victim.name);
+    const fetches = (await getJson(`${serve.base}/v1/models/tampered-${impl}/fetches`, serve.secret)).body.clients[route.stages[0].peerId];
+    const hits = (fetches.ranges as Array<[number, number]>).filter(([a, b]) => a <= victim.offset + 17 && b >= victim.offset + 17);
+    expect(hits.length).toBe(2);
+    await node.kill();
+    await serve.proc.kill();
+  });
+});

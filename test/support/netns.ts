@@ -1,0 +1,177 @@
+// A lab of hosts for multi-host tests: Linux network namespaces joined by veth pairs, made by
+// the test and removed when it ends. Every address in it is one the lab assigned, and no
+// namespace has a way out: a LAN is a bridge in a namespace of its own whose gateway address
+// forwards nothing (Chromium gathers no ICE candidates without a default route, so hosts get
+// one — to that dead end). Needs root and iproute2; when namespaces cannot be made, create()
+// throws saying why (tests fail, never skip).
+//
+//   LAN       hosts on one bridge: they reach each other, multicast (mDNS) included
+//   star      a centre host with one point-to-point link per leaf: leaves reach the centre's
+//             addresses, never each other (the centre does not forward)
+
+import { execFile, execFileSync } from 'node:child_process';
+import { promisify } from 'node:util';
+
+const run = promisify(execFile);
+
+export interface LabHost {
+  name: string;
+  /** the namespace (`ip netns exec <ns> …`) */
+  ns: string;
+  /** the host's first address (what others use to reach it) */
+  ip: string;
+  /** every address of the host */
+  ips: string[];
+}
+
+export interface LabSpec {
+  /** hosts on one shared bridge, each gets 10.<net>.0.<k+1>/24 */
+  lan?: string[];
+  /** a centre host and leaves, each leaf on its own link 10.<net>.<k+1>.0/24 (centre .1, leaf .2) */
+  star?: { centre: string; leaves: string[] };
+}
+
+const PREFIX = 'gmlab';
+let counter = 0;
+const live = new Set<NetLab>();
+
+async function ip(...args: string[]): Promise<void> {
+  try {
+    await run('ip', args);
+  } catch (e) {
+    const err = e as Error & { stderr?: string };
+    throw new Error(`ip ${args.join(' ')}: ${(err.stderr ?? err.message).trim()}`);
+  }
+}
+
+/** Namespaces of labs whose test process is gone (killed before it could clean up). */
+function removeStale(): void {
+  let list = '';
+  try {
+    list = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' });
+  } catch {
+    return;
+  }
+  for (const line of list.split('\n')) {
+    const m = new RegExp(`^(${PREFIX}(\\d+)-\\S+)`).exec(line);
+    if (!m || Number(m[2]) === process.pid) continue;
+    try {
+      process.kill(Number(m[2]), 0);
+    } catch {
+      try {
+        execFileSync('ip', ['netns', 'del', m[1]!]);
+      } catch {
+        // already gone
+      }
+    }
+  }
+}
+
+export class NetLab {
+  readonly hosts = new Map<string, LabHost>();
+  private readonly namespaces: string[] = [];
+  private closed = false;
+
+  private constructor(private readonly id: string) {}
+
+  /** Makes the namespaces, links and addresses of `spec`. */
+  static async create(spec: LabSpec): Promise<NetLab> {
+    if (process.platform !== 'linux') throw new Error(`network namespaces need Linux; this is ${process.platform}`);
+    if (process.getuid?.() !== 0) throw new Error(`network namespaces need root (uid ${process.getuid?.()}); CI and this machine's tests run as root`);
+    removeStale();
+    const lab = new NetLab(`${PREFIX}${process.pid}-${counter++}`);
+    live.add(lab);
+    try {
+      let net = 201;
+      if (spec.lan) await lab.makeLan(net++, spec.lan);
+      if (spec.star) await lab.makeStar(net++, spec.star.centre, spec.star.leaves);
+    } catch (e) {
+      lab.close();
+      throw new Error(`cannot make the test network (network namespaces and veth pairs): ${(e as Error).message}`);
+    }
+    return lab;
+  }
+
+  host(name: string): LabHost {
+    const h = this.hosts.get(name);
+    if (!h) throw new Error(`no host ${name} in this lab (${[...this.hosts.keys()].join(', ')})`);
+    return h;
+  }
+
+  private async namespace(name: string): Promise<string> {
+    const ns = `${this.id}-${name}`;
+    await ip('netns', 'add', ns);
+    this.namespaces.push(ns);
+    await ip('-n', ns, 'link', 'set', 'lo', 'up');
+    return ns;
+  }
+
+  private async addHost(name: string, addr: string): Promise<LabHost> {
+    const existing = this.hosts.get(name);
+    if (existing) {
+      existing.ips.push(addr);
+      return existing;
+    }
+    const h: LabHost = { name, ns: await this.namespace(name), ip: addr, ips: [addr] };
+    this.hosts.set(name, h);
+    return h;
+  }
+
+  /** A veth pair: `ifA` in namespace `a`, `ifB` in namespace `b`, both up. */
+  private async veth(a: string, ifA: string, b: string, ifB: string): Promise<void> {
+    await ip('link', 'add', ifA, 'netns', a, 'type', 'veth', 'peer', 'name', ifB, 'netns', b);
+    await ip('-n', a, 'link', 'set', ifA, 'up');
+    await ip('-n', b, 'link', 'set', ifB, 'up');
+  }
+
+  private async makeLan(net: number, names: string[]): Promise<void> {
+    const sw = await this.namespace('lan');
+    await ip('-n', sw, 'link', 'add', 'br0', 'type', 'bridge');
+    await ip('-n', sw, 'link', 'set', 'br0', 'up');
+    const gateway = `10.${net}.0.254`;
+    await ip('-n', sw, 'addr', 'add', `${gateway}/24`, 'dev', 'br0'); // forwards nothing (a new namespace has ip_forward 0)
+    for (const [k, name] of names.entries()) {
+      const h = await this.addHost(name, `10.${net}.0.${k + 1}`);
+      await this.veth(h.ns, 'lan0', sw, `p${k}`);
+      await ip('-n', sw, 'link', 'set', `p${k}`, 'master', 'br0');
+      await ip('-n', h.ns, 'addr', 'add', `${h.ips.at(-1)}/24`, 'dev', 'lan0');
+      await ip('-n', h.ns, 'route', 'add', 'default', 'via', gateway);
+    }
+  }
+
+  private async makeStar(net: number, centreName: string, leaves: string[]): Promise<void> {
+    for (const [k, name] of leaves.entries()) {
+      const centre = await this.addHost(centreName, `10.${net}.${k + 1}.1`);
+      const leaf = await this.addHost(name, `10.${net}.${k + 1}.2`);
+      await this.veth(centre.ns, `leaf${k}`, leaf.ns, 'up0');
+      await ip('-n', centre.ns, 'addr', 'add', `10.${net}.${k + 1}.1/24`, 'dev', `leaf${k}`);
+      await ip('-n', leaf.ns, 'addr', 'add', `10.${net}.${k + 1}.2/24`, 'dev', 'up0');
+      // every centre address through this link; the centre answers for its own addresses only
+      await ip('-n', leaf.ns, 'route', 'add', 'default', 'via', `10.${net}.${k + 1}.1`);
+    }
+  }
+
+  /** The command line that runs `argv` inside host `name`. */
+  exec(name: string, argv: string[]): string[] {
+    return ['ip', 'netns', 'exec', this.host(name).ns, ...argv];
+  }
+
+  /** Removes every namespace (their links and addresses go with them). Processes inside should be stopped first. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    live.delete(this);
+    for (const ns of this.namespaces.reverse()) {
+      try {
+        execFileSync('ip', ['netns', 'del', ns]);
+      } catch {
+        // already gone
+      }
+    }
+  }
+}
+
+// a test process that exits without afterAll (a failed hook, a signal vitest forwards) still cleans up
+process.once('exit', () => {
+  for (const lab of [...live]) lab.close();
+});
