@@ -5,6 +5,7 @@
 // last stage reports the last row of what actually arrived for the sessions the server tells
 // it to watch ('actual'). The server compares the two (signaling-server/spot-check.ts).
 
+import { MeshError } from '../errors.ts';
 import type { StageBackend } from '../backends/types.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { toBase64 } from '../protocol/control.ts';
@@ -65,7 +66,7 @@ export class SpotCheck {
     void queue
       .run(sid, 'prefill', () => b.forward(sid, { kind: 'hidden', hidden, nTokens: out.nTokens }, out.position))
       .then(({ value }) => {
-        if (value.output.kind !== 'hidden') throw new Error('the check layers gave logits');
+        if (value.output.kind !== 'hidden') throw new MeshError('STAGE_FAILED', 'the check layers gave logits');
         this.opts.send({ t: 'check', routeId: out.routeId, sessionId: sid, position: out.position, nTokens: out.nTokens, role: 'expected', row: lastRow(value.output.hidden, out.nTokens) });
       })
       .catch(() => void this.close(sid));
