@@ -19,7 +19,7 @@ import { readHeader } from '../../src/gguf/parse.ts';
 import { openTensorSource } from '../../src/gguf/source.ts';
 import { hyperParameters, tensorGroups } from '../../src/gguf/summary.ts';
 import { argmax } from '../../src/model/sampler.ts';
-import { checkedModelConfig } from '../../src/model/model-check.ts';
+import { checkedModelConfig, checkedServableModel } from '../../src/model/model-check.ts';
 import { Tokenizer } from '../../src/model/tokenizer/tokenizer.ts';
 import { REPO_ROOT, runCli } from '../support/cli.ts';
 import { killAll, spawnMesh } from '../support/mesh.ts';
@@ -45,7 +45,7 @@ const PROMPT = 'Once upon a time';
 /** What `serve` checks before opening a room (room-registry.ts addRoom), then the manifest it builds. */
 async function serveAccepts(file: string): Promise<void> {
   const header = await readHeader(file);
-  checkedModelConfig(header, file);
+  checkedServableModel(header, file);
   Tokenizer.fromMetadata(header.metadata);
   await buildManifest(file);
 }
@@ -201,7 +201,7 @@ describe('the files that crashed or hung serve and inspect', () => {
   });
 
   it('serve exits non-zero, naming the problem, on models it cannot serve (tensor_count = 0, BAD_MODEL_METADATA, block_count = 2^31)', async () => {
-    for (const [name, code] of [['count: tensor_count = 0', /TENSOR_MISSING|BAD_MODEL_METADATA/], ['semantic: rms epsilon key renamed (missing)', /BAD_MODEL_METADATA/], ['semantic: block_count = 2147483648', /BAD_MODEL_METADATA/]] as const) {
+    for (const [name, code] of [['count: tensor_count = 0', /TENSOR_MISSING|BAD_MODEL_METADATA/], ['semantic: rms epsilon key renamed (missing)', /BAD_MODEL_METADATA/], ['semantic: block_count = 2147483648', /GGUF_BAD_METADATA|BAD_MODEL_METADATA/]] as const) {
       const p = spawnMesh(['serve', '--port', '0', '--ui', 'off', '--model', file(name)]);
       const exit = await Promise.race([p.exited, new Promise<string>((r) => setTimeout(() => r('still running'), 30_000))]);
       expect(exit, `${name}: ${p.output()}`).toBe(1);
