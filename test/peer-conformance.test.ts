@@ -237,9 +237,9 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'prefill, pipelined': { status: { stage: 0, position: 2 }, seq: 32 },
       'prefill, sampled': { token: 432, position: 5, seq: 33 },
       decode: { token: 383, position: 6, seq: 34 },
-      'status, open': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6] }, backend: 'string', timing: ['bytesIn', 'bytesOut', 'computeMs', 'downstreamMs', 'overheadMs', 'stage', 'steps'], seq: 35 },
+      'status, open': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6], replayLogBytes: 0 }, backend: 'string', timing: ['bytesIn', 'bytesOut', 'computeMs', 'downstreamMs', 'overheadMs', 'stage', 'steps'], seq: 35 },
       'prefill past the context': stageErr(36, 'CONTEXT_FULL'),
-      'status after the refusals': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6] }, backend: 'string', timing: ['bytesIn', 'bytesOut', 'computeMs', 'downstreamMs', 'overheadMs', 'stage', 'steps'], seq: 37 },
+      'status after the refusals': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6], replayLogBytes: 0 }, backend: 'string', timing: ['bytesIn', 'bytesOut', 'computeMs', 'downstreamMs', 'overheadMs', 'stage', 'steps'], seq: 37 },
       close: { status: { stage: 0, state: 'closed' }, seq: 38 },
       'decode after close': stageErr(39, 'SESSION_UNKNOWN', { field: 'session id' }),
     });

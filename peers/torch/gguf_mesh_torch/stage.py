@@ -181,7 +181,7 @@ class StageService:
             "bytesIn": t["bytesIn"],
             "bytesOut": t["bytesOut"],
         }
-        return {"stage": self.stage, "shard": self.shard, "open": True, "backend": self.engine.kind, **self.engine.session_stats(sid), "timing": timing}
+        return {"stage": self.stage, "shard": self.shard, "open": True, "backend": self.engine.kind, **self.engine.session_stats(sid), "replayLogBytes": 0, "timing": timing}
 
     def status(self) -> dict:
         return {
