@@ -225,7 +225,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'prefill, no session': stageErr(21, 'SESSION_UNKNOWN', { field: 'session id' }),
       'close, no session': stageErr(22, 'SESSION_UNKNOWN', { field: 'session id' }),
       'status, no session': { status: { stage: 0, shard, open: false, position: 0, kvBytes: 0, processedTokens: [] }, seq: 23 },
-      'open, contextLength 0': stageErr(24, 'BAD_REQUEST'),
+      'open, contextLength 0': stageErr(24, 'BAD_REQUEST', { field: 'contextLength' }),
       'open, not JSON': stageErr(25, 'FRAME_BAD_PAYLOAD', { field: 'payload' }),
       open: { status: { stage: 0, state: 'open', position: 0 }, seq: 26 },
       'open again': stageErr(27, 'SESSION_EXISTS'),

@@ -73,7 +73,7 @@ class StageService:
         body = fr.decode_json(f)
         ctx = body.get("contextLength") if isinstance(body, dict) else None
         if not isinstance(ctx, int) or isinstance(ctx, bool) or ctx < 1:
-            raise MeshError("BAD_REQUEST", f"session open: contextLength must be a positive integer, got {ctx!r}")
+            raise MeshError("BAD_REQUEST", f"session open: contextLength must be a positive integer, got {ctx!r}", {"field": "contextLength"})
         if f.session_id in self.sessions:
             raise MeshError("SESSION_EXISTS", f"session {f.session_id} is already open")
         await self._run(self.engine.open_session, f.session_id, ctx)
