@@ -10,7 +10,6 @@ import { artifactFiles, readArtifactHeader, splitName } from '../src/gguf/split.
 import { loadOrBuildManifest } from '../src/gguf/manifest.ts';
 import type { Manifest } from '../src/gguf/verify.ts';
 import { checkedServableModel } from '../src/model/model-check.ts';
-import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import type { IceServer } from '../src/protocol/control.ts';
 import { FrameType } from '../src/protocol/frame.ts';
 import type { Frame } from '../src/protocol/frame.ts';
@@ -126,7 +125,6 @@ export class RoomRegistry {
     // refused here, at start, what llama.cpp would refuse: lying shapes, missing or extra tensors;
     // an architecture only llama.cpp runs opens a room too (what each peer serves is the planner's question)
     const { nLayer, nCtx } = checkedServableModel(header, location);
-    Tokenizer.fromMetadata(header.metadata);
     const id = modelIdFor(location, this.taken);
     const remote = isUrl(location);
     const split = art.files.length > 1;

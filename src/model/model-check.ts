@@ -12,6 +12,7 @@ import { GgmlType } from '../gguf/types.ts';
 import type { GgufHeader, TensorInfo } from '../gguf/types.ts';
 import { hyperParameters } from '../gguf/summary.ts';
 import { configFromHeader, ROPE_FREQS_TENSOR, SUPPORTED_ARCHITECTURES } from './config.ts';
+import { Tokenizer } from './tokenizer/tokenizer.ts';
 import type { ModelConfig } from './config.ts';
 
 /** A tensor the config implies: its name, shape (ggml order) and whether it must be F32. */
@@ -101,18 +102,30 @@ export function checkedModelConfig(header: GgufHeader, location = 'the model'): 
 /** The architectures whose every tensor checkedModelConfig knows. */
 const TENSOR_CHECKED = new Set(['llama', 'qwen2', 'qwen3']);
 
+/** Refusals that say our engines lack a feature, not that the file lies: a whole-model llama.cpp node may still serve it. */
+const ENGINE_LIMITS = new Set(['UNSUPPORTED_ARCHITECTURE', 'UNSUPPORTED_ROPE_SCALING']);
+
 /**
- * What `serve` checks before it opens a room for any architecture: the hyper-parameters read
- * (block_count against the blk.N tensors), the context length is there, and — for what our
- * engines run — the config, with every tensor for the llama family. Returns n_layer, the
- * training context and the config where our engines run the architecture (else null).
+ * What `serve` checks before it opens a room (and `audit` reports as serve's verdict): the
+ * hyper-parameters read (block_count against the blk.N tensors), the context length is there,
+ * the tokenizer reads, and — where our engines run the model — its config, with every tensor
+ * for the llama family. A model our engines lack a feature for is still served (a llama.cpp
+ * node may take it whole): its config is null then. Returns n_layer and the training context.
  */
 export function checkedServableModel(header: GgufHeader, location = 'the model'): { nLayer: number; nCtx: number; config: ModelConfig | null } {
   const hp = hyperParameters(header, location);
-  if (header.metadata[`${hp.architecture}.context_length`] === undefined) throw new MeshError('BAD_MODEL_METADATA', `${location}: ${hp.architecture}.context_length is missing`);
   if (header.tensors.length === 0) throw new MeshError('BAD_MODEL_METADATA', `${location}: the file holds no tensors`);
   if (hp.n_layer < 1) throw new MeshError('BAD_MODEL_METADATA', `${location}: block_count ${hp.n_layer}: a model needs at least one block`);
-  if (!(SUPPORTED_ARCHITECTURES as readonly string[]).includes(hp.architecture)) return { nLayer: hp.n_layer, nCtx: hp.n_ctx_train, config: null };
-  const config = TENSOR_CHECKED.has(hp.architecture) ? checkedModelConfig(header, location) : configFromHeader(header);
+  if (header.metadata[`${hp.architecture}.context_length`] === undefined) throw new MeshError('BAD_MODEL_METADATA', `${location}: ${hp.architecture}.context_length is missing`);
+  Tokenizer.fromMetadata(header.metadata);
+  const whole = { nLayer: hp.n_layer, nCtx: hp.n_ctx_train, config: null };
+  if (!(SUPPORTED_ARCHITECTURES as readonly string[]).includes(hp.architecture)) return whole;
+  let config: ModelConfig;
+  try {
+    config = TENSOR_CHECKED.has(hp.architecture) ? checkedModelConfig(header, location) : configFromHeader(header);
+  } catch (e) {
+    if (e instanceof MeshError && ENGINE_LIMITS.has(e.code)) return whole;
+    throw e;
+  }
   return { nLayer: config.nLayer, nCtx: config.nCtxTrain, config };
 }

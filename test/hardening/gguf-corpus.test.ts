@@ -46,7 +46,6 @@ const PROMPT = 'Once upon a time';
 async function serveAccepts(file: string): Promise<void> {
   const header = await readHeader(file);
   checkedServableModel(header, file);
-  Tokenizer.fromMetadata(header.metadata);
   await buildManifest(file);
 }
 
