@@ -11,63 +11,19 @@ import { MeshError } from '../errors.ts';
 import { FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, jsonFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
-import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
 import { parseSessionOpen } from '../protocol/session.ts';
 import type { SessionOpenBody } from '../protocol/session.ts';
-import type { HopLink, HopTelemetry, TelemetryEvent, TelemetryListener } from './telemetry.ts';
+import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
 import { hopTelemetry } from './telemetry.ts';
 import { reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
 import type { HistoryEntry, RebuildResult } from './repair.ts';
+import { checkSessionLimits, SESSION_LIMITS } from './session-types.ts';
+import type { RouteHandle, RouteRepair, SessionInfo, SessionManagerOptions } from './session-types.ts';
 
-/** A route's repair in progress: which stages lost their peer, since when, and when it ends. */
-export interface RouteRepair {
-  stages: number[];
-  /** when the first loss was seen (Date.now()) */
-  since: number;
-  /** resolves once every stage has a ready peer again; rejects with the error that ends the repair (no replacement in time) */
-  done: Promise<void>;
-}
-
-/** What the session manager needs from a route. */
-export interface RouteHandle {
-  readonly id: number;
-  /** data link into stage 0 */
-  entry(): FrameLink;
-  /** control links to every stage, in order; null where the stage's peer is gone */
-  stageLinks(): Array<FrameLink | null>;
-  /** who serves each stage, for status and error messages */
-  stagePeers(): string[];
-  /** the most positions a session may declare (the model's context), when known */
-  readonly contextLimit?: number | undefined;
-  /** each stage's backend kind (how a repair may batch its replay) */
-  stageBackends?(): string[];
-  /** the repair under way, if a stage lost its peer and a replacement is coming */
-  repair?(): RouteRepair | null;
-  /** a step took too long: find the stage that stopped answering and treat it as lost */
-  suspectStall?(): Promise<void>;
-  /** how each hop is carried (webrtc, relay, ws, …), when the route knows */
-  hops?(): HopLink[];
-}
-
-export interface SessionInfo {
-  sessionId: string;
-  routeId: number;
-  state: SessionState;
-  position: number;
-  promptTokens: number;
-  generatedTokens: number;
-  failure: SessionFailure | null;
-  history: SessionState[];
-  /** times the session was rebuilt on a repaired route */
-  repairs: number;
-  /** its route is being repaired: its next step waits */
-  repairing: boolean;
-  stages: Array<Record<string, unknown>>;
-  /** each hop named with its carrier, bytes and wire time (routes that report their hops) */
-  hops?: HopTelemetry[];
-}
+export { SESSION_LIMITS } from './session-types.ts';
+export type { RouteHandle, RouteRepair, SessionInfo, SessionManagerOptions } from './session-types.ts';
 
 interface Session {
   life: SessionLifecycle;
@@ -100,29 +56,6 @@ interface Session {
   repairSeen: RouteRepair | null;
   repairs: number;
 }
-
-export interface SessionManagerOptions {
-  /** an idle session expires after this long (ms) */
-  idleTtlMs?: number;
-  /** how often to look for idle sessions (ms) */
-  sweepMs?: number;
-  /** finished sessions kept for status queries */
-  keepFinished?: number;
-  /** a step that gets no answer within this long makes the route look for a stalled stage (ms) */
-  stepTimeoutMs?: number;
-  /** a status query waits this long for each stage (ms) */
-  statusTimeoutMs?: number;
-  onChange?: (sessionId: string, state: SessionState) => void;
-  /** most tokens a Prefill frame may carry (default 512) */
-  maxFrameTokens?: number;
-  /** most live sessions one client (a connection, or a principal when known) may hold (default 16) */
-  maxSessionsPerClient?: number;
-  /** most live sessions on one route (default 64, the stages' own default) */
-  maxSessionsPerRoute?: number;
-}
-
-/** Defaults of the session manager's limits (docs/ARCHITECTURE.md lists them). */
-export const SESSION_LIMITS = { maxFrameTokens: 512, maxSessionsPerClient: 16, maxSessionsPerRoute: 64 };
 
 /** Step errors that a stage leaving causes downstream of the news: the hop to it broke, or a stage before it already dropped the session. */
 const LOSS_SYMPTOMS = new Set(['STAGE_UNREACHABLE', 'SESSION_UNKNOWN', 'LINK_CLOSED', 'LINK_FAILED', 'STAGE_STALLED', 'STAGE_LOST', 'ROUTE_NOT_READY']);
@@ -217,7 +150,8 @@ export class SessionManager {
     if (!route) throw new MeshError('ROUTE_UNKNOWN', `no ready route ${routeId}`);
     if (this.sessions.has(sessionId)) throw new MeshError('SESSION_EXISTS', `session ${sessionId} already exists`);
     if (/^0+$/.test(sessionId)) throw new MeshError('FRAME_BAD_SESSION', 'frame session id: the all-zero id is reserved', { field: 'session id' });
-    this.checkSessionLimits(route, owner, principal);
+    const live = [...this.sessions.values()].filter((x) => !isTerminal(x.life.state)).map((x) => ({ routeId: x.route.id, owner: x.owner, principal: x.principal }));
+    checkSessionLimits(live, { routeId: route.id, owner, principal }, this.opts);
     if (route.contextLimit !== undefined && body.contextLength > route.contextLimit) {
       throw new MeshError('BAD_REQUEST', `session open: contextLength ${body.contextLength} exceeds the model's context of ${route.contextLimit}`, { field: 'contextLength', limit: route.contextLimit });
     }
@@ -243,21 +177,6 @@ export class SessionManager {
       throw new MeshError(e.code ?? 'STAGE_FAILED', `opening session on stage ${bad} failed: ${e.message}`, { stage: bad });
     }
     this.move(s, 'idle');
-  }
-
-  /** SESSION_LIMIT (429) when the client or the route holds as many live sessions as it may. */
-  private checkSessionLimits(route: RouteHandle, owner: unknown, principal: string | null): void {
-    const perClient = this.opts.maxSessionsPerClient ?? SESSION_LIMITS.maxSessionsPerClient;
-    const perRoute = this.opts.maxSessionsPerRoute ?? SESSION_LIMITS.maxSessionsPerRoute;
-    let mine = 0;
-    let onRoute = 0;
-    for (const x of this.sessions.values()) {
-      if (isTerminal(x.life.state)) continue;
-      if (x.route.id === route.id) onRoute++;
-      if (principal !== null ? x.principal === principal : owner !== undefined && x.owner === owner) mine++;
-    }
-    if (mine >= perClient) throw new MeshError('SESSION_LIMIT', `this client holds ${mine} live sessions, its limit; close one first`, { limit: perClient, retryAfterS: 1 });
-    if (onRoute >= perRoute) throw new MeshError('SESSION_LIMIT', `route ${route.id} runs ${onRoute} sessions, its limit`, { limit: perRoute, retryAfterS: 1 });
   }
 
   /** Sends a prefill chunk or decode step into stage 0 and returns stage n−1's answer (across a repair: sent again). */
