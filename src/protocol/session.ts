@@ -63,6 +63,9 @@ export function parseStatusQuery(body: unknown): StatusQuery {
   return validate(statusQuerySchema, body, 'status query', 'BAD_REQUEST');
 }
 
+/** The frame bodies a stage reads, by name, with their schemas (the fuzzer in test/hardening walks this). */
+export const SESSION_BODIES = { 'session open': sessionOpenSchema, rewind: rewindSchema, resend: resendSchema, 'status query': statusQuerySchema } as const;
+
 /** A fresh 128-bit session id in hex (crypto.getRandomValues: Node and browsers alike). */
 export function newSessionId(): string {
   const b = crypto.getRandomValues(new Uint8Array(16));

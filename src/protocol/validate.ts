@@ -11,6 +11,8 @@ export type Schema<T = unknown> = v.GenericSchema<unknown, T>;
 
 /** Parses `input` with `schema`; the first problem is a `code` error: "`what`: `field`: what was wrong". */
 export function validate<T>(schema: Schema<T>, input: unknown, what: string, code: ErrorCode = 'BAD_MESSAGE'): T {
+  // valibot's object schemas take an array as an object with no fields; a body is never one
+  if (Array.isArray(input) && (schema as { type?: string }).type === 'object') throw new MeshError(code, `${what}: expected an object, got an array`, { field: '(whole)' });
   const r = v.safeParse(schema, input, { abortEarly: true });
   if (r.success) return r.output;
   const issue = r.issues[0];
