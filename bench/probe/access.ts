@@ -1,15 +1,14 @@
 // Probes of keys, files and faults (issue 16): what one API key can do, a hosted model whose
 // symlink is re-pointed, and nodes across a restart of `serve`.
 
-import { copyFileSync, mkdtempSync, readFileSync, symlinkSync, unlinkSync } from 'node:fs';
+import { copyFileSync, readFileSync, symlinkSync, unlinkSync } from 'node:fs';
 import { get as httpGet } from 'node:http';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { FrameType } from '../../src/protocol/frame.ts';
 import { jsonFrame } from '../../src/protocol/payload.ts';
 import { newSessionId } from '../../src/protocol/session.ts';
 import { WsLink } from '../../src/transport/ws.ts';
-import { freePort, getJson, node, proofFor, rawPeer, serve, sleep, waitReady } from './procs.ts';
+import { freePort, getJson, node, proofFor, rawPeer, serve, sleep, waitReady, withTempDir } from './procs.ts';
 import type { Served } from './procs.ts';
 
 /**
@@ -54,33 +53,34 @@ export async function keys(root: string, model: string): Promise<Record<string, 
 
 /** A hosted model served through a symlink that is re-pointed at /etc/hostname while serving. */
 export async function symlinkSwap(root: string, model: string): Promise<Record<string, unknown>> {
-  const dir = mkdtempSync(join(tmpdir(), 'probe-link-'));
-  const real = join(dir, 'real.gguf');
-  copyFileSync(model, real);
-  const link = join(dir, 'm.gguf');
-  symlinkSync(real, link);
-  const s = await serve(root, link);
-  try {
-    unlinkSync(link);
-    symlinkSync('/etc/hostname', link);
-    // raw http: the reply may end short of its content-length, which fetch reports as an error
-    const { status, body } = await new Promise<{ status: number; body: Buffer }>((resolve) => {
-      const req = httpGet(`${s.base}/models/m.gguf`, { headers: { authorization: `Bearer ${s.secret}`, range: 'bytes=0-15' } }, (res) => {
-        const parts: Buffer[] = [];
-        res.on('data', (d: Buffer) => parts.push(d));
-        const done = (): void => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(parts) });
-        res.on('end', done);
-        res.on('close', done);
-        res.on('error', done);
+  return withTempDir('probe-link-', async (dir) => {
+    const real = join(dir, 'real.gguf');
+    copyFileSync(model, real);
+    const link = join(dir, 'm.gguf');
+    symlinkSync(real, link);
+    const s = await serve(root, link);
+    try {
+      unlinkSync(link);
+      symlinkSync('/etc/hostname', link);
+      // raw http: the reply may end short of its content-length, which fetch reports as an error
+      const { status, body } = await new Promise<{ status: number; body: Buffer }>((resolve) => {
+        const req = httpGet(`${s.base}/models/m.gguf`, { headers: { authorization: `Bearer ${s.secret}`, range: 'bytes=0-15' } }, (res) => {
+          const parts: Buffer[] = [];
+          res.on('data', (d: Buffer) => parts.push(d));
+          const done = (): void => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(parts) });
+          res.on('end', done);
+          res.on('close', done);
+          res.on('error', done);
+        });
+        req.on('error', () => resolve({ status: 0, body: Buffer.alloc(0) }));
       });
-      req.on('error', () => resolve({ status: 0, body: Buffer.alloc(0) }));
-    });
-    const hostname = readFileSync('/etc/hostname');
-    const leaked = body.length > 0 && body.equals(hostname.subarray(0, body.length));
-    return { status, servedEtcHostname: leaked, first4: body.subarray(0, 4).toString('latin1') };
-  } finally {
-    await s.proc.kill();
-  }
+      const hostname = readFileSync('/etc/hostname');
+      const leaked = body.length > 0 && body.equals(hostname.subarray(0, body.length));
+      return { status, servedEtcHostname: leaked, first4: body.subarray(0, 4).toString('latin1') };
+    } finally {
+      await s.proc.kill();
+    }
+  });
 }
 
 /** serve restarted on the same port with the same model and secret: do nodes stay, does the room id and join link survive? */

@@ -1,11 +1,10 @@
 // Probes of what kills or wedges `serve` and the GGUF readers (issue 16, "crashes and hangs").
 
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { corruptCorpus } from '../../test/hardening/gguf-corpus.ts';
 import { layoutOf } from '../../test/hardening/gguf-layout.ts';
-import { answers, freePort, node, proofFor, rawPeer, serve, sleep, spawnCli, waitReady } from './procs.ts';
+import { answers, freePort, node, proofFor, rawPeer, serve, sleep, spawnCli, waitReady, withTempDir } from './procs.ts';
 
 /** Sends one text message on a peer socket (before or after the hello) and reports whether serve lived. */
 export async function crashMessages(root: string, model: string): Promise<Record<string, string>> {
@@ -47,28 +46,29 @@ function patched(model: string, dir: string, name: string, edit: (b: Uint8Array,
 
 /** serve on tensor_count = 0 (then a peer joins), on a file refused with BAD_MODEL_METADATA; inspect on block_count = 2^31. */
 export async function badModels(root: string, model: string): Promise<Record<string, unknown>> {
-  const dir = mkdtempSync(join(tmpdir(), 'probe-gguf-'));
-  const l = layoutOf(new Uint8Array(readFileSync(model)));
-  const at = (k: string): number => l.kvs.find((x) => x.key === k)!.valueAt;
-  const out: Record<string, unknown> = {};
+  return withTempDir('probe-gguf-', async (dir) => {
+    const l = layoutOf(new Uint8Array(readFileSync(model)));
+    const at = (k: string): number => l.kvs.find((x) => x.key === k)!.valueAt;
+    const out: Record<string, unknown> = {};
 
-  const zero = patched(model, dir, 'tensors0', (_b, v) => v.setBigUint64(8, 0n, true));
-  out['serve, tensor_count = 0, a peer joins'] = await serveThenJoin(root, zero);
+    const zero = patched(model, dir, 'tensors0', (_b, v) => v.setBigUint64(8, 0n, true));
+    out['serve, tensor_count = 0, a peer joins'] = await serveThenJoin(root, zero);
 
-  const huge = patched(model, dir, 'blocks2p31', (_b, v) => v.setUint32(at('llama.block_count'), 0x80000000, true));
-  for (const cmd of ['inspect', 'manifest']) {
-    const t0 = Date.now();
-    const p = spawnCli(root, [cmd, huge], { NODE_OPTIONS: '--max-old-space-size=1024' });
-    const timer = setTimeout(() => void p.kill(), 60_000);
-    const code = await p.exited;
-    clearTimeout(timer);
-    out[`${cmd}, block_count = 2^31`] = { exit: code, ms: Date.now() - t0, said: p.output().trim().split('\n').filter(Boolean).slice(-1)[0]?.slice(0, 160) };
-  }
-  out['serve, block_count = 2^31'] = await serveOutcome(root, huge);
+    const huge = patched(model, dir, 'blocks2p31', (_b, v) => v.setUint32(at('llama.block_count'), 0x80000000, true));
+    for (const cmd of ['inspect', 'manifest']) {
+      const t0 = Date.now();
+      const p = spawnCli(root, [cmd, huge], { NODE_OPTIONS: '--max-old-space-size=1024' });
+      const timer = setTimeout(() => void p.kill(), 60_000);
+      const code = await p.exited;
+      clearTimeout(timer);
+      out[`${cmd}, block_count = 2^31`] = { exit: code, ms: Date.now() - t0, said: p.output().trim().split('\n').filter(Boolean).slice(-1)[0]?.slice(0, 160) };
+    }
+    out['serve, block_count = 2^31'] = await serveOutcome(root, huge);
 
-  const noEps = patched(model, dir, 'noeps', (b) => void (b[at('llama.attention.layer_norm_rms_epsilon') - 5] = 0x78));
-  out['serve, BAD_MODEL_METADATA file'] = await serveOutcome(root, noEps);
-  return out;
+    const noEps = patched(model, dir, 'noeps', (b) => void (b[at('llama.attention.layer_norm_rms_epsilon') - 5] = 0x78));
+    out['serve, BAD_MODEL_METADATA file'] = await serveOutcome(root, noEps);
+    return out;
+  });
 }
 
 async function serveOutcome(root: string, file: string): Promise<unknown> {
@@ -99,36 +99,37 @@ async function serveThenJoin(root: string, file: string): Promise<unknown> {
 
 /** How many corrupted copies `inspect` and `manifest` accept (a CLI run each, two at a time). */
 export async function corpusAcceptance(root: string, model: string): Promise<Record<string, unknown>> {
-  const dir = mkdtempSync(join(tmpdir(), 'probe-corpus-'));
-  const corpus = corruptCorpus(new Uint8Array(readFileSync(model)));
-  const results: Array<{ name: string; inspect: string; manifest: string }> = [];
-  const run = async (file: string, cmd: string): Promise<string> => {
-    const p = spawnCli(root, [cmd, file], { NODE_OPTIONS: '--max-old-space-size=512' });
-    const timer = setTimeout(() => void p.kill(), 30_000);
-    const code = await p.exited;
-    clearTimeout(timer);
-    if (code === 0) return 'accepted';
-    const said = /\b([A-Z][A-Z0-9_]{3,}):/.exec(p.output())?.[1];
-    return code === 1 && said ? said : `crash(${code})`;
-  };
-  let next = 0;
-  const worker = async (): Promise<void> => {
-    while (next < corpus.length) {
-      const c = corpus[next++]!;
-      const file = join(dir, `c${results.length}-${next}.gguf`);
-      writeFileSync(file, c.bytes);
-      results.push({ name: c.name, inspect: await run(file, 'inspect'), manifest: await run(file, 'manifest') });
-    }
-  };
-  await Promise.all([worker(), worker()]);
-  const count = (k: 'inspect' | 'manifest', pred: (s: string) => boolean): number => results.filter((r) => pred(r[k])).length;
-  return {
-    files: corpus.length,
-    inspectAccepted: count('inspect', (s) => s === 'accepted'),
-    manifestAccepted: count('manifest', (s) => s === 'accepted'),
-    crashed: results.filter((r) => r.inspect.startsWith('crash') || r.manifest.startsWith('crash')).map((r) => `${r.name}: ${r.inspect}/${r.manifest}`),
-    acceptedByBoth: results.filter((r) => r.inspect === 'accepted' && r.manifest === 'accepted').map((r) => r.name),
-  };
+  return withTempDir('probe-corpus-', async (dir) => {
+    const corpus = corruptCorpus(new Uint8Array(readFileSync(model)));
+    const results: Array<{ name: string; inspect: string; manifest: string }> = [];
+    const run = async (file: string, cmd: string): Promise<string> => {
+      const p = spawnCli(root, [cmd, file], { NODE_OPTIONS: '--max-old-space-size=512' });
+      const timer = setTimeout(() => void p.kill(), 30_000);
+      const code = await p.exited;
+      clearTimeout(timer);
+      if (code === 0) return 'accepted';
+      const said = /\b([A-Z][A-Z0-9_]{3,}):/.exec(p.output())?.[1];
+      return code === 1 && said ? said : `crash(${code})`;
+    };
+    let next = 0;
+    const worker = async (): Promise<void> => {
+      while (next < corpus.length) {
+        const c = corpus[next++]!;
+        const file = join(dir, `c${results.length}-${next}.gguf`);
+        writeFileSync(file, c.bytes);
+        results.push({ name: c.name, inspect: await run(file, 'inspect'), manifest: await run(file, 'manifest') });
+      }
+    };
+    await Promise.all([worker(), worker()]);
+    const count = (k: 'inspect' | 'manifest', pred: (s: string) => boolean): number => results.filter((r) => pred(r[k])).length;
+    return {
+      files: corpus.length,
+      inspectAccepted: count('inspect', (s) => s === 'accepted'),
+      manifestAccepted: count('manifest', (s) => s === 'accepted'),
+      crashed: results.filter((r) => r.inspect.startsWith('crash') || r.manifest.startsWith('crash')).map((r) => `${r.name}: ${r.inspect}/${r.manifest}`),
+      acceptedByBoth: results.filter((r) => r.inspect === 'accepted' && r.manifest === 'accepted').map((r) => r.name),
+    };
+  });
 }
 
 /** Wrong-typed JSON bodies on the OpenAI API: the statuses and codes they get. */

@@ -1,6 +1,6 @@
 // What the session manager and the routes it runs on share: a route as the manager sees it
 // (its links, peers, repair, hops), a session's public summary, and the manager's options and
-// limits (and the session-count check). The manager is ./sessions.ts; the server's Route
+// limits (and the session-count check, the failure error, the step timeout). The manager is ./sessions.ts; the server's Route
 // implements RouteHandle.
 
 import { MeshError } from '../errors.ts';
@@ -94,4 +94,17 @@ export function checkSessionLimits(live: readonly SessionHolder[], next: Session
   const onRoute = live.filter((x) => x.routeId === next.routeId).length;
   if (mine >= perClient) throw new MeshError('SESSION_LIMIT', `this client holds ${mine} live sessions, its limit; close one first`, { limit: perClient, retryAfterS: 1 });
   if (onRoute >= perRoute) throw new MeshError('SESSION_LIMIT', `route ${next.routeId} runs ${onRoute} sessions, its limit`, { limit: perRoute, retryAfterS: 1 });
+}
+
+/** The error a client gets for a session that failed: its recorded cause, naming the stage. */
+export function failureError(f: SessionFailure): MeshError {
+  return new MeshError(f.code, f.message, f.stage !== undefined ? { stage: f.stage } : {});
+}
+
+/** `p`, or STAGE_STALLED after `ms` (the request itself is left to settle on its own). */
+export function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new MeshError('STAGE_STALLED', `${what} within ${ms} ms`)), ms)));
+  p.catch(() => undefined);
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
 }

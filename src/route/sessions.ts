@@ -19,7 +19,7 @@ import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
 import { hopTelemetry } from './telemetry.ts';
 import { reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
 import type { HistoryEntry, RebuildResult } from './repair.ts';
-import { checkSessionLimits, SESSION_LIMITS } from './session-types.ts';
+import { checkSessionLimits, failureError, SESSION_LIMITS, withTimeout } from './session-types.ts';
 import type { RouteHandle, RouteRepair, SessionInfo, SessionManagerOptions } from './session-types.ts';
 
 export { SESSION_LIMITS } from './session-types.ts';
@@ -70,21 +70,9 @@ const MAX_REPAIR_ATTEMPTS = 5;
 /** How long a step that failed with a loss symptom waits for the server to hear that a stage left (ms). */
 const LOSS_NEWS_GRACE_MS = 2000;
 
-/** The error a client gets for a session that failed: its recorded cause, naming the stage. */
-function failureError(f: SessionFailure): MeshError {
-  return new MeshError(f.code, f.message, f.stage !== undefined ? { stage: f.stage } : {});
-}
-
-/** `p`, or STAGE_STALLED after `ms` (the request itself is left to settle on its own). */
-function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new MeshError('STAGE_STALLED', `${what} within ${ms} ms`)), ms)));
-  p.catch(() => undefined);
-  return Promise.race([p, late]).finally(() => clearTimeout(timer));
-}
-
-/** Events kept per session so a late subscriber still sees progress. */
+/** Events kept per session so a late subscriber still sees progress (a finished one: its last 32). */
 const EVENT_BUFFER = 256;
+const FINISHED_EVENTS = 32;
 
 export class SessionManager {
   private sessions = new Map<string, Session>();
@@ -443,6 +431,12 @@ export class SessionManager {
     s.life.transition(to);
     this.opts.onChange?.(s.life.sessionId, to);
     this.publish(s.life.sessionId, { type: 'session_state', sessionId: s.life.sessionId, state: to });
+    if (!isTerminal(to)) return;
+    // kept for status queries only: its replay history goes, and all but its last events
+    s.history = [];
+    s.confirmedEntries = 0;
+    const buf = this.buffers.get(s.life.sessionId);
+    if (buf && buf.length > FINISHED_EVENTS) buf.splice(0, buf.length - FINISHED_EVENTS);
   }
 
   /** Resolves when `s` fails or after `ms`, whichever is first. */
