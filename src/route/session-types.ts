@@ -1,7 +1,7 @@
 // What the session manager and the routes it runs on share: a route as the manager sees it
-// (its links, peers, repair, hops), a session's public summary, and the manager's options and
-// limits (and the session-count check, the failure error, the step timeout). The manager is ./sessions.ts; the server's Route
-// implements RouteHandle.
+// (its links, peers, repair, hops), a session's public summary, the manager's options and
+// limits, and its small rules (the session-count check, the failure error, the step timeout).
+// The manager is ./sessions.ts; the server's Route implements RouteHandle.
 
 import { MeshError } from '../errors.ts';
 import type { FrameLink } from '../transport/link.ts';
