@@ -64,7 +64,7 @@ function speedOf(t: GenerationTimings): Speed {
 }
 
 /** bare llama.cpp: one batched decode of the prompt, then one token at a time (greedy) */
-function timeBare(model: LlamaModelFfi, prompt: number[], n: number, threads: number): Speed {
+export function timeBare(model: LlamaModelFfi, prompt: number[], n: number, threads: number): Speed {
   const ctx = model.createContext({ contextLength: prompt.length + n + 1, threads, flashAttention: false, kvType: 'f32' });
   try {
     let t0 = performance.now();

@@ -38,6 +38,9 @@ type Fault = 'SIGKILL' | 'SIGSTOP' | 'SIGTERM';
 /** A serve process and its nodes, with the route's stage → process map read from the server. */
 class Mesh {
   readonly nodes = new Map<string, CliProcess>();
+  /** what went wrong in a round, reported beside the figures */
+  readonly failures: string[] = [];
+  readonly afterRound: (() => void)[] = [];
   private count = 0;
   joinUrl = '';
   base = '';
@@ -49,6 +52,18 @@ class Mesh {
     readonly cut: number[],
     private readonly standby: boolean,
   ) {}
+
+  /** every node killed, then a fresh route and spares, in the same room */
+  async restart(): Promise<void> {
+    for (const p of this.nodes.values()) {
+      p.child.kill('SIGCONT');
+      p.child.kill('SIGKILL');
+    }
+    this.nodes.clear();
+    for (let i = 0; i < 3; i++) await this.node(i).waitFor(/joined room/);
+    await this.until(() => true);
+    for (let i = 0; i < 3; i++) await this.spare(i);
+  }
 
   async start(): Promise<void> {
     const serve = spawnCli(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', this.model, '--min-peers', '3', '--standby', this.standby ? 'on' : 'off']);
@@ -98,13 +113,30 @@ class Mesh {
     return this.nodes.get(String(r.stages[stage].peerId).split('-')[0]!)!;
   }
 
-  session(contextLength: number): Promise<RouteSessionClient> {
-    return RouteSessionClient.open(this.room.link, this.room.routeId, { contextLength, hiddenDtype: 'f16' });
+  /** a session on the room's current route (a restart may have planned a new one) */
+  async session(contextLength: number): Promise<RouteSessionClient> {
+    const route = await this.route();
+    return RouteSessionClient.open(this.room.link, route.id, { contextLength, hiddenDtype: 'f16' });
   }
 }
 
 /** Prefills `history` tokens, decodes a few, then hits stage `stage` with `fault`: ms from the fault to the next token. */
 async function gapAfterFault(mesh: Mesh, history: number, stage: number, fault: Fault, vocab: number): Promise<number> {
+  try {
+    const gap = await faultOnce(mesh, history, stage, fault, vocab);
+    console.error(`[repair] ${fault} of stage ${stage} at history ${history}: ${Math.round(gap)} ms`);
+    return gap;
+  } catch (e) {
+    // one failed repair is a figure too (it counts against the goals), not the end of the bench
+    const route = await mesh.route().catch((err: Error) => err.message);
+    console.error(`[repair] ${fault} of stage ${stage} at history ${history} failed: ${(e as Error).message}\nroute: ${JSON.stringify(route).slice(0, 3000)}`);
+    mesh.failures.push(`${fault} of stage ${stage} at history ${history}: ${(e as Error).message}`);
+    await mesh.restart(); // the route may be left without a spare for each lost stage
+    return Infinity;
+  }
+}
+
+async function faultOnce(mesh: Mesh, history: number, stage: number, fault: Fault, vocab: number): Promise<number> {
   const c = await mesh.session(history + 16);
   const prompt = Array.from({ length: history - 4 }, (_, i) => (i * 37 + 11) % vocab);
   let tok = await c.prefill(prompt, 64);
@@ -112,10 +144,15 @@ async function gapAfterFault(mesh: Mesh, history: number, stage: number, fault: 
   const victim = await mesh.stageProcess(stage);
   const t0 = performance.now();
   victim.child.kill(fault);
-  tok = await c.decode(tok);
+  // a stopped process is killed once the round is over, whether or not the repair worked
+  if (fault === 'SIGSTOP') mesh.afterRound.push(() => victim.child.kill('SIGKILL'));
+  try {
+    tok = await c.decode(tok);
+  } finally {
+    for (const f of mesh.afterRound.splice(0)) f();
+  }
   const gap = performance.now() - t0;
   await c.close();
-  if (fault === 'SIGSTOP') victim.child.kill('SIGKILL');
   await mesh.spare(stage);
   return gap;
 }
@@ -231,6 +268,7 @@ export async function run(args: string[]): Promise<unknown> {
         }
         table[`${standby ? 'warm' : 'cold'}_history_${h}`] = row;
       }
+      if (mesh.failures.length) out[`${standby ? 'warm' : 'cold'}_failures`] = mesh.failures;
       if (standby && chaosRuns > 0) out.chaos = await chaos(mesh, chaosRuns, model, shape.vocab);
       killAllCli();
     }

@@ -112,7 +112,7 @@ export class HttpApi {
     const ready = rooms.filter((r) => r.route?.status === 'ready').length;
     const queue = this.registry.gate.counts;
     const ok = rooms.length > 0 && ready === rooms.length && this.registry.gate.open;
-    sendJson(res, ok ? 200 : 503, { status: ok ? 'ready' : 'not_ready', rooms: rooms.length, readyRooms: ready, queue, sessions: this.registry.sessions.liveCount });
+    sendJson(res, ok ? 200 : 503, { status: ok ? 'ready' : 'not_ready', rooms: rooms.length, readyRooms: ready, queue, sessions: this.registry.sessions.liveCount(), keptSessions: this.registry.sessions.liveCount(true) });
   }
 
   private modelFile({ req, res, allowed, m }: Request): Promise<void> {

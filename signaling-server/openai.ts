@@ -4,48 +4,41 @@
 // API key is the room secret. Before the first token, chunks carry route and prefill progress
 // in an extension field, `gguf_mesh`, which OpenAI clients ignore. A failure mid-stream is an
 // SSE `error` event naming the stage; a client that goes away cancels the session, which
-// frees the KV cache on every stage.
+// frees the KV cache on every stage. Every request field is honoured or refused by name
+// (openai-request.ts); `n` choices run as n sessions on the route at once, choice i seeded
+// with seed + i; log-probabilities come from the last stage with each token.
 
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import * as v from 'valibot';
 import { randomBytes } from 'node:crypto';
 import { httpStatusFor, MeshError } from '../src/errors.ts';
 import { ChatTemplate } from '../src/model/chat-template.ts';
-import type { ChatMessage } from '../src/model/chat-template.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { hyperParameters } from '../src/gguf/summary.ts';
 import { generateOnRoute } from '../src/route/route-generation.ts';
 import type { RouteGenerationResult } from '../src/route/route-generation.ts';
+import type { SampledLogprob } from '../src/protocol/payload.ts';
 import type { SessionManager } from '../src/route/sessions.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { LocalLink } from '../src/transport/link.ts';
 import { readJsonBody, sendJson } from '../src/transport/http.ts';
-import { list, text, validate } from '../src/protocol/validate.ts';
 import type { AdmissionGate } from './admission.ts';
 import type { Room } from './room.ts';
+import { badParam, choiceSampler, messageText, parseRequest } from './openai-request.ts';
+import { checkToolTemplate, forcedCallFormat, parseToolCalls, templateMessage, templateTools, toolsOf } from './openai-tools.ts';
+import type { ToolCall, ToolChoice, ToolSpec } from './openai-tools.ts';
+import type { ChatMessage } from '../src/model/chat-template.ts';
+import type { ParsedRequest } from './openai-request.ts';
+import { chatLogprobs, completionLogprobs } from './openai-format.ts';
+import { PrefixCache } from '../src/route/prefix-cache.ts';
+import { controlEscaper, outputConstraint } from './structured-output.ts';
 
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
+/** positions a kept session reserves beyond its request, so that the next chat turn fits in its KV cache */
+const KEEP_HEADROOM = 512;
+/** a kept session that has gone (expired, its route re-planned): the request opens a fresh one */
+const STALE_SESSION = new Set(['SESSION_UNKNOWN', 'SESSION_CLOSED', 'SESSION_BAD_STATE', 'POSITION_MISMATCH', 'FRAME_BAD_ROUTE']);
 /** how long a streamed request waits for a forming/loading route (ms) */
 const ROUTE_WAIT_MS = 120_000;
-
-const part = v.object({ type: text(64), text: v.optional(v.string()) });
-const chatMessage = v.object({ role: text(64), content: v.union([v.string(), list(part, 1024), v.null()]) });
-const maxTokens = v.nullish(v.pipe(v.number(), v.integer(), v.minValue(0)));
-/** An OpenAI completion or chat request; unknown fields are ignored, as OpenAI's own API does for most. */
-const completionSchema = v.object({
-  model: v.optional(text(256)),
-  prompt: v.optional(v.union([v.string(), v.tuple([v.string()])])),
-  messages: v.optional(v.pipe(list(chatMessage, 10_000), v.minLength(1))),
-  max_tokens: maxTokens,
-  max_completion_tokens: maxTokens,
-  temperature: v.nullish(v.pipe(v.number(), v.finite(), v.minValue(0), v.maxValue(2))),
-  top_p: v.nullish(v.pipe(v.number(), v.finite(), v.gtValue(0), v.maxValue(1))),
-  seed: v.nullish(v.pipe(v.number(), v.integer(), v.minValue(-(2 ** 53)), v.maxValue(2 ** 53))),
-  stop: v.nullish(v.union([v.string(), list(v.string(), 4)])),
-  stream: v.nullish(v.boolean()),
-  stream_options: v.nullish(v.object({ include_usage: v.optional(v.boolean()) })),
-});
-type CompletionBody = v.InferOutput<typeof completionSchema>;
 
 export interface OpenAiContext {
   sessions: SessionManager;
@@ -55,6 +48,14 @@ export interface OpenAiContext {
   principal?: string | null;
 }
 
+/** one prefix cache per session manager (one per server): KV reuse across requests */
+const prefixCaches = new WeakMap<SessionManager, PrefixCache>();
+function prefixCacheOf(sessions: SessionManager): PrefixCache {
+  let c = prefixCaches.get(sessions);
+  if (!c) prefixCaches.set(sessions, (c = new PrefixCache({ evict: (_route, sid) => void sessions.close(sid, 'closed').catch(() => undefined) })));
+  return c;
+}
+
 const tokenizers = new WeakMap<Room, Tokenizer>();
 function tokenizerOf(room: Room): Tokenizer {
   let t = tokenizers.get(room);
@@ -62,68 +63,253 @@ function tokenizerOf(room: Room): Tokenizer {
   return t;
 }
 
-/** OpenAI's error shape: `param` names the field, `code` is OpenAI's where it has one (context_length_exceeded). */
+/**
+ * OpenAI's error shape: `param` names the field (openai-request.ts's `param`, or a schema's
+ * `field`), `code` is OpenAI's where it has one (context_length_exceeded).
+ */
 function openAiError(res: ServerResponse, e: unknown): void {
   const err = e instanceof MeshError ? e : new MeshError('INTERNAL', String(e));
   const status = httpStatusFor(err.code);
   const type = err.code === 'AUTH_FAILED' ? 'authentication_error' : status === 429 ? 'rate_limit_error' : status >= 500 ? 'server_error' : 'invalid_request_error';
-  const { field, ...details } = err.details ?? {};
+  const { field, param, ...details } = err.details ?? {};
+  const named = typeof param === 'string' ? param : typeof field === 'string' && field !== '(whole)' ? field : null;
   if (typeof details.retryAfterS === 'number') res.setHeader('retry-after', String(details.retryAfterS));
   sendJson(res, status, {
-    error: { message: err.message, type, param: typeof field === 'string' ? field : null, code: err.code === 'CONTEXT_LENGTH_EXCEEDED' ? 'context_length_exceeded' : err.code, ...details },
+    error: { message: err.message, type, param: named, code: err.code === 'CONTEXT_LENGTH_EXCEEDED' ? 'context_length_exceeded' : err.code, ...details },
   });
 }
 
-async function readCompletionBody(req: IncomingMessage): Promise<CompletionBody> {
-  const body = await readJsonBody(req, MAX_BODY_BYTES, 'an OpenAI request object');
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new MeshError('BAD_REQUEST', 'the request body must be a JSON object', { field: '(whole)' });
-  return validate(completionSchema, body, 'request body', 'BAD_REQUEST');
-}
-
-function pickRoom(body: CompletionBody, allowed: Room[]): Room {
-  const room = body.model ? allowed.find((r) => r.model.id === body.model || r.id === body.model) : allowed.length === 1 ? allowed[0] : undefined;
-  if (!room) throw new MeshError('NOT_FOUND', `no model '${body.model ?? ''}' in the rooms this key opens (models: ${allowed.map((r) => r.model.id).join(', ')})`);
+function pickRoom(name: string | undefined, allowed: Room[]): Room {
+  const room = name ? allowed.find((r) => r.model.id === name || r.id === name) : allowed.length === 1 ? allowed[0] : undefined;
+  if (!room) throw new MeshError('NOT_FOUND', `no model '${name ?? ''}' in the rooms this key opens (models: ${allowed.map((r) => r.model.id).join(', ')})`, { param: 'model' });
   return room;
-}
-
-function messageText(content: string | Array<{ type: string; text?: string | undefined }> | null): string {
-  if (content === null) return '';
-  return typeof content === 'string' ? content : content.filter((p) => p.type === 'text').map((p) => p.text ?? '').join('');
-}
-
-/** What the loop needs from a request: its prompt tokens and settings, checked against the model's context. */
-function generationRequest(room: Room, body: CompletionBody, chat: boolean) {
-  const tokenizer = tokenizerOf(room);
-  let promptText: string;
-  if (chat) {
-    if (!body.messages) throw new MeshError('BAD_REQUEST', 'request body: messages: a chat completion needs a non-empty array of messages', { field: 'messages' });
-    const messages: ChatMessage[] = body.messages.map((m) => ({ role: m.role, content: messageText(m.content) }));
-    promptText = ChatTemplate.fromMetadata(room.model.header.metadata, { tokenizer, fallback: true }).prompt(tokenizer, messages);
-  } else {
-    if (body.prompt === undefined) throw new MeshError('BAD_REQUEST', 'request body: prompt: a completion needs a prompt string', { field: 'prompt' });
-    promptText = typeof body.prompt === 'string' ? body.prompt : body.prompt[0];
-  }
-  const promptTokens = tokenizer.encode(promptText);
-  const nCtx = hyperParameters(room.model.header).n_ctx_train || 2048; // as configFromHeader defaults it
-  const asked = body.max_completion_tokens ?? body.max_tokens;
-  const maxTokens = asked ?? (chat ? Math.max(0, Math.min(512, nCtx - promptTokens.length)) : Math.min(16, Math.max(0, nCtx - promptTokens.length)));
-  // OpenAI's rule: the prompt and the completion must fit the context, or the request is a 400
-  if (promptTokens.length + Math.max(1, maxTokens) > nCtx) {
-    throw new MeshError(
-      'CONTEXT_LENGTH_EXCEEDED',
-      `This model's maximum context length is ${nCtx} tokens. However, you requested ${promptTokens.length + maxTokens} tokens (${promptTokens.length} in the ${chat ? 'messages' : 'prompt'}, ${maxTokens} for the completion). Please reduce the length of the ${chat ? 'messages' : 'prompt'} or completion.`,
-      { field: chat ? 'messages' : 'prompt', promptTokens: promptTokens.length, maxTokens, contextLength: nCtx },
-    );
-  }
-  const seed = body.seed === undefined || body.seed === null ? undefined : Math.floor(body.seed) >>> 0;
-  const stop = body.stop === undefined || body.stop === null ? [] : Array.isArray(body.stop) ? body.stop : [body.stop];
-  return { tokenizer, promptTokens, maxTokens, temperature: body.temperature ?? 1, topP: body.top_p ?? 1, seed, stop };
 }
 
 export function modelsList(allowed: Room[]): unknown {
   return {
     object: 'list',
     data: allowed.map((r) => ({ id: r.model.id, object: 'model', created: 0, owned_by: 'gguf-mesh', room: r.id, route_status: r.route?.status ?? 'forming' })),
+  };
+}
+
+/** One choice's outcome: the route's result and the log-probabilities of the tokens its text holds. */
+interface ChoiceResult {
+  result: RouteGenerationResult;
+  logprobs: SampledLogprob[];
+  /** tool calls read from the reply, and the text left around them */
+  calls: ToolCall[];
+  content: string;
+}
+
+/** What a request shares across its choices while it runs. */
+interface RequestRun {
+  req: ParsedRequest;
+  room: Room;
+  tokenizer: Tokenizer;
+  promptTokens: number[];
+  /** the completions prompt's text (echo) */
+  promptText: string;
+  maxTokens: number;
+  /** the model's context length */
+  nCtx: number;
+  id: string;
+  created: number;
+  model: string;
+  abort: AbortController;
+  /** an SSE writer while streaming, else null */
+  sse: ((data: unknown, event?: string) => void) | null;
+  repairs: TelemetryEvent[];
+  /** the tools the model may call (chat with tools, tool_choice not "none") */
+  tools: { tools: ToolSpec[]; choice: ToolChoice } | null;
+}
+
+function promptOf(req: ParsedRequest, room: Room, tokenizer: Tokenizer, tools: RequestRun['tools']): { tokens: number[]; text: string } {
+  if (req.chat) {
+    const messages = req.messages.map((m) => templateMessage({ ...m, content: messageText(m.content) }) as unknown as ChatMessage);
+    const template = ChatTemplate.fromMetadata(room.model.header.metadata, { tokenizer, fallback: true });
+    if (tools) checkToolTemplate(template);
+    const text = template.prompt(tokenizer, messages, tools ? { variables: { tools: templateTools(tools.tools) } } : {});
+    return { tokens: tokenizer.encode(text), text };
+  }
+  if (typeof req.prompt !== 'string') return { tokens: req.prompt, text: tokenizer.decode(req.prompt) };
+  return { tokens: tokenizer.encode(req.prompt), text: req.prompt };
+}
+
+function chunkOf(run: RequestRun, index: number, delta: Record<string, unknown> | string, finishReason: string | null, extra: Record<string, unknown> = {}, logprobs: SampledLogprob[] = [], offset = 0): unknown {
+  const { id, created, model, tokenizer } = run;
+  const lp = logprobs.length === 0 ? null : run.req.chat ? chatLogprobs(tokenizer, logprobs) : completionLogprobs(tokenizer, logprobs, offset);
+  return run.req.chat
+    ? { id, object: 'chat.completion.chunk', created, model, choices: [{ index, delta: typeof delta === 'string' ? { content: delta } : delta, logprobs: lp, finish_reason: finishReason }], ...extra }
+    : { id, object: 'text_completion', created, model, choices: [{ index, text: typeof delta === 'string' ? delta : '', logprobs: lp, finish_reason: finishReason }], ...extra };
+}
+
+/** OpenAI's rule: the prompt and the completion must fit the context, or the request is a 400. */
+function checkContext(promptTokens: number, maxTokens: number, nCtx: number, chat: boolean): void {
+  if (promptTokens + Math.max(1, maxTokens) <= nCtx) return;
+  const what = chat ? 'messages' : 'prompt';
+  throw new MeshError(
+    'CONTEXT_LENGTH_EXCEEDED',
+    `This model's maximum context length is ${nCtx} tokens. However, you requested ${promptTokens + maxTokens} tokens (${promptTokens} in the ${what}, ${maxTokens} for the completion). Please reduce the length of the ${what} or completion.`,
+    { param: what, promptTokens, maxTokens, contextLength: nCtx },
+  );
+}
+
+const finishOf = (r: RouteGenerationResult): string => (r.stopReason === 'max_tokens' || r.stopReason === 'context_full' ? 'length' : 'stop');
+
+/** Waits for the room's route to be ready (streamed requests only wait), reporting its status and loading progress. */
+async function readyRoute(run: RequestRun, progress: (e: TelemetryEvent) => void): Promise<NonNullable<Room['route']>> {
+  const { room } = run;
+  const deadline = Date.now() + (run.sse ? ROUTE_WAIT_MS : 0);
+  const stopLoading = room.route?.status !== 'ready' ? room.subscribe((e) => e.type === 'stage_loading' && progress(e)) : null;
+  try {
+    for (let last = ''; room.route?.status !== 'ready'; ) {
+      const r = room.route;
+      const state = r ? `${r.status}:${r.reason ?? ''}:${r.stages.map((s) => s.status).join(',')}` : 'none';
+      if (state !== last) {
+        last = state;
+        progress({ type: 'route_status', routeId: r?.id ?? 0, status: r?.status ?? 'forming', reason: r?.reason ?? 'no peers yet' });
+      }
+      if (Date.now() >= deadline || run.abort.signal.aborted) throw new MeshError('ROUTE_NOT_READY', `model ${run.model}: route is ${r?.status ?? 'not planned'}${r?.reason ? ` (${r.reason})` : ''}`);
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+  } finally {
+    stopLoading?.();
+  }
+  return room.route!;
+}
+
+/**
+ * Runs choice `index` as its own session. Log-probabilities travel with the text: those of the
+ * tokens behind each delta go out with it, and tokens whose text never shows (EOG, a stop
+ * string) report none — streamed and not alike.
+ */
+async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req: IncomingMessage, progress: (e: TelemetryEvent) => void): Promise<ChoiceResult> {
+  const route = run.room.route!;
+  const link = new LocalLink((f) => ctx.sessions.handle(f, req, ctx.principal ?? null));
+  let unsubscribe: (() => void) | null = null;
+  let sessionId: string | null = null;
+  let firstToken = false;
+  let lastStep: TelemetryEvent | null = null;
+  const pending: SampledLogprob[] = [];
+  const kept: SampledLogprob[] = [];
+  let offset = run.req.echo ? run.promptText.length : 0;
+  if (run.sse && run.req.echo) run.sse(chunkOf(run, index, run.promptText, null));
+  const wantLogprobs = run.req.logprobs !== null;
+  // constrained JSON: raw control characters inside strings escaped, so the output parses (structured-output.ts)
+  const escape = run.req.format ? controlEscaper() : null;
+  let text = '';
+  const onDelta = (raw: string): void => {
+    const d = escape ? escape(raw) : raw;
+    text += d;
+    if (!d) return;
+    const lps = pending.splice(0);
+    kept.push(...lps);
+    // with tools the reply is read whole first: a call is not text to stream
+    if (!run.tools) run.sse?.(chunkOf(run, index, d, null, lastStep ? { gguf_mesh: lastStep } : {}, lps, offset));
+    offset += d.length;
+  };
+  // KV reuse: one choice continues a kept session whose tokens the prompt extends, and is kept afterwards
+  const cache = run.req.n === 1 && run.req.cachePrompt && !run.req.format ? prefixCacheOf(ctx.sessions) : null;
+  // response_format: sampled here under the grammar, from the last stage's logits
+  const constraint = run.req.format ? await outputConstraint(run.tokenizer, run.req.format) : null;
+  const need = run.promptTokens.length + run.maxTokens;
+  const reuse = cache?.take(route.id, run.promptTokens, need) ?? null;
+  const generate = (withReuse: boolean): Promise<RouteGenerationResult> => generateOnRoute(link, route.id, run.tokenizer, {
+    ...(cache ? { keep: true, contextLength: Math.min(run.nCtx, need + KEEP_HEADROOM) } : {}),
+    ...(withReuse && reuse ? { reuse } : {}),
+    ...(constraint ? { constraint } : {}),
+    promptTokens: run.promptTokens,
+    maxTokens: run.maxTokens,
+    sampler: choiceSampler(run.req.sampler, index),
+    ...(wantLogprobs ? { logprobs: run.req.logprobs! } : {}),
+    stopStrings: run.req.stop,
+    signal: run.abort.signal,
+    onSession: (sid) => {
+      sessionId = sid;
+      (unsubscribe as (() => void) | null)?.(); // a stale kept session's, when a fresh one replaced it
+      // progress from the session manager (prefill per chunk) reaches the stream too
+      // a continued (kept) session's earlier events belong to the requests before this one
+      unsubscribe = ctx.sessions.subscribe(sid, (e) => {
+        if (!firstToken && e.type === 'prefill_progress') progress(e);
+        // a stage lost and the route repaired under the session: the client sees it happen, but no error
+        if (e.type === 'stage_lost' || e.type === 'route_repairing' || e.type === 'route_repaired') {
+          run.repairs.push(e);
+          progress(e);
+        }
+      }, reuse !== null && sid === reuse.sessionId);
+    },
+    onEvent: (e) => {
+      if (e.type === 'token') {
+        firstToken = true;
+        if (e.logprob) pending.push(e.logprob);
+      }
+      if (e.type === 'step_timing') lastStep = e;
+      if (sessionId && (e.type === 'token' || e.type === 'step_timing' || e.type === 'session_summary')) ctx.sessions.publish(sessionId, e);
+    },
+    // each content chunk carries the per-stage breakdown of the step that produced it
+    onDelta,
+  });
+  let result: RouteGenerationResult;
+  try {
+    result = await generate(true).catch((e: unknown) => {
+      // the kept session went away before it produced anything: a fresh session instead
+      if (!reuse || firstToken || !(e instanceof MeshError) || !STALE_SESSION.has(e.code)) throw e;
+      return generate(false);
+    });
+  } finally {
+    (unsubscribe as (() => void) | null)?.();
+  }
+  if (result.kept) {
+    ctx.sessions.keep(result.kept.sessionId);
+    cache!.put(route.id, result.kept);
+  }
+  if (escape) result.text = text;
+  const { content, calls } = run.tools ? parseToolCalls(result.text, run.tools.tools, run.tools.choice !== 'auto') : { content: result.text, calls: [] };
+  if (run.tools && run.sse) {
+    if (content) run.sse(chunkOf(run, index, content, null, {}, kept));
+    if (calls.length > 0) run.sse(chunkOf(run, index, { tool_calls: calls.map((c, i) => ({ index: i, ...c })) }, null));
+  }
+  run.sse?.(chunkOf(run, index, run.req.chat ? {} : '', calls.length > 0 ? 'tool_calls' : finishOf(result), { gguf_mesh: result.summary }));
+  return { result, logprobs: kept, calls, content: content ?? '' };
+}
+
+function usageOf(promptTokens: number, choices: readonly ChoiceResult[]): Record<string, unknown> {
+  const completion = choices.reduce((a, c) => a + c.result.tokens.length, 0);
+  const cached = choices.reduce((a, c) => a + c.result.cachedTokens, 0);
+  return { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion, prompt_tokens_details: { cached_tokens: cached } };
+}
+
+function responseOf(run: RequestRun, choices: readonly ChoiceResult[]): unknown {
+  const { id, created, model, tokenizer } = run;
+  const chat = run.req.chat;
+  const wantLp = run.req.logprobs !== null;
+  return {
+    id,
+    object: chat ? 'chat.completion' : 'text_completion',
+    created,
+    model,
+    choices: choices.map(({ result, logprobs, calls, content }, index) =>
+      chat
+        ? {
+            index,
+            message: { role: 'assistant', content: calls.length > 0 && !content ? null : content, refusal: null, ...(calls.length > 0 ? { tool_calls: calls } : {}) },
+            logprobs: wantLp ? chatLogprobs(tokenizer, logprobs) : null,
+            finish_reason: calls.length > 0 ? 'tool_calls' : finishOf(result),
+          }
+        : {
+            index,
+            text: (run.req.echo ? run.promptText : '') + result.text,
+            logprobs: wantLp ? completionLogprobs(tokenizer, logprobs, run.req.echo ? run.promptText.length : 0) : null,
+            finish_reason: finishOf(result),
+          },
+    ),
+    usage: usageOf(run.promptTokens.length, choices),
+    gguf_mesh: {
+      session_id: choices[0]!.result.sessionId,
+      ...(choices.length > 1 ? { session_ids: choices.map((c) => c.result.sessionId) } : {}),
+      summary: choices[0]!.result.summary,
+      ...(run.repairs.length ? { repairs: run.repairs } : {}),
+    },
   };
 }
 
@@ -137,113 +323,66 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
   const chat = path === '/v1/chat/completions';
   if (req.method !== 'POST' || (!chat && path !== '/v1/completions')) return false;
   let streaming = false;
-  let stopLoading: (() => void) | null = null;
   let leave: (() => void) | null = null;
   try {
-    const body = await readCompletionBody(req);
-    const room = pickRoom(body, allowed);
-    const { tokenizer, promptTokens, maxTokens, temperature, topP, seed, stop } = generationRequest(room, body, chat);
+    const raw = await readJsonBody(req, MAX_BODY_BYTES, 'an OpenAI request object');
+    const name = typeof raw === 'object' && raw !== null && typeof (raw as { model?: unknown }).model === 'string' ? (raw as { model: string }).model : undefined;
+    const room = pickRoom(name, allowed);
+    const tokenizer = tokenizerOf(room);
+    const nCtx = hyperParameters(room.model.header).n_ctx_train || 2048; // as configFromHeader defaults it
+    const parsed = parseRequest(raw, chat, tokenizer.size, nCtx);
+    const tools = chat ? toolsOf(parsed.tools, parsed.toolChoice) : null;
+    const forced = tools ? forcedCallFormat(tools.tools, tools.choice) : null;
+    if (forced && parsed.format) throw badParam('response_format', 'a forced tool call (tool_choice) already fixes the output format');
+    if (forced) parsed.format = forced;
+    const prompt = promptOf(parsed, room, tokenizer, tools);
+    const maxTokens = parsed.maxTokens ?? (chat ? Math.max(0, Math.min(512, nCtx - prompt.tokens.length)) : Math.min(16, Math.max(0, nCtx - prompt.tokens.length)));
+    checkContext(prompt.tokens.length, maxTokens, nCtx, chat);
     // a turn among the running generations, or a place in the bounded queue, or 429 now
     const queued = new AbortController();
     res.once('close', () => queued.abort());
     leave = await ctx.gate.enter(queued.signal);
-    const id = `${chat ? 'chatcmpl' : 'cmpl'}-${randomBytes(12).toString('hex')}`;
-    const created = Math.floor(Date.now() / 1000);
-    const model = room.model.id;
-    const usage = (r: RouteGenerationResult) => ({ prompt_tokens: r.promptTokens.length, completion_tokens: r.tokens.length, total_tokens: r.promptTokens.length + r.tokens.length });
-    const finish = (r: RouteGenerationResult) => (r.stopReason === 'max_tokens' || r.stopReason === 'context_full' ? 'length' : 'stop');
     const abort = new AbortController();
-    let sessionId: string | null = null;
-    // a client that goes away cancels its session on every stage at once, mid-prefill too:
+    // a client that goes away cancels its sessions on every stage at once, mid-prefill too:
     // each stage drops its queued chunks and stops after the one computing
     res.on('close', () => {
       if (res.writableFinished) return;
       abort.abort();
       void ctx.sessions.ownerGone(req);
     });
-
-    const chunk = (delta: Record<string, unknown> | string, finishReason: string | null, extra: Record<string, unknown> = {}): unknown =>
-      chat
-        ? { id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta: typeof delta === 'string' ? { content: delta } : delta, logprobs: null, finish_reason: finishReason }], ...extra }
-        : { id, object: 'text_completion', created, model, choices: [{ index: 0, text: typeof delta === 'string' ? delta : '', logprobs: null, finish_reason: finishReason }], ...extra };
     const sse = (data: unknown, event?: string): void => {
       if (!res.writableEnded) res.write(`${event ? `event: ${event}\n` : ''}data: ${typeof data === 'string' ? data : JSON.stringify(data)}\n\n`);
     };
-
-    if (body.stream) {
+    const run: RequestRun = {
+      req: parsed, room, tokenizer, promptTokens: prompt.tokens, promptText: prompt.text,
+      maxTokens,
+      nCtx,
+      id: `${chat ? 'chatcmpl' : 'cmpl'}-${randomBytes(12).toString('hex')}`, created: Math.floor(Date.now() / 1000), model: room.model.id,
+      abort, sse: parsed.stream ? sse : null, repairs: [], tools,
+    };
+    if (parsed.stream) {
       streaming = true;
       res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
-      if (chat) sse(chunk({ role: 'assistant', content: '' }, null));
+      if (chat) for (let i = 0; i < parsed.n; i++) sse(chunkOf(run, i, { role: 'assistant', content: '' }, null));
     }
     const progress = (e: TelemetryEvent): void => {
-      if (streaming) sse(chunk(chat ? {} : '', null, { gguf_mesh: e }));
+      if (streaming) sse(chunkOf(run, 0, chat ? {} : '', null, { gguf_mesh: e }));
     };
-    // a route still forming or loading: report it (and its stages' loading progress), then wait (streamed requests only)
-    const deadline = Date.now() + (streaming ? ROUTE_WAIT_MS : 0);
-    if (room.route?.status !== 'ready') stopLoading = room.subscribe((e) => e.type === 'stage_loading' && progress(e));
-    for (let last = ''; room.route?.status !== 'ready'; ) {
-      const r = room.route;
-      const state = r ? `${r.status}:${r.reason ?? ''}:${r.stages.map((s) => s.status).join(',')}` : 'none';
-      if (state !== last) {
-        last = state;
-        progress({ type: 'route_status', routeId: r?.id ?? 0, status: r?.status ?? 'forming', reason: r?.reason ?? 'no peers yet' });
-      }
-      if (Date.now() >= deadline || abort.signal.aborted) throw new MeshError('ROUTE_NOT_READY', `model ${model}: route is ${r?.status ?? 'not planned'}${r?.reason ? ` (${r.reason})` : ''}`);
-      await new Promise((resolve) => setTimeout(resolve, 200));
-    }
-    stopLoading?.();
-    stopLoading = null;
-    const route = room.route!;
+    const route = await readyRoute(run, progress);
     progress({ type: 'route_planned', routeId: route.id, stages: route.stages.map((s) => ({ stage: s.stage, peerId: s.peerId, start: s.shard.start, end: s.shard.end })) });
-    const link = new LocalLink((f) => ctx.sessions.handle(f, req, ctx.principal ?? null));
-    let unsubscribe: (() => void) | null = null;
-    let firstToken = false;
-    let lastStep: TelemetryEvent | null = null;
-    const repairs: TelemetryEvent[] = [];
-    const result = await generateOnRoute(link, route.id, tokenizer, {
-      promptTokens,
-      maxTokens,
-      sampler: { temperature, topP, ...(seed !== undefined ? { seed } : {}) },
-      stopStrings: stop,
-      signal: abort.signal,
-      onSession: (sid) => {
-        sessionId = sid;
-        // progress from the session manager (prefill per chunk) reaches the stream too
-        unsubscribe = ctx.sessions.subscribe(sid, (e) => {
-          if (!firstToken && e.type === 'prefill_progress') progress(e);
-          // a stage lost and the route repaired under the session: the client sees it happen, but no error
-          if (e.type === 'stage_lost' || e.type === 'route_repairing' || e.type === 'route_repaired') {
-            repairs.push(e);
-            progress(e);
-          }
-        });
-      },
-      onEvent: (e) => {
-        if (e.type === 'token') firstToken = true;
-        if (e.type === 'step_timing') lastStep = e;
-        if (sessionId && (e.type === 'token' || e.type === 'step_timing' || e.type === 'session_summary')) ctx.sessions.publish(sessionId, e);
-      },
-      // each content chunk carries the per-stage breakdown of the step that produced it
-      ...(streaming ? { onDelta: (d: string) => d && sse(chunk(d, null, lastStep ? { gguf_mesh: lastStep } : {})) } : {}),
-    }).finally(() => (unsubscribe as (() => void) | null)?.());
+    // n choices: n sessions at once; the first failure fails the request (the others are cancelled)
+    const choices = await Promise.all(Array.from({ length: parsed.n }, (_, i) => runChoice(run, i, ctx, req, progress))).catch((e: unknown) => {
+      abort.abort();
+      throw e;
+    });
     if (streaming) {
-      sse(chunk(chat ? {} : '', finish(result), { gguf_mesh: result.summary }));
-      if (body.stream_options?.include_usage) sse(chat ? { id, object: 'chat.completion.chunk', created, model, choices: [], usage: usage(result) } : { id, object: 'text_completion', created, model, choices: [], usage: usage(result) });
+      if (parsed.includeUsage) sse({ id: run.id, object: chat ? 'chat.completion.chunk' : 'text_completion', created: run.created, model: run.model, choices: [], usage: usageOf(run.promptTokens.length, choices) });
       sse('[DONE]');
       res.end();
     } else {
-      sendJson(res, 200, {
-        id,
-        object: chat ? 'chat.completion' : 'text_completion',
-        created,
-        model,
-        choices: [chat ? { index: 0, message: { role: 'assistant', content: result.text }, logprobs: null, finish_reason: finish(result) } : { index: 0, text: result.text, logprobs: null, finish_reason: finish(result) }],
-        usage: usage(result),
-        gguf_mesh: { session_id: result.sessionId, summary: result.summary, ...(repairs.length ? { repairs } : {}) },
-      });
+      sendJson(res, 200, responseOf(run, choices));
     }
   } catch (e) {
-    (stopLoading as (() => void) | null)?.();
     const err = e instanceof MeshError ? e : new MeshError('INTERNAL', String(e));
     if (streaming) {
       if (!res.writableEnded) {

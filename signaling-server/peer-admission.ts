@@ -32,7 +32,13 @@ export const DEFAULT_LIVENESS: Liveness = { heartbeatMs: 500, heartbeatTimeoutMs
  */
 function watchLiveness(room: Room, peer: Peer, ws: WebSocket, l: Liveness): () => void {
   let lastPong = Date.now();
-  ws.on('pong', () => (lastPong = Date.now()));
+  let pingAt = 0;
+  ws.on('pong', () => {
+    lastPong = Date.now();
+    // the planner's link estimate: the control socket's round trip, smoothed
+    if (pingAt > 0) peer.rttMs = peer.rttMs === undefined ? lastPong - pingAt : 0.7 * peer.rttMs + 0.3 * (lastPong - pingAt);
+    pingAt = 0;
+  });
   const timer = setInterval(() => {
     const silent = Date.now() - lastPong;
     if (silent > l.heartbeatTimeoutMs) {
@@ -41,7 +47,10 @@ function watchLiveness(room: Room, peer: Peer, ws: WebSocket, l: Liveness): () =
       ws.terminate();
       return;
     }
-    if (ws.readyState === ws.OPEN) ws.ping();
+    if (ws.readyState === ws.OPEN) {
+      pingAt = Date.now();
+      ws.ping();
+    }
   }, l.heartbeatMs);
   timer.unref();
   return () => clearInterval(timer);

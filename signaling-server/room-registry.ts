@@ -45,6 +45,8 @@ export interface RoomRegistryOptions extends CredentialOptions {
   repairTimeoutMs?: number;
   /** spares load their standby shard ahead of time (default true) */
   standby?: boolean;
+  /** which planner plans routes (room.ts) */
+  planner?: 'speed' | 'memory';
   /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
   heartbeatMs?: number;
   /** a peer silent this long is lost (ms, default 3.5 s) */
@@ -159,6 +161,7 @@ export class RoomRegistry {
         ...(this.opts.repairTimeoutMs !== undefined ? { repairTimeoutMs: this.opts.repairTimeoutMs } : {}),
         ...(this.opts.standby === false ? { standby: false } : {}),
         ...(this.opts.publicRoom ? { publicRoom: this.opts.publicRoom } : {}),
+        ...(this.opts.planner ? { planner: this.opts.planner } : {}),
       },
     );
     this.rooms.push(room);

@@ -73,6 +73,11 @@ export class Route implements RouteHandle {
     return this.stages.map((s) => s.peerId);
   }
 
+  /** every stage's peer takes ReturnDirect and sends the last stage's token as a `return` message (the PyTorch peer does not yet) */
+  directReturn(): boolean {
+    return this.stages.every((s) => this.room.peers.get(s.peerId)?.hello.directReturn === true);
+  }
+
   stageBackends(): string[] {
     return this.stages.map((s) => this.room.peers.get(s.peerId)?.hello.backend ?? '?');
   }

@@ -10,8 +10,6 @@ import type WebSocket from 'ws';
 import { MeshError } from '../src/errors.ts';
 import type { ShardRange } from '../src/gguf/types.ts';
 import type { GgufHeader } from '../src/gguf/types.ts';
-import { shardBytes } from '../src/backends/shard.ts';
-import { planRoute } from '../src/route/planner.ts';
 import type { PlannerPeer } from '../src/route/planner.ts';
 import { modelTraits, servable } from '../src/model/serve-capability.ts';
 import type { ModelTraits, Servable } from '../src/model/serve-capability.ts';
@@ -24,8 +22,11 @@ import type { FrameLink } from '../src/transport/link.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
 import { FrameType, makeFrame } from '../src/protocol/frame.ts';
+import { deliverReturn } from './token-return.ts';
 import { RouteKeeper } from './route-repair.ts';
 import { Route } from './room-route.ts';
+import { choosePlan } from './plan-choice.ts';
+import type { PlannerKind, SpeedFacts } from './plan-choice.ts';
 
 export { Route } from './room-route.ts';
 export type { RouteStage, RouteStatus } from './room-route.ts';
@@ -52,6 +53,8 @@ export interface Peer {
   leaving?: boolean;
   /** proved the trusted secret (public rooms: may serve the first and last stages) */
   trusted?: boolean;
+  /** the control socket's round trip (ms), smoothed over heartbeats */
+  rttMs?: number;
 }
 
 export interface ModelArtifact {
@@ -89,6 +92,8 @@ export interface RoomOptions {
    * a stage whose hidden states differ by more than `tolerance` is excluded.
    */
   publicRoom?: PublicRoomOptions;
+  /** 'memory' (default): in proportion to memory, in join order; 'speed': by measured speed and round trips where every peer reports a speed */
+  planner?: PlannerKind;
 }
 
 export class Room {
@@ -256,6 +261,7 @@ export class Room {
     // a replacement taking over a stage (a graceful leave: the stage still names the leaving peer)
     const replacing = this.keeper.replacementStage(r, peer) === msg.stage;
     if (st.peerId !== peer.id && !replacing) return;
+    if (msg.t === 'return') return deliverReturn(this, r, st.stage, msg.frame);
     if (msg.t === 'ready') {
       st.loadMs = msg.loadMs;
       st.bytesRead = msg.bytesRead;
@@ -346,22 +352,22 @@ export class Room {
     }
     // only what each peer can compute, decided here, before anyone fetches a byte
     const able = peers.map((p) => ({ p, can: this.servableBy(p) })).filter(({ can }) => can.wholeModel);
-    const plannerPeers: PlannerPeer[] = able.map(({ p, can }) => ({
+    const plannerPeers: Array<PlannerPeer & SpeedFacts> = able.map(({ p, can }) => ({
       id: p.id,
       memoryBytes: p.hello.memoryBytes,
       layers: p.hello.layers,
       held: this.heldRangeOf(p),
       serves: can.ranges ? 'ranges' : 'whole-model',
+      speed: p.hello.speed,
+      rttMs: p.rttMs,
     }));
     const unable = peers.filter((p) => !this.servableBy(p).wholeModel);
-    const plan = plannerPeers.length
-      ? planRoute({
-          nLayer: this.model.nLayer,
-          peers: plannerPeers,
-          shardBytes: (range) => shardBytes(this.model.header, range, this.model.nLayer),
-          ...(this.publicRoom ? { trusted: (id: string) => this.peers.get(id)?.trusted === true } : {}),
-        })
+    const trusted = this.publicRoom ? (id: string) => this.peers.get(id)?.trusted === true : undefined;
+    const choice = plannerPeers.length ? choosePlan(this.opts.planner ?? 'memory', this.model.header, this.model.nLayer, plannerPeers, trusted) : null;
+    const plan = choice
+      ? choice.plan
       : { ok: false as const, reason: `no peer can serve ${(this.traits ??= modelTraits(this.model.header)).architecture}: ${unable.map((p) => `${p.id} (${p.hello.backend}): ${this.servableBy(p).reason}`).join('; ')}` };
+    if (choice?.by === 'speed') this.log(`planned by speed: predicted ${choice.predictedMs!.toFixed(2)} ms per token${choice.memorySplitMs !== undefined ? ` (the memory split: ${choice.memorySplitMs.toFixed(2)} ms)` : ''}`);
     if (current && current.status === 'forming' && !plan.ok) {
       current.reason = plan.reason;
       return;
@@ -422,12 +428,12 @@ export class Room {
     const { proof: _proof, t: _t, ...hello } = p.hello;
     const stage = this.route?.stages.find((s) => s.peerId === id);
     const can = this.servableBy(p);
-    return { id, ...hello, excluded: p.excluded ?? null, trusted: p.trusted === true, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+    return { id, ...hello, rttMs: p.rttMs ?? null, excluded: p.excluded ?? null, trusted: p.trusted === true, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
   }
 
   summary(): Record<string, unknown> {
     const checks = this.publicRoom ? { spotChecks: this.publicRoom.summary() } : {};
-    return { id: this.id, model: this.brief(), peers: this.peers.size, route: this.route ? { id: this.route.id, status: this.route.status, reason: this.route.reason } : null, ...checks };
+    return { id: this.id, model: this.brief(), planner: this.opts.planner ?? 'memory', peers: this.peers.size, route: this.route ? { id: this.route.id, status: this.route.status, reason: this.route.reason } : null, ...checks };
   }
 
   /**

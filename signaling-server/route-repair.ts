@@ -186,6 +186,8 @@ export class RouteKeeper {
       if (firstLoss || r.status === 'ready') r.setStatus('repairing', `stage ${stage} (${lostPeer}) ${graceful ? 'is leaving' : 'lost'}: ${cause}`);
     }
     this.room.emit({ type: 'stage_lost', routeId: r.id, stage, peerId: lostPeer, cause });
+    // a rewire this peer was asked for will never come: its replacement links by its own assignment
+    for (const [key, done] of [...this.rewiring]) if (key.startsWith(`${lostPeer}/`)) done();
     // every stage lost: nothing survives to rebuild from — plan a fresh route instead
     if (r.stages.every((st) => st.status === 'lost' && !rep!.lost.get(st.stage)?.replacement)) {
       this.giveUp(r, 'every stage was lost');

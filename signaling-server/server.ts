@@ -62,6 +62,8 @@ export interface SignalingServerOptions extends CredentialOptions {
   repairTimeoutMs?: number;
   /** spares load their standby shard ahead of time (default true) */
   standby?: boolean;
+  /** 'memory' (default): in proportion to memory; 'speed': the planner that knows speed and round trips, where every peer reports a speed */
+  planner?: 'speed' | 'memory';
   /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
   heartbeatMs?: number;
   /** a peer silent this long is lost (ms, default 3.5 s) */

@@ -177,6 +177,7 @@ const PEER = {
   AUTH_FAILED: { status: 401, meaning: 'the room secret is missing or wrong' },
   JOIN_FAILED: { status: 500, meaning: 'the peer could not reach the server or its control connection closed while joining' },
   LOAD_FAILED: { status: 500, meaning: 'loading a stage failed with an error that was not a MeshError' },
+  CALIBRATION_FAILED: { status: 500, meaning: "a peer could not measure its own speed on one layer of the room's model (it joins without a speed; the planner splits by memory)" },
   MODEL_FETCH_FAILED: { status: 500, meaning: "downloading the model's file from the server failed" },
   RELAY_FAILED: { status: 500, meaning: 'a frame relayed through the server got no answer' },
   RELAY_REFUSED: { status: 500, meaning: 'the server refuses to relay this frame between these peers' },

@@ -182,6 +182,42 @@ describe('make-model --arch', () => {
     await generates(path, 600);
   });
 
+  it('qwen35moe: DeltaNet blocks, a gated full-attention block every 4th, experts + shared expert, qwen35 tokenizer; generation', async () => {
+    const path = await make('qwen35moe.gguf', [
+      '--layers', '4', '--embd', '256', '--heads', '4', '--ffn', '512', '--vocab', '600', '--arch', 'qwen35moe', '--kv-heads', '2',
+      '--expert-ffn', '256', '--shared-ffn', '256', '--linear-k-heads', '2', '--linear-v-heads', '8', '--linear-head-dim', '32', '--type', 'q4_k_m',
+    ]);
+    const header = await readHeader(path);
+    const shapes = new Map(header.tensors.map((t) => [t.name, t.shape]));
+    expect(shapes.get('blk.0.attn_qkv.weight')).toEqual([256, 2 * 2 * 32 + 8 * 32]);
+    expect(shapes.get('blk.0.ssm_conv1d.weight')).toEqual([4, 384]);
+    expect(shapes.get('blk.2.ssm_out.weight')).toEqual([256, 256]);
+    expect(shapes.has('blk.2.attn_q.weight')).toBe(false);
+    expect(shapes.get('blk.3.attn_q.weight')).toEqual([256, 2 * 4 * 64]); // query and gate per head
+    expect(shapes.get('blk.3.ffn_gate_inp_shexp.weight')).toEqual([256]);
+    expect(header.metadata['qwen35moe.rope.dimension_count']).toBe(16);
+    expect(header.metadata['qwen35moe.rope.dimension_sections']).toEqual([3, 3, 2, 0]);
+    expect(header.metadata['qwen35moe.ssm.inner_size']).toBe(256);
+    expect(header.metadata['tokenizer.ggml.pre']).toBe('qwen35');
+    await generates(path, 600);
+  });
+
+  it('qwen35moe --header-only at Qwen3.5-35B-A3B\'s shapes: the audit reads the real figures', async () => {
+    const path = await make('qwen35-35b-header.gguf', [
+      '--arch', 'qwen35moe', '--layers', '40', '--embd', '2048', '--heads', '16', '--kv-heads', '2', '--head-dim', '256', '--experts', '256',
+      '--experts-used', '8', '--expert-ffn', '512', '--shared-ffn', '512', '--linear-k-heads', '16', '--linear-v-heads', '32', '--linear-head-dim', '128',
+      '--vocab', '248320', '--ctx', '262144', '--type', 'q4_k', '--header-only',
+    ]);
+    const r = await runCli(['audit', path, '--json']);
+    expect(r.code, r.stderr).toBe(0);
+    const a = JSON.parse(r.stdout);
+    expect(a.kv_bytes_per_token).toBe(20_480);
+    expect(a.fixed_state_bytes).toBe(30 * 2_195_456);
+    expect(a.hop_bytes_per_token).toBe(4096);
+    expect(a.layer_bytes[0]).toBe(476_406_528);
+    expect(a.backends.cpu.missing_ops).toEqual([]);
+  });
+
   it('qwen2moe: experts plus the shared expert and its gate, q/k/v biases; generation', async () => {
     const path = await make('qwen2moe.gguf', [...TINY, '--arch', 'qwen2moe', '--expert-ffn', '128', '--shared-ffn', '384', '--experts', '8', '--experts-used', '3']);
     const header = await readHeader(path);

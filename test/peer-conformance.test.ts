@@ -16,7 +16,7 @@ import { DType, encodeFrame, FrameFlag, FrameType, makeFrame } from '../src/prot
 import type { Frame } from '../src/protocol/frame.ts';
 import { fragment } from '../src/protocol/fragment.ts';
 import { decodeFrame } from '../src/protocol/frame.ts';
-import { decodeJson, hiddenFrame, jsonFrame, payloadBody, tokensFrame } from '../src/protocol/payload.ts';
+import { decodeJson, hiddenFrame, jsonFrame, payloadBody, repairFrame, tokensFrame } from '../src/protocol/payload.ts';
 import { newSessionId } from '../src/protocol/session.ts';
 import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
@@ -95,6 +95,7 @@ function patched(f: Frame, ...changes: Array<[number, number]>): Uint8Array {
   return b;
 }
 
+const TIMING_KEYS = ['bytesIn', 'bytesOut', 'computeMs', 'downstreamMs', 'overheadMs', 'stage', 'steps'];
 const SID = 'c0ffee00' + '0'.repeat(23) + '1';
 const at = (seq: number, sessionId = SID) => ({ routeId: 1, sessionId, seq });
 
@@ -148,7 +149,21 @@ async function frameProbes(sock: RawSocket): Promise<Record<string, unknown>> {
   await probe('status, open', encodeFrame(makeFrame({ type: FrameType.Status, ...at(35) })));
   await probe('prefill past the context', encodeFrame(prefill(36, 6, [1, 2, 3])));
   await probe('status after the refusals', encodeFrame(makeFrame({ type: FrameType.Status, ...at(37) })));
-  await probe('close', encodeFrame(makeFrame({ type: FrameType.SessionClose, ...at(38) })));
+  // repair requests (docs/protocol.md: Rewind, Resend, the Replay flag, Status hash queries)
+  const rewind = (seq: number, pos: number, body: unknown, sessionId = SID) => encodeFrame(repairFrame(FrameType.Rewind, at(seq, sessionId), pos, body));
+  await probe('rewind, no session', rewind(50, 0, { draws: 0 }, 'f'.repeat(32)));
+  await probe('rewind past the position', rewind(51, 9, { draws: 0 }));
+  await probe('rewind, draws not a count', rewind(52, 2, { draws: -1 }));
+  await probe('resend, end not a count', encodeFrame(repairFrame(FrameType.Resend, at(53), 0, { end: 'x', maxTokens: 1 })));
+  await probe('resend on the last stage', encodeFrame(repairFrame(FrameType.Resend, at(54), 0, { end: 2, maxTokens: 1 })));
+  await probe('rewind to 2', rewind(55, 2, { draws: 0 }));
+  await probe('status after the rewind', encodeFrame(makeFrame({ type: FrameType.Status, ...at(56) })));
+  await probe('decode at the old position', encodeFrame(tokensFrame(FrameType.Decode, at(57), 6, [1])));
+  await probe('replayed prefill', encodeFrame(prefill(58, 2, STORIES_PROMPT_TOKENS.slice(2), FrameFlag.Replay | FrameFlag.Sample)));
+  await probe('decode after the replay', encodeFrame(tokensFrame(FrameType.Decode, at(59), 5, [432])));
+  await probe('status with hash queries', encodeFrame(jsonFrame(FrameType.Status, at(60), { sentHashes: [0, 6], receivedHashes: [0, 6] })));
+  await probe('status, a bad hash query', encodeFrame(jsonFrame(FrameType.Status, at(61), { sentHashes: [0] })));
+  await probe('close', encodeFrame(makeFrame({ type: FrameType.SessionClose, ...at(62) })));
   await probe('decode after close', encodeFrame(tokensFrame(FrameType.Decode, at(39), 6, [1])));
   return out;
 }
@@ -237,10 +252,26 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'prefill, pipelined': { status: { stage: 0, position: 2 }, seq: 32 },
       'prefill, sampled': { token: 432, position: 5, seq: 33 },
       decode: { token: 383, position: 6, seq: 34 },
-      'status, open': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6], replayLogBytes: 0 }, backend: 'string', timing: ['bytesIn', 'bytesOut', 'computeMs', 'downstreamMs', 'overheadMs', 'stage', 'steps'], seq: 35 },
+      'status, open': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6], replayLogBytes: 0 }, backend: 'string', timing: TIMING_KEYS, seq: 35 },
       'prefill past the context': stageErr(36, 'CONTEXT_FULL'),
-      'status after the refusals': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6], replayLogBytes: 0 }, backend: 'string', timing: ['bytesIn', 'bytesOut', 'computeMs', 'downstreamMs', 'overheadMs', 'stage', 'steps'], seq: 37 },
-      close: { status: { stage: 0, state: 'closed' }, seq: 38 },
+      'status after the refusals': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6], replayLogBytes: 0 }, backend: 'string', timing: TIMING_KEYS, seq: 37 },
+      'rewind, no session': { ...stageErr(50, 'SESSION_UNKNOWN', { field: 'session id' }) },
+      'rewind past the position': stageErr(51, 'POSITION_MISMATCH', { expected: 6, got: 9 }),
+      'rewind, draws not a count': stageErr(52, 'BAD_REQUEST'),
+      'resend, end not a count': stageErr(53, 'BAD_REQUEST'),
+      // a stage that is the last has no next stage: the hop to stage 1 is what fails
+      'resend on the last stage': { error: 'STAGE_UNREACHABLE', stage: 1, seq: 54, reply: true },
+      'rewind to 2': { status: { stage: 0, position: 2 }, seq: 55 },
+      // processedTokens counts what each layer computed: a rewind forgets positions, not work
+      'status after the rewind': { status: { stage: 0, shard, open: true, position: 2, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6], replayLogBytes: 0 }, backend: 'string', timing: TIMING_KEYS, seq: 56 },
+      'decode at the old position': stageErr(57, 'POSITION_MISMATCH', { expected: 2, got: 6 }),
+      // a replay computes and keeps, and samples nothing (the Sample flag notwithstanding)
+      'replayed prefill': { status: { stage: 0, position: 5, replayed: true }, seq: 58 },
+      // the rebuilt KV cache gives the token the first run gave at this position
+      'decode after the replay': { token: 383, position: 6, seq: 59 },
+      'status with hash queries': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [10, 10, 10, 10, 10], replayLogBytes: 0, sentHashes: [], receivedHashes: [] }, backend: 'string', timing: TIMING_KEYS, seq: 60 },
+      'status, a bad hash query': stageErr(61, 'BAD_REQUEST'),
+      close: { status: { stage: 0, state: 'closed' }, seq: 62 },
       'decode after close': stageErr(39, 'SESSION_UNKNOWN', { field: 'session id' }),
     });
     expect(http).toEqual({

@@ -154,16 +154,25 @@ describe('five faults on one generation', () => {
     await readyWithSpares();
     const plan: Array<[number, 'SIGKILL' | 'SIGSTOP' | 'SIGTERM']> = [[0, 'SIGKILL'], [2, 'SIGSTOP'], [1, 'SIGTERM'], [2, 'SIGKILL'], [0, 'SIGKILL']];
     let next = 0;
+    let armed = true;
     let busy: Promise<void> = Promise.resolve();
     const victims: MeshProcess[] = [];
     const out = await stream(GREEDY, (n) => {
-      if (next >= plan.length || n !== 12 + next * 14) return;
+      // one fault at a time: the next waits until the route serves that stage on a new peer
+      // (with fast decoding two faults could otherwise land inside one repair)
+      if (next >= plan.length || !armed || n < 12 + next * 14) return;
+      armed = false;
       const [stage, signal] = plan[next++]!;
       busy = busy.then(async () => {
         const v = await stageProcess(stage);
         victims.push(v.proc);
         v.proc.child.kill(signal);
         spawnNode(STAGES[stage]!); // the spare for the next fault joins meanwhile
+        for (const deadline = Date.now() + 30_000; Date.now() < deadline; await new Promise((res) => setTimeout(res, 50))) {
+          const r = await route();
+          if (r?.status === 'ready' && r.stages[stage].peerId !== v.peerId) break;
+        }
+        armed = true;
       });
     });
     await busy;

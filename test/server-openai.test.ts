@@ -126,7 +126,8 @@ describe('OpenAI-compatible API over a two-node route', () => {
   });
 
   it('progress (route, prefill) arrives before the first token; the session has an event stream', async () => {
-    const events = await rawStream('/v1/chat/completions', { model: 'stories260K', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4, temperature: 0, stream: true });
+    // cache_prompt: false: the session closes at the end (a kept one would stay open for the next turn, and its event stream with it)
+    const events = await rawStream('/v1/chat/completions', { model: 'stories260K', messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4, temperature: 0, stream: true, cache_prompt: false });
     const parsed = events.filter((e) => e.data !== '[DONE]').map((e) => JSON.parse(e.data));
     const firstText = parsed.findIndex((c) => c.choices[0]?.delta?.content);
     const kinds = parsed.slice(0, firstText).map((c) => c.gguf_mesh?.type).filter(Boolean);

@@ -39,6 +39,7 @@ const CASES: Case[] = [
   { name: 'llama-spm', path: async () => vocabPath('llama-spm'), fixture: 'llama-spm' },
   { name: 'llama-bpe (Llama 3)', path: async () => vocabPath('llama-bpe'), fixture: 'llama-bpe' },
   { name: 'qwen2', path: async () => vocabPath('qwen2'), fixture: 'qwen2' },
+  { name: 'qwen35 (Qwen3.5: letters take combining marks)', path: async () => vocabPath('qwen35'), fixture: 'qwen35' },
   { name: 'gpt-2', path: async () => vocabPath('gpt-2'), fixture: 'gpt-2' },
   { name: 'phi-3 (spm, rstrip specials)', path: async () => vocabPath('phi-3'), fixture: 'phi-3' },
   { name: 'mpt (gpt-2 regex)', path: async () => vocabPath('mpt'), fixture: 'mpt' },

@@ -93,6 +93,63 @@ describe('stub route over loopback sockets', () => {
     await c.close();
   });
 
+  it('one-way token path: the last stage hands every sampled token to the session manager; the same tokens as the climbing path', async () => {
+    const climbing = await stubRoute([[0, 2], [2, 4], [4, 6]], { directReturn: false });
+    const oneWay = await stubRoute([[0, 2], [2, 4], [4, 6]]);
+    const ref = await generate(climbing, 12, 'f16');
+    const got = await generate(oneWay, 12, 'f16');
+    expect(got.tokens).toEqual(ref.tokens);
+    expect(climbing.services[2]!.tokensReturned).toBe(0);
+    expect(oneWay.services[2]!.tokensReturned).toBe(12); // the prefill's sampled chunk and 11 decode steps
+    // timings rode forward with the hidden states and reach the client whole, with each hop's share filled in
+    got.client.wantTimings = true;
+    await got.client.decode(got.tokens.at(-1)!);
+    const [s0, s1, s2] = got.client.lastTimings;
+    expect(got.client.lastTimings.map((x) => x.stage)).toEqual([0, 1, 2]);
+    expect(s1!.bytesIn).toBe(s0!.bytesOut);
+    expect(s0!.downstreamUs).toBeGreaterThanOrEqual(s1!.handleUs);
+    expect(s1!.downstreamUs).toBeGreaterThanOrEqual(s2!.handleUs);
+    expect(s2!.handleUs).toBeGreaterThanOrEqual(s2!.computeUs);
+    const info = await got.client.info();
+    expect(info.position).toBe(PROMPT.length + 12);
+    await got.client.close();
+    await ref.client.close();
+  });
+
+  it('one-way token path with chunked stages: a prompt frame computed in 3-token chunks answers the same token and log-probabilities, one-way', async () => {
+    const ref = await stubRoute([[0, 2], [2, 4], [4, 6]], { directReturn: false });
+    const chunked = await stubRoute([[0, 2], [2, 4], [4, 6]], { stageLimits: { chunkTokens: 3 } });
+    const run = async (r: LoopbackRoute) => {
+      const c = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64, logprobs: 3 });
+      c.wantTimings = true;
+      const tokens = [await c.prefill(PROMPT, 64)]; // one 10-token frame: chunks of 3, 3, 3, 1 on every stage
+      const logprobs = [c.lastLogprob];
+      const timings = c.lastTimings.map((t) => t.stage);
+      for (let i = 0; i < 3; i++) (tokens.push(await c.decode(tokens.at(-1)!)), logprobs.push(c.lastLogprob));
+      const info = await c.info();
+      await c.close();
+      return { tokens, logprobs, timings, position: info.position };
+    };
+    const want = await run(ref);
+    const got = await run(chunked);
+    expect(got.tokens).toEqual(want.tokens);
+    expect(got.logprobs).toEqual(want.logprobs);
+    expect(got.logprobs[0]!.top).toHaveLength(3);
+    expect(got.timings).toEqual([0, 1, 2]);
+    expect(got.position).toBe(PROMPT.length + 3);
+    expect(chunked.services[2]!.tokensReturned).toBe(4); // the chunked prefill's token one-way too
+    expect(ref.services[2]!.tokensReturned).toBe(0);
+  });
+
+  it('one-way token path: a stage failing mid-step still fails the step naming it', async () => {
+    const r = await stubRoute([[0, 2], [2, 4], [4, 6]]);
+    const c = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64 });
+    const t = await c.prefill(PROMPT, 64);
+    await r.servers[2]!.close(); // the last stage is gone: its hop breaks, no token comes
+    const err = await expectRejects(c.decode(t), 'STAGE_UNREACHABLE');
+    expect(err.details?.stage).toBe(2);
+  });
+
   it('concurrent sessions on one route keep separate KV caches', async () => {
     const single = await stubRoute([[0, 6]], { carrier: 'local' });
     const chain = await stubRoute([[0, 2], [2, 4], [4, 6]]);
@@ -147,7 +204,7 @@ describe('lifetimes', () => {
     await c.prefill(PROMPT);
     expect(r.servers.map((s) => s.connections.size)).toEqual([2, 2]); // control + entry on stage 0; control + downstream on stage 1
     await r.close();
-    expect(r.manager.liveCount).toBe(0);
+    expect(r.manager.liveCount()).toBe(0);
     expect(r.services.map((s) => s.openSessions)).toEqual([0, 0]);
     expect(r.servers.map((s) => s.connections.size)).toEqual([0, 0]);
     expect((r.route.entry() as WsLink).inFlight).toBe(0);

@@ -56,6 +56,8 @@ export interface SessionStats {
   kvBytes: number;
   /** tokens processed by each layer of the shard (index 0 = shard.start) since the session opened */
   processedTokens: number[];
+  /** bytes of fixed-size recurrent state (Gated DeltaNet layers, with its rewind checkpoint), when the shard has any */
+  recurrentBytes?: number;
 }
 
 /** Throws POSITION_MISMATCH unless 0 <= position <= current (what truncateSession accepts). */

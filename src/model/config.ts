@@ -1,20 +1,28 @@
 // Architecture hyper-parameters of a model we run, read from GGUF metadata: the llama family
-// (llama, qwen2, qwen3), their mixtures of experts (qwen2moe, qwen3moe), gemma3 and phi3.
-// `configFromHeader` (below the types) is the one place that knows metadata key names; the
-// rope's live in ./rope-config.ts.
+// (llama, qwen2, qwen3), their mixtures of experts (qwen2moe, qwen3moe), gemma3, phi3, and the
+// hybrid Qwen3.5 family (qwen35, qwen35moe). `configFromHeader` (below the types) is the one
+// place that knows metadata key names; the rope's live in ./rope-config.ts, the hybrid layout's
+// in ./qwen35-config.ts.
 
 import { MeshError } from '../errors.ts';
 import { metadataNumber } from '../gguf/metadata.ts';
 import type { GgufHeader, MetadataValue } from '../gguf/types.ts';
+import { hybridConfig } from './qwen35-config.ts';
+import type { HybridConfig } from './qwen35-config.ts';
 import { longRope, ropeFromMetadata, swaRope } from './rope-config.ts';
 import type { RopeSet } from './rope-config.ts';
+
+export type { HybridConfig, LinearAttentionConfig } from './qwen35-config.ts';
 
 export type { RopeConfig, RopeMode, RopeSet } from './rope-config.ts';
 export { loadRopeFreqFactors, ROPE_FACTOR_TENSORS, ROPE_FREQS_TENSOR, ropeFor } from './rope-config.ts';
 
-export type Architecture = 'llama' | 'qwen2' | 'qwen3' | 'qwen2moe' | 'qwen3moe' | 'gemma3' | 'phi3';
+export type Architecture = 'llama' | 'qwen2' | 'qwen3' | 'qwen2moe' | 'qwen3moe' | 'gemma3' | 'phi3' | 'qwen35' | 'qwen35moe';
 
-export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = ['llama', 'qwen2', 'qwen3', 'qwen2moe', 'qwen3moe', 'gemma3', 'phi3'];
+export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = ['llama', 'qwen2', 'qwen3', 'qwen2moe', 'qwen3moe', 'gemma3', 'phi3', 'qwen35', 'qwen35moe'];
+
+/** Architectures only the CPU reference runs so far (the WGSL backend has no Gated DeltaNet yet). */
+export const CPU_ONLY_ARCHITECTURES: readonly Architecture[] = ['qwen35', 'qwen35moe'];
 
 /** The gated feed-forward's activation: SiLU (SwiGLU) or tanh-GELU (GeGLU, Gemma). */
 export type FfnActivation = 'silu' | 'gelu';
@@ -28,11 +36,13 @@ export interface MoeConfig {
   nFfExp: number;
   /** divide the top-k router weights by their sum (qwen3moe), or use the softmax as is (qwen2moe) */
   normWeights: boolean;
-  /** feed-forward size of the always-on shared expert with its sigmoid gate (qwen2moe), 0 = none */
+  /** feed-forward size of the always-on shared expert with its sigmoid gate (qwen2moe, qwen35moe), 0 = none */
   nFfShared: number;
+  /** the shared expert's gate as ggml_sigmoid (qwen35moe); absent: silu(g)/g as qwen2moe's graph */
+  sigmoidSharedGate?: true;
 }
 
-export interface ModelConfig extends RopeSet {
+export interface ModelConfig extends RopeSet, HybridConfig {
   architecture: Architecture;
   nLayer: number;
   nEmbd: number;
@@ -120,7 +130,7 @@ export function configFromHeader(header: GgufHeader): ModelConfig {
   const nCtxTrain = optionalInt(md, key('context_length'), 2048);
 
   const moe = moeConfig(md, architecture);
-  const nFf = moe && architecture === 'qwen3moe' ? optionalPerLayerInt(md, key('feed_forward_length'), 0) : perLayerInt(md, key('feed_forward_length'), undefined);
+  const nFf = moe && architecture !== 'qwen2moe' ? optionalPerLayerInt(md, key('feed_forward_length'), 0) : perLayerInt(md, key('feed_forward_length'), undefined);
   const gemma = architecture === 'gemma3';
   const rope = ropeFromMetadata(md, arch, architecture === 'llama' ? 'normal' : 'neox', nRot, nCtxTrain, tensorNames);
   const slidingWindow = gemma ? optionalInt(md, key('attention.sliding_window'), 0) : 0;
@@ -128,7 +138,10 @@ export function configFromHeader(header: GgufHeader): ModelConfig {
   const period = optionalInt(md, key('attention.sliding_window_pattern'), 6);
   const swaLayers = Array.from({ length: nLayer }, (_, il) => slidingWindow > 0 && il % period < period - 1);
 
+  const hybrid = hybridConfig(md, arch, nLayer, nRot);
+  const sharedFfn = architecture === 'qwen2moe' || architecture === 'qwen35moe' ? optionalInt(md, key('expert_shared_feed_forward_length'), nFf) : 0;
   return {
+    ...hybrid,
     architecture,
     nLayer,
     nEmbd,
@@ -145,9 +158,9 @@ export function configFromHeader(header: GgufHeader): ModelConfig {
     swaLayers,
     tiedEmbeddings: !tensorNames.has('output.weight'),
     qkvBias: tensorNames.has('blk.0.attn_q.bias'),
-    qkNorm: architecture === 'qwen3' || architecture === 'qwen3moe' || gemma || tensorNames.has('blk.0.attn_q_norm.weight'),
+    qkNorm: architecture === 'qwen3' || architecture === 'qwen3moe' || gemma || hybrid.attnOutputGate || tensorNames.has('blk.0.attn_q_norm.weight'),
     ffnActivation: gemma ? 'gelu' : 'silu',
-    moe: moe && { ...moe, nFfShared: architecture === 'qwen2moe' ? optionalInt(md, key('expert_shared_feed_forward_length'), nFf) : 0 },
+    moe: moe && { ...moe, nFfShared: sharedFfn, ...(architecture === 'qwen35moe' ? { sigmoidSharedGate: true as const } : {}) },
     embedScale: gemma ? f32(Math.sqrt(nEmbd)) : 1,
     postNorms: gemma,
     queryScale: queryScale(architecture, nLayer, nEmbd, nHead, headDim),
@@ -163,11 +176,11 @@ function queryScale(arch: Architecture, nLayer: number, nEmbd: number, nHead: nu
   return null;
 }
 
-/** The expert settings of qwen2moe / qwen3moe; null for dense architectures. */
+/** The expert settings of qwen2moe / qwen3moe / qwen35moe; null for dense architectures. */
 function moeConfig(md: Record<string, MetadataValue>, arch: Architecture): Omit<MoeConfig, 'nFfShared'> | null {
   const key = (k: string) => `${arch}.${k}`;
   const nExpert = optionalInt(md, key('expert_count'), 0);
-  if (arch !== 'qwen2moe' && arch !== 'qwen3moe') {
+  if (arch !== 'qwen2moe' && arch !== 'qwen3moe' && arch !== 'qwen35moe') {
     if (nExpert > 0) {
       throw new MeshError('UNSUPPORTED_ARCHITECTURE', `architecture '${arch}' with ${nExpert} experts (mixture of experts) is not supported`, { architecture: arch });
     }
@@ -182,7 +195,7 @@ function moeConfig(md: Record<string, MetadataValue>, arch: Architecture): Omit<
   if ((optionalInt(md, key('expert_group_count'), 0)) > 1) {
     throw new MeshError('UNSUPPORTED_ARCHITECTURE', `${arch} with grouped expert selection is not supported`, { architecture: arch });
   }
-  return { nExpert, nExpertUsed, nFfExp, normWeights: arch === 'qwen3moe' };
+  return { nExpert, nExpertUsed, nFfExp, normWeights: arch !== 'qwen2moe' };
 }
 
 function tokenListLength(md: Record<string, MetadataValue>): number | undefined {

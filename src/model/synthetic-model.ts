@@ -1,7 +1,8 @@
 // Random-weight GGUF models of any shape and quant type, with a real tokenizer, for tests and
 // benchmarks. Tensor names, shapes and metadata keys are the ones llama.cpp loads for the
-// `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `gemma3` and `phi3` architectures (the
-// tensors per architecture: ./synthetic-tensors.ts). Deterministic: every tensor draws from
+// `llama`, `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `gemma3`, `phi3`, `qwen35` and `qwen35moe`
+// architectures (the tensors per architecture: ./synthetic-tensors.ts, the hybrid Qwen3.5
+// blocks: ./synthetic-qwen35.ts). Deterministic: every tensor draws from
 // its own PRNG stream seeded by (seed, tensor name), so the same options give the same bytes
 // however the file is produced (in memory, streamed, or chunked differently).
 //
@@ -15,19 +16,20 @@
 import { MeshError } from '../errors.ts';
 import type { GgufSpec, MetadataEntry, WrittenLayout } from '../gguf/writer.ts';
 import { planGguf, writeGguf, writeGgufFile } from '../gguf/writer.ts';
+import { hybridLayerTensors, hybridMetadata, isHybridArch } from './synthetic-qwen35.ts';
 import { MODEL_TYPES, modelTensors } from './synthetic-tensors.ts';
 import type { ModelType } from './synthetic-tensors.ts';
 import type { BpePre, TokenizerKind } from './synthetic-vocab.ts';
 import { BPE_PRES, buildVocab, minVocabSize } from './synthetic-vocab.ts';
 
-export const ARCHS = ['llama', 'qwen2', 'qwen3', 'qwen2moe', 'qwen3moe', 'gemma3', 'phi3'] as const;
+export const ARCHS = ['llama', 'qwen2', 'qwen3', 'qwen2moe', 'qwen3moe', 'gemma3', 'phi3', 'qwen35', 'qwen35moe'] as const;
 export type SyntheticArch = (typeof ARCHS)[number];
 export { MODEL_TYPES };
 export type { ModelType };
 export const ROPE_SCALINGS = ['none', 'linear', 'yarn'] as const;
 export type RopeScaling = (typeof ROPE_SCALINGS)[number];
 
-const MOE_ARCHS: readonly SyntheticArch[] = ['qwen2moe', 'qwen3moe'];
+const MOE_ARCHS: readonly SyntheticArch[] = ['qwen2moe', 'qwen3moe', 'qwen35moe'];
 
 export interface MakeModelOptions {
   arch?: SyntheticArch;
@@ -75,6 +77,18 @@ export interface MakeModelOptions {
   ropeOrigCtx?: number;
   /** write llama3-style rope_freqs.weight (llama) */
   ropeFreqs?: boolean;
+  /** qwen35*: Gated DeltaNet q/k heads (default heads) */
+  linearKHeads?: number;
+  /** qwen35*: Gated DeltaNet v heads (default 2 × linearKHeads, as Qwen3.5) */
+  linearVHeads?: number;
+  /** qwen35*: size of one DeltaNet head (default head size) */
+  linearHeadDim?: number;
+  /** qwen35*: causal conv width (default 4) */
+  convKernel?: number;
+  /** qwen35*: every n-th block is full attention (default 4) */
+  fullAttnInterval?: number;
+  /** rotated dimensions per head (default: the head size; qwen35*: a quarter of it) */
+  ropeDims?: number;
 }
 
 export type ResolvedModelOptions = Required<Omit<MakeModelOptions, 'pre' | 'headerOnly'>> & { pre?: BpePre; headerOnly: boolean };
@@ -132,13 +146,15 @@ export function resolveModelOptions(o: MakeModelOptions): ResolvedModelOptions {
     ropeFactor: o.ropeFactor ?? 4,
     ropeOrigCtx: o.ropeOrigCtx ?? o.ctx ?? MODEL_DEFAULTS.ctx,
     ropeFreqs: o.ropeFreqs ?? false,
+    ...hybridDefaults(o, arch, heads),
   };
   if (r.tokenizer !== 'llama' && r.tokenizer !== 'gpt2') throw badOption(`unknown tokenizer '${String(r.tokenizer)}' (known: llama, gpt2)`);
   if (o.pre !== undefined) {
     if (r.tokenizer !== 'gpt2') throw badOption(`--pre applies to the gpt2 tokenizer only`);
     if (!BPE_PRES.includes(o.pre)) throw badOption(`unknown pre-tokenizer '${o.pre}' (known: ${BPE_PRES.join(', ')})`);
   }
-  if (r.tokenizer === 'gpt2') r.pre = o.pre ?? (arch === 'llama' ? 'llama-bpe' : 'qwen2');
+  if (r.tokenizer === 'gpt2') r.pre = o.pre ?? (arch === 'llama' ? 'llama-bpe' : isHybridArch(arch) ? 'qwen35' : 'qwen2');
+  checkHybrid(r);
   if (!ROPE_SCALINGS.includes(r.ropeScaling)) throw badOption(`unknown rope scaling '${String(r.ropeScaling)}' (known: ${ROPE_SCALINGS.join(', ')})`);
   if (!(r.ropeFactor > 0)) throw badOption(`rope-factor must be positive, got ${r.ropeFactor}`);
   if (r.slidingWindow < 0 || !Number.isSafeInteger(r.slidingWindow)) throw badOption(`sliding-window must be an integer >= 0, got ${r.slidingWindow}`);
@@ -163,11 +179,36 @@ export function resolveModelOptions(o: MakeModelOptions): ResolvedModelOptions {
   return r;
 }
 
+/** The qwen35* shape options, filled in (also present, unused, for the other architectures). */
+function hybridDefaults(o: MakeModelOptions, arch: SyntheticArch, heads: number) {
+  const embd = o.embd ?? MODEL_DEFAULTS.embd;
+  const headDim = o.headDim ?? (heads > 0 && embd % heads === 0 ? embd / heads : 0);
+  const linearKHeads = o.linearKHeads ?? heads;
+  return {
+    linearKHeads,
+    linearVHeads: o.linearVHeads ?? 2 * linearKHeads,
+    linearHeadDim: o.linearHeadDim ?? headDim,
+    convKernel: o.convKernel ?? 4,
+    fullAttnInterval: o.fullAttnInterval ?? 4,
+    ropeDims: o.ropeDims ?? (isHybridArch(arch) ? headDim / 4 : headDim),
+  };
+}
+
+function checkHybrid(r: ResolvedModelOptions): void {
+  for (const k of ['linearKHeads', 'linearVHeads', 'linearHeadDim', 'convKernel', 'fullAttnInterval'] as const) {
+    if (!Number.isSafeInteger(r[k]) || r[k] < 1) throw badOption(`${k} must be a positive integer, got ${r[k]}`);
+  }
+  if (!Number.isSafeInteger(r.ropeDims) || r.ropeDims < 2 || r.ropeDims % 2 !== 0 || r.ropeDims > r.headDim) {
+    throw badOption(`rope-dims must be even, at least 2 and at most the head size ${r.headDim}, got ${r.ropeDims}`);
+  }
+  if (r.linearVHeads % r.linearKHeads !== 0) throw badOption(`linear-v-heads ${r.linearVHeads} must be a multiple of linear-k-heads ${r.linearKHeads}`);
+}
+
 /** The GGUF spec of a synthetic model; tensor data is produced lazily when written. */
 export function syntheticModelSpec(options: MakeModelOptions): GgufSpec {
   const o = resolveModelOptions(options);
   const { arch, headDim } = o;
-  const tensors = modelTensors(o);
+  const tensors = isHybridArch(arch) ? modelTensors(o, hybridLayerTensors) : modelTensors(o);
   const vocab = buildVocab({ kind: o.tokenizer, vocabSize: o.vocab, ...(o.pre ? { pre: o.pre } : {}) });
   const isQwen = arch.startsWith('qwen');
   const u32 = (key: string, value: number): MetadataEntry => ({ key, type: 'uint32', value });
@@ -187,7 +228,7 @@ export function syntheticModelSpec(options: MakeModelOptions): GgufSpec {
     u32(`${arch}.attention.head_count_kv`, o.kvHeads),
     u32(`${arch}.attention.key_length`, headDim),
     u32(`${arch}.attention.value_length`, headDim),
-    u32(`${arch}.rope.dimension_count`, headDim),
+    u32(`${arch}.rope.dimension_count`, o.ropeDims),
     f32(`${arch}.rope.freq_base`, isQwen || arch === 'gemma3' ? 1_000_000 : 10_000),
     f32(`${arch}.attention.layer_norm_rms_epsilon`, isQwen ? 1e-6 : 1e-5),
     u32(`${arch}.vocab_size`, o.vocab),
@@ -203,7 +244,8 @@ function archMetadata(o: ResolvedModelOptions): MetadataEntry[] {
   const u32 = (key: string, value: number): MetadataEntry => ({ key: `${arch}.${key}`, type: 'uint32', value });
   const f32 = (key: string, value: number): MetadataEntry => ({ key: `${arch}.${key}`, type: 'float32', value });
   const out: MetadataEntry[] = [];
-  if (MOE_ARCHS.includes(arch)) {
+  if (isHybridArch(arch)) out.push(...hybridMetadata(o));
+  else if (MOE_ARCHS.includes(arch)) {
     out.push(u32('expert_count', o.experts), u32('expert_used_count', o.expertsUsed), u32('expert_feed_forward_length', o.expertFfn));
     if (arch === 'qwen2moe') out.push(u32('expert_shared_feed_forward_length', o.sharedFfn));
   }

@@ -199,12 +199,12 @@ export function layerTensors(list: TensorList, o: TensorOptions, i: number): voi
   if (arch === 'gemma3') list.vector(`${p}post_ffw_norm.weight`, embd, NORM);
 }
 
-/** Every tensor of the model: embedding, blocks, output norm and head, rope factor tables. */
-export function modelTensors(o: TensorOptions): TensorSpec[] {
+/** Every tensor of the model: embedding, blocks (`layer`: the architecture's), output norm and head, rope factor tables. */
+export function modelTensors<O extends TensorOptions>(o: O, layer: (list: TensorList, o: O, i: number) => void = layerTensors): TensorSpec[] {
   const list = new TensorList(o);
   // gemma3 multiplies embeddings by √embd: draw them 1/√embd-sized so the scaled rows are unit-size
   list.matrix('token_embd.weight', 'token_embd', 0, [o.embd, o.vocab], o.tied ? 0.02 : o.arch === 'gemma3' ? proj(o.embd) : 1);
-  for (let i = 0; i < o.layers; i++) layerTensors(list, o, i);
+  for (let i = 0; i < o.layers; i++) layer(list, o, i);
   list.vector('output_norm.weight', o.embd, NORM);
   if (!o.tied) list.matrix('output.weight', 'output', o.layers, [o.embd, o.vocab], proj(o.embd));
   // llama3-style frequency factors (≥ 1: low frequencies slowed down) and Phi-3's short/long sets

@@ -13,8 +13,8 @@ import { MeshError } from '../errors.ts';
 import type { MetadataEntry } from '../gguf/writer.ts';
 
 export type TokenizerKind = 'llama' | 'gpt2';
-export type BpePre = 'llama-bpe' | 'qwen2' | 'gpt-2';
-export const BPE_PRES: readonly BpePre[] = ['llama-bpe', 'qwen2', 'gpt-2'];
+export type BpePre = 'llama-bpe' | 'qwen2' | 'qwen35' | 'gpt-2';
+export const BPE_PRES: readonly BpePre[] = ['llama-bpe', 'qwen2', 'qwen35', 'gpt-2'];
 
 /** llama.cpp token types (llama_token_type / tokenizer.ggml.token_type values). */
 export enum TokenType {
@@ -324,6 +324,7 @@ function buildSpm(vocabSize: number): SyntheticVocab {
 const PRE_SPLIT: Record<BpePre, RegExp> = {
   'llama-bpe': /'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+/gu,
   qwen2: /'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+/gu,
+  qwen35: /'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+/gu,
   'gpt-2': /'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+/gu,
 };
 
@@ -331,6 +332,7 @@ const PRE_SPLIT: Record<BpePre, RegExp> = {
 const BPE_SPECIALS: Record<BpePre, { bos: string; eos: string }> = {
   'llama-bpe': { bos: '<|begin_of_text|>', eos: '<|end_of_text|>' },
   qwen2: { bos: '<|endoftext|>', eos: '<|endoftext|>' },
+  qwen35: { bos: '<|endoftext|>', eos: '<|endoftext|>' },
   'gpt-2': { bos: '<|endoftext|>', eos: '<|endoftext|>' },
 };
 

@@ -14,7 +14,7 @@ import { WsLink } from '../transport/ws.ts';
 import { SessionManager } from '../route/sessions.ts';
 import type { RouteHandle, SessionManagerOptions } from '../route/sessions.ts';
 import { StageService } from './stage-service.ts';
-import type { SamplerFactory } from './stage-service.ts';
+import type { SamplerFactory, StageServiceOptions } from './stage-service.ts';
 
 export interface LoopbackStage {
   backend: StageBackend;
@@ -28,6 +28,10 @@ export interface LoopbackOptions {
   messageLimit?: number;
   samplerFactory?: SamplerFactory;
   sessions?: SessionManagerOptions;
+  /** the one-way token path (FrameFlag.ReturnDirect): the last stage hands tokens straight to the session manager (default true) */
+  directReturn?: boolean;
+  /** every stage's limits (chunk size, frame and session caps) */
+  stageLimits?: Partial<Pick<StageServiceOptions, 'chunkTokens' | 'maxFrameTokens' | 'maxSessions' | 'idleTtlMs'>>;
 }
 
 export interface LoopbackRoute {
@@ -50,6 +54,7 @@ export async function startLoopbackRoute(stages: LoopbackStage[], opts: Loopback
   const services = stages.map(
     (s, i) =>
       new StageService({
+        ...opts.stageLimits,
         backend: s.backend,
         stage: i,
         shard: s.shard,
@@ -83,8 +88,10 @@ export async function startLoopbackRoute(stages: LoopbackStage[], opts: Loopback
     entry: () => entry,
     stageLinks: () => control,
     stagePeers: () => services.map((_, i) => servers[i]?.url ?? `local-${i}`),
+    directReturn: () => opts.directReturn !== false,
   };
   const manager = new SessionManager((id) => (id === route.id ? route : undefined), opts.sessions);
+  for (const svc of services) svc.setReturnTo((answer) => void manager.deliverReturn(answer));
   const clientLink = new LocalLink((f) => manager.handle(f));
   return {
     manager,

@@ -14,7 +14,7 @@ import type { ShardRange } from '../backends/types.ts';
 import { backendCapability } from '../backends/capabilities.ts';
 import type { WebGpuBackend } from '../backends/webgpu/backend.ts';
 import { parseJoinUrl, parseServerMessage } from '../protocol/control.ts';
-import type { PeerToServer, ServerMessage } from '../protocol/control.ts';
+import type { PeerSpeed, PeerToServer, ServerMessage } from '../protocol/control.ts';
 import { startFrameServer } from '../transport/frame-server.ts';
 import type { FrameServer } from '../transport/frame-server.ts';
 import { serveFrames } from '../transport/ws.ts';
@@ -22,7 +22,10 @@ import { tlsOptions } from '../transport/tls-trust.ts';
 import { linkNativeNext, loadNativeShard, nodeWebGpuBackend } from './native-stage.ts';
 import type { BackendKind, NativeStageEnv } from './native-stage.ts';
 import { fetchRoomModel, PeerCore } from './peer-core.ts';
-import type { HelloOffer, StageLimits } from './peer-core.ts';
+import type { HelloOffer, LoadContext, RoomModel, ShardLoad, StageLimits } from './peer-core.ts';
+import { calibrate } from './calibrate.ts';
+import { delayedHandler, delayedLink, later, slowedBackend } from './test-shaping.ts';
+import { hyperParameters } from '../gguf/summary.ts';
 import { NativeRtc } from './native-rtc.ts';
 import { rejoin } from './reconnect.ts';
 import type { ReconnectOptions } from './reconnect.ts';
@@ -56,6 +59,12 @@ export interface NodePeerOptions {
   trustedSecret?: string;
   /** rejoin after the control connection drops (default: for 10 minutes, back-off from 0.5 s to 15 s); false: leave */
   reconnect?: false | ReconnectOptions;
+  /** measure this node's speed on one layer of the room's model before joining, where the room plans by speed (default true; cpu and webgpu backends) */
+  calibrate?: boolean;
+  /** test only (test-shaping.ts): forward passes take this many times as long */
+  testSlowFactor?: number;
+  /** test only (test-shaping.ts): every frame and control message in and out waits this long (ms) */
+  testLinkDelayMs?: number;
   log?: (line: string) => void;
 }
 
@@ -106,7 +115,7 @@ function watchControl(ws: WebSocket, base: string): { gone: Promise<Error>; clos
 }
 
 /** What the hello offers: the backend, memory, where frames reach this node, what it holds verified. */
-function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact: string; units: string[]; adapter: HelloOffer['adapter']; rtc: boolean }): HelloOffer {
+function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact: string; units: string[]; adapter: HelloOffer['adapter']; rtc: boolean; speed: PeerSpeed | null }): HelloOffer {
   return {
     backend: opts.backend,
     memoryBytes: opts.memoryBytes,
@@ -119,7 +128,21 @@ function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact:
     ...(opts.layers ? { layers: opts.layers } : {}),
     ...(has.adapter ? { adapter: has.adapter } : {}),
     ...(has.rtc ? { rtc: true } : {}),
+    ...(has.speed ? { speed: has.speed } : {}),
   };
+}
+
+/** This node's speed on the room's model, or null (not asked, a backend it is not measured on, or it failed: then said in the log). */
+async function measureSpeed(opts: NodePeerOptions, model: RoomModel, load: (ctx: LoadContext) => Promise<ShardLoad>, log: (line: string) => void): Promise<PeerSpeed | null> {
+  if (opts.calibrate === false || model.planner !== 'speed' || (opts.backend !== 'cpu' && opts.backend !== 'webgpu') || !model.url || !model.nLayer) return null;
+  try {
+    const speed = await calibrate(load, { modelUrl: model.url, nLayer: model.nLayer, nEmbd: hyperParameters(await model.header()).n_embd });
+    log(`speed: ${speed.decodeMsPerLayer.toFixed(3)} ms per layer per decoded token, ${speed.prefillMsPerTokenLayer.toFixed(3)} ms per layer per prefilled token`);
+    return speed;
+  } catch (e) {
+    log(`${(e as MeshError).code ?? 'CALIBRATION_FAILED'}: ${(e as Error).message}`);
+    return null;
+  }
 }
 
 /** One control connection to the server: its socket, the peer core serving over it, and when it ended. */
@@ -141,21 +164,24 @@ interface PeerShared {
   send: (m: PeerToServer) => void;
   takeSpareGpu: () => WebGpuBackend | null;
   adapter: HelloOffer['adapter'];
+  /** test only: the link delay every frame and control message waits (ms; test-shaping.ts) */
+  delay: number;
   log: (line: string) => void;
 }
 
 /** Reads the room's model, opens a control socket, proves the secret and joins; rejects if any step fails. */
 async function connect(p: PeerShared): Promise<Connection> {
-  const { opts, base, roomId, rtc, log } = p;
+  const { opts, base, roomId, rtc, log, delay } = p;
   // what the room serves, and the manifest every loaded byte is checked against (again after a
   // reconnect: a restarted server may serve another artifact)
   const model = await fetchRoomModel(base, roomId, opts.secret);
   const units = p.cacheDir ? await heldUnits(p.cacheDir, model.manifest) : [];
-  const ws = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`, tlsOptions()); // a pinned local CA (tls-trust.ts)
   let relay: RelayLink | null = null;
-  const send = (m: PeerToServer): void => {
-    if (ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(m));
-  };
+  // the control socket opens after the calibration (below): the hello carries its speed
+  let control: WebSocket | null = null;
+  const send = later((m: PeerToServer): void => {
+    if (control?.readyState === WebSocket.OPEN) control.send(JSON.stringify(m));
+  }, delay);
   const env: NativeStageEnv = {
     backend: opts.backend, memoryBytes: opts.memoryBytes, carrier: opts.carrier ?? 'ws', cacheDir: p.cacheDir, base, secret: opts.secret, model, send, log,
     peerId: () => core.peerId,
@@ -164,12 +190,19 @@ async function connect(p: PeerShared): Promise<Connection> {
     relayTo: (to) => (relay = new RelayLink(to, (r) => send(r as never))),
     rtc: () => rtc,
   };
+  const loadShard = async (ctx: LoadContext): Promise<ShardLoad> => {
+    const load = await loadNativeShard(ctx, env);
+    return { ...load, backend: slowedBackend(load.backend, opts.testSlowFactor ?? 1) };
+  };
   const core = new PeerCore({
     secret: opts.secret, send, log,
     ...(opts.limits ? { limits: opts.limits } : {}),
     ...(opts.trustedSecret ? { proofSecret: opts.trustedSecret } : {}),
-    loadShard: (ctx) => loadNativeShard(ctx, env),
-    linkNext: (next, ctx) => linkNativeNext(next, ctx, env),
+    loadShard,
+    linkNext: async (next, ctx) => {
+      const l = await linkNativeNext(next, ctx, env);
+      return l.link ? { ...l, link: delayedLink(l.link, delay) } : l;
+    },
     onAssign: (a) => {
       rtc?.released();
       rtc?.setUpstream(a.upstreamPeer ?? null);
@@ -178,9 +211,13 @@ async function connect(p: PeerShared): Promise<Connection> {
     onReady: (a, _load, link) => rtc?.serving(a.routeId, a.stage, link.hop?.kind ?? 'none', link.hop?.candidatePair ?? null),
     onRelease: () => rtc?.released(),
   });
-  serveFrames(ws, core.handle);
+  const speed = await measureSpeed(opts, model, loadShard, log);
+  // (a test's link delay answers the server's heartbeat late too: its round trip is the planner's link)
+  const ws = (control = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`, { ...tlsOptions(), ...(delay > 0 ? { autoPong: false } : {}) })); // a pinned local CA (tls-trust.ts)
+  if (delay > 0) ws.on('ping', (data) => setTimeout(() => ws.readyState === WebSocket.OPEN && ws.pong(data), 2 * delay));
+  serveFrames(ws, delayedHandler(core.handle, delay));
   const { gone, closed } = watchControl(ws, base);
-  ws.on('message', (data, isBinary) => {
+  ws.on('message', later((data: WebSocket.RawData, isBinary: boolean) => {
     if (isBinary) return; // frames: serveFrames answers them
     let m: ServerMessage;
     try {
@@ -192,10 +229,10 @@ async function connect(p: PeerShared): Promise<Connection> {
     // a relay reply is for this node's own relay link, else for the relay WebRTC fell back to
     if (m.t === 'relay-reply' && relay?.deliver(m)) return;
     rtc?.onControl(m);
-  });
+  }, delay));
   p.send = send;
   try {
-    const w = await core.join(helloOffer(opts, p.server, { artifact: model.manifest.artifact.sha256, units, adapter: p.adapter, rtc: rtc !== null }), gone);
+    const w = await core.join(helloOffer(opts, p.server, { artifact: model.manifest.artifact.sha256, units, adapter: p.adapter, rtc: rtc !== null, speed }), gone);
     if (w.iceServers?.length) rtc?.useIceServers(w.iceServers);
     log(`joined room ${w.roomId} as ${w.peerId} (model ${w.model.id}, ${w.model.nLayer} layers; holding ${units.length ? units.join(', ') : 'nothing'}); listening at ${p.server.url}`);
   } catch (e) {
@@ -235,7 +272,8 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   const adapter = spareGpu?.adapter;
   const state: { current: Connection | null; stopping: boolean } = { current: null, stopping: false };
   // frames reach whichever connection's core serves now; the listen address stays across reconnections
-  const handler: FrameHandler = (f) => (state.current ? state.current.core.handle(f) : Promise.reject(new MeshError('STAGE_NOT_LOADED', 'this peer is not in a room')));
+  const delay = opts.testLinkDelayMs ?? 0;
+  const handler: FrameHandler = delayedHandler((f) => (state.current ? state.current.core.handle(f) : Promise.reject(new MeshError('STAGE_NOT_LOADED', 'this peer is not in a room'))), delay);
   const server = await startFrameServer({
     host: opts.listenHost ?? '127.0.0.1',
     port: opts.listenPort ?? 0,
@@ -247,7 +285,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     },
   });
   const shared: PeerShared = {
-    opts, base, roomId, cacheDir, server, log,
+    opts, base, roomId, cacheDir, server, log, delay,
     rtc: null,
     send: () => undefined,
     adapter: adapter ? { ...adapter } : undefined,

@@ -12,9 +12,10 @@ import type { GgufHeader } from '../gguf/types.ts';
 import type { Manifest } from '../gguf/verify.ts';
 import { parseManifest } from '../gguf/verify.ts';
 import { Sampler } from '../model/sampler.ts';
-import { helloProof } from '../protocol/control.ts';
+import { helloProof, toBase64 } from '../protocol/control.ts';
 import type { CandidatePair, HopKind, PeerHello, PeerToServer, ServerMessage, ServerToPeer } from '../protocol/control.ts';
 import { headerFromWire } from '../protocol/header-wire.ts';
+import { encodeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { fetchJson } from '../transport/server-json.ts';
@@ -30,7 +31,7 @@ export type HelloOffer = Omit<PeerHello, 't' | 'proof'>;
 /** The last stage's sampler for a session's settings (seeded, as the session asks). */
 export const stageSampler: SamplerFactory = (settings, draws) => {
   const sampler = new Sampler(settings).skip(draws);
-  return (logits) => sampler.sample(logits, []);
+  return (logits, history) => sampler.sample(logits, history);
 };
 
 /** The room's model as the server describes it: its id, its manifest, and its header (read once, on demand). */
@@ -38,15 +39,25 @@ export interface RoomModel {
   id: string;
   manifest: Manifest;
   header(): Promise<GgufHeader>;
+  /** where the model is read, as the room describes it (at this server's origin when it hosts it), and its layers */
+  url?: string;
+  nLayer?: number;
+  /** how the room plans routes: 'speed' wants each peer's measured speed in its hello */
+  planner?: string;
 }
 
 /** Reads the room's model id and manifest (JSON from the server: no model bytes). */
 export async function fetchRoomModel(base: string, roomId: string, secret: string): Promise<RoomModel> {
-  const room = await fetchJson<{ model: { id: string } }>(`${base}/v1/rooms/${roomId}`, secret);
+  const room = await fetchJson<{ model: { id: string; url?: string; nLayer?: number }; planner?: string }>(`${base}/v1/rooms/${roomId}`, secret);
   const api = `${base}/v1/models/${encodeURIComponent(room.model.id)}`;
   const manifest = parseManifest(await fetchJson<unknown>(`${api}/manifest`, secret));
   let header: GgufHeader | null = null;
-  return { id: room.model.id, manifest, header: async () => (header ??= headerFromWire(await fetchJson<unknown>(`${api}/header`, secret))) };
+  const hosted = room.model.url ? new URL(room.model.url) : null;
+  const url = hosted && hosted.pathname.startsWith('/models/') ? `${base}${hosted.pathname}` : room.model.url;
+  return {
+    id: room.model.id, manifest, header: async () => (header ??= headerFromWire(await fetchJson<unknown>(`${api}/header`, secret))),
+    ...(url ? { url } : {}), ...(room.model.nLayer ? { nLayer: room.model.nLayer } : {}), ...(room.planner ? { planner: room.planner } : {}),
+  };
 }
 
 /**
@@ -236,7 +247,7 @@ export class PeerCore {
     switch (msg.t) {
       case 'challenge': {
         const offer = this.joining?.offer;
-        if (offer) void helloProof(this.opts.proofSecret ?? this.opts.secret, msg.nonce).then((proof) => this.opts.send({ t: 'hello', proof, ...offer }));
+        if (offer) void helloProof(this.opts.proofSecret ?? this.opts.secret, msg.nonce).then((proof) => this.opts.send({ t: 'hello', proof, directReturn: true, ...offer }));
         return true;
       }
       case 'welcome':
@@ -357,7 +368,9 @@ export class PeerCore {
       if (rewire?.upstreamPeer !== undefined) this.opts.onUpstream?.(rewire.upstreamPeer);
       const link = await this.opts.linkNext(target, this.context(a, next, () => seq === this.seq));
       if (!ctx.current) throw new MeshError('LOAD_FAILED', 'superseded');
-      const service = new StageService({ ...this.opts.limits, backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: link.link, samplerFactory: stageSampler, spotCheck });
+      // the last stage's one-way token goes to the server over the control socket
+      const returnTo = (token: Frame): void => this.opts.send({ t: 'return', routeId: a.routeId, stage: a.stage, frame: toBase64(encodeFrame(token)) });
+      const service = new StageService({ ...this.opts.limits, backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: link.link, samplerFactory: stageSampler, spotCheck, returnTo });
       this.serving = { assignment: a, service, kept, next };
       // a neighbour replaced while this stage was linking: link to it now
       const late = this.pendingRewire as Rewire | null;

@@ -49,6 +49,11 @@ export class SpotCheck {
     if (this.sampled.delete(sessionId)) await this.opts.backend!.releaseSession(sessionId).catch(() => undefined);
   }
 
+  /** A Rewind (repair, or a client continuing a kept session): the re-run forgets positions from `position` on too. */
+  async rewind(sessionId: string, position: number): Promise<void> {
+    if (this.sampled.has(sessionId)) await this.opts.backend!.truncateSession(sessionId, position).catch(() => void this.close(sessionId));
+  }
+
   watch(sessionId: string): void {
     this.watched.add(sessionId);
   }

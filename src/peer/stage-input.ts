@@ -1,10 +1,11 @@
 // A stage's input as its backend takes it, from a frame: token ids, hidden states decoded to
 // f32, or the frame's rows as they are (for backends with forwardRows) — and one chunk of it,
-// for a long prefill computed in bounded pieces between other sessions' steps.
+// for a long prefill computed in bounded pieces between other sessions' steps (and that chunk's
+// frame: its payload rows, and the flags only the frame's last chunk carries).
 
 import { MeshError } from '../errors.ts';
 import type { HiddenRows, StageInput } from '../backends/types.ts';
-import { DType } from '../protocol/frame.ts';
+import { DType, FrameFlag } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 
 /** A Hidden frame's payload as rows for a backend's forwardRows (no decoding here). */
@@ -29,4 +30,14 @@ export function inputSlice(input: StageInput | HiddenRows, nTokens: number, at: 
       return { ...input, bytes: input.bytes.subarray(at * rowBytes, (at + n) * rowBytes), nTokens: n };
     }
   }
+}
+
+/** What only a frame's last chunk carries: the sampled answer, the logits, the one-way return. */
+const LAST_CHUNK_FLAGS = FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.ReturnDirect;
+
+/** Tokens [at, at + n) of frame `f` as a frame of their own (a view of its payload rows). */
+export function frameChunk(f: Frame, at: number, n: number): Frame {
+  const rowBytes = f.payload.byteLength / f.nTokens;
+  const last = at + n >= f.nTokens;
+  return { ...f, position: f.position + at, nTokens: n, flags: last ? f.flags : f.flags & ~LAST_CHUNK_FLAGS, payload: f.payload.subarray(at * rowBytes, (at + n) * rowBytes) };
 }

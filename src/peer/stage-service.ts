@@ -17,10 +17,12 @@
 
 import { MeshError } from '../errors.ts';
 import type { ForwardResult, HiddenRows, RowsForwardResult, StageBackend, StageInput, ShardRange } from '../backends/types.ts';
-import { argmax } from '../model/sampler.ts';
+import { argmax, tokenLogprob } from '../model/sampler.ts';
 import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, decodeRows, hiddenFrame, hiddenRowsFrame, jsonFrame, logitsFrame, replyAddress, tokensFrame, withTimings } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, decodeRows, hiddenFrame, hiddenRowsFrame, jsonFrame, logitsFrame, payloadBody, replyAddress, sampledFrame, timingsOf, withTimings } from '../protocol/payload.ts';
+import type { StepTiming } from '../protocol/payload.ts';
+import { errorReplyFor } from '../transport/link.ts';
 import type { FrameLink } from '../transport/link.ts';
 import type { StageTiming } from '../route/telemetry.ts';
 import { parseResend, parseRewind, parseSessionOpen, parseStatusQuery } from '../protocol/session.ts';
@@ -28,9 +30,10 @@ import type { SamplerSettings, StatusQuery } from '../protocol/session.ts';
 import { ComputeQueue } from './compute-queue.ts';
 import { ReplayLog, rowHashes } from './replay-log.ts';
 import type { SpotCheck } from './spot-check.ts';
-import { hiddenRowsOf, inputSlice } from './stage-input.ts';
+import { frameChunk, hiddenRowsOf, inputSlice } from './stage-input.ts';
 
-export type TokenSampler = (logits: Float32Array) => number;
+/** Picks a token from the logits; history: the session's tokens at positions [0, p) (for penalties). */
+export type TokenSampler = (logits: Float32Array, history: readonly number[]) => number;
 /** A sampler for a session's settings that has already made `draws` random draws. */
 export type SamplerFactory = (settings: SamplerSettings, draws: number) => TokenSampler;
 export type { StatusQuery } from '../protocol/session.ts';
@@ -61,6 +64,12 @@ export interface StageServiceOptions {
   idleTtlMs?: number;
   /** public rooms: re-runs of the untrusted stages (first stage) or reports of what arrived (last) */
   spotCheck?: SpotCheck;
+  /**
+   * the one-way way to the session's owner: the last stage sends a ReturnDirect step's Token here,
+   * not in the reply; the others answer such a step once forwarded and send a failure downstream
+   * here as an Error (position = the step's end). Absent: answers climb back as replies.
+   */
+  returnTo?: ((token: Frame) => void) | undefined;
 }
 
 /** How long a just-opened session's first frame is waited for before long prompts go on (ms): a round trip through the server. */
@@ -72,6 +81,10 @@ export const STAGE_LIMITS = { chunkTokens: 64, maxFrameTokens: 512, maxSessions:
 interface StageSession {
   sample: TokenSampler | null;
   settings: SamplerSettings;
+  /** the session's token ids by position, as far as this stage knows them (the client's `tokens`, then what it sampled): the penalties' history */
+  history: number[];
+  /** top alternatives to report with each sampled token's log-probability; null: none */
+  logprobs: number | null;
   /** hidden states sent downstream, and hashes of rows received (for repairs) */
   log: ReplayLog;
   hiddenDtype: DType.F16 | DType.F32;
@@ -83,13 +96,15 @@ interface StageSession {
   lastUsed: number;
 }
 
-/** What one frame's compute adds up to (over its chunks), for the timing trailer. */
+/** What one frame's compute adds up to (over its chunks), and the timing records it carries forward (ReturnDirect). */
 interface StepCost {
   computeMs: number;
   downstreamMs: number;
   bytesOut: number;
   /** waiting in the compute queue behind other sessions' work */
   queueMs: number;
+  /** the records of the stages before (from the incoming Hidden frame's trailer) and this one's, as of now */
+  records(): StepTiming[];
 }
 
 export class StageService {
@@ -100,6 +115,8 @@ export class StageService {
   /** whole frames (header + payload) sent downstream, and how many */
   wireBytesOut = 0;
   framesOut = 0;
+  /** tokens this (last) stage sent one-way to the session's owner (ReturnDirect) */
+  tokensReturned = 0;
 
   private readonly queue = new ComputeQueue();
   private readonly limits: typeof STAGE_LIMITS;
@@ -124,6 +141,10 @@ export class StageService {
 
   setDownstream(link: FrameLink | null): void {
     this.opts.downstream = link;
+  }
+
+  setReturnTo(send: ((token: Frame) => void) | undefined): void {
+    this.opts.returnTo = send;
   }
 
   readonly handle = async (f: Frame): Promise<Frame> => {
@@ -154,13 +175,16 @@ export class StageService {
         this.checkFrameTokens(f);
         if (!this.isFirst) throw new MeshError('STAGE_INPUT_KIND', `stage ${this.opts.stage} takes hidden states, not token ids`);
         return this.compute(f, { kind: 'tokens', tokens: decodeI32(f.payload) });
-      case FrameType.Hidden:
+      case FrameType.Hidden: {
         this.checkFrameTokens(f);
         if (this.isFirst) throw new MeshError('STAGE_INPUT_KIND', 'stage 0 takes token ids, not hidden states');
-        this.bytesIn += f.payload.byteLength;
-        this.sessions.get(f.sessionId)?.log.received(f.position, rowHashes(f.payload, f.nTokens));
-        this.opts.spotCheck?.actual(f, () => decodeRows(f.payload, f.dtype));
-        return this.compute(f, this.opts.backend.forwardRows ? hiddenRowsOf(f) : { kind: 'hidden', hidden: decodeRows(f.payload, f.dtype), nTokens: f.nTokens });
+        // on the one-way path the stages before send their timing records forward in a trailer
+        const carried = timingsOf(f);
+        const h: Frame = { ...f, flags: f.flags & ~FrameFlag.Timings, payload: payloadBody(f) };
+        this.bytesIn += h.payload.byteLength;
+        this.opts.spotCheck?.actual(h, () => decodeRows(h.payload, h.dtype));
+        return this.compute(h, this.opts.backend.forwardRows ? hiddenRowsOf(h) : { kind: 'hidden', hidden: decodeRows(h.payload, h.dtype), nTokens: h.nTokens }, carried);
+      }
       default:
         throw new MeshError('FRAME_BAD_TYPE', `frame type: a stage does not accept ${FrameType[f.type]} frames`, { field: 'type' });
     }
@@ -191,6 +215,8 @@ export class StageService {
     this.sessions.set(f.sessionId, {
       sample: this.samplerFor(settings, body.draws ?? 0),
       settings,
+      history: body.tokens ? [...body.tokens] : [],
+      logprobs: body.logprobs ?? null,
       log: new ReplayLog(),
       hiddenDtype: body.hiddenDtype === 'f32' ? DType.F32 : DType.F16,
       timing: { steps: 0, computeMs: 0, downstreamMs: 0, handleMs: 0, bytesIn: 0, bytesOut: 0 },
@@ -206,14 +232,23 @@ export class StageService {
     return !settings.temperature || !this.opts.samplerFactory ? argmax : this.opts.samplerFactory(settings, draws);
   }
 
-  /** Rewind: positions from f.position on are forgotten here (KV cache, log); the sampler restarts after `draws` draws. */
+  /** Rewind: positions from f.position on are forgotten (KV, log, penalty history); the sampler restarts after `draws` draws, with any new settings. */
   private async rewind(f: Frame): Promise<Frame> {
     const s = this.session(f.sessionId);
     const body = parseRewind(decodeJson(f.payload));
     await this.opts.backend.truncateSession(f.sessionId, f.position);
+    await this.opts.spotCheck?.rewind(f.sessionId, f.position);
+    // a client continuing a kept session (KV reuse) sends its prompt at once: the next turn, as for a new session
+    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
     s.log.truncate(f.position);
     s.pipelineError = null;
+    if (body.sampler) s.settings = body.sampler;
+    if (body.logprobs !== undefined) s.logprobs = body.logprobs;
     s.sample = this.samplerFor(s.settings, body.draws);
+    // the penalty history: positions kept, then the tokens the client says come from `from` on
+    s.history.length = Math.min(s.history.length, f.position);
+    const from = body.from ?? f.position;
+    if (body.tokens && from <= s.history.length) s.history.splice(from, s.history.length - from, ...body.tokens);
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: f.position });
   }
 
@@ -266,7 +301,7 @@ export class StageService {
     return s;
   }
 
-  private async compute(f: Frame, input: Input): Promise<Frame> {
+  private async compute(f: Frame, input: Input, carried: StepTiming[] = []): Promise<Frame> {
     const s = this.session(f.sessionId);
     const started = performance.now();
     s.lastUsed = started;
@@ -274,28 +309,36 @@ export class StageService {
     timing.steps++;
     const bytesIn = f.type === FrameType.Hidden ? HEADER_BYTES + f.payload.byteLength : 0;
     timing.bytesIn += bytesIn;
-    const step: StepCost = { computeMs: 0, downstreamMs: 0, bytesOut: 0, queueMs: 0 };
+    const arrived = f.receivedAt ?? started;
+    const step: StepCost = {
+      computeMs: 0,
+      downstreamMs: 0,
+      bytesOut: 0,
+      queueMs: 0,
+      records: () => [
+        ...carried,
+        {
+          stage: this.opts.stage,
+          position: f.position,
+          computeUs: step.computeMs * 1000,
+          downstreamUs: step.downstreamMs * 1000,
+          handleUs: (performance.now() - arrived) * 1000,
+          queueUs: (started - arrived + step.queueMs) * 1000,
+          bytesIn,
+          bytesOut: step.bytesOut,
+        },
+      ],
+    };
     let reply: Frame;
     try {
       reply = f.nTokens > this.limits.chunkTokens ? await this.computeChunks(f, s, input, step) : await this.computeStep(f, s, input, step);
     } finally {
       timing.handleMs += performance.now() - started;
     }
-    if (!(f.flags & FrameFlag.WantTimings)) return reply;
+    // on the one-way path the records went forward with the hidden states, not back
+    if (!(f.flags & FrameFlag.WantTimings) || f.flags & FrameFlag.ReturnDirect) return reply;
     // this stage's part of the step joins the trailer on its way back up the chain
-    const arrived = f.receivedAt ?? started;
-    return withTimings(reply, [
-      {
-        stage: this.opts.stage,
-        position: f.position,
-        computeUs: step.computeMs * 1000,
-        downstreamUs: step.downstreamMs * 1000,
-        handleUs: (performance.now() - arrived) * 1000,
-        queueUs: (started - arrived + step.queueMs) * 1000,
-        bytesIn,
-        bytesOut: step.bytesOut,
-      },
-    ]);
+    return withTimings(reply, step.records().slice(carried.length));
   }
 
   /** A downstream failure as this stage reports it: the failing stage named. */
@@ -308,16 +351,15 @@ export class StageService {
   /**
    * A frame of more than `chunkTokens` tokens, computed chunk by chunk: each chunk waits its turn
    * in the compute queue (so other sessions' decode steps run between them) and goes on to the
-   * next stage as soon as it is done; only the last one carries the frame's Sample/WantLogits.
+   * next stage as soon as it is done; only the last one carries the frame's Sample, WantLogits
+   * and ReturnDirect (its answer, the token or the one-way Status, is the frame's).
    */
   private async computeChunks(f: Frame, s: StageSession, input: Input, step: StepCost): Promise<Frame> {
     const chunk = this.limits.chunkTokens;
     let reply: Frame | null = null;
     for (let at = 0; at < f.nTokens; at += chunk) {
       const n = Math.min(chunk, f.nTokens - at);
-      const last = at + n >= f.nTokens;
-      const sub: Frame = { ...f, position: f.position + at, nTokens: n, flags: last ? f.flags : f.flags & ~(FrameFlag.Sample | FrameFlag.WantLogits) };
-      reply = await this.computeStep(sub, s, inputSlice(input, f.nTokens, at, n), step);
+      reply = await this.computeStep(frameChunk(f, at, n), s, inputSlice(input, f.nTokens, at, n), step);
     }
     return reply!;
   }
@@ -336,12 +378,14 @@ export class StageService {
     const turn = await this.queue.run(f.sessionId, f.nTokens === 1 ? 'decode' : 'prefill', () => this.forward(f, s, input));
     const { output, computeMs } = turn.value;
     step.queueMs += turn.waitedMs;
+    // after the forward: a refused frame leaves no trace
+    if (f.type === FrameType.Hidden) s.log.received(f.position, rowHashes(f.payload, f.nTokens));
     s.timing.computeMs += computeMs;
     step.computeMs += computeMs;
     const replay = (f.flags & FrameFlag.Replay) !== 0;
     const sampleNow = !replay && (f.type === FrameType.Decode || (f.flags & FrameFlag.Sample) !== 0);
     if (output.kind !== 'logits') {
-      const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.WantTimings)) | (sampleNow ? FrameFlag.Sample : 0);
+      const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.ReturnDirect)) | (sampleNow ? FrameFlag.Sample : 0);
       const at = { routeId: f.routeId, sessionId: f.sessionId };
       const out =
         output.kind === 'rows'
@@ -369,8 +413,21 @@ export class StageService {
         );
         return jsonFrame(FrameType.Status, { routeId: f.routeId, sessionId: f.sessionId }, { stage: this.opts.stage, position: f.position + f.nTokens, pipelined: true });
       }
+      // one-way: this stage's timing (and the ones before) ride forward to the last stage
+      const sending = flags & FrameFlag.ReturnDirect && flags & FrameFlag.WantTimings ? withTimings(out, step.records()) : out;
+      const owner = this.opts.returnTo;
+      if (flags & FrameFlag.ReturnDirect && owner) {
+        // one-way: answer at once, so the next step's frame on our connection need not wait for
+        // the answers climbing back; a failure downstream goes to the owner one-way too
+        const end = f.position + f.nTokens;
+        void next.request(sending).then(
+          () => undefined,
+          (e) => owner({ ...errorReplyFor(f, (s.pipelineError ??= this.downstreamError(e, next))), position: end }),
+        );
+        return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: end, forwarded: true });
+      }
       try {
-        return await next.request(out);
+        return await next.request(sending);
       } catch (e) {
         // an earlier pipelined chunk's failure explains this one best
         throw s.pipelineError ?? this.downstreamError(e, next);
@@ -384,8 +441,16 @@ export class StageService {
     const at = { routeId: f.routeId, sessionId: f.sessionId };
     if (f.flags & FrameFlag.WantLogits && !replay) return logitsFrame(at, nextPosition, output.logits);
     if (!sampleNow) return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: nextPosition, ...(replay ? { replayed: true } : {}) });
-    const token = s.sample!(output.logits);
-    return tokensFrame(FrameType.Token, at, nextPosition, [token]);
+    const sampled = s.sample!(output.logits, s.history.length > nextPosition ? s.history.slice(0, nextPosition) : s.history);
+    // the token sampled here occupies position nextPosition: it joins the history when the history reaches that far
+    if (s.history.length === nextPosition) s.history.push(sampled);
+    const token = sampledFrame(at, nextPosition, sampled, s.logprobs === null ? null : tokenLogprob(output.logits, sampled, s.logprobs));
+    if (!(f.flags & FrameFlag.ReturnDirect)) return token;
+    const timed = f.flags & FrameFlag.WantTimings ? withTimings(token, step.records()) : token;
+    if (!this.opts.returnTo) return timed; // no way to the owner here: the token climbs back
+    this.opts.returnTo(timed);
+    this.tokensReturned++;
+    return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: nextPosition, returned: true });
   }
 
   /** A session's counters on this stage; a session that is not open holds nothing. */

@@ -10,6 +10,10 @@
 //   peer → server  {t:'relay', to, id, frame}          a request frame (base64) for peer `to`'s stage,
 //   server → peer  {t:'relay-reply', id, frame|error}  used when no data channel could open
 //   peer → server  {t:'telemetry', routeId, stage, …}  load progress, hop kind, frame counters
+//
+// Every peer of this implementation (hello `directReturn: true`) also sends, as the last stage,
+//   peer → server  {t:'return', routeId, stage, frame}  a sampled Token (base64 frame) for the
+//                  session's owner, one-way: the answer to a ReturnDirect step (frame.ts)
 
 import * as v from 'valibot';
 import { MeshError } from '../errors.ts';
@@ -32,6 +36,18 @@ const names = list(text(64), 1024);
 /** what a peer can compute (model/serve-capability.ts): architectures as ranges or whole only, weight types */
 const serveCapability: v.GenericSchema<unknown, ServeCapability> = v.object({ rangeArchitectures: names, wholeModelArchitectures: names, weightTypes: names });
 
+const msCost = v.pipe(v.number(), v.finite(), v.minValue(0));
+/** A peer's measured compute speed on the room's model, per layer. */
+const peerSpeed = v.object({
+  /** one decode step (one token) through one layer (ms) */
+  decodeMsPerLayer: msCost,
+  /** prefill: one token through one layer, in a 16-token chunk (ms) */
+  prefillMsPerTokenLayer: msCost,
+  /** 'calibration' at join; 'steps' from the stage's live decode steps */
+  source: v.picklist(['calibration', 'steps']),
+});
+export type PeerSpeed = v.InferOutput<typeof peerSpeed>;
+
 export const helloSchema = v.object({
   t: v.literal('hello'),
   /** hex HMAC-SHA256(key = room secret, message = nonce) */
@@ -53,6 +69,10 @@ export const helloSchema = v.object({
   adapter: v.optional(v.nullable(adapterInfo)),
   /** a native node that answers and opens WebRTC data channels (browser peers always do) */
   rtc: v.optional(v.boolean()),
+  /** takes FrameFlag.ReturnDirect and, as the last stage, sends the token to the server as a `return` message */
+  directReturn: v.optional(v.boolean()),
+  /** its own measured speed (peer/calibrate.ts), for the planner that knows speed (route/speed-planner.ts) */
+  speed: v.optional(peerSpeed),
 });
 export type PeerHello = v.InferOutput<typeof helloSchema>;
 
@@ -110,6 +130,8 @@ export type PeerTelemetry = v.InferOutput<typeof telemetrySchema>;
 
 /** The most bytes of one frame relayed as base64 through the server (the peer socket takes 64 MiB). */
 const MAX_RELAYED_BASE64 = 48 * 1024 * 1024;
+/** A returned Token frame is one row of at most 42 values; an Error frame a short JSON body. */
+const MAX_RETURN_BASE64 = 64 * 1024;
 const base64 = (max: number) => v.pipe(v.string(), v.maxLength(max), v.regex(/^[A-Za-z0-9+/]*={0,2}$/));
 
 /** Every message a peer may send the server, by `t` (the fuzzer in test/hardening walks this). */
@@ -127,6 +149,8 @@ export const PEER_MESSAGES = {
   rewired: v.object({ t: v.literal('rewired'), routeId: u32, stage: u32 }),
   /** a graceful leave (SIGTERM, the page's Leave button): move my sessions, then answer leave-ok */
   leave: v.object({ t: v.literal('leave') }),
+  /** the last stage's one-way answer (a base64 Token or Error frame) for the session manager: the answer to a ReturnDirect step */
+  return: v.object({ t: v.literal('return'), routeId: u32, stage: u32, frame: base64(MAX_RETURN_BASE64) }),
   /** a simple-peer offer/answer/candidate for peer `to` (cid: one id per data channel attempt) */
   signal: v.object({ t: v.literal('signal'), to: text(64), cid: text(64), signal: plainObject }),
   /** a request frame (base64) for peer `to`'s stage, used when no data channel could open */
@@ -139,7 +163,7 @@ export const PEER_MESSAGES = {
   check: v.object({ t: v.literal('check'), routeId: u32, sessionId: v.pipe(v.string(), v.regex(/^[0-9a-f]{32}$/)), position: u32, nTokens: u32, role: v.picklist(['expected', 'actual']), row: base64(4 * 65536 * 2) }),
 } as const;
 
-export type PeerToServer = v.InferOutput<(typeof PEER_MESSAGES)['hello' | 'ready' | 'load-failed' | 'loading' | 'telemetry' | 'check' | 'standby-ready' | 'standby-failed' | 'rewired' | 'leave']>;
+export type PeerToServer = v.InferOutput<(typeof PEER_MESSAGES)['hello' | 'ready' | 'load-failed' | 'loading' | 'telemetry' | 'check' | 'standby-ready' | 'standby-failed' | 'rewired' | 'leave' | 'return']>;
 export type SpotCheckReport = v.InferOutput<(typeof PEER_MESSAGES)['check']>;
 export type SignalToPeer = v.InferOutput<(typeof PEER_MESSAGES)['signal']>;
 export type RelayRequest = v.InferOutput<(typeof PEER_MESSAGES)['relay']>;

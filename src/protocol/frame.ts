@@ -32,6 +32,8 @@ export const MAX_PAYLOAD_BYTES = 256 * 1024 * 1024;
 export const MAX_WIDTH = 1 << 20;
 /** Most tokens in one frame: far above a sensible prefill chunk. */
 export const MAX_TOKENS = 1 << 16;
+/** Most top log-probabilities a Token frame carries (OpenAI's top_logprobs limit). */
+export const MAX_TOP_LOGPROBS = 20;
 /** Largest JSON payload (bytes): control messages are small. */
 export const MAX_JSON_BYTES = 1 << 20;
 
@@ -64,8 +66,15 @@ export enum FrameFlag {
   Timings = 1 << 4,
   /** a repair replay: the stage computes (filling its KV cache and output log) and answers Status; nothing goes downstream, nothing is sampled */
   Replay = 1 << 5,
+  /**
+   * the one-way token path: the last stage sends its Token/Logits answer straight to the
+   * session's owner (the server's session manager, as a `return` control message) instead of
+   * back up the chain, and answers the stage before it with a Status; stages before it pass
+   * the flag on, and with WantTimings carry their timing records forward on the Hidden frame
+   */
+  ReturnDirect = 1 << 6,
 }
-const KNOWN_FLAGS = FrameFlag.Sample | FrameFlag.Reply | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.Timings | FrameFlag.Replay;
+const KNOWN_FLAGS = FrameFlag.Sample | FrameFlag.Reply | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.Timings | FrameFlag.Replay | FrameFlag.ReturnDirect;
 
 /** One stage's step timing in a trailer: 8 u32 (see docs/protocol.md). */
 export const TIMING_RECORD_BYTES = 32;
@@ -89,7 +98,7 @@ const TYPE_RULES: Record<FrameType, { dtypes: DType[]; width?: number; tokens?: 
   [FrameType.Prefill]: { dtypes: [DType.I32], width: 1, tokens: 'some' },
   [FrameType.Decode]: { dtypes: [DType.I32], width: 1, tokens: 'one' },
   [FrameType.Hidden]: { dtypes: [DType.F16, DType.F32], tokens: 'some' },
-  [FrameType.Token]: { dtypes: [DType.I32], width: 1, tokens: 'one' },
+  [FrameType.Token]: { dtypes: [DType.I32], tokens: 'one' },
   [FrameType.Status]: { dtypes: [DType.Json, DType.None], width: 0, tokens: 'zero' },
   [FrameType.Error]: { dtypes: [DType.Json], width: 0, tokens: 'zero' },
   [FrameType.Logits]: { dtypes: [DType.F32], tokens: 'one' },
@@ -157,6 +166,10 @@ export function validateHeader(h: FrameHeader): void {
   }
   if (rules.width !== undefined && h.width !== rules.width) {
     fail('FRAME_BAD_DIMENSION', 'width', `a ${FrameType[h.type]} frame has width ${rules.width}, got ${h.width}`);
+  }
+  // a Token row is the token alone (width 1) or the token, its log-probability and k top alternatives (width 2 + 2k)
+  if (h.type === FrameType.Token && h.width !== 1 && (h.width % 2 !== 0 || h.width > 2 + 2 * MAX_TOP_LOGPROBS)) {
+    fail('FRAME_BAD_DIMENSION', 'width', `a Token frame has width 1 or 2 + 2k (k ≤ ${MAX_TOP_LOGPROBS} top log-probabilities), got ${h.width}`);
   }
   if (rules.width === undefined && (h.width < 1 || h.width > MAX_WIDTH)) {
     fail('FRAME_BAD_DIMENSION', 'width', `width must be 1..${MAX_WIDTH}, got ${h.width}`);

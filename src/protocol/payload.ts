@@ -74,6 +74,42 @@ export function tokensFrame(
   return makeFrame({ type, ...at, flags, position, nTokens: tokens.length, dtype: DType.I32, width: 1, payload: encodeI32(tokens) });
 }
 
+/** A sampled token with its log-probability and the top alternatives' (ids and natural-log probabilities). */
+export interface SampledLogprob {
+  token: number;
+  logprob: number;
+  top: Array<{ token: number; logprob: number }>;
+}
+
+/**
+ * The last stage's answer: a Token frame holding the token, or — where the session asked for
+ * log-probabilities — one I32 row [token, f32 bits of its logprob, then (id, f32 bits) per top
+ * alternative] (width 2 + 2k).
+ */
+export function sampledFrame(at: Addressing, position: number, token: number, lp: SampledLogprob | null, flags = 0): Frame {
+  if (!lp) return tokensFrame(FrameType.Token, at, position, [token], flags);
+  const row = new Int32Array(2 + 2 * lp.top.length);
+  const bits = new Float32Array(row.buffer);
+  row[0] = token;
+  bits[1] = lp.logprob;
+  lp.top.forEach((t, i) => {
+    row[2 + 2 * i] = t.token;
+    bits[3 + 2 * i] = t.logprob;
+  });
+  return makeFrame({ type: FrameType.Token, ...at, flags, position, nTokens: 1, dtype: DType.I32, width: row.length, payload: new Uint8Array(row.buffer) });
+}
+
+/** A Token frame's token, and its log-probabilities where the frame carries them. */
+export function decodeSampled(f: Frame): { token: number; logprob: SampledLogprob | null } {
+  const row = decodeI32(payloadBody(f));
+  const token = row[0]!;
+  if (f.width < 2) return { token, logprob: null };
+  const bits = new Float32Array(row.buffer, row.byteOffset, row.length);
+  const top: SampledLogprob['top'] = [];
+  for (let i = 2; i + 1 < f.width; i += 2) top.push({ token: row[i]!, logprob: bits[i + 1]! });
+  return { token, logprob: { token, logprob: bits[1]!, top } };
+}
+
 /** Hidden states `[nTokens × width]` f32 sent as `dtype`. */
 export function hiddenFrame(at: Addressing, position: number, hidden: Float32Array, nTokens: number, dtype: DType.F16 | DType.F32, flags = 0): Frame {
   const width = hidden.length / nTokens;

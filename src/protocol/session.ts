@@ -3,19 +3,34 @@
 // Session ids are 128 random bits, hex, as the frame header carries them.
 
 import * as v from 'valibot';
-import { count, validate } from './validate.ts';
+import type { SamplerOptions } from '../model/sampler.ts';
+import { MAX_TOP_LOGPROBS } from './frame.ts';
+import { count, list, validate } from './validate.ts';
 
 /** The largest context a session may declare; the route's model caps it further. */
 export const MAX_CONTEXT_LENGTH = 1 << 24;
 
-const samplerSchema = v.object({
-  temperature: v.optional(v.pipe(v.number(), v.finite(), v.minValue(0), v.maxValue(100))),
+const finite = v.pipe(v.number(), v.finite());
+// typed as the sampler's options: a field added there and not here fails tsc
+const samplerSchema: v.GenericSchema<unknown, SamplerOptions> = v.object({
+  temperature: v.optional(v.pipe(finite, v.minValue(0), v.maxValue(100))),
   topK: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(1 << 24))),
-  topP: v.optional(v.pipe(v.number(), v.finite(), v.minValue(0), v.maxValue(1))),
+  topP: v.optional(v.pipe(finite, v.gtValue(0), v.maxValue(1))),
+  minP: v.optional(v.pipe(finite, v.minValue(0), v.maxValue(1))),
+  repeatPenalty: v.optional(v.pipe(finite, v.gtValue(0))),
+  frequencyPenalty: v.optional(finite),
+  presencePenalty: v.optional(finite),
+  repeatLastN: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(MAX_CONTEXT_LENGTH))),
+  /** token id → bias (finite: JSON has no -Infinity; the API's [-100, 100] is applied before) */
+  logitBias: v.optional(v.pipe(v.record(v.pipe(v.string(), v.regex(/^\d{1,9}$/)), finite), v.check((o) => Object.keys(o).length <= 1 << 16, 'at most 65536 biased tokens'))),
   seed: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(0xffffffff))),
 });
-/** Sampling on the last stage; absent or temperature 0 is greedy. */
-export type SamplerSettings = v.InferOutput<typeof samplerSchema>;
+/** Sampling on the last stage (llama.cpp's chain: model/sampler.ts's options, JSON as they travel); absent or temperature 0 is greedy. */
+export type SamplerSettings = SamplerOptions;
+
+/** the session's token ids, as far as the client knows them (penalty history) */
+const tokenIds = list(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(0x7fffffff)), MAX_CONTEXT_LENGTH);
+const logprobCount = v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(MAX_TOP_LOGPROBS));
 
 export const sessionOpenSchema = v.object({
   contextLength: v.pipe(v.number(), v.integer(), v.minValue(1), v.maxValue(MAX_CONTEXT_LENGTH)),
@@ -26,6 +41,16 @@ export const sessionOpenSchema = v.object({
   promptLength: v.optional(count),
   /** random draws the session's sampler has made already: a replacement last stage skips them, so seeded sampling continues as it would have */
   draws: v.optional(count),
+  /**
+   * the session's token ids from position 0 on, as far as the client knows them (the prompt;
+   * on a replacement stage, every token fed so far): the last stage's penalties read them.
+   * Sent only when a penalty is on.
+   */
+  tokens: v.optional(tokenIds),
+  /** the last stage answers each sampled token with its log-probability and this many top alternatives (0–20); absent: no log-probabilities */
+  logprobs: v.optional(logprobCount),
+  /** how the sampled token reaches the session manager: 'direct' (default, where every stage takes it: the last stage sends it one-way) or 'climb' (back up through every stage) */
+  tokenPath: v.optional(v.picklist(['direct', 'climb'])),
 });
 /** Body of a SessionOpen frame. */
 export type SessionOpenBody = v.InferOutput<typeof sessionOpenSchema>;
@@ -35,8 +60,21 @@ export function parseSessionOpen(body: unknown): SessionOpenBody {
   return validate(sessionOpenSchema, body, 'session open', 'BAD_REQUEST');
 }
 
-const rewindSchema = v.object({ draws: count });
-/** Body of a Rewind frame: the sampler's draws for the positions kept. */
+const rewindSchema = v.object({
+  draws: count,
+  /** the token ids from position `from` (default: the rewind position) on, as far as the client knows them (penalty history; see SessionOpenBody.tokens) */
+  tokens: v.optional(tokenIds),
+  from: v.optional(count),
+  /** new sampler settings from now on (a new turn's) */
+  sampler: v.optional(samplerSchema),
+  /** new log-probability setting from now on (null: none) */
+  logprobs: v.optional(v.nullable(logprobCount)),
+});
+/**
+ * Body of a Rewind frame: the sampler's draws for the positions kept. A repair sends it to the
+ * stages that kept their peer; a client sends it to continue a kept session with a new prompt
+ * (KV reuse across chat turns), then with the new turn's sampler settings and logprobs.
+ */
 export type RewindBody = v.InferOutput<typeof rewindSchema>;
 
 /** A Rewind frame's JSON body, checked: BAD_REQUEST naming the field. */

@@ -5,12 +5,12 @@
 import { MeshError } from '../errors.ts';
 import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, decodeRows, jsonFrame, payloadBody, timingsOf, tokensFrame } from '../protocol/payload.ts';
-import type { StepTiming } from '../protocol/payload.ts';
+import { decodeJson, decodeRows, decodeSampled, jsonFrame, payloadBody, repairFrame, timingsOf, tokensFrame } from '../protocol/payload.ts';
+import type { SampledLogprob, StepTiming } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { newSessionId } from '../protocol/session.ts';
 import type { SessionInfo } from './sessions.ts';
-import type { SessionOpenBody } from '../protocol/session.ts';
+import type { RewindBody, SessionOpenBody } from '../protocol/session.ts';
 
 export const DEFAULT_PREFILL_CHUNK = 64;
 /** Most tokens one frame carries: what the session manager and the stages take by default. */
@@ -22,6 +22,8 @@ export class RouteSessionClient {
   wantTimings = false;
   /** per-stage timings of the last step, in stage order (when wantTimings) */
   lastTimings: StepTiming[] = [];
+  /** the last sampled token's log-probabilities (sessions opened with `logprobs`) */
+  lastLogprob: SampledLogprob | null = null;
   private closed = false;
 
   private constructor(
@@ -33,6 +35,19 @@ export class RouteSessionClient {
   static async open(link: FrameLink, routeId: number, body: SessionOpenBody, sessionId = newSessionId()): Promise<RouteSessionClient> {
     await link.request(jsonFrame(FrameType.SessionOpen, { routeId, sessionId }, body));
     return new RouteSessionClient(link, routeId, sessionId);
+  }
+
+  /** The client of a session already open on the route (kept from an earlier generation), at `position`. */
+  static attach(link: FrameLink, routeId: number, sessionId: string, position: number): RouteSessionClient {
+    const c = new RouteSessionClient(link, routeId, sessionId);
+    c.position = position;
+    return c;
+  }
+
+  /** Continues the session from `position` (≤ the current one): every stage forgets the rest and takes `body`'s sampler settings. */
+  async rewind(position: number, body: RewindBody): Promise<void> {
+    await this.link.request(repairFrame(FrameType.Rewind, this.at(), position, body));
+    this.position = position;
   }
 
   private at(): { routeId: number; sessionId: string } {
@@ -54,6 +69,22 @@ export class RouteSessionClient {
     return this.tokenOf(reply!);
   }
 
+  /** Sends the prompt in chunks like prefill, but the last chunk asks for its logits [n_vocab] instead of a token (sampling on the client's side). */
+  async prefillLogits(tokens: ArrayLike<number>, chunk = DEFAULT_PREFILL_CHUNK, onChunk?: (done: number, total: number) => void): Promise<Float32Array> {
+    if (tokens.length === 0) throw new MeshError('BAD_REQUEST', 'prefill needs at least one token');
+    const all = Array.from(tokens);
+    const lastAt = Math.floor((all.length - 1) / chunk) * chunk;
+    for (let i = 0; i < lastAt; i += chunk) {
+      const part = all.slice(i, i + chunk);
+      await this.link.request(tokensFrame(FrameType.Prefill, this.at(), this.position, part, this.timingFlag()));
+      this.position += part.length;
+      onChunk?.(i + part.length, all.length);
+    }
+    const out = await this.logits(all.slice(lastAt));
+    onChunk?.(all.length, all.length);
+    return out;
+  }
+
   /** Feeds the last sampled token and returns the next one. */
   async decode(token: number): Promise<number> {
     const reply = await this.link.request(tokensFrame(FrameType.Decode, this.at(), this.position, [token], FrameFlag.Sample | this.timingFlag()));
@@ -71,6 +102,7 @@ export class RouteSessionClient {
     }
     tokens = all;
     const type = tokens.length === 1 && this.position > 0 ? FrameType.Decode : FrameType.Prefill;
+    // (a Decode answers with logits too when WantLogits is set)
     const reply = await this.link.request(tokensFrame(type, this.at(), this.position, tokens, FrameFlag.WantLogits | this.timingFlag()));
     this.position += tokens.length;
     if (reply.type !== FrameType.Logits) throw new MeshError('FRAME_BAD_TYPE', `expected Logits, got ${FrameType[reply.type]}`);
@@ -96,6 +128,30 @@ export class RouteSessionClient {
   private tokenOf(reply: Frame): number {
     if (reply.type !== FrameType.Token) throw new MeshError('FRAME_BAD_TYPE', `expected a Token frame, got ${FrameType[reply.type]}`);
     this.lastTimings = timingsOf(reply).sort((a, b) => a.stage - b.stage);
-    return decodeI32(payloadBody(reply))[0]!;
+    const { token, logprob } = decodeSampled(reply);
+    this.lastLogprob = logprob;
+    return token;
+  }
+}
+
+/** What every stepper over a RouteSessionClient shows of its session (route-generation.ts, constrained-stepper.ts); every step asks the stages for their timings. */
+export abstract class ClientStepper {
+  constructor(
+    readonly client: RouteSessionClient,
+    readonly contextLength: number,
+  ) {
+    client.wantTimings = true;
+  }
+
+  get sessionId(): string {
+    return this.client.sessionId;
+  }
+
+  get position(): number {
+    return this.client.position;
+  }
+
+  get lastTimings(): readonly StepTiming[] {
+    return this.client.lastTimings;
   }
 }

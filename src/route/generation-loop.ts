@@ -10,7 +10,7 @@ import { GenerationOutput } from '../model/generation-output.ts';
 import type { GenerationRequest, GenerationResult, TextGenerator } from '../model/generation-output.ts';
 import type { StepperSource, TokenStepper } from '../model/token-stepper.ts';
 import type { Tokenizer } from '../model/tokenizer/tokenizer.ts';
-import type { StepTiming } from '../protocol/payload.ts';
+import type { SampledLogprob, StepTiming } from '../protocol/payload.ts';
 import { stepBreakdown } from './telemetry.ts';
 import type { TelemetryEvent } from './telemetry.ts';
 
@@ -33,6 +33,8 @@ export interface LoopOptions {
 export interface TimedStepper extends TokenStepper {
   /** the last step's records, one per stage (empty when the reply carried none) */
   readonly lastTimings: readonly StepTiming[];
+  /** the last token's log-probabilities, where the session asked for them */
+  readonly lastLogprob?: SampledLogprob | null;
 }
 
 /**
@@ -73,7 +75,8 @@ export async function runGeneration(stepper: TokenStepper | TimedStepper, tokeni
       // the step that produced this token, stage by stage
       const timings = 'lastTimings' in stepper ? stepper.lastTimings : [];
       if (timings.length > 0) emit({ type: 'step_timing', sessionId, position: timings[0]!.position, stages: stepBreakdown(timings) });
-      emit({ type: 'token', sessionId, id: token, text: piece, position: stepper.position });
+      const logprob = 'lastLogprob' in stepper ? stepper.lastLogprob : null;
+      emit({ type: 'token', sessionId, id: token, text: piece, position: stepper.position, ...(logprob ? { logprob } : {}) });
     }
     if (tokenizer.isEog(token) && !opts.ignoreEog) {
       out.stopReason = 'eog';

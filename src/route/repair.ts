@@ -22,7 +22,7 @@ import { MeshError } from '../errors.ts';
 import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { decodeJson, jsonFrame, repairFrame, tokensFrame } from '../protocol/payload.ts';
-import type { SessionOpenBody } from '../protocol/session.ts';
+import type { RewindBody, SessionOpenBody } from '../protocol/session.ts';
 import type { FrameLink } from '../transport/link.ts';
 
 /** Tokens per replay frame where the backend is batch-invariant. */
@@ -37,6 +37,23 @@ export interface HistoryEntry {
   position: number;
   tokens: Int32Array;
   flags: number;
+}
+
+/** The token ids the history's frames fed from position `from` on, in order (the penalties' history). */
+export function historyTokens(history: readonly HistoryEntry[], from: number): number[] {
+  const out: number[] = [];
+  for (const h of history) for (let i = 0; i < h.tokens.length; i++) if (h.position + i >= from) out.push(h.tokens[i]!);
+  return out;
+}
+
+/** The history's frames before position p (a frame straddling p cut there). */
+export function historyBefore(history: readonly HistoryEntry[], p: number): HistoryEntry[] {
+  const out: HistoryEntry[] = [];
+  for (const h of history) {
+    if (h.position >= p) break;
+    out.push(h.position + h.tokens.length <= p ? h : { ...h, tokens: h.tokens.slice(0, p - h.position) });
+  }
+  return out;
 }
 
 /** What a rebuild needs to know about the session. */
@@ -109,9 +126,12 @@ export async function rebuildSession(t: RebuildTarget, links: ReadonlyArray<Fram
       const link = linkOf(links, i);
       if (isNew.has(i)) {
         await link.request(makeFrame({ type: FrameType.SessionClose, ...at })).catch(() => undefined); // left by an earlier attempt
-        await link.request(jsonFrame(FrameType.SessionOpen, at, { ...t.body, draws: t.confirmedDraws } satisfies SessionOpenBody));
+        // a penalised session's new last stage learns every token fed so far
+        const tokens = t.body.tokens ? { tokens: historyTokens(t.history, 0) } : {};
+        await link.request(jsonFrame(FrameType.SessionOpen, at, { ...t.body, ...tokens, draws: t.confirmedDraws } satisfies SessionOpenBody));
       } else {
-        await link.request(repairFrame(FrameType.Rewind, at, end, { draws: t.confirmedDraws }));
+        const tokens = t.body.tokens ? { tokens: historyTokens(t.history, end) } : {};
+        await link.request(repairFrame(FrameType.Rewind, at, end, { draws: t.confirmedDraws, ...tokens } satisfies RewindBody));
       }
     }),
   );

@@ -9,23 +9,30 @@ import { MeshError } from '../errors.ts';
 import type { Tokenizer } from '../model/tokenizer/tokenizer.ts';
 import type { TokenStepper } from '../model/token-stepper.ts';
 import type { FrameLink } from '../transport/link.ts';
-import { DEFAULT_PREFILL_CHUNK, RouteSessionClient } from './client.ts';
+import { ClientStepper, DEFAULT_PREFILL_CHUNK, RouteSessionClient } from './client.ts';
 import { generationContextLength, runGeneration } from './generation-loop.ts';
 import type { TimedStepper } from './generation-loop.ts';
+import { ConstrainedStepper } from './constrained-stepper.ts';
+import type { TokenConstraint } from './constrained-stepper.ts';
 import type { GenerationResult } from '../model/generation-output.ts';
 import type { SessionInfo } from './sessions.ts';
 import type { SamplerSettings, SessionOpenBody } from '../protocol/session.ts';
-import type { StepTiming } from '../protocol/payload.ts';
+import type { SampledLogprob } from '../protocol/payload.ts';
 import type { StageTiming, TelemetryEvent } from './telemetry.ts';
 
 /** A session on a route as a TokenStepper: every step asks the stages for their timings. */
-export class RouteStepper implements TimedStepper {
+export class RouteStepper extends ClientStepper implements TimedStepper {
   private constructor(
-    readonly client: RouteSessionClient,
-    readonly contextLength: number,
+    client: RouteSessionClient,
+    contextLength: number,
     private readonly prefillChunk: number,
   ) {
-    client.wantTimings = true;
+    super(client, contextLength);
+  }
+
+  /** a session already open on the route (kept by an earlier generation), at `position` */
+  static attach(link: FrameLink, routeId: number, sessionId: string, position: number, contextLength: number, prefillChunk = DEFAULT_PREFILL_CHUNK): RouteStepper {
+    return new RouteStepper(RouteSessionClient.attach(link, routeId, sessionId, position), contextLength, prefillChunk);
   }
 
   /** opens a session on route `routeId` through `link` */
@@ -33,16 +40,8 @@ export class RouteStepper implements TimedStepper {
     return new RouteStepper(await RouteSessionClient.open(link, routeId, body), body.contextLength, prefillChunk);
   }
 
-  get sessionId(): string {
-    return this.client.sessionId;
-  }
-
-  get position(): number {
-    return this.client.position;
-  }
-
-  get lastTimings(): readonly StepTiming[] {
-    return this.client.lastTimings;
+  get lastLogprob(): SampledLogprob | null {
+    return this.client.lastLogprob;
   }
 
   prefill(prompt: readonly number[], onProgress?: (done: number, total: number) => void): Promise<number> {
@@ -62,6 +61,8 @@ export interface RouteGenerationRequest {
   promptTokens: readonly number[];
   maxTokens: number;
   sampler?: SamplerSettings;
+  /** report each token's log-probability and this many top alternatives (token events carry them) */
+  logprobs?: number;
   stopStrings?: readonly string[];
   contextLength?: number;
   prefillChunk?: number;
@@ -70,11 +71,28 @@ export interface RouteGenerationRequest {
   onEvent?: (e: TelemetryEvent) => void;
   /** called once the session id is known (e.g. to tie a client connection to it) */
   onSession?: (sessionId: string) => void;
+  /** continue this idle session of the route instead of opening one: it keeps the prompt's first `position` tokens in its KV cache */
+  reuse?: KeptSession & { position: number };
+  /** leave the session open afterwards (its KV for reuse); the result says what it holds */
+  keep?: boolean;
+  /** sample here under this constraint (a grammar) from the last stage's logits, not on the last stage (constrained-stepper.ts) */
+  constraint?: TokenConstraint;
+}
+
+/** A session left open on a route after a generation, and the tokens its KV cache holds. */
+export interface KeptSession {
+  sessionId: string;
+  tokens: number[];
+  contextLength: number;
 }
 
 export interface RouteGenerationResult extends GenerationResult {
   sessionId: string;
   summary: Extract<TelemetryEvent, { type: 'session_summary' }> | null;
+  /** prompt tokens that came from a kept session's KV instead of a prefill */
+  cachedTokens: number;
+  /** with `keep`: the session left open */
+  kept: KeptSession | null;
 }
 
 /**
@@ -87,25 +105,55 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
   // the OpenAI API passes maxTokens already clamped to [0, n_ctx], so its check never fires there
   const contextLength = generationContextLength(prompt, req.maxTokens, req.contextLength);
   const emit = req.onEvent ?? (() => undefined);
-  const stepper = await RouteStepper.open(link, routeId, { contextLength, promptLength: prompt.length, ...(req.sampler ? { sampler: req.sampler } : {}) }, req.prefillChunk);
+  const penalties = !!req.sampler && usesPenalties(req.sampler);
+  const reuse = !req.constraint && req.reuse && req.reuse.position < prompt.length && prompt.length + req.maxTokens <= req.reuse.contextLength ? req.reuse : null;
+  let stepper: RouteStepper | ConstrainedStepper;
+  if (req.constraint) {
+    const client = await RouteSessionClient.open(link, routeId, { contextLength, promptLength: prompt.length });
+    stepper = new ConstrainedStepper(client, contextLength, req.prefillChunk ?? DEFAULT_PREFILL_CHUNK, req.constraint, req.sampler ?? {}, req.logprobs ?? null);
+  } else if (reuse) {
+    stepper = RouteStepper.attach(link, routeId, reuse.sessionId, reuse.tokens.length, reuse.contextLength, req.prefillChunk);
+    // the last stage's penalties need every prompt id, from 0
+    await stepper.client.rewind(reuse.position, { draws: 0, sampler: req.sampler ?? {}, logprobs: req.logprobs ?? null, ...(penalties ? { tokens: prompt, from: 0 } : {}) });
+  } else {
+    const body: SessionOpenBody = {
+      contextLength,
+      promptLength: prompt.length,
+      ...(req.sampler ? { sampler: req.sampler } : {}),
+      // the last stage sees hidden states, not tokens: penalties need the prompt's ids
+      ...(penalties ? { tokens: prompt } : {}),
+      ...(req.logprobs !== undefined ? { logprobs: req.logprobs } : {}),
+    };
+    stepper = await RouteStepper.open(link, routeId, body, req.prefillChunk);
+  }
+  const cached = reuse ? reuse.position : 0;
   const sessionId = stepper.sessionId;
   req.onSession?.(sessionId);
   emit({ type: 'session_opened', sessionId, routeId });
   let summary: RouteGenerationResult['summary'] = null;
+  let keep = false;
   try {
-    const out = await runGeneration(stepper, tokenizer, prompt, { ...req, onEvent: emit, sessionId });
+    const out = await runGeneration(stepper, tokenizer, prompt.slice(cached), { ...req, onEvent: emit, sessionId });
     const info = await stepper.client.info().catch(() => null);
-    if (info) summary = summarize(info, out.promptMs, prompt.length, out.decodeMs, out.decodeSteps, out.tokens.length);
+    if (info) summary = summarize(info, out.promptMs, prompt.length - cached, out.decodeMs, out.decodeSteps, out.tokens.length);
     if (summary) emit(summary);
-    await stepper.close();
-    return { ...out.result(prompt), sessionId, summary };
+    // the KV holds the prompt and every generated token but the last (never fed back)
+    const held = [...prompt, ...out.tokens.slice(0, Math.max(0, out.tokens.length - 1))];
+    keep = !!req.keep && !req.constraint && out.stopReason !== 'aborted' && held.length === stepper.position;
+    if (!keep) await stepper.close();
+    return { ...out.result(prompt), sessionId, summary, cachedTokens: cached, kept: keep ? { sessionId, tokens: held, contextLength: stepper.contextLength } : null };
   } catch (e) {
     const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
     emit({ type: 'error', sessionId, code: err.code, message: err.message, ...(typeof err.details?.stage === 'number' ? { stage: err.details.stage } : {}) });
     throw err;
   } finally {
-    await stepper.close().catch(() => undefined);
+    if (!keep) await stepper.close().catch(() => undefined);
   }
+}
+
+/** whether the settings turn on a penalty (which reads the token history at the last stage) */
+export function usesPenalties(s: SamplerSettings): boolean {
+  return (s.repeatLastN ?? 64) > 0 && ((s.repeatPenalty ?? 1) !== 1 || (s.frequencyPenalty ?? 0) !== 0 || (s.presencePenalty ?? 0) !== 0);
 }
 
 function summarize(info: SessionInfo, promptMs: number, promptTokens: number, decodeMs: number, decodeSteps: number, generated: number): Extract<TelemetryEvent, { type: 'session_summary' }> {

@@ -6,79 +6,37 @@
 // client sees the same tokens and no error. Where no repair comes — or it fails — the session
 // fails naming the stage, and its KV cache is freed on every stage still there. Fault handling
 // lives here and nowhere else; stages only compute.
+// The one-way token path: on a route whose stages all take FrameFlag.ReturnDirect, a sampled
+// step's Token comes from the last stage straight to `deliverReturn` (its control socket), not
+// back through every stage; the chain's Status answers still come, off the critical path, and
+// carry any error (naming the stage).
 
 import { MeshError } from '../errors.ts';
-import { FrameType, makeFrame } from '../protocol/frame.ts';
+import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, jsonFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, jsonFrame, repairFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
+import { DirectReturns } from './token-return.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
-import { parseSessionOpen } from '../protocol/session.ts';
-import type { SessionOpenBody } from '../protocol/session.ts';
+import { parseRewind, parseSessionOpen } from '../protocol/session.ts';
+import type { RewindBody, SessionOpenBody } from '../protocol/session.ts';
 import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
 import { hopTelemetry } from './telemetry.ts';
-import { reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
+import { historyBefore, reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
 import type { HistoryEntry, RebuildResult } from './repair.ts';
-import { checkSessionLimits, failureError, SESSION_LIMITS, withTimeout } from './session-types.ts';
-import type { RouteHandle, RouteRepair, SessionInfo, SessionManagerOptions } from './session-types.ts';
+import { checkSessionLimits, DEFAULT_STATUS_TIMEOUT_MS, stageStatuses, DEFAULT_STEP_TIMEOUT_MS, EVENT_BUFFER, failureError, FINISHED_EVENTS, LOSS_NEWS_GRACE_MS, LOSS_SYMPTOMS, MAX_REPAIR_ATTEMPTS, quiet, SESSION_LIMITS, withTimeout } from './session-types.ts';
+import type { RouteHandle, RouteRepair, Session, SessionInfo, SessionManagerOptions } from './session-types.ts';
 
 export { SESSION_LIMITS } from './session-types.ts';
 export type { RouteHandle, RouteRepair, SessionInfo, SessionManagerOptions } from './session-types.ts';
-
-interface Session {
-  life: SessionLifecycle;
-  route: RouteHandle;
-  position: number;
-  promptTokens: number;
-  generated: number;
-  /** the owner's handle (a client connection), so a disconnect can cancel its sessions */
-  owner: unknown;
-  /** who opened it (an API key's id), for per-client limits and who may see or close it */
-  principal: string | null;
-  /** prompt tokens the client announced, for progress */
-  promptLength: number | null;
-  /** called when the session fails or its route starts a repair (a step waiting to learn why) */
-  onFail: Set<() => void>;
-  /** the open body, for opening the session on a replacement stage */
-  body: SessionOpenBody;
-  /** every frame sent into stage 0, in order (what a new stage 0 replays, and what is sent again when the last stage never answered) */
-  history: HistoryEntry[];
-  /** history[0, confirmedEntries) reached the last stage: every stage holds positions [0, confirmedPosition) */
-  confirmedEntries: number;
-  confirmedPosition: number;
-  /** Token replies confirmed: the last stage's sampler draws */
-  confirmedDraws: number;
-  /** the peer of each stage when this session last had its KV there */
-  peers: string[];
-  /** steps and repairs of one session run one at a time */
-  lock: Promise<unknown>;
-  /** the route repair this session last heard of (its `since` dates the repair) */
-  repairSeen: RouteRepair | null;
-  repairs: number;
-}
-
-/** Step errors that a stage leaving causes downstream of the news: the hop to it broke, or a stage before it already dropped the session. */
-const LOSS_SYMPTOMS = new Set(['STAGE_UNREACHABLE', 'SESSION_UNKNOWN', 'LINK_CLOSED', 'LINK_FAILED', 'STAGE_STALLED', 'STAGE_LOST', 'ROUTE_NOT_READY']);
-
-/** A step unanswered this long makes the route look for a stalled stage (ms); liveness heartbeats usually find it first. */
-const DEFAULT_STEP_TIMEOUT_MS = 30_000;
-/** How long a status query waits for each stage (ms): a stalled stage must not stall the answer. */
-const DEFAULT_STATUS_TIMEOUT_MS = 1_000;
-/** Repairs one step may wait through before its error stands. */
-const MAX_REPAIR_ATTEMPTS = 5;
-
-/** How long a step that failed with a loss symptom waits for the server to hear that a stage left (ms). */
-const LOSS_NEWS_GRACE_MS = 2000;
-
-/** Events kept per session so a late subscriber still sees progress (a finished one: its last 32). */
-const EVENT_BUFFER = 256;
-const FINISHED_EVENTS = 32;
 
 export class SessionManager {
   private sessions = new Map<string, Session>();
   private listeners = new Map<string, Set<TelemetryListener>>();
   private buffers = new Map<string, TelemetryEvent[]>();
   private sweeper: NodeJS.Timeout;
+  /** one-way answers of steps in flight (token-return.ts) */
+  private returns = new DirectReturns();
   readonly idleTtlMs: number;
 
   constructor(
@@ -99,10 +57,10 @@ export class SessionManager {
     for (const l of this.listeners.get(sessionId) ?? []) l(e);
   }
 
-  /** Replays a session's events so far, then delivers new ones until unsubscribed. */
-  subscribe(sessionId: string, listener: TelemetryListener): () => void {
+  /** Replays a session's events so far (unless `fromNow`: a kept session continued by a new request), then delivers new ones until unsubscribed. */
+  subscribe(sessionId: string, listener: TelemetryListener, fromNow = false): () => void {
     this.get(sessionId);
-    for (const e of this.buffers.get(sessionId) ?? []) listener(e);
+    if (!fromNow) for (const e of this.buffers.get(sessionId) ?? []) listener(e);
     let set = this.listeners.get(sessionId);
     if (!set) this.listeners.set(sessionId, (set = new Set()));
     set.add(listener);
@@ -123,6 +81,8 @@ export class SessionManager {
       case FrameType.Prefill:
       case FrameType.Decode:
         return this.step(f);
+      case FrameType.Rewind:
+        return this.locked(this.get(f.sessionId), () => this.continueAt(f));
       case FrameType.SessionClose:
         await this.close(f.sessionId, 'closed');
         return jsonFrame(FrameType.Status, replyAddress(f), this.brief(f.sessionId));
@@ -138,7 +98,7 @@ export class SessionManager {
     if (!route) throw new MeshError('ROUTE_UNKNOWN', `no ready route ${routeId}`);
     if (this.sessions.has(sessionId)) throw new MeshError('SESSION_EXISTS', `session ${sessionId} already exists`);
     if (/^0+$/.test(sessionId)) throw new MeshError('FRAME_BAD_SESSION', 'frame session id: the all-zero id is reserved', { field: 'session id' });
-    const live = [...this.sessions.values()].filter((x) => !isTerminal(x.life.state)).map((x) => ({ routeId: x.route.id, owner: x.owner, principal: x.principal }));
+    const live = [...this.sessions.values()].filter((x) => !isTerminal(x.life.state)).map((x) => ({ routeId: x.route.id, owner: x.kept ? undefined : x.owner, principal: x.kept ? null : x.principal }));
     checkSessionLimits(live, { routeId: route.id, owner, principal }, this.opts);
     if (route.contextLimit !== undefined && body.contextLength > route.contextLimit) {
       throw new MeshError('BAD_REQUEST', `session open: contextLength ${body.contextLength} exceeds the model's context of ${route.contextLimit}`, { field: 'contextLength', limit: route.contextLimit });
@@ -147,7 +107,7 @@ export class SessionManager {
     await route.repair?.()?.done;
     const s: Session = {
       life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, principal, promptLength: body.promptLength ?? null, onFail: new Set(),
-      body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0,
+      body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0, parked: false, onPark: new Set(),
     };
     this.sessions.set(sessionId, s);
     this.prune();
@@ -231,7 +191,7 @@ export class SessionManager {
           const reply = await this.rebuild(s);
           if (reply) return reply; // f was the last frame the route had not answered
         }
-        return await this.answerOf(s, s.route.entry().request(f));
+        return await this.answerOf(s, this.send(s, f));
       } catch (e) {
         const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
         if (!LOSS_SYMPTOMS.has(err.code)) throw err;
@@ -242,6 +202,22 @@ export class SessionManager {
         if (!repairing() || attempt >= MAX_REPAIR_ATTEMPTS) throw err;
       }
     }
+  }
+
+  /**
+   * Sends a step into stage 0. A sampled step on a route that takes the one-way path gets
+   * ReturnDirect: its answer is the Token the last stage sends to `deliverReturn`, or the
+   * chain's error, whichever comes first.
+   */
+  private send(s: Session, f: Frame): Promise<Frame> {
+    const entry = s.route.entry();
+    if (!(f.flags & FrameFlag.Sample) || f.flags & FrameFlag.WantLogits || s.body.tokenPath === 'climb' || !s.route.directReturn?.()) return entry.request(f);
+    return this.returns.send(entry, f, s.onFail, s.route.id);
+  }
+
+  /** A one-way answer (ReturnDirect): the last stage's Token, or a stage's Error; false when no step waits for it. */
+  deliverReturn(frame: Frame): boolean {
+    return this.returns.deliver(frame);
   }
 
   /** A step's reply; when none comes within the step deadline, the route looks for a stalled stage (and keeps waiting when it finds none). */
@@ -269,7 +245,13 @@ export class SessionManager {
       s.repairSeen = repair;
       this.publish(s.life.sessionId, { type: 'route_repairing', sessionId: s.life.sessionId, routeId: s.route.id, stages: [...repair.stages] });
     }
-    await repair.done;
+    s.parked = true;
+    for (const wake of [...s.onPark]) wake();
+    try {
+      await repair.done;
+    } finally {
+      s.parked = false;
+    }
   }
 
   /** Rebuilds the session on the stages whose peer changed (state `repairing` meanwhile), then sends again what the last stage never answered; returns the last reply. */
@@ -304,6 +286,34 @@ export class SessionManager {
     const at = { routeId: s.route.id, sessionId: s.life.sessionId };
     for (const h of s.history.slice(s.confirmedEntries)) reply = await this.answerOf(s, s.route.entry().request(tokensFrame(h.type, at, h.position, h.tokens, h.flags)));
     return reply;
+  }
+
+  /**
+   * A client continues an idle session from position p (KV reuse: a new chat turn that shares
+   * the first p tokens): every stage forgets positions from p on and takes the new sampler
+   * settings; the kept history (what a repair replays) is cut at p.
+   */
+  private async continueAt(f: Frame): Promise<Frame> {
+    const s = this.get(f.sessionId);
+    if (s.life.state !== 'idle') throw new MeshError('SESSION_BAD_STATE', `session ${f.sessionId} is ${s.life.state}; only an idle session continues at a new position`);
+    if (f.routeId !== s.route.id) throw new MeshError('FRAME_BAD_ROUTE', `frame route id: session ${f.sessionId} runs on route ${s.route.id}, not ${f.routeId}`, { field: 'route id' });
+    if (f.position > s.position) throw new MeshError('POSITION_MISMATCH', `session ${f.sessionId} holds ${s.position} positions; cannot continue at ${f.position}`, { expected: s.position, got: f.position });
+    const body: RewindBody = { ...parseRewind(decodeJson(f.payload)), draws: 0 };
+    const links = s.route.stageLinks();
+    try {
+      await Promise.all(links.map((l, i) => (l ? l.request(repairFrame(FrameType.Rewind, { routeId: s.route.id, sessionId: f.sessionId }, f.position, body)) : Promise.reject(new MeshError('STAGE_UNREACHABLE', `stage ${i} has no peer`, { stage: i })))));
+    } catch (e) {
+      const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
+      await this.fail(s, { code: err.code, message: `continuing the session failed: ${err.message}`, ...(typeof err.details?.stage === 'number' ? { stage: err.details.stage } : {}) });
+      throw err;
+    }
+    s.kept = false;
+    s.history = historyBefore(s.history, f.position);
+    s.position = s.confirmedPosition = f.position;
+    s.confirmedEntries = s.history.length;
+    s.confirmedDraws = 0;
+    s.body = { ...s.body, ...(body.sampler ? { sampler: body.sampler } : {}), ...(body.logprobs !== undefined ? { logprobs: body.logprobs ?? undefined } : {}), ...(body.tokens ? { tokens: [] } : {}) };
+    return jsonFrame(FrameType.Status, replyAddress(f), this.brief(f.sessionId));
   }
 
   /** Runs `fn` after the session's previous step or repair. */
@@ -354,7 +364,7 @@ export class SessionManager {
 
   /** Resolves once every step and repair of the route's sessions so far has finished (a graceful hand-over waits for this). */
   async settled(routeId: number): Promise<void> {
-    await Promise.all([...this.sessions.values()].filter((s) => s.route.id === routeId).map((s) => s.lock));
+    await Promise.all([...this.sessions.values()].filter((s) => s.route.id === routeId).map(quiet));
   }
 
   /** Cancels every live session an owner (a client connection) opened. */
@@ -367,19 +377,7 @@ export class SessionManager {
     const s = this.get(sessionId);
     // the state before the stage queries: a close racing them shows as not yet closed
     const brief = this.brief(sessionId);
-    const links = s.route.stageLinks();
-    const peers = s.route.stagePeers();
-    const stages = await Promise.all(
-      links.map(async (l, i) => {
-        if (!l) return { stage: i, peer: peers[i], reachable: false, kvBytes: 0 };
-        try {
-          const r = await withTimeout(l.request(makeFrame({ type: FrameType.Status, routeId: s.route.id, sessionId })), this.opts.statusTimeoutMs ?? DEFAULT_STATUS_TIMEOUT_MS, `stage ${i} did not answer`);
-          return { peer: peers[i], reachable: true, ...decodeJson<Record<string, unknown>>(r.payload) };
-        } catch (e) {
-          return { stage: i, peer: peers[i], reachable: false, kvBytes: 0, error: (e as Error).message };
-        }
-      }),
-    );
+    const stages = await stageStatuses(s.route, sessionId, this.opts.statusTimeoutMs ?? DEFAULT_STATUS_TIMEOUT_MS);
     return { ...brief, stages, ...(s.route.hops ? { hops: hopTelemetry(stages, s.route.hops()) } : {}) };
   }
 
@@ -412,8 +410,14 @@ export class SessionManager {
     return [...this.sessions.keys()].map((id) => this.brief(id));
   }
 
-  get liveCount(): number {
-    return [...this.sessions.values()].filter((s) => !isTerminal(s.life.state)).length;
+  /** Live sessions; `kept`: only those kept idle for reuse (KV reuse's prefix cache), which no client's session limit counts. */
+  liveCount(kept = false): number {
+    return [...this.sessions.values()].filter((s) => !isTerminal(s.life.state) && (!kept || s.kept)).length;
+  }
+
+  /** The session stays open, idle, for a later request to continue (a prefix cache holds it): no client's any more until continued. */
+  keep(sessionId: string): void {
+    this.get(sessionId).kept = true;
   }
 
   async dispose(): Promise<void> {

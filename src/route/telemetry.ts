@@ -1,7 +1,7 @@
 // Typed telemetry events: one schema for the server, peers, the CLI and the UI. Every event
 // names its kind in `type`; times are in milliseconds, sizes in bytes.
 
-import type { StepTiming } from '../protocol/payload.ts';
+import type { SampledLogprob, StepTiming } from '../protocol/payload.ts';
 import type { CandidatePair } from '../protocol/control.ts';
 
 export interface StageTiming {
@@ -90,7 +90,7 @@ export type TelemetryEvent =
   | { type: 'route_status'; routeId: number; status: string; reason: string | null }
   | { type: 'session_opened'; sessionId: string; routeId: number }
   | { type: 'prefill_progress'; sessionId: string; tokensDone: number; tokensTotal: number | null }
-  | { type: 'token'; sessionId: string; id: number; text: string; position: number }
+  | { type: 'token'; sessionId: string; id: number; text: string; position: number; logprob?: SampledLogprob }
   | { type: 'step_timing'; sessionId: string; position: number; stages: StepStageTiming[] }
   | {
       type: 'session_summary';

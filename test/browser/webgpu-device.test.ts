@@ -35,6 +35,9 @@ const config: ModelConfig = {
   queryScale: null,
   slidingWindow: 0,
   finalLogitSoftcap: 0,
+  linearAttention: null,
+  recurrentLayers: [false],
+  attnOutputGate: false,
 };
 
 function tensor(name: string, shape: number[], type = GgmlType.Q8_0) {

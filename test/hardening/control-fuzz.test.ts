@@ -61,7 +61,7 @@ const SECRET = (): string => server.rooms[0]!.secret;
 /** A valid message of every type a peer sends (the hello's proof is filled in per socket). */
 function fixtures(): Record<keyof typeof PEER_MESSAGES, Record<string, unknown>> {
   return {
-    hello: { t: 'hello', proof: '0'.repeat(64), name: 'fz', backend: 'cpu', memoryBytes: 1 << 20, listen: 'ws://127.0.0.1:9/v1/frames', httpUrl: 'http://127.0.0.1:9', layers: { start: 0, end: 1 }, artifact: 'a'.repeat(64), units: ['embed', 'layer.0'], adapter: { vendor: 'x', features: ['f'] }, serves: { rangeArchitectures: ['llama'], wholeModelArchitectures: ['*'], weightTypes: ['F32', 'Q8_0'] }, rtc: true },
+    hello: { t: 'hello', proof: '0'.repeat(64), name: 'fz', backend: 'cpu', memoryBytes: 1 << 20, listen: 'ws://127.0.0.1:9/v1/frames', httpUrl: 'http://127.0.0.1:9', layers: { start: 0, end: 1 }, artifact: 'a'.repeat(64), units: ['embed', 'layer.0'], adapter: { vendor: 'x', features: ['f'] }, serves: { rangeArchitectures: ['llama'], wholeModelArchitectures: ['*'], weightTypes: ['F32', 'Q8_0'] }, rtc: true, directReturn: true, speed: { decodeMsPerLayer: 0.5, prefillMsPerTokenLayer: 0.1, source: 'calibration' } },
     ready: { t: 'ready', routeId: 7, stage: 0, loadMs: 1.5, bytesRead: 10 },
     'load-failed': { t: 'load-failed', routeId: 7, stage: 0, code: 'LOAD_FAILED', message: 'no' },
     loading: { t: 'loading', routeId: 7, stage: 0, bytesDone: 1, bytesTotal: 2 },
@@ -70,6 +70,7 @@ function fixtures(): Record<keyof typeof PEER_MESSAGES, Record<string, unknown>>
     'standby-failed': { t: 'standby-failed', routeId: 7, stage: 1, code: 'LOAD_FAILED', message: 'no' },
     rewired: { t: 'rewired', routeId: 7, stage: 1 },
     leave: { t: 'leave' },
+    return: { t: 'return', routeId: 7, stage: 0, frame: 'R01TSA==' },
     signal: { t: 'signal', to: 'nobody', cid: 'c1', signal: { type: 'offer', sdp: 'v=0' } },
     relay: { t: 'relay', to: 'nobody', id: 1, frame: 'R01TSA==' },
     check: { t: 'check', routeId: 7, sessionId: 'ab'.repeat(16), position: 0, nTokens: 1, role: 'actual', row: 'AACAPw==' },

@@ -155,3 +155,11 @@ export async function roomEventsUntilReady(s: ServeInfo): Promise<any[]> {
   ctl.abort();
   return [...text.matchAll(/^data: (.*)$/gm)].map((m) => JSON.parse(m[1]!));
 }
+
+/** `serve` with `--min-peers names.length` and one `node` per name joined, the route ready. */
+export async function serveWithNodes(model: string, names: readonly string[]): Promise<ServeInfo> {
+  const serve = await spawnServe(model, ['--min-peers', String(names.length)]);
+  for (const name of names) await spawnMesh(['node', '--join', serve.joinUrl, '--name', name, '--no-cache']).waitFor(/joined room/);
+  await waitForRoute(serve, 'ready');
+  return serve;
+}

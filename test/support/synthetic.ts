@@ -13,6 +13,7 @@ export const MODEL_CACHE_DIR = join(REPO_ROOT, '.cache', 'models');
 const GENERATOR_SOURCES = [
   'src/model/synthetic-model.ts',
   'src/model/synthetic-tensors.ts',
+  'src/model/synthetic-qwen35.ts',
   'src/model/synthetic-vocab.ts',
   'src/gguf/quantize.ts',
   'src/gguf/quantize-legacy.ts',

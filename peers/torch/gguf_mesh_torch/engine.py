@@ -112,6 +112,12 @@ class TorchStage:
         if kv:
             kv.free()
 
+    def truncate_session(self, sid: str, position: int) -> None:
+        kv = self.sessions.get(sid)
+        if kv is None:
+            raise MeshError("SESSION_UNKNOWN", f"frame session id: no session {sid} on this stage", {"field": "session id"})
+        kv.truncate(position)
+
     def session_stats(self, sid: str) -> dict:
         kv = self.sessions[sid]
         return {"position": kv.length, "kvBytes": kv.bytes, "processedTokens": list(kv.processed)}

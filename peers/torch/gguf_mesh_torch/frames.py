@@ -24,12 +24,12 @@ MAX_TIMING_RECORDS = 255
 NIL_SESSION = "0" * 32
 
 # frame types
-SESSION_OPEN, SESSION_CLOSE, PREFILL, DECODE, HIDDEN, TOKEN, STATUS, ERROR, LOGITS = range(1, 10)
-TYPE_NAMES = {1: "SessionOpen", 2: "SessionClose", 3: "Prefill", 4: "Decode", 5: "Hidden", 6: "Token", 7: "Status", 8: "Error", 9: "Logits"}
+SESSION_OPEN, SESSION_CLOSE, PREFILL, DECODE, HIDDEN, TOKEN, STATUS, ERROR, LOGITS, REWIND, RESEND = range(1, 12)
+TYPE_NAMES = {1: "SessionOpen", 2: "SessionClose", 3: "Prefill", 4: "Decode", 5: "Hidden", 6: "Token", 7: "Status", 8: "Error", 9: "Logits", 10: "Rewind", 11: "Resend"}
 
 # flags
-SAMPLE, REPLY, WANT_LOGITS, WANT_TIMINGS, TIMINGS = 1, 2, 4, 8, 16
-KNOWN_FLAGS = SAMPLE | REPLY | WANT_LOGITS | WANT_TIMINGS | TIMINGS
+SAMPLE, REPLY, WANT_LOGITS, WANT_TIMINGS, TIMINGS, REPLAY = 1, 2, 4, 8, 16, 32
+KNOWN_FLAGS = SAMPLE | REPLY | WANT_LOGITS | WANT_TIMINGS | TIMINGS | REPLAY
 
 # dtypes
 NONE, F32, F16, I32, JSON = range(5)
@@ -47,6 +47,9 @@ _RULES = {
     STATUS: ((JSON, NONE), 0, "zero"),
     ERROR: ((JSON,), 0, "zero"),
     LOGITS: ((F32,), None, "one"),
+    # repair requests (docs/protocol.md "Liveness and repair"): a JSON body, the position in the header
+    REWIND: ((JSON,), 0, "zero"),
+    RESEND: ((JSON,), 0, "zero"),
 }
 
 # magic 4s, version B, type B, flags H, route I, session 16s, seq I, position I, count I,

@@ -60,5 +60,12 @@ class KvCache:
     def advance(self, n: int) -> None:
         self.length += n
 
+    def truncate(self, position: int) -> None:
+        """Forgets positions [position, length) (a repair's rewind). The rows stay allocated and
+        are overwritten by the next write; `processed` keeps counting what was computed."""
+        if not 0 <= position <= self.length:
+            raise MeshError("POSITION_MISMATCH", f"the session holds {self.length} positions; cannot rewind it to {position}", {"expected": self.length, "got": position})
+        self.length = position
+
     def free(self) -> None:
         self.keys, self.values, self.capacity = [], [], 0

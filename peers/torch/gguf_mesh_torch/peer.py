@@ -1,7 +1,12 @@
 """Joining a room as a native peer (docs/protocol.md, "Peer control connection" and
 "Joining, step by step"): read the room's model and manifest, listen for frames, answer the
 challenge with the hello, and on each assignment release the old stage, load the shard,
-link to the next stage and report ready (or load-failed) — until the control socket closes."""
+link to the next stage and report ready (or load-failed) — until the control socket closes.
+
+Repair (items 7 and 8 there): a peer outside the route loads the standby shard it is given and
+takes it over without reading it again when assigned it; a rewire links the stage to a new next
+stage; SIGTERM/SIGINT is a graceful leave (the server hands the stage over, then says leave-ok).
+The server's heartbeat pings are answered by the WebSocket layer (ws.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import sys
 import time
 import urllib.error
@@ -85,6 +91,13 @@ class Peer:
         self.service: StageService | None = None
         self.downstream = None
         self.route_id: int | None = None
+        # the assignment being loaded or served, until released
+        self.assigned: dict | None = None
+        # a spare's shard: {"m": the standby message, "task": future of (engine, bytes) or None}
+        self.standby: dict | None = None
+        # a rewire that came while the stage was loading, applied before it reports ready
+        self.pending_rewire: dict | None = None
+        self.leaving: asyncio.Future | None = None
         self.load_seq = 0
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch")
         self.control = None
@@ -133,8 +146,15 @@ class Peer:
         elif t == "release":
             if self.route_id == m.get("routeId"):
                 self.load_seq += 1
-                self.route_id = None
+                self.route_id = self.assigned = None
                 asyncio.ensure_future(self.release_stage())
+        elif t == "standby":
+            self.load_standby(m)
+        elif t == "rewire":
+            asyncio.ensure_future(self.rewire(m))
+        elif t == "leave-ok":
+            if self.leaving and not self.leaving.done():
+                self.leaving.set_result(bool(m.get("moved")))
         elif t == "relay-reply" and isinstance(self.downstream, RelayLink):
             self.downstream.deliver(m)
 
@@ -148,10 +168,57 @@ class Peer:
         if link:
             await link.close()
 
+    # ---- spares ----
+
+    def load_standby(self, m: dict) -> None:
+        """A spare loads and verifies its standby shard now, so taking the stage over later reads nothing."""
+        if self.standby and _same_shard(self.standby["m"]["shard"], m["shard"]):
+            # the same shard again (a new route): it is loaded, or its load will answer for the new one
+            entry = self.standby
+            entry["m"] = m
+            task = entry["task"]
+            if task.done() and not task.cancelled() and task.result():
+                self.send({"t": "standby-ready", "routeId": m["routeId"], "stage": m["stage"], "loadMs": 0, "bytesRead": 0})
+            return
+        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        entry: dict = {"m": m}
+        self.standby = entry
+
+        def routed() -> dict:
+            return {"routeId": entry["m"]["routeId"], "stage": entry["m"]["stage"]}
+
+        async def load():
+            try:
+                engine, fetched = await loop.run_in_executor(self.compute, self._load, m, ProgressGate(lambda d, t: None))
+            except Exception as e:  # noqa: BLE001 - reported as standby-failed
+                if self.standby is entry:
+                    self.standby = None
+                    err = e if isinstance(e, MeshError) else MeshError("LOAD_FAILED", f"{e.__class__.__name__}: {e}")
+                    self.log(f"standby: layers {m['shard']['start']}-{m['shard']['end']} failed: {err.code} {err.message}")
+                    self.send({"t": "standby-failed", **routed(), "code": err.code, "message": err.message})
+                return None
+            if self.standby is entry:
+                self.log(f"standby: layers {m['shard']['start']}-{m['shard']['end']} loaded ({fetched} bytes read)")
+                self.send({"t": "standby-ready", **routed(), "loadMs": (time.perf_counter() - t0) * 1000, "bytesRead": fetched})
+            return engine, fetched
+
+        entry["task"] = asyncio.ensure_future(load())
+
+    async def _take_standby(self, a: dict):
+        """The standby's loaded shard when it is the one assigned ((engine, bytes) or None); it stops being a standby."""
+        s, self.standby = self.standby, None
+        if not s or not _same_shard(s["m"]["shard"], a["shard"]):
+            return None
+        return await s["task"]
+
+    # ---- assignments ----
+
     async def assign(self, a: dict) -> None:
         self.load_seq += 1
         seq = self.load_seq
         self.route_id = a["routeId"]
+        self.assigned, self.pending_rewire = a, None
         t0 = time.perf_counter()
         shard = a["shard"]
         routed = {"routeId": a["routeId"], "stage": a["stage"]}
@@ -160,17 +227,25 @@ class Peer:
         link = None
         try:
             await self.release_stage()
-            engine, fetched = await loop.run_in_executor(self.compute, self._load, a, gate)
-            link = await self._connect_next(a)
+            warm = await self._take_standby(a)
+            engine, fetched = warm or await loop.run_in_executor(self.compute, self._load, a, gate)
+            rewire, self.pending_rewire = self.pending_rewire, None
+            target = {**a, "downstream": rewire.get("downstream"), "downstreamPeer": rewire.get("downstreamPeer")} if rewire and ("downstream" in rewire or "downstreamPeer" in rewire) else a
+            link = await self._connect_next(target)
             if seq != self.load_seq:  # a newer assignment or a release superseded this load
                 if link:
                     await link.close()
                 return
             self.service = StageService(engine, a["stage"], link, self.compute)
             self.downstream = link
-            hop = "last stage" if link is None else f"next stage via {'server relay' if isinstance(link, RelayLink) else 'http' if isinstance(link, HttpLink) else 'ws'}"
-            self.log(f"stage {a['stage']} of route {a['routeId']}: layers {shard['start']}-{shard['end']} ready ({fetched} bytes read; {hop}; torch on {self.device})")
-            self.send({"t": "ready", **routed, "loadMs": (time.perf_counter() - t0) * 1000, "bytesRead": fetched})
+            late, self.pending_rewire = self.pending_rewire, None
+            if late:  # a neighbour replaced while this stage was linking
+                await self.rewire(late)
+            hop = "last stage" if link is None else f"next stage via {_hop(link)}"
+            self.log(f"stage {a['stage']} of route {a['routeId']}: layers {shard['start']}-{shard['end']} ready ({'from the standby shard; ' if warm else ''}{fetched} bytes read; {hop}; torch on {self.device})")
+            self.send({"t": "ready", **routed, "loadMs": (time.perf_counter() - t0) * 1000, "bytesRead": 0 if warm else fetched})
+            if rewire:
+                self.send({"t": "rewired", **routed})
         except Exception as e:  # noqa: BLE001 - every failure is reported as load-failed
             if link:
                 await link.close()
@@ -179,6 +254,29 @@ class Peer:
             err = e if isinstance(e, MeshError) else MeshError("LOAD_FAILED", f"{e.__class__.__name__}: {e}")
             self.log(f"stage {a['stage']} of route {a['routeId']}: load failed: {err.code} {err.message}")
             self.send({"t": "load-failed", **routed, "code": err.code, "message": err.message})
+
+    async def rewire(self, m: dict) -> None:
+        """A repair replaced a neighbour: link to the new next stage (steps in flight on the old
+        link fail, and the server sends them again); a new previous stage needs nothing here."""
+        a = self.assigned
+        served = self.service is not None and a is not None and a["routeId"] == m.get("routeId") and a["stage"] == m.get("stage")
+        if not served:
+            if a is not None and a["routeId"] == m.get("routeId") and a["stage"] == m.get("stage"):
+                self.pending_rewire = {**(self.pending_rewire or {}), **m}
+            return
+        routed = {"routeId": m["routeId"], "stage": m["stage"]}
+        try:
+            if "downstream" in m or "downstreamPeer" in m:
+                link = await self._connect_next({"downstream": m.get("downstream"), "downstreamPeer": m.get("downstreamPeer")})
+                old, self.downstream = self.downstream, link
+                if self.service is not None:
+                    self.service.downstream = link
+                if old:
+                    await old.close()
+                self.log(f"stage {m['stage']} of route {m['routeId']}: rewired to {_hop(link) if link else 'no next stage'}")
+            self.send({"t": "rewired", **routed})
+        except MeshError as e:
+            self.log(f"stage {m['stage']} of route {m['routeId']}: rewire failed: {e.code} {e.message}")
 
     def _load(self, a: dict, gate) -> tuple[TorchStage, int]:
         shard = a["shard"]
@@ -235,16 +333,56 @@ class Peer:
         except MeshError as e:
             raise MeshError("JOIN_FAILED", f"cannot reach {self.base}: {e.message}") from None
         serving = asyncio.ensure_future(serve_frames(self.control, self.handle, self.on_text))
+        stop, force = loop_future(), loop_future()
+
+        def on_signal(name: str) -> None:
+            # the first signal leaves gracefully; a second one stops waiting for the hand-over
+            target = force if stop.done() else stop
+            if not target.done():
+                target.set_result(name)
+
+        for sig, name in ((signal.SIGTERM, "terminated"), (signal.SIGINT, "interrupted")):
+            asyncio.get_running_loop().add_signal_handler(sig, on_signal, name)
         done, _ = await asyncio.wait([self.joined, serving], return_when=asyncio.FIRST_COMPLETED)
         if self.joined not in done:
             raise MeshError("JOIN_FAILED", f"control connection closed ({self.control.close_code}) before welcome")
         w = self.joined.result()  # raises the server's error (AUTH_FAILED …)
         self.log(f"joined room {w['roomId']} as {w['peerId']} (model {w['model']['id']}, {w['model']['nLayer']} layers); listening at {server.url}; torch {torch.__version__} on {self.device}")
-        await serving
-        self.log(f"leaving: control connection closed ({self.control.close_code})")
+        await asyncio.wait([serving, stop], return_when=asyncio.FIRST_COMPLETED)
+        if not stop.done():
+            self.log(f"leaving: control connection closed ({self.control.close_code})")
+            await self.release_stage()
+            await server.close()
+            return 1
+        why = stop.result()
+        moved = await self.leave(why, serving, force)
+        self.log("stage handed over" if moved else "stage not handed over (no replacement in time)")
+        self.log(f"leaving: {why}")
+        await self.control.close(1000)
         await self.release_stage()
         await server.close()
-        return 1
+        return 0
+
+    async def leave(self, why: str, serving: asyncio.Future, force: asyncio.Future, timeout_s: float = 40.0) -> bool:
+        """A graceful leave: the server hands this peer's stage (and its sessions) to a
+        replacement while this peer keeps serving, then answers leave-ok."""
+        self.log(f"leaving ({why}): handing the stage over…")
+        self.leaving = loop_future()
+        self.send({"t": "leave"})
+        await asyncio.wait([self.leaving, serving, force], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        return self.leaving.done() and self.leaving.result()
+
+
+def loop_future() -> asyncio.Future:
+    return asyncio.get_running_loop().create_future()
+
+
+def _same_shard(a: dict, b: dict) -> bool:
+    return a["start"] == b["start"] and a["end"] == b["end"]
+
+
+def _hop(link) -> str:
+    return "server relay" if isinstance(link, RelayLink) else "http" if isinstance(link, HttpLink) else "ws"
 
 
 def run_peer(args, device: torch.device) -> int:

@@ -1,7 +1,9 @@
 """The last stage's choice of the next token. Greedy (no sampler, or temperature 0) is the
 argmax with the lowest id among equal maxima — the same token on every implementation.
 With a temperature: top-k, then top-p, then a draw from this peer's own seeded generator
-(a seed repeats a run on this peer; other implementations draw differently)."""
+(a seed repeats a run on this peer; other implementations draw differently). Each sampled
+token with a temperature is one draw (one uniform double); `draws` given to the constructor
+are made first, so a replacement last stage continues the session's random stream."""
 
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ def argmax(logits: np.ndarray) -> int:
 
 
 class Sampler:
-    def __init__(self, settings: dict | None):
+    def __init__(self, settings: dict | None, draws: int = 0):
         s = settings or {}
         self.temperature = float(s.get("temperature") or 0)
         self.top_k = int(s.get("topK") or 0)
         self.top_p = float(s.get("topP") or 1.0)
         self.rng = np.random.default_rng(int(s.get("seed") or 0) & 0xFFFFFFFF)
+        if self.temperature > 0 and draws > 0:
+            self.rng.random(int(draws))  # the draws the session made already, one double each
 
     def __call__(self, logits: np.ndarray) -> int:
         if self.temperature <= 0:
@@ -32,4 +36,7 @@ class Sampler:
         if self.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(p), self.top_p) + 1)
             order, p = order[:keep], p[:keep] / p[:keep].sum()
-        return int(order[self.rng.choice(len(order), p=p)])
+        # one draw: the first index whose cumulative probability passes a uniform double
+        cdf = np.cumsum(p)
+        i = int(np.searchsorted(cdf / cdf[-1], self.rng.random(), side="right"))
+        return int(order[min(i, len(order) - 1)])

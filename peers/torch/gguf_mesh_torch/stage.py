@@ -1,7 +1,12 @@
 """One stage as a frame handler, as docs/protocol.md "A stage" specifies: sessions open and
 close here, stage 0 takes token ids, later stages hidden states; hidden states go to the next
 stage, the last stage samples (or answers logits), and each reply passes back up the chain
-with this stage's timing record added when asked."""
+with this stage's timing record added when asked.
+
+For repairs the stage keeps, per session, the hidden states it sent and a hash of each row it
+received (replay_log.py), and answers Rewind (forget positions from p on, restart the sampler
+after n draws), Resend (send logged hidden states to the next stage again as Replay frames) and
+Replay-flagged input (compute and log, send nothing on, sample nothing)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from .engine import TorchStage
 from .errors import MeshError
 from .frames import Frame
 from .links import unwrap
+from .replay_log import Logged, ReplayLog, row_hashes
 from .sampler import Sampler
 
 
@@ -22,6 +28,9 @@ from .sampler import Sampler
 class _Session:
     sample: Sampler | None
     hidden_dtype: int
+    settings: dict | None
+    # hidden states sent downstream, hashes of rows received (for repairs)
+    log: ReplayLog = field(default_factory=ReplayLog)
     pipeline_error: MeshError | None = None
     # totals over the session's steps (ms, bytes)
     timing: dict = field(default_factory=lambda: {"steps": 0, "computeMs": 0.0, "downstreamMs": 0.0, "handleMs": 0.0, "bytesIn": 0, "bytesOut": 0})
@@ -54,8 +63,13 @@ class StageService:
             await self._run(self.engine.release_session, f.session_id)
             return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "state": "closed"})
         if f.type == fr.STATUS:
-            body = self.status() if f.session_id == fr.NIL_SESSION else self.session_status(f.session_id)
+            query = fr.decode_json(f) if f.dtype == fr.JSON else {}
+            body = self.status() if f.session_id == fr.NIL_SESSION else self.session_status(f.session_id, query if isinstance(query, dict) else {})
             return fr.json_frame(fr.STATUS, f, body)
+        if f.type == fr.REWIND:
+            return await self._rewind(f)
+        if f.type == fr.RESEND:
+            return await self._resend(f)
         if f.type in (fr.PREFILL, fr.DECODE):
             if not self.engine.is_first:
                 raise MeshError("STAGE_INPUT_KIND", f"stage {self.stage} takes hidden states, not token ids")
@@ -76,17 +90,63 @@ class StageService:
             raise MeshError("BAD_REQUEST", f"session open: contextLength must be a positive integer, got {ctx!r}", {"field": "contextLength"})
         if f.session_id in self.sessions:
             raise MeshError("SESSION_EXISTS", f"session {f.session_id} is already open")
+        draws = _count(body.get("draws", 0), "session open: draws")
         await self._run(self.engine.open_session, f.session_id, ctx)
+        settings = body.get("sampler")
         self.sessions[f.session_id] = _Session(
-            sample=Sampler(body.get("sampler")) if self.engine.is_last else None,
+            sample=self._sampler(settings, draws),
             hidden_dtype=fr.F32 if body.get("hiddenDtype") == "f32" else fr.F16,
+            settings=settings,
         )
         return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "state": "open", "position": 0})
 
-    async def _compute(self, f: Frame, tokens=None, hidden=None) -> Frame:
-        s = self.sessions.get(f.session_id)
+    def _sampler(self, settings: dict | None, draws: int) -> Sampler | None:
+        """The last stage's sampler, after the session's `draws` random draws; None elsewhere."""
+        return Sampler(settings, draws) if self.engine.is_last else None
+
+    def _session(self, sid: str) -> _Session:
+        s = self.sessions.get(sid)
         if s is None:
-            raise MeshError("SESSION_UNKNOWN", f"frame session id: session {f.session_id} is not open on stage {self.stage}", {"field": "session id"})
+            raise MeshError("SESSION_UNKNOWN", f"frame session id: session {sid} is not open on stage {self.stage}", {"field": "session id"})
+        return s
+
+    async def _rewind(self, f: Frame) -> Frame:
+        """Positions from f.position on are forgotten (KV cache, log); the sampler restarts after `draws` draws."""
+        s = self._session(f.session_id)
+        body = fr.decode_json(f)
+        draws = _count(body.get("draws", 0) if isinstance(body, dict) else None, "rewind: draws")
+        await self._run(self.engine.truncate_session, f.session_id, f.position)
+        s.log.truncate(f.position)
+        s.pipeline_error = None
+        s.sample = self._sampler(s.settings, draws)
+        return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": f.position})
+
+    async def _resend(self, f: Frame) -> Frame:
+        """The logged hidden states of [f.position, end) go to the next stage again as Replay frames, in order."""
+        s = self._session(f.session_id)
+        body = fr.decode_json(f)
+        if not isinstance(body, dict):
+            body = {}
+        end = _count(body.get("end"), "resend: end")
+        max_tokens = max(1, _count(body.get("maxTokens", 1), "resend: maxTokens"))
+        nxt = self.downstream
+        if nxt is None:
+            raise MeshError("STAGE_UNREACHABLE", f"stage {self.stage} has no next stage to resend to", {"stage": self.stage + 1})
+        if end > s.log.end:
+            raise MeshError("POSITION_MISMATCH", f"stage {self.stage} logged hidden states up to {s.log.end}, asked to resend up to {end}", {"expected": s.log.end, "got": end})
+        frames = sent = 0
+        for part in s.log.slice(f.position, end, max_tokens):
+            out = Frame(type=fr.HIDDEN, flags=fr.REPLAY, route_id=f.route_id, session_id=f.session_id, position=part.position, n_tokens=part.n_tokens, dtype=part.dtype, width=part.width, payload=part.payload)
+            try:
+                await nxt.request(out)
+            except MeshError as e:
+                raise self._downstream_error(e, nxt) from None
+            frames += 1
+            sent += fr.HEADER_BYTES + len(part.payload)
+        return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": end, "frames": frames, "bytes": sent})
+
+    async def _compute(self, f: Frame, tokens=None, hidden=None) -> Frame:
+        s = self._session(f.session_id)
         started = time.perf_counter()
         arrived = f.received_at or started
         bytes_in = fr.HEADER_BYTES + len(f.payload) if f.type == fr.HIDDEN else 0
@@ -108,24 +168,31 @@ class StageService:
         if s.pipeline_error:
             raise s.pipeline_error
         kind, out, compute_ms = await self._run(self.engine.forward, f.session_id, f.position, tokens=tokens, hidden=hidden)
+        if hidden is not None:
+            s.log.received(f.position, row_hashes(fr.payload_body(f), f.n_tokens))
         s.timing["computeMs"] += compute_ms
         step["computeMs"] = compute_ms
-        sample_now = f.type == fr.DECODE or bool(f.flags & fr.SAMPLE)
+        replay = bool(f.flags & fr.REPLAY)
+        sample_now = not replay and (f.type == fr.DECODE or bool(f.flags & fr.SAMPLE))
         end = f.position + f.n_tokens
         if kind == "hidden":
             return await self._forward(f, s, out, sample_now, step)
-        if f.flags & fr.WANT_LOGITS:
+        if f.flags & fr.WANT_LOGITS and not replay:
             return fr.rows_frame(fr.LOGITS, f, end, out[None, :], fr.F32)
         if not sample_now:
-            return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": end})
+            return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": end, **({"replayed": True} if replay else {})})
         return fr.tokens_frame(fr.TOKEN, f, end, [s.sample(out)])
 
     async def _forward(self, f: Frame, s: _Session, rows, sample_now: bool, step: dict) -> Frame:
+        flags = (f.flags & (fr.SAMPLE | fr.WANT_LOGITS | fr.WANT_TIMINGS)) | (fr.SAMPLE if sample_now else 0)
+        out = fr.rows_frame(fr.HIDDEN, f.with_(seq=0), f.position, rows, s.hidden_dtype, flags)
+        s.log.append(Logged(out.position, out.n_tokens, out.dtype, out.width, out.payload))
+        if f.flags & fr.REPLAY:
+            # a replay fills this stage's KV cache and log; the stage after holds these positions already
+            return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": f.position + f.n_tokens, "replayed": True})
         nxt = self.downstream
         if nxt is None:
             raise MeshError("STAGE_UNREACHABLE", f"stage {self.stage} has no next stage to send hidden states to", {"stage": self.stage + 1})
-        flags = (f.flags & (fr.SAMPLE | fr.WANT_LOGITS | fr.WANT_TIMINGS)) | (fr.SAMPLE if sample_now else 0)
-        out = fr.rows_frame(fr.HIDDEN, f.with_(seq=0), f.position, rows, s.hidden_dtype, flags)
         size = fr.HEADER_BYTES + len(out.payload)
         s.timing["bytesOut"] += size
         step["bytesOut"] = size
@@ -167,7 +234,7 @@ class StageService:
 
     # ---- status ----
 
-    def session_status(self, sid: str) -> dict:
+    def session_status(self, sid: str, query: dict | None = None) -> dict:
         if sid not in self.sessions:
             return {"stage": self.stage, "shard": self.shard, "open": False, "position": 0, "kvBytes": 0, "processedTokens": []}
         t = self.sessions[sid].timing
@@ -181,7 +248,14 @@ class StageService:
             "bytesIn": t["bytesIn"],
             "bytesOut": t["bytesOut"],
         }
-        return {"stage": self.stage, "shard": self.shard, "open": True, "backend": self.engine.kind, **self.engine.session_stats(sid), "replayLogBytes": 0, "timing": timing}
+        log = self.sessions[sid].log
+        hashes = {}
+        for key, read in (("sentHashes", log.sent_hashes), ("receivedHashes", log.received_hashes)):
+            span = (query or {}).get(key)
+            if span is not None:
+                a, b = _span(span, key)
+                hashes[key] = read(a, b)
+        return {"stage": self.stage, "shard": self.shard, "open": True, "backend": self.engine.kind, **self.engine.session_stats(sid), "replayLogBytes": log.bytes, "timing": timing, **hashes}
 
     def status(self) -> dict:
         return {
@@ -195,3 +269,17 @@ class StageService:
         for sid in list(self.sessions):
             self.sessions.pop(sid, None)
             await self._run(self.engine.release_session, sid)
+
+
+def _count(v, what: str) -> int:
+    """A non-negative integer from a JSON body, else BAD_REQUEST naming the field."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise MeshError("BAD_REQUEST", f"{what} must be a non-negative integer, got {v!r}")
+    return v
+
+
+def _span(v, what: str) -> tuple[int, int]:
+    """[a, b) positions of a Status query."""
+    if not isinstance(v, list) or len(v) != 2:
+        raise MeshError("BAD_REQUEST", f"status query: {what} must be [start, end], got {v!r}")
+    return _count(v[0], f"status query: {what}[0]"), _count(v[1], f"status query: {what}[1]")

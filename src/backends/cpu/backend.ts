@@ -10,6 +10,7 @@ import { checkTruncate } from '../types.ts';
 import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput, StageOutput } from '../types.ts';
 import { embed, forwardLayers, lastLogits } from './forward.ts';
 import { KvCache } from './kv-cache.ts';
+import { RecurrentState } from './recurrent-state.ts';
 import { loadShardWeights } from './weights.ts';
 import type { ActivationRounding, ShardWeights, WeightStorage } from './weights.ts';
 
@@ -58,7 +59,11 @@ export class CpuBackend implements StageBackend {
     if (!Number.isSafeInteger(options.contextLength) || options.contextLength <= 0) {
       throw new MeshError('BAD_CONTEXT_LENGTH', `context length must be a positive integer, got ${options.contextLength}`);
     }
-    this.sessions.set(sessionId, new KvCache(shard.end - shard.start, config.nHeadKv * config.headDim, options.contextLength));
+    const recurrent = config.recurrentLayers.slice(shard.start, shard.end);
+    const kv = new KvCache(shard.end - shard.start, config.nHeadKv * config.headDim, options.contextLength, config.linearAttention ? recurrent.map((r) => !r) : undefined);
+    // Gated DeltaNet layers: a fixed-size state per session instead of keys and values
+    if (config.linearAttention) kv.recurrent = new RecurrentState(config.linearAttention, recurrent);
+    this.sessions.set(sessionId, kv);
   }
 
   async releaseSession(sessionId: string): Promise<void> {
@@ -69,6 +74,8 @@ export class CpuBackend implements StageBackend {
   async truncateSession(sessionId: string, position: number): Promise<void> {
     const kv = this.session(sessionId);
     checkTruncate(sessionId, position, kv.length);
+    // recurrent state: within its chunk, to its checkpoint or to 0, else POSITION_MISMATCH
+    kv.recurrent?.rewind(sessionId, position);
     kv.length = position;
   }
 
@@ -108,7 +115,13 @@ export class CpuBackend implements StageBackend {
     }
     if (n === 0) throw new MeshError('BAD_STAGE_INPUT', 'forward needs at least one token');
 
-    forwardLayers(config, weights, kv, x, n);
+    try {
+      forwardLayers(config, weights, kv, x, n);
+    } catch (e) {
+      // a forward that failed part-way must not leave some layers' recurrent state advanced
+      if (kv.length === position) kv.recurrent?.rewind(sessionId, position);
+      throw e;
+    }
 
     const output: StageOutput = shardHasHead(shard, config.nLayer)
       ? { kind: 'logits', logits: lastLogits(config, weights, x, n) }
@@ -118,7 +131,7 @@ export class CpuBackend implements StageBackend {
 
   sessionStats(sessionId: string): SessionStats {
     const kv = this.session(sessionId);
-    return { position: kv.length, kvBytes: kv.bytes, processedTokens: [...kv.processedTokens] };
+    return { position: kv.length, kvBytes: kv.bytes, processedTokens: [...kv.processedTokens], ...(kv.recurrent ? { recurrentBytes: kv.recurrent.bytes } : {}) };
   }
 
   /** ids of the open sessions */

@@ -105,17 +105,17 @@ export function moeFfn(w: MoeFfn, moe: MoeConfig, act: FfnActivation, y: Float32
       y[t * nEmbd + d] = acc;
     }
   }
-  if (w.shared) addSharedExpert(w.shared, act, y, x, n, nEmbd);
+  if (w.shared) addSharedExpert(w.shared, act, y, x, n, nEmbd, moe.sigmoidSharedGate === true);
 }
 
-/** qwen2moe: y += ffn_shexp(x) · sigmoid(x · gate_inp_shexp), sigmoid taken as silu(g) / g like llama.cpp. */
-function addSharedExpert(sh: NonNullable<MoeFfn['shared']>, act: FfnActivation, y: Float32Array, x: Float32Array, n: number, nEmbd: number): void {
+/** y += ffn_shexp(x) · sigmoid(x · gate_inp_shexp): qwen2moe's graph takes sigmoid as silu(g) / g, qwen35moe's as ggml_sigmoid. */
+function addSharedExpert(sh: NonNullable<MoeFfn['shared']>, act: FfnActivation, y: Float32Array, x: Float32Array, n: number, nEmbd: number, sigmoid: boolean): void {
   const g = new Float32Array(n); // [n × 1]
   sh.gateInp.matmul(g, x, n);
   const out = new Float32Array(n * nEmbd);
   denseFfn(sh.ffn, act, out, x, n);
   for (let t = 0; t < n; t++) {
-    const gate = f32(silu(g[t]!) / g[t]!);
+    const gate = sigmoid ? f32(1 / f32(1 + f32(Math.exp(-g[t]!)))) : f32(silu(g[t]!) / g[t]!);
     for (let d = 0; d < nEmbd; d++) y[t * nEmbd + d] = f32(y[t * nEmbd + d]! + f32(out[t * nEmbd + d]! * gate));
   }
 }

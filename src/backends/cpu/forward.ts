@@ -5,6 +5,7 @@
 import { ropeFor } from '../../model/config.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { denseFfn, moeFfn } from './ffn.ts';
+import { forwardHybridLayer } from './hybrid-layer.ts';
 import type { KvCache } from './kv-cache.ts';
 import { addBias, addInPlace, attention, rmsnorm, rope, scaleInPlace } from './ops.ts';
 import type { LayerWeights, Matrix, ShardWeights } from './weights.ts';
@@ -47,8 +48,12 @@ export function forwardLayers(cfg: ModelConfig, weights: ShardWeights, kv: KvCac
   const pos = kv.length;
   kv.reserve(n);
   const s = scratchFor(cfg, n, pos + n);
+  kv.recurrent?.beginForward(pos);
   for (let l = 0; l < weights.layers.length; l++) {
-    forwardLayer(cfg, weights.layers[l]!, kv, l, weights.layerStart + l, x, n, pos, s);
+    const w = weights.layers[l]!;
+    // Qwen3.5 blocks (Gated DeltaNet or gated attention) have their own layer function
+    if ('mixer' in w) forwardHybridLayer(cfg, w, kv, l, weights.layerStart + l, x, n, pos);
+    else forwardLayer(cfg, w, kv, l, weights.layerStart + l, x, n, pos, s);
     kv.processedTokens[l]! += n;
   }
   kv.length = pos + n;

@@ -39,7 +39,12 @@ export interface TensorLoader {
   experts(name: string, cols: number, rows: number, nExpert: number): Matrix[];
 }
 
-/** Layer `il`'s weights (global index) for `config`. */
+/** Layer `il`'s feed-forward: dense, or a mixture of experts (with its shared expert). */
+export function loadFfn(t: TensorLoader, config: ModelConfig, il: number): DenseFfn | MoeFfn {
+  return config.moe ? moeWeights(t, config, `blk.${il}.`) : denseWeights(t, config.nEmbd, config.nFf, `blk.${il}.`, '');
+}
+
+/** Layer `il`'s weights (global index) for `config` (Qwen3.5 blocks: ./hybrid-layer.ts). */
 export function loadLayer(t: TensorLoader, config: ModelConfig, il: number): LayerWeights {
   const { nEmbd, headDim } = config;
   const qDim = config.nHead * headDim;
@@ -75,7 +80,7 @@ export function loadLayer(t: TensorLoader, config: ModelConfig, il: number): Lay
     attnPostNorm: config.postNorms ? t.vector(`${p}post_attention_norm.weight`, nEmbd) : null,
     ffnNorm: t.vector(`${p}ffn_norm.weight`, nEmbd),
     ffnPostNorm: config.postNorms ? t.vector(`${p}post_ffw_norm.weight`, nEmbd) : null,
-    ffn: config.moe ? moeWeights(t, config, p) : denseWeights(t, nEmbd, config.nFf, p, ''),
+    ffn: loadFfn(t, config, il),
   };
 }
 

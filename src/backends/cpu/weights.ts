@@ -18,6 +18,8 @@ import type { WasmArena } from './wasm-matmul.ts';
 import { loadLayer } from './layer-weights.ts';
 import { isQ8_1Type, Q8_1Matrix } from './q8-1-matrix.ts';
 import type { Matrix } from './matrix.ts';
+import { loadHybridLayer } from './hybrid-layer.ts';
+import type { HybridLayerWeights } from './hybrid-layer.ts';
 import type { LayerWeights, TensorLoader } from './layer-weights.ts';
 
 export type { LayerWeights } from './layer-weights.ts';
@@ -187,7 +189,7 @@ export interface ShardWeights {
   /** token embedding [nVocab × nEmbd], when the shard starts at layer 0 */
   tokenEmbd: Matrix | null;
   /** layers [shard.start, shard.end), index 0 = shard.start */
-  layers: LayerWeights[];
+  layers: (LayerWeights | HybridLayerWeights)[];
   /** output norm [nEmbd] and head [nVocab × nEmbd], when the shard ends at the last layer */
   outputNorm: Float32Array | null;
   output: Matrix | null;
@@ -286,8 +288,8 @@ export async function loadShardWeights(
     },
   };
 
-  const layers: LayerWeights[] = [];
-  for (let il = shard.start; il < shard.end; il++) layers.push(loadLayer(loader, config, il));
+  const layers: (LayerWeights | HybridLayerWeights)[] = [];
+  for (let il = shard.start; il < shard.end; il++) layers.push(config.linearAttention ? loadHybridLayer(loader, config, il) : loadLayer(loader, config, il));
 
   const tokenEmbd = shardHasEmbedding(shard) ? matrix(TOKEN_EMBD_TENSOR, config.nEmbd, config.nVocab) : null;
   let outputNorm: Float32Array | null = null;

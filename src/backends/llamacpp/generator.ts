@@ -5,7 +5,7 @@
 // tokenizer. Sampling is llama.cpp's own (greedy is identical to ours; seeded sampling draws
 // differently).
 
-import type { Llama, LlamaContext, LlamaContextSequence, LlamaModel, Token } from 'node-llama-cpp';
+import type { Llama, LlamaContext, LlamaContextSequence, LlamaModel, Token, TokenBias } from 'node-llama-cpp';
 import { MeshError } from '../../errors.ts';
 import type { SamplerOptions } from '../../model/sampler.ts';
 import type { StepperOptions, StepperSource, TokenStepper } from '../../model/token-stepper.ts';
@@ -106,7 +106,7 @@ class LlamaCppStepper implements TokenStepper {
       throw new MeshError('CONTEXT_FULL', `the prompt has ${prompt.length} tokens, more than the context length ${this.modelContextLength}`);
     }
     this.history.push(...prompt);
-    this.evaluation = this.sequence.evaluate([...prompt] as Token[], this.evaluateOptions());
+    this.evaluation = this.sequence.evaluate([...prompt] as Token[], this.evaluateOptions(await this.tokenBias(this.sampler.logitBias)));
     const token = await this.next();
     this.position = prompt.length;
     onProgress?.(prompt.length, prompt.length);
@@ -134,18 +134,37 @@ class LlamaCppStepper implements TokenStepper {
     return r.value;
   }
 
-  private evaluateOptions(): NonNullable<Parameters<LlamaContextSequence['evaluate']>[1]> {
+  /** logit_bias as llama.cpp's logit-bias sampler takes it: raw logit offsets (node-llama-cpp loaded lazily, as everywhere) */
+  private async tokenBias(bias: Record<string, number> | undefined): Promise<TokenBias | undefined> {
+    if (!bias || Object.keys(bias).length === 0) return undefined;
+    const { TokenBias } = await import('node-llama-cpp');
+    const tb = TokenBias.for(this.sequence.model);
+    for (const [id, b] of Object.entries(bias)) tb.set(Number(id) as Token, { logit: b });
+    return tb;
+  }
+
+  private evaluateOptions(tokenBias: TokenBias | undefined): NonNullable<Parameters<LlamaContextSequence['evaluate']>[1]> {
     const s = this.sampler;
     const lastN = s.repeatLastN ?? 64;
     return {
       temperature: s.temperature ?? 0,
-      ...(s.topK ? { topK: s.topK } : {}),
-      ...(s.topP !== undefined ? { topP: s.topP } : {}),
-      ...(s.minP !== undefined ? { minP: s.minP } : {}),
+      // node-llama-cpp's own defaults (top-k 40, top-p 0.95) would apply where ours are off
+      topK: s.topK ?? 0,
+      topP: s.topP ?? 1,
+      minP: s.minP ?? 0,
       ...(s.seed !== undefined ? { seed: s.seed } : {}),
-      ...(s.repeatPenalty !== undefined && s.repeatPenalty !== 1
-        ? { repeatPenalty: { penalty: s.repeatPenalty, punishTokens: () => this.history.slice(-lastN) as Token[], maxPunishTokens: lastN } }
+      ...((s.repeatPenalty ?? 1) !== 1 || (s.frequencyPenalty ?? 0) !== 0 || (s.presencePenalty ?? 0) !== 0
+        ? {
+            repeatPenalty: {
+              penalty: s.repeatPenalty ?? 1,
+              frequencyPenalty: s.frequencyPenalty ?? 0,
+              presencePenalty: s.presencePenalty ?? 0,
+              punishTokens: () => this.history.slice(-lastN) as Token[],
+              maxPunishTokens: lastN,
+            },
+          }
         : {}),
+      ...(tokenBias ? { tokenBias } : {}),
       yieldEogToken: true,
     };
   }

@@ -7,7 +7,7 @@
 import * as Comlink from 'comlink';
 import { MeshError } from '../../errors.ts';
 import type { TensorSource } from '../../gguf/types.ts';
-import { configFromHeader, loadRopeFreqFactors, ROPE_FACTOR_TENSORS } from '../../model/config.ts';
+import { configFromHeader, CPU_ONLY_ARCHITECTURES, loadRopeFreqFactors, ROPE_FACTOR_TENSORS } from '../../model/config.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { shardTensors, validateShard } from '../shard.ts';
 import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
@@ -88,6 +88,9 @@ export class WebGpuBackend implements StageBackend {
   async load(source: TensorSource, shard: ShardRange): Promise<void> {
     if (this.config) throw new MeshError('ALREADY_LOADED', 'this backend already holds a shard; dispose it first');
     const config = configFromHeader(source.header);
+    if (CPU_ONLY_ARCHITECTURES.includes(config.architecture)) {
+      throw new MeshError('UNSUPPORTED_ARCHITECTURE', `the WebGPU backend does not run '${config.architecture}' yet (its forward pass has no Gated DeltaNet blocks); the CPU backend does`, { architecture: config.architecture });
+    }
     validateShard(shard, config.nLayer);
     await loadRopeFreqFactors(config, source);
     const infos = shardTensors(source.header, shard, config.nLayer).filter((t) => !ROPE_FACTOR_TENSORS.includes(t.name));

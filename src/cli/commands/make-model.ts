@@ -10,7 +10,7 @@ import { ARCHS, MODEL_DEFAULTS, MODEL_TYPES, ROPE_SCALINGS, makeModelFile } from
 
 export const command: Command = {
   name: 'make-model',
-  summary: 'write a random-weight GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3; any quant type) with a real tokenizer',
+  summary: 'write a random-weight GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, qwen35, qwen35moe; any quant type) with a real tokenizer',
   usage: '--out <file> [options]',
   options: {
     out: { type: 'string', valueName: '<file>', description: 'GGUF file to write (required)' },
@@ -33,10 +33,16 @@ export const command: Command = {
     tokenizer: { type: 'string', valueName: 'llama|gpt2', description: 'SentencePiece-style or byte-level BPE; default: llama for llama, gpt2 for qwen' },
     pre: { type: 'string', valueName: BPE_PRES.join('|'), description: 'gpt2 pre-tokenizer; default: llama-bpe for llama, qwen2 for qwen' },
     tied: { type: 'boolean', description: 'tie the output head to token_embd (no output.weight)' },
-    experts: { type: 'string', valueName: '<n>', description: 'qwen2moe/qwen3moe: experts per layer (default 4)' },
-    'experts-used': { type: 'string', valueName: '<n>', description: 'qwen2moe/qwen3moe: experts per token (default 2)' },
-    'expert-ffn': { type: 'string', valueName: '<n>', description: 'qwen2moe/qwen3moe: feed-forward size of one expert (default: ffn)' },
-    'shared-ffn': { type: 'string', valueName: '<n>', description: 'qwen2moe: feed-forward size of the shared expert (default: ffn)' },
+    experts: { type: 'string', valueName: '<n>', description: 'qwen2moe/qwen3moe/qwen35moe: experts per layer (default 4)' },
+    'experts-used': { type: 'string', valueName: '<n>', description: 'qwen2moe/qwen3moe/qwen35moe: experts per token (default 2)' },
+    'expert-ffn': { type: 'string', valueName: '<n>', description: 'qwen2moe/qwen3moe/qwen35moe: feed-forward size of one expert (default: ffn)' },
+    'shared-ffn': { type: 'string', valueName: '<n>', description: 'qwen2moe/qwen35moe: feed-forward size of the shared expert (default: ffn)' },
+    'linear-k-heads': { type: 'string', valueName: '<n>', description: 'qwen35*: Gated DeltaNet q/k heads (default: heads)' },
+    'linear-v-heads': { type: 'string', valueName: '<n>', description: 'qwen35*: Gated DeltaNet v heads (default: 2 × linear-k-heads)' },
+    'linear-head-dim': { type: 'string', valueName: '<n>', description: 'qwen35*: size of one DeltaNet head (default: head size)' },
+    'conv-kernel': { type: 'string', valueName: '<n>', description: 'qwen35*: causal conv width (default 4)' },
+    'full-attn-interval': { type: 'string', valueName: '<n>', description: 'qwen35*: every n-th block is full attention (default 4)' },
+    'rope-dims': { type: 'string', valueName: '<n>', description: 'rotated dimensions per head (default: head size; qwen35*: a quarter of it)' },
     'sliding-window': { type: 'string', valueName: '<n>', description: 'gemma3: sliding-window size, 0 = none (default 512)' },
     'swa-pattern': { type: 'string', valueName: '<n>', description: 'gemma3: every n-th layer is global (default 6)' },
     'rope-scaling': { type: 'string', valueName: ROPE_SCALINGS.join('|'), description: 'rope.scaling.type (default none)' },
@@ -69,7 +75,10 @@ export const command: Command = {
       ...(tokenizer ? { tokenizer } : {}),
       ...(pre ? { pre } : {}),
     };
-    const ints = { experts: 'experts', expertsUsed: 'experts-used', expertFfn: 'expert-ffn', sharedFfn: 'shared-ffn', slidingWindow: 'sliding-window', swaPattern: 'swa-pattern', ropeOrigCtx: 'rope-orig-ctx' } as const;
+    const ints = {
+      experts: 'experts', expertsUsed: 'experts-used', expertFfn: 'expert-ffn', sharedFfn: 'shared-ffn', slidingWindow: 'sliding-window', swaPattern: 'swa-pattern', ropeOrigCtx: 'rope-orig-ctx',
+      linearKHeads: 'linear-k-heads', linearVHeads: 'linear-v-heads', linearHeadDim: 'linear-head-dim', convKernel: 'conv-kernel', fullAttnInterval: 'full-attn-interval', ropeDims: 'rope-dims',
+    } as const;
     for (const [k, flag] of Object.entries(ints) as [keyof typeof ints, string][]) {
       const v = optionalIntOption(args, flag);
       if (v !== undefined) opts[k] = v;

@@ -14,6 +14,20 @@ import { trustRoomServer } from '../../transport/tls-trust.ts';
 import type { BackendKind } from '../../peer/native-peer.ts';
 import { runTorchPeer } from '../../peer/torch-process.ts';
 
+/** The test-only shaping flags (peer/test-shaping.ts), checked. */
+function testShaping(slow: string | undefined, delay: string | undefined): { testSlowFactor?: number; testLinkDelayMs?: number } {
+  const out: { testSlowFactor?: number; testLinkDelayMs?: number } = {};
+  if (slow !== undefined) {
+    if (!(Number(slow) >= 1)) throw new UsageError(`--test-slow-factor must be a number ≥ 1, got '${slow}'`);
+    out.testSlowFactor = Number(slow);
+  }
+  if (delay !== undefined) {
+    if (!(Number(delay) >= 0)) throw new UsageError(`--test-link-delay-ms must be a number ≥ 0, got '${delay}'`);
+    out.testLinkDelayMs = Number(delay);
+  }
+  return out;
+}
+
 /** `--layers a-b`: the half-open range [a, b). */
 function parseLayerRange(text: string): ShardRange {
   const m = /^\s*(\d+)\s*-\s*(\d+)\s*$/.exec(text);
@@ -44,6 +58,9 @@ export const command: Command = {
     trusted: { type: 'string', description: "a public room's trusted secret (serve --trusted-secret): this node may serve the first and last stages", valueName: '<secret>' },
     'reconnect-for': { type: 'string', description: 'after the server goes away, keep trying to rejoin for this many seconds (0: leave at once)', default: '600', valueName: '<s>' },
     'no-webrtc': { type: 'boolean', description: 'no WebRTC data channels to and from tabs: those hops go through the server relay' },
+    'no-calibrate': { type: 'boolean', description: 'join without measuring this node\'s speed on one layer of the model (the planner then splits by memory)' },
+    'test-slow-factor': { type: 'string', description: 'test only: every forward pass takes this many times as long (a slow peer on one machine)', valueName: '<factor>' },
+    'test-link-delay-ms': { type: 'string', description: 'test only: every frame and control message in and out waits this long (a far peer on one machine: 2× this of round trip)', valueName: '<ms>' },
     'ca-fingerprint': { type: 'string', description: "an https room server's local CA: its sha256 fingerprint (default: the link's #ca=)", valueName: '<sha256>' },
     'ca-file': { type: 'string', description: "an https room server's CA certificate (PEM), trusted beside the system's", valueName: '<file>' },
   },
@@ -99,6 +116,8 @@ export const command: Command = {
       carrier,
       ...(stringOption(args, 'name') ? { name: stringOption(args, 'name')! } : {}),
       ...(args.values['no-webrtc'] ? { webrtc: false } : {}),
+      ...(args.values['no-calibrate'] ? { calibrate: false } : {}),
+      ...testShaping(stringOption(args, 'test-slow-factor'), stringOption(args, 'test-link-delay-ms')),
       ...(cacheDir !== undefined ? { cacheDir } : {}),
       ...(stringOption(args, 'trusted') ? { trustedSecret: stringOption(args, 'trusted')! } : {}),
       limits: { idleTtlMs: intOption(args, 'session-ttl', 900) * 1000, maxSessions: intOption(args, 'max-sessions', 64) },

@@ -35,6 +35,11 @@ function publicRoomOptions(args: Parameters<Command['run']>[0]): { trustedSecret
   return { trustedSecret: stringOption(args, 'trusted-secret')!, fraction, tolerance };
 }
 
+function plannerOption(v: string | undefined): 'speed' | 'memory' {
+  if (v === undefined || v === 'speed' || v === 'memory') return v ?? 'memory';
+  throw new UsageError(`--planner must be speed or memory, got '${v}'`);
+}
+
 function standbyOption(v: string | undefined): boolean {
   if (v === undefined || v === 'on') return true;
   if (v === 'off') return false;
@@ -73,6 +78,7 @@ export const command: Command = {
     'repair-timeout': { type: 'string', description: 'a route that lost a stage waits this long for a replacement before its sessions fail (ms; 0 = never repair)', default: '30000', valueName: '<ms>' },
     heartbeat: { type: 'string', description: 'ping every peer this often (ms)', default: '500', valueName: '<ms>' },
     'heartbeat-timeout': { type: 'string', description: 'a peer that answers no ping for this long is lost (ms)', default: '3500', valueName: '<ms>' },
+    planner: { type: 'string', description: 'how routes are planned: in proportion to memory (memory), or by measured speed and round trips where every peer reports one (speed: nodes then measure themselves on one layer as they join)', default: 'memory', valueName: '<memory|speed>' },
     standby: { type: 'string', description: 'spares load the shard they would take over ahead of time (on), or only when they take it over (off)', default: 'on', valueName: '<on|off>' },
     'step-timeout': { type: 'string', description: 'a step unanswered this long makes the server look for a stalled stage (ms)', default: '30000', valueName: '<ms>' },
     quiet: { type: 'boolean', description: 'print only the join URLs, not room events' },
@@ -116,6 +122,7 @@ export const command: Command = {
       heartbeatMs: intOption(args, 'heartbeat', 500),
       heartbeatTimeoutMs: intOption(args, 'heartbeat-timeout', 3_500),
       standby: standbyOption(stringOption(args, 'standby')),
+      planner: plannerOption(stringOption(args, 'planner')),
       stepTimeoutMs: intOption(args, 'step-timeout', 30_000),
       ...(iceServers.length ? { iceServers } : {}),
       ...(turnSecret ? { turn: { secret: turnSecret, ttlS: intOption(args, 'turn-ttl', 3600) } } : {}),

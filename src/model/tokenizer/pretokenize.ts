@@ -41,13 +41,14 @@ export const LLAMA_CPP_CLASSES = { letter: L, number: N, punctuation: P, whitesp
 const GPT2 = `'s|'t|'re|'ve|'m|'ll|'d| ?${L}+| ?${N}+| ?[^${WS}${L}${N}]+|${WS}+(?!${NOT_WS})|${WS}+`;
 
 // Llama 3's regex with the (?i:…) contraction group spelled out; Qwen2 differs only in taking
-// digits one at a time.
-function llama3Like(digits: string): string {
+// digits one at a time, Qwen3.5 in letting letter runs take combining marks (\p{M}) too.
+function llama3Like(digits: string, marks = false): string {
+  const M = marks ? '\\p{M}' : '';
   return (
     `(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])` +
-    `|[^\\r\\n${L}${N}]?${L}+` +
+    `|[^\\r\\n${L}${N}]?${marks ? `[${L}${M}]` : L}+` +
     `|${N}${digits}` +
-    `| ?[^${WS}${L}${N}]+[\\r\\n]*` +
+    `| ?[^${WS}${L}${M}${N}]+[\\r\\n]*` +
     `|${WS}*[\\r\\n]+` +
     `|${WS}+(?!${NOT_WS})` +
     `|${WS}+`
@@ -56,6 +57,7 @@ function llama3Like(digits: string): string {
 
 const LLAMA3 = llama3Like('{1,3}');
 const QWEN2 = llama3Like('');
+const QWEN35 = llama3Like('', true);
 // llama.cpp's fallback for BPE vocabularies without a known pre-tokenizer
 const DEFAULT = [`[${P}$+<=>^~\\|]+`, GPT2, `${N}+`, '[0-9][0-9][0-9]'];
 
@@ -98,6 +100,7 @@ const FAMILIES: Record<string, Family> = {
   trillion: { regexes: [GPT2], cleanSpaces: false },
   'granite-docling': { regexes: [GPT2], cleanSpaces: false },
   ...Object.fromEntries(['qwen2', 'deepseek-r1-qwen', 'kormo', 'f2llmv2', 'hunyuan', 'solar-open'].map((k) => [k, QWEN2_FAMILY])),
+  qwen35: { regexes: [QWEN35], cleanSpaces: false },
   stablelm2: { regexes: [QWEN2], cleanSpaces: true },
   megrez: { regexes: [QWEN2], cleanSpaces: true },
 };

@@ -1,0 +1,70 @@
+// Test-only shaping of a native node, for benchmarks of slow and far peers on one machine (the
+// kernel here has no netem): `node --test-slow-factor F` makes every forward pass take F times
+// its measured time (the stage sleeps the difference, like a slower device, not burning a core);
+// `node --test-link-delay-ms D` holds every frame and control message this node receives for D
+// ms before handling it and every one it sends for D ms before sending — its links gain 2·D of
+// round trip, as the server's heartbeat measures it. Nothing else turns these on.
+
+import type { StageBackend } from '../backends/types.ts';
+import type { Frame } from '../protocol/frame.ts';
+import type { FrameHandler, FrameLink } from '../transport/link.ts';
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** `backend` whose forward passes take `factor` times as long (and say so in computeMs). */
+export function slowedBackend(backend: StageBackend, factor: number): StageBackend {
+  if (!(factor > 1)) return backend;
+  const slow = async <R extends { computeMs: number }>(run: Promise<R>): Promise<R> => {
+    const r = await run;
+    await sleep(r.computeMs * (factor - 1));
+    return { ...r, computeMs: r.computeMs * factor };
+  };
+  const forwardRows = backend.forwardRows?.bind(backend);
+  const forward = (...a: Parameters<StageBackend['forward']>): ReturnType<StageBackend['forward']> => slow(backend.forward(...a));
+  const rows = forwardRows && ((...a: Parameters<NonNullable<StageBackend['forwardRows']>>): ReturnType<NonNullable<StageBackend['forwardRows']>> => slow(forwardRows(...a)));
+  // everything else is the backend's own, called on it (its fields stay its own)
+  return new Proxy(backend, {
+    get(target, key) {
+      if (key === 'forward') return forward;
+      if (key === 'forwardRows') return rows;
+      const v = Reflect.get(target, key, target) as unknown;
+      return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+    },
+  });
+}
+
+/** A handler that sees each request `ms` late and answers `ms` late. */
+export function delayedHandler(handler: FrameHandler, ms: number): FrameHandler {
+  if (!(ms > 0)) return handler;
+  return async (f: Frame) => {
+    await sleep(ms);
+    const reply = await handler(f);
+    await sleep(ms);
+    return reply;
+  };
+}
+
+/** A link whose requests leave `ms` late and whose replies are read `ms` late. */
+export function delayedLink(link: FrameLink, ms: number): FrameLink {
+  if (!(ms > 0)) return link;
+  const wrapped: FrameLink = {
+    get remote() {
+      return link.remote;
+    },
+    async request(f: Frame) {
+      await sleep(ms);
+      const reply = await link.request(f);
+      await sleep(ms);
+      return reply;
+    },
+    close: () => link.close(),
+  };
+  link.onClose = (reason) => wrapped.onClose?.(reason);
+  return wrapped;
+}
+
+/** `fn` run `ms` later (in order: timers of one delay fire in the order they were set). */
+export function later<A extends unknown[]>(fn: (...a: A) => void, ms: number): (...a: A) => void {
+  if (!(ms > 0)) return fn;
+  return (...a: A) => void setTimeout(() => fn(...a), ms);
+}

@@ -1,0 +1,141 @@
+// Tool calling through the model's own chat template (Qwen 2.5's, from llama.cpp's
+// models/templates, on a small synthetic llama with its ChatML tokens): tools rendered by the
+// template, a forced call (tool_choice "required" or named) constrained to the tools' schemas
+// and returned as tool_calls (streamed as a delta), and the round trip — the assistant's call
+// and a `role: tool` result rendered back into the next prompt. The official `openai` client
+// against `serve` + one node.
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import OpenAI from 'openai';
+import { syntheticModelSpec } from '../src/model/synthetic-model.ts';
+import { writeGgufFile } from '../src/gguf/writer.ts';
+import { readHeader } from '../src/gguf/parse.ts';
+import { ChatTemplate } from '../src/model/chat-template.ts';
+import type { ChatMessage } from '../src/model/chat-template.ts';
+import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
+import { parseToolCalls, templateMessage, templateTools } from '../signaling-server/openai-tools.ts';
+import type { ToolSpec } from '../signaling-server/openai-tools.ts';
+import { killAll, serveWithNodes } from './support/mesh.ts';
+import type { ServeInfo } from './support/mesh.ts';
+import { templatePath } from './tokenizer-fixtures.ts';
+
+const dir = mkdtempSync(join(tmpdir(), 'openai-tools-'));
+let serve: ServeInfo;
+let openai: OpenAI;
+let model: string;
+let template: ChatTemplate;
+let tokenizer: Tokenizer;
+
+const TOOLS: OpenAI.ChatCompletionTool[] = [
+  {
+    type: 'function',
+    function: {
+      name: 'get_weather',
+      description: 'The weather in a city',
+      parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 12 }, unit: { enum: ['c', 'f'] } }, required: ['city', 'unit'], additionalProperties: false },
+    },
+  },
+  {
+    type: 'function',
+    function: { name: 'add', parameters: { type: 'object', properties: { a: { type: 'integer', minimum: 0, maximum: 999 }, b: { type: 'integer', minimum: 0, maximum: 999 } }, required: ['a', 'b'], additionalProperties: false } },
+  },
+];
+const SPECS: ToolSpec[] = TOOLS.map((t) => ({ name: t.function.name, ...(t.function.description ? { description: t.function.description } : {}), parameters: t.function.parameters as Record<string, unknown> }));
+
+beforeAll(async () => {
+  const spec = syntheticModelSpec({ layers: 2, embd: 64, ffn: 128, vocab: 1024, heads: 4, seed: 5 });
+  const metadata = spec.metadata.map((m) => (m.key === 'tokenizer.chat_template' ? { key: m.key, type: 'string' as const, value: readFileSync(templatePath('Qwen-Qwen2.5-7B-Instruct'), 'utf8') } : m));
+  const path = join(dir, 'tools.gguf');
+  await writeGgufFile(path, { ...spec, metadata });
+  const header = await readHeader(path);
+  tokenizer = Tokenizer.fromMetadata(header.metadata);
+  template = ChatTemplate.fromMetadata(header.metadata, { tokenizer });
+  serve = await serveWithNodes(path, ['a']);
+  openai = new OpenAI({ apiKey: serve.secret, baseURL: `${serve.base}/v1`, maxRetries: 0 });
+  model = (await openai.models.list()).data[0]!.id;
+});
+
+afterAll(async () => {
+  await killAll();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+describe('tools', () => {
+  const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: 'user', content: 'What is the weather in Paris?' }];
+
+  it('tool_choice "required": a call to one of the tools whose arguments match its schema, for every seed', async () => {
+    for (let seed = 1; seed <= 4; seed++) {
+      const r = await openai.chat.completions.create({ model, messages, tools: TOOLS, tool_choice: 'required', temperature: 1, seed, max_tokens: 300 });
+      const c = r.choices[0]!;
+      expect(c.finish_reason, JSON.stringify(c.message)).toBe('tool_calls');
+      expect(c.message.content).toBeNull();
+      const call = c.message.tool_calls![0]!;
+      expect(call.id).toMatch(/^call_/);
+      const args = JSON.parse(call.function.arguments);
+      if (call.function.name === 'get_weather') {
+        expect(typeof args.city === 'string' && args.city.length <= 12).toBe(true);
+        expect(['c', 'f']).toContain(args.unit);
+      } else {
+        expect(call.function.name).toBe('add');
+        expect(Number.isInteger(args.a) && Number.isInteger(args.b)).toBe(true);
+      }
+    }
+  });
+
+  it('a named tool_choice calls that tool; streamed, the call arrives as a tool_calls delta', async () => {
+    const choice = { type: 'function' as const, function: { name: 'add' } };
+    const r = await openai.chat.completions.create({ model, messages, tools: TOOLS, tool_choice: choice, temperature: 0, max_tokens: 300 });
+    expect(r.choices[0]!.message.tool_calls![0]!.function.name).toBe('add');
+    const stream = await openai.chat.completions.create({ model, messages, tools: TOOLS, tool_choice: choice, temperature: 0, max_tokens: 300, stream: true });
+    let name = '';
+    let args = '';
+    let finish: string | null = null;
+    for await (const c of stream) {
+      for (const d of c.choices[0]?.delta?.tool_calls ?? []) {
+        name += d.function?.name ?? '';
+        args += d.function?.arguments ?? '';
+      }
+      finish = c.choices[0]?.finish_reason ?? finish;
+    }
+    expect(name).toBe('add');
+    expect(args).toBe(r.choices[0]!.message.tool_calls![0]!.function.arguments);
+    expect(finish).toBe('tool_calls');
+  });
+
+  it('round trip: the call and a role "tool" result are rendered back through the template into the next prompt', async () => {
+    const first = await openai.chat.completions.create({ model, messages, tools: TOOLS, tool_choice: { type: 'function', function: { name: 'get_weather' } }, temperature: 0, max_tokens: 300 });
+    const call = first.choices[0]!.message.tool_calls![0]!;
+    const next: OpenAI.ChatCompletionMessageParam[] = [...messages, { role: 'assistant', content: null, tool_calls: [call] }, { role: 'tool', tool_call_id: call.id, content: '{"temp": 18}' }];
+    const r = await openai.chat.completions.create({ model, messages: next, tools: TOOLS, temperature: 0, max_tokens: 8 });
+    expect(r.choices[0]!.finish_reason).not.toBeNull();
+    // the server's prompt is the template's rendering of the call and the result
+    const rendered = template.prompt(tokenizer, next.map((m) => templateMessage({ ...(m as object), role: m.role, content: typeof m.content === 'string' ? m.content : '' } as never)) as unknown as ChatMessage[], { variables: { tools: templateTools(SPECS) } });
+    expect(rendered).toContain('<tool_response>\n{"temp": 18}\n</tool_response>');
+    const rendered_call = /<tool_call>\n\{"name": "get_weather", "arguments": (.*)\}\n<\/tool_call>/.exec(rendered);
+    expect(rendered_call, rendered).not.toBeNull();
+    expect(JSON.parse(rendered_call![1]!)).toEqual(JSON.parse(call.function.arguments));
+    expect(r.usage!.prompt_tokens).toBe(tokenizer.encode(rendered).length);
+  });
+
+  it('tool_choice "auto" leaves the choice to the model; what it writes in <tool_call> tags is parsed', () => {
+    const text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>';
+    const { content, calls } = parseToolCalls(text, SPECS, false);
+    expect(content).toBe('Let me check.');
+    expect(calls.map((c) => [c.function.name, JSON.parse(c.function.arguments)])).toEqual([['get_weather', { city: 'Oslo', unit: 'c' }]]);
+    // a call to a tool not given, or not JSON, stays text
+    expect(parseToolCalls('<tool_call>{"name": "rm", "arguments": {}}</tool_call>', SPECS, false).calls).toEqual([]);
+    expect(parseToolCalls('<tool_call>nope</tool_call>', SPECS, false).calls).toEqual([]);
+  });
+
+  it('refused by name: an unknown named tool, tool_choice without tools, a tool message without its call id', async () => {
+    const post = async (body: Record<string, unknown>) => {
+      const res = await fetch(`${serve.base}/v1/chat/completions`, { method: 'POST', headers: { authorization: `Bearer ${serve.secret}`, 'content-type': 'application/json' }, body: JSON.stringify({ model, messages, max_tokens: 2, ...body }) });
+      return { status: res.status, param: ((await res.json()) as { error: { param?: string } }).error.param };
+    };
+    expect(await post({ tools: TOOLS, tool_choice: { type: 'function', function: { name: 'nope' } } })).toEqual({ status: 400, param: 'tool_choice' });
+    expect(await post({ tool_choice: 'required' })).toEqual({ status: 400, param: 'tool_choice' });
+    expect(await post({ messages: [...messages, { role: 'tool', content: 'x' }] })).toEqual({ status: 400, param: `messages.${messages.length}.tool_call_id` });
+  });
+});
