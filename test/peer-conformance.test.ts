@@ -257,8 +257,8 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'status after the refusals': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6], replayLogBytes: 0 }, backend: 'string', timing: TIMING_KEYS, seq: 37 },
       'rewind, no session': { ...stageErr(50, 'SESSION_UNKNOWN', { field: 'session id' }) },
       'rewind past the position': stageErr(51, 'POSITION_MISMATCH', { expected: 6, got: 9 }),
-      'rewind, draws not a count': stageErr(52, 'BAD_REQUEST'),
-      'resend, end not a count': stageErr(53, 'BAD_REQUEST'),
+      'rewind, draws not a count': stageErr(52, 'BAD_REQUEST', { field: 'draws' }),
+      'resend, end not a count': stageErr(53, 'BAD_REQUEST', { field: 'end' }),
       // a stage that is the last has no next stage: the hop to stage 1 is what fails
       'resend on the last stage': { error: 'STAGE_UNREACHABLE', stage: 1, seq: 54, reply: true },
       'rewind to 2': { status: { stage: 0, position: 2 }, seq: 55 },
@@ -270,7 +270,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       // the rebuilt KV cache gives the token the first run gave at this position
       'decode after the replay': { token: 383, position: 6, seq: 59 },
       'status with hash queries': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [10, 10, 10, 10, 10], replayLogBytes: 0, sentHashes: [], receivedHashes: [] }, backend: 'string', timing: TIMING_KEYS, seq: 60 },
-      'status, a bad hash query': stageErr(61, 'BAD_REQUEST'),
+      'status, a bad hash query': stageErr(61, 'BAD_REQUEST', { field: 'sentHashes.1' }),
       close: { status: { stage: 0, state: 'closed' }, seq: 62 },
       'decode after close': stageErr(39, 'SESSION_UNKNOWN', { field: 'session id' }),
     });

@@ -271,15 +271,16 @@ class StageService:
             await self._run(self.engine.release_session, sid)
 
 
-def _count(v, what: str) -> int:
-    """A non-negative integer from a JSON body, else BAD_REQUEST naming the field."""
+def _count(v, what: str, field: str | None = None) -> int:
+    """A non-negative integer from a JSON body, else BAD_REQUEST naming the field (details.field, as the TypeScript stage's schemas do)."""
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise MeshError("BAD_REQUEST", f"{what} must be a non-negative integer, got {v!r}")
+        raise MeshError("BAD_REQUEST", f"{what} must be a non-negative integer, got {v!r}", {"field": field or what.rsplit(": ", 1)[-1]})
     return v
 
 
 def _span(v, what: str) -> tuple[int, int]:
     """[a, b) positions of a Status query."""
     if not isinstance(v, list) or len(v) != 2:
-        raise MeshError("BAD_REQUEST", f"status query: {what} must be [start, end], got {v!r}")
-    return _count(v[0], f"status query: {what}[0]"), _count(v[1], f"status query: {what}[1]")
+        # the field as the TypeScript stage's tuple schema names it: the first element missing
+        raise MeshError("BAD_REQUEST", f"status query: {what} must be [start, end], got {v!r}", {"field": f"{what}.{len(v)}" if isinstance(v, list) and len(v) < 2 else what})
+    return _count(v[0], f"status query: {what}[0]", f"{what}.0"), _count(v[1], f"status query: {what}[1]", f"{what}.1")
