@@ -1,7 +1,9 @@
 // One stage of a route, as a frame handler: it runs its backend over incoming tokens (stage 0)
 // or hidden states (later stages), passes hidden states straight to the next stage, and — on
 // the last stage — samples the next token (or returns logits when asked). The reply travels
-// back up the chain, so stage 0 sees every sampled token before the client does.
+// back up the chain — or, on the one-way token path (FrameFlag.ReturnDirect), the last stage
+// hands the token straight to the session's owner (`returnTo`) and the stages answer each
+// other with a Status off the token's critical path: N + 1 hops per token instead of 2N.
 //
 // Session open/close/status frames act on this stage only: the session's owner sends them to
 // every stage itself, so a lost stage can never keep another stage's KV cache alive.
@@ -226,10 +228,10 @@ export class StageService {
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'open', position: 0 });
   }
 
-  /** greedy (argmax) unless the stage has a sampler factory and the session a temperature; null off the last stage */
+  /** the stage's sampler factory's sampler for the settings (greedy argmax on a stage without one); null off the last stage */
   private samplerFor(settings: SamplerSettings, draws: number): TokenSampler | null {
     if (!this.isLast) return null;
-    return !settings.temperature || !this.opts.samplerFactory ? argmax : this.opts.samplerFactory(settings, draws);
+    return this.opts.samplerFactory ? this.opts.samplerFactory(settings, draws) : (logits) => argmax(logits);
   }
 
   /** Rewind: positions from f.position on are forgotten (KV, log, penalty history); the sampler restarts after `draws` draws, with any new settings. */

@@ -82,7 +82,7 @@ export function parseRewind(body: unknown): RewindBody {
   return validate(rewindSchema, body, 'rewind', 'BAD_REQUEST');
 }
 
-const resendSchema = v.object({ end: count, maxTokens: v.pipe(v.number(), v.integer(), v.minValue(1), v.maxValue(1 << 24)) });
+const resendSchema = v.object({ end: count, maxTokens: v.optional(v.pipe(v.number(), v.integer(), v.minValue(1), v.maxValue(1 << 24)), 1) });
 /** Body of a Resend frame: resend positions [frame position, end), at most `maxTokens` per frame (1: as they were sent). */
 export type ResendBody = v.InferOutput<typeof resendSchema>;
 
