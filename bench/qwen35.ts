@@ -1,4 +1,4 @@
-// `npm run bench -- qwen35 [--threads N] [--layers N]`: a synthetic qwen35moe at Qwen3.5-35B-A3B's
+// `npm run bench -- qwen35 [--threads N] [--layers N] [--webgpu]`: a synthetic qwen35moe at Qwen3.5-35B-A3B's
 // per-head shapes scaled down to fit this machine (half the width: n_embd 1024, 8 q / 1 KV
 // heads of 256 with 64 rotated dims, DeltaNet 8 q/k / 16 v heads of 128, 32 experts of 256
 // with 8 used and a shared expert of 256; 8 blocks, every 4th full attention; Q8_0). Decode
@@ -6,11 +6,15 @@
 // llama.cpp (libllama through FFI, same threads) measured in the same run with their ratio,
 // and the state memory per session: measured on this model, and computed at the real shapes
 // against the audit's figure (20,480 B/token f16 KV on the 10 attention blocks + 62.8 MiB of
-// fixed f32 state on the 30 DeltaNet blocks).
+// fixed f32 state on the 30 DeltaNet blocks). --webgpu also times the WebGPU stage (Dawn: on
+// this machine SwiftShader, a CPU rasteriser, so its figure is not a GPU's).
 import { parseArgs } from 'node:util';
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
 import { deltaLayerBytes } from '../src/backends/cpu/delta-chunk.ts';
 import { LlamaModelFfi } from '../src/backends/llamacpp/ffi.ts';
+import type { StageBackend } from '../src/backends/types.ts';
+import { gpuDeltaLayerBytes } from '../src/backends/webgpu/delta-net.ts';
+import { createNodeWebGpuBackend } from '../src/backends/webgpu/node.ts';
 import { isExpertTensor } from '../src/gguf/summary.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import type { GgufHeader } from '../src/gguf/types.ts';
@@ -50,7 +54,7 @@ interface Speed {
   decode_tok_s: number;
 }
 
-async function timeCpu(be: CpuBackend, prompt: number[], n: number, id: string): Promise<Speed> {
+async function timeStage(be: StageBackend, prompt: number[], n: number, id: string): Promise<Speed> {
   await be.openSession(id, { contextLength: prompt.length + n });
   let t0 = performance.now();
   let out = (await be.forward(id, { kind: 'tokens', tokens: Int32Array.from(prompt) }, 0)).output;
@@ -80,11 +84,13 @@ function stateAtRealShapes(): Record<string, number> {
     cpu_state_bytes: cpuState,
     cpu_state_bytes_with_checkpoints: 2 * cpuState,
     cpu_state_ratio_to_audit: round(cpuState / auditState),
+    // the WebGPU stage keeps the chunk's decays in f32
+    webgpu_state_bytes: 30 * gpuDeltaLayerBytes(REAL),
   };
 }
 
 export async function run(args: string[]): Promise<unknown> {
-  const { values } = parseArgs({ args, options: { threads: { type: 'string', default: '1' }, layers: { type: 'string', default: '8' }, prompt: { type: 'string', default: '64' }, decode: { type: 'string', default: '16' } } });
+  const { values } = parseArgs({ args, options: { threads: { type: 'string', default: '1' }, webgpu: { type: 'boolean', default: false }, layers: { type: 'string', default: '8' }, prompt: { type: 'string', default: '64' }, decode: { type: 'string', default: '16' } } });
   const threads = Number(values.threads);
   const path = await syntheticModel(benchModel(Number(values.layers)));
   const source = await openTensorSource(path);
@@ -96,13 +102,22 @@ export async function run(args: string[]): Promise<unknown> {
   const be = new CpuBackend();
   await be.load(source, { start: 0, end: cfg.nLayer });
   timeBare(llama, prompt.slice(0, 4), 2, threads);
-  await timeCpu(be, prompt.slice(0, 4), 2, 'warm');
+  await timeStage(be, prompt.slice(0, 4), 2, 'warm');
   let cpu: Speed = { prompt_tok_s: 0, decode_tok_s: 0 };
   let ref: Speed = { prompt_tok_s: 0, decode_tok_s: 0 };
   const best = (a: Speed, b: Speed): Speed => ({ prompt_tok_s: Math.max(a.prompt_tok_s, b.prompt_tok_s), decode_tok_s: Math.max(a.decode_tok_s, b.decode_tok_s) });
   for (let i = 0; i < REPEATS; i++) {
     ref = best(ref, timeBare(llama, prompt, n, threads));
-    cpu = best(cpu, await timeCpu(be, prompt, n, `run${i}`));
+    cpu = best(cpu, await timeStage(be, prompt, n, `run${i}`));
+  }
+  let webgpu: Record<string, unknown> | undefined;
+  if (values.webgpu) {
+    const gpu = await createNodeWebGpuBackend();
+    await gpu.load(source, { start: 0, end: cfg.nLayer });
+    await timeStage(gpu, prompt.slice(0, 4), 2, 'warm');
+    const s = await timeStage(gpu, prompt, n, 'gpu');
+    webgpu = { adapter: `${gpu.adapter.vendor} ${gpu.adapter.architecture} ${gpu.adapter.description}`.trim(), software: gpu.adapter.isFallbackAdapter, ...s, ratio_to_llamacpp: { prompt: Number((s.prompt_tok_s / ref.prompt_tok_s).toPrecision(2)), decode: Number((s.decode_tok_s / ref.decode_tok_s).toPrecision(2)) } };
+    await gpu.dispose();
   }
   // the state one session holds on this model after the run's prompt and decode
   await be.openSession('mem', { contextLength: prompt.length + n });
@@ -120,6 +135,7 @@ export async function run(args: string[]): Promise<unknown> {
     decode_weight_bytes_per_token: Math.round(bytes),
     llamacpp: { ...ref, decode_GB_s: round((bytes * ref.decode_tok_s) / 1e9) },
     cpu_backend: { ...cpu, decode_GB_s: round((bytes * cpu.decode_tok_s) / 1e9), ratio_to_llamacpp: { prompt: round(cpu.prompt_tok_s / ref.prompt_tok_s), decode: round(cpu.decode_tok_s / ref.decode_tok_s) } },
+    ...(webgpu ? { webgpu_backend: webgpu } : {}),
     session_memory_this_model: { kv_bytes: stats.kvBytes, recurrent_bytes: stats.recurrentBytes ?? 0 },
     session_memory_real_shapes: stateAtRealShapes(),
   };

@@ -12,18 +12,18 @@ struct Params {
   kernel: u32,   // conv width K
   channels: u32, // conv channels: 2·n_k·d + n_v·d
   eps: f32,      // L2-norm floor
-  _pad: u32,
+  tok: u32,      // token of the batch: its row of `inputs` and of `out`
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> inputs: array<f32>;           // [channels | n_v | n_v] q|k|v before the conv, g, β
+@group(0) @binding(1) var<storage, read> inputs: array<f32>;           // per token [channels | n_v | n_v] q|k|v before the conv, g, β
 @group(0) @binding(2) var<storage, read> taps: array<f32>;             // [channels × K] ssm_conv1d
 @group(0) @binding(3) var<storage, read_write> conv: array<f32>;       // [(K − 1 + CHUNK) × channels] conv inputs
 @group(0) @binding(4) var<storage, read> s0: array<f32>;               // [n_v × d × d] s[j·d + i] = S[i][j]
 @group(0) @binding(5) var<storage, read_write> krows: array<f32>;      // [CHUNK × n_k × d] normed keys
 @group(0) @binding(6) var<storage, read_write> vp: array<f32>;         // [CHUNK × n_v × d] V' rows
 @group(0) @binding(7) var<storage, read_write> gc: array<f32>;         // [CHUNK × n_v] cumulative log-decay
-@group(0) @binding(8) var<storage, read_write> out: array<f32>;        // [n_v × d] o_t
+@group(0) @binding(8) var<storage, read_write> out: array<f32>;        // per token [n_v × d] o_t
 
 const WG: u32 = 256u;
 const CHUNK: u32 = 32u;
@@ -49,15 +49,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let d = p.d;
   let kd = p.n_k * d;
   let live = j < d;
+  let at = p.tok * (p.channels + 2u * p.n_v); // this token's inputs
   // this token's conv inputs (rows of a shared q/k head are written alike by each of its v heads)
   let cq = hk * d + j;
   let ck = kd + hk * d + j;
   let cv = 2u * kd + h * d + j;
   if (live) {
     let row = (p.kernel - 1u + p.t) * p.channels;
-    conv[row + cq] = inputs[cq];
-    conv[row + ck] = inputs[ck];
-    conv[row + cv] = inputs[cv];
+    conv[row + cq] = inputs[at + cq];
+    conv[row + ck] = inputs[at + ck];
+    conv[row + cv] = inputs[at + cv];
   }
   storageBarrier();
   var qj = 0.0;
@@ -86,8 +87,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     k[j] = kj;
     krows[(p.t * p.n_k + hk) * d + j] = kj;
   }
-  let g = inputs[p.channels + h];
-  let beta = inputs[p.channels + p.n_v + h];
+  let g = inputs[at + p.channels + h];
+  let beta = inputs[at + p.channels + p.n_v + h];
   let G = select(0.0, gc[(p.t - 1u) * p.n_v + h], p.t > 0u) + g;
   workgroupBarrier();
   // invocation r ≤ t: A_tr = β (k·k_r) e^{G − G_r} and (q·k_r) e^{G − G_r}, k_t = this token's key
@@ -128,5 +129,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (j == 0u) {
     gc[p.t * p.n_v + h] = G;
   }
-  out[h * d + j] = o / sqrt(f32(d));
+  out[(p.tok * p.n_v + h) * d + j] = o / sqrt(f32(d));
 }

@@ -1,6 +1,7 @@
 // The mixture-of-experts output: out[t, d] = Σ_j weights[t, j] · y[t·k + j, d], each product
 // rounded and added in top-k order as ggml's mul and adds do. `with_shared` also adds qwen2moe's
-// shared expert times its gate, sigmoid taken as silu(g) / g like llama.cpp.
+// shared expert times its gate, sigmoid taken as silu(g) / g like llama.cpp; `with_sigmoid_shared`
+// takes it as a plain sigmoid, as qwen35moe's graph does (ggml_sigmoid).
 
 struct Params {
   n_tokens: u32,
@@ -45,6 +46,16 @@ fn with_shared(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     let t = i / p.n_embd;
     let g = sh_gate[t];
     let gate = (g / (1.0 + exp(-g))) / g;
+    out[i] = routed(t, i % p.n_embd) + sh[i] * gate;
+  }
+}
+
+@compute @workgroup_size(WG)
+fn with_sigmoid_shared(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let i = index(wid, lid);
+  if (i < p.n_tokens * p.n_embd) {
+    let t = i / p.n_embd;
+    let gate = 1.0 / (1.0 + exp(-sh_gate[t]));
     out[i] = routed(t, i % p.n_embd) + sh[i] * gate;
   }
 }

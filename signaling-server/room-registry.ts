@@ -24,6 +24,7 @@ import type { RelayLedger } from './browser-peers.ts';
 import { FetchLog, PinnedFile } from './model-host.ts';
 import { Room } from './room.ts';
 import { iceServersMinting } from './turn.ts';
+import type { StagePolicy } from './stage-policy.ts';
 import type { Route, RoomOptions } from './room.ts';
 
 export interface RoomRegistryOptions extends CredentialOptions {
@@ -47,6 +48,8 @@ export interface RoomRegistryOptions extends CredentialOptions {
   standby?: boolean;
   /** which planner plans routes (room.ts) */
   planner?: 'speed' | 'memory';
+  /** who may be a stage: a minimum stay and memory (stage-policy.ts; default: anyone, at once) */
+  stagePolicy?: StagePolicy;
   /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
   heartbeatMs?: number;
   /** a peer silent this long is lost (ms, default 3.5 s) */
@@ -162,6 +165,7 @@ export class RoomRegistry {
         ...(this.opts.standby === false ? { standby: false } : {}),
         ...(this.opts.publicRoom ? { publicRoom: this.opts.publicRoom } : {}),
         ...(this.opts.planner ? { planner: this.opts.planner } : {}),
+        ...(this.opts.stagePolicy ? { stagePolicy: this.opts.stagePolicy } : {}),
       },
     );
     this.rooms.push(room);

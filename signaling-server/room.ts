@@ -8,6 +8,7 @@
 import { randomBytes } from 'node:crypto';
 import type WebSocket from 'ws';
 import { MeshError } from '../src/errors.ts';
+import { shardBytes } from '../src/backends/shard.ts';
 import type { ShardRange } from '../src/gguf/types.ts';
 import type { GgufHeader } from '../src/gguf/types.ts';
 import type { PlannerPeer } from '../src/route/planner.ts';
@@ -23,10 +24,15 @@ import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
 import { FrameType, makeFrame } from '../src/protocol/frame.ts';
 import { deliverReturn } from './token-return.ts';
+import { MEMORY_FAILURE_CODES, memoryLowered, noteMemoryFailure, plannedMemory } from './peer-memory.ts';
 import { RouteKeeper } from './route-repair.ts';
 import { Route } from './room-route.ts';
 import { choosePlan } from './plan-choice.ts';
 import type { PlannerKind, SpeedFacts } from './plan-choice.ts';
+import { shardSources } from './shard-sources.ts';
+import { OPEN_POLICY, stageCandidates } from './stage-policy.ts';
+import type { StagePolicy } from './stage-policy.ts';
+import type { RepairState } from './route-repair.ts';
 
 export { Route } from './room-route.ts';
 export type { RouteStage, RouteStatus } from './room-route.ts';
@@ -55,6 +61,8 @@ export interface Peer {
   trusted?: boolean;
   /** the control socket's round trip (ms), smoothed over heartbeats */
   rttMs?: number;
+  /** bytes of the smallest shard that failed here for want of memory (peer-memory.ts) */
+  memoryFailedBytes?: number;
 }
 
 export interface ModelArtifact {
@@ -94,6 +102,8 @@ export interface RoomOptions {
   publicRoom?: PublicRoomOptions;
   /** 'memory' (default): in proportion to memory, in join order; 'speed': by measured speed and round trips where every peer reports a speed */
   planner?: PlannerKind;
+  /** who may be a stage (stage-policy.ts; default: every peer, at once) */
+  stagePolicy?: StagePolicy;
 }
 
 export class Room {
@@ -185,6 +195,11 @@ export class Room {
     peer.gone = true;
     this.peers.delete(peer.id);
     this.log(`peer ${peer.id} left: ${why}`);
+    this.stageGone(peer, why);
+  }
+
+  /** `peer` can no longer serve its stage (it left, or its device was lost): repair the route, or degrade and replan. */
+  stageGone(peer: Peer, why: string): void {
     this.loseStage(peer, 'left', why);
     this.schedulePlan();
   }
@@ -226,6 +241,11 @@ export class Room {
     void this.opts.sessions.stageLost(r.id, st.stage, 'left gracefully (its sessions move to a replacement)', { peerId: peer.id, repairing: true });
   }
 
+  /** Bytes of tensor data shard `range` of this room's model needs. */
+  shardBytes(range: ShardRange): number {
+    return shardBytes(this.model.header, range, this.model.nLayer);
+  }
+
   /** Tells a leaving peer it may go (`moved`: its stage is served elsewhere). */
   leaveDone(peerId: string, moved: boolean): void {
     const p = this.peers.get(peerId);
@@ -252,6 +272,7 @@ export class Room {
     if (msg.t === 'hello') return;
     if (msg.t === 'check') return this.publicRoom?.onReport(peer, msg);
     if (msg.t === 'leave') return this.peerLeaving(peer);
+    if (msg.t === 'memory') return memoryLowered(this, peer, msg);
     if (msg.t === 'standby-ready' || msg.t === 'standby-failed') return this.keeper.onStandby(peer, msg.t === 'standby-ready', msg.t === 'standby-failed' ? `${msg.code} ${msg.message}` : '');
     const r = this.route;
     if (!r || msg.routeId !== r.id) return;
@@ -279,10 +300,14 @@ export class Room {
       this.emit({ type: 'stage_loading', routeId: r.id, stage: st.stage, bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal });
     } else if (msg.t === 'load-failed') {
       if (/HASH_MISMATCH/.test(msg.code)) peer.excluded = `${msg.code}: ${msg.message}`;
+      const memory = MEMORY_FAILURE_CODES.has(msg.code);
+      if (memory) noteMemoryFailure(peer, this.shardBytes(st.shard));
       if (replacing) return this.keeper.replacementFailed(r, peer, `${msg.code} ${msg.message}`);
       st.status = 'failed';
       st.error = { code: msg.code, message: msg.message };
       r.setStatus('degraded', `stage ${st.stage} (${peer.id}) failed to load: ${msg.code} ${msg.message}`);
+      // the shard did not fit: plan again now, with less on this peer (never the same range)
+      if (memory) this.schedulePlan();
     }
   }
 
@@ -318,7 +343,7 @@ export class Room {
     const nextHello = next ? this.peers.get(next.peerId)?.hello : undefined;
     const upstreamPeer = r.stages[stage - 1]?.peerId ?? null;
     const check = stage === 0 ? this.publicRoom?.checkShard(r) : null;
-    this.send(peer, { t: 'assign', routeId: r.id, stage, shard: { ...st.shard }, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), ...this.downstreamOf(next?.peerId ?? null, nextHello), upstreamPeer, ...(check ? { check } : {}) });
+    this.send(peer, { t: 'assign', routeId: r.id, stage, shard: { ...st.shard }, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), ...this.downstreamOf(next?.peerId ?? null, nextHello), upstreamPeer, sources: shardSources(this, peer, st.shard), ...(check ? { check } : {}) });
   }
 
   /** How a stage reaches peer `peerId` as its next stage: its listen address, and whether it answers data channels (tabs always do; a native node says so in its hello). */
@@ -345,7 +370,7 @@ export class Room {
   plan(): void {
     const current = this.route;
     if (current && (current.status === 'ready' || current.status === 'loading' || current.status === 'repairing')) return;
-    const peers = [...this.peers.values()].filter((p) => this.keeper.eligible(p));
+    const peers = stageCandidates(this, this.opts.stagePolicy ?? OPEN_POLICY);
     if (peers.length < this.opts.minPeers) {
       if (current?.status === 'forming') current.reason = `waiting for peers: ${peers.length} of ${this.opts.minPeers}`;
       return;
@@ -354,7 +379,7 @@ export class Room {
     const able = peers.map((p) => ({ p, can: this.servableBy(p) })).filter(({ can }) => can.wholeModel);
     const plannerPeers: Array<PlannerPeer & SpeedFacts> = able.map(({ p, can }) => ({
       id: p.id,
-      memoryBytes: p.hello.memoryBytes,
+      memoryBytes: plannedMemory(p),
       layers: p.hello.layers,
       held: this.heldRangeOf(p),
       serves: can.ranges ? 'ranges' : 'whole-model',
@@ -428,7 +453,7 @@ export class Room {
     const { proof: _proof, t: _t, ...hello } = p.hello;
     const stage = this.route?.stages.find((s) => s.peerId === id);
     const can = this.servableBy(p);
-    return { id, ...hello, rttMs: p.rttMs ?? null, excluded: p.excluded ?? null, trusted: p.trusted === true, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+    return { id, ...hello, rttMs: p.rttMs ?? null, plannedMemoryBytes: plannedMemory(p), excluded: p.excluded ?? null, trusted: p.trusted === true, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
   }
 
   summary(): Record<string, unknown> {

@@ -14,6 +14,8 @@ import { MeshError } from '../src/errors.ts';
 import type { ShardRange } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
 import type { RouteRepair } from '../src/route/sessions.ts';
+import { plannedMemory } from './peer-memory.ts';
+import { shardSources } from './shard-sources.ts';
 import type { Peer, Room, Route } from './room.ts';
 
 export interface RepairOptions {
@@ -42,6 +44,8 @@ interface LostStage {
   warm: boolean;
   /** graceful leave: the leaving peer serves until the replacement is ready */
   graceful: boolean;
+  /** told when a leaving peer goes away before its hand-over is done: its steps in flight will not settle */
+  gone?: () => void;
   phase: 'waiting' | 'loading' | 'rewiring' | 'done';
 }
 
@@ -123,7 +127,7 @@ export class RouteKeeper {
   canServe(p: Peer, shard: ShardRange): boolean {
     const whole = shard.start === 0 && shard.end === this.room.model.nLayer;
     if (p.hello.backend === 'llamacpp' && !whole) return false;
-    return shardBytes(this.room.model.header, shard, this.room.model.nLayer) <= p.hello.memoryBytes;
+    return shardBytes(this.room.model.header, shard, this.room.model.nLayer) <= plannedMemory(p);
   }
 
   /** Peers of the room serving no stage of `r` and taking over none. */
@@ -146,7 +150,7 @@ export class RouteKeeper {
       const pick = fits.find((st) => wanted && st.shard.start === wanted.start && st.shard.end === wanted.end) ?? [...fits].sort((a, b) => count(a.stage) - count(b.stage) || b.stage - a.stage)[0]!;
       this.spares.set(p.id, { peerId: p.id, stage: pick.stage, shard: { ...pick.shard }, status: 'loading' });
       this.room.log(`peer ${p.id}: spare for stage ${pick.stage} (layers ${pick.shard.start}-${pick.shard.end}), loading its standby shard`);
-      this.room.send(p, { t: 'standby', routeId: r.id, stage: pick.stage, shard: { ...pick.shard }, nLayer: this.room.model.nLayer, modelUrl: this.room.modelUrlFor(p) });
+      this.room.send(p, { t: 'standby', routeId: r.id, stage: pick.stage, shard: { ...pick.shard }, nLayer: this.room.model.nLayer, modelUrl: this.room.modelUrlFor(p), sources: shardSources(this.room, p, pick.shard) });
     }
   }
 
@@ -174,15 +178,27 @@ export class RouteKeeper {
       rep.timer.unref();
     }
     const existing = rep.lost.get(stage);
+    let converted = false;
+    let swapped = false;
     if (existing && existing.replacement === lostPeer) {
       // the replacement itself was lost before it was ready: find another
       existing.replacement = null;
       existing.phase = 'waiting';
     } else if (!existing) {
       rep.lost.set(stage, { stage, lostPeer, cause, replacement: null, warm: false, graceful, phase: 'waiting' });
+    } else if (existing.graceful && !graceful && existing.lostPeer === lostPeer) {
+      // a leaving peer gone mid-hand-over (a closed tab that said leave first): a plain repair from here
+      existing.graceful = false;
+      existing.cause = cause;
+      existing.gone?.();
+      converted = true;
+      swapped = existing.phase === 'rewiring' || existing.phase === 'done';
     }
-    if (!graceful) {
-      r.stages[stage]!.status = 'lost';
+    if (!graceful && !swapped) {
+      const st = r.stages[stage]!;
+      const taking = converted && existing!.phase === 'loading' && existing!.replacement ? this.room.peers.get(existing!.replacement) : undefined;
+      if (taking) Object.assign(st, { peerId: taking.id, status: 'loading', listen: taking.hello.listen ?? null });
+      else st.status = 'lost';
       if (firstLoss || r.status === 'ready') r.setStatus('repairing', `stage ${stage} (${lostPeer}) ${graceful ? 'is leaving' : 'lost'}: ${cause}`);
     }
     this.room.emit({ type: 'stage_lost', routeId: r.id, stage, peerId: lostPeer, cause });
@@ -259,7 +275,7 @@ export class RouteKeeper {
     if (l.graceful) {
       // new steps wait from here; the ones in flight finish on the leaving peer
       if (r.status === 'ready') r.setStatus('repairing', `stage ${stage} (${l.lostPeer}) is leaving; ${p.id} takes over`);
-      await this.room.sessions.settled(r.id);
+      await Promise.race([this.room.sessions.settled(r.id), new Promise<void>((resolve) => (l.gone = resolve))]);
       const st = r.stages[stage]!;
       st.peerId = p.id;
       st.listen = p.hello.listen ?? null;

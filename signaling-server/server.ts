@@ -37,6 +37,7 @@ import type { Room } from './room.ts';
 import { RoomRegistry } from './room-registry.ts';
 import type { RoomRegistryOptions } from './room-registry.ts';
 import type { Access, CredentialOptions, Grant } from './access.ts';
+import type { StagePolicy } from './stage-policy.ts';
 import type { ServerTls } from './tls.ts';
 
 export interface SignalingServerOptions extends CredentialOptions {
@@ -64,6 +65,8 @@ export interface SignalingServerOptions extends CredentialOptions {
   standby?: boolean;
   /** 'memory' (default): in proportion to memory; 'speed': the planner that knows speed and round trips, where every peer reports a speed */
   planner?: 'speed' | 'memory';
+  /** who may be a stage: a minimum stay and memory (stage-policy.ts; default: anyone, at once) */
+  stagePolicy?: StagePolicy;
   /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
   heartbeatMs?: number;
   /** a peer silent this long is lost (ms, default 3.5 s) */

@@ -42,7 +42,7 @@ const GGUF = {
 
 const MODEL = {
   BAD_MODEL_METADATA: { status: 500, meaning: 'the metadata describes a model this runtime cannot build a config for' },
-  UNSUPPORTED_ARCHITECTURE: { status: 500, meaning: 'the architecture is not one the engines run (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3), or uses a feature of it they lack (experts on a dense architecture, grouped expert selection)' },
+  UNSUPPORTED_ARCHITECTURE: { status: 500, meaning: 'the architecture is not one the engines run (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma3, phi3, qwen35, qwen35moe), or uses a feature of it they lack (experts on a dense architecture, grouped expert selection)' },
   UNEXPECTED_TENSOR: { status: 500, meaning: 'the file holds a tensor its architecture and block count do not use (llama.cpp refuses such files)' },
   UNSUPPORTED_ROPE_SCALING: { status: 500, meaning: 'the RoPE scaling type is not none, linear, yarn or longrope' },
   TOKENIZER_MISSING: { status: 500, meaning: 'the model has no tokenizer.ggml.model' },

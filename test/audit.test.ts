@@ -229,11 +229,9 @@ describe('qwen35moe (Qwen3.5-35B-A3B / Ornith-35B layout, Q4_K)', () => {
     expect(r.hop_bytes_per_token).toBe(4096);
     expect(r.layer_bytes[0]).toBe(476_406_528);
     expect(r.layer_bytes[3]).toBe(472_213_504);
-    // the CPU reference runs Qwen3.5's blocks (issue 21); the WGSL kernels do not yet
+    // the CPU reference and the WGSL kernels both run Qwen3.5's blocks (issue 21)
     expect(r.backends.cpu.missing_ops).toEqual([]);
-    expect(r.backends.webgpu.missing_ops).toEqual(expect.arrayContaining(['gated_deltanet', 'recurrent_state', 'attn_output_gate']));
-    expect(r.backends.webgpu.missing_ops).not.toContain('moe_expert_matmul'); // the qwen3moe experts run
-    expect(r.backends.webgpu.missing_ops).not.toContain('qk_norm'); // qwen3 already has it
+    expect(r.backends.webgpu.missing_ops).toEqual([]);
   });
 
   it('fits 2 × 16 GiB peers but not one 24 GiB peer', () => {

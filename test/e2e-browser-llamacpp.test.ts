@@ -8,7 +8,7 @@ import type { ViteDevServer } from 'vite';
 import type { LlamaModel } from 'node-llama-cpp';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { HttpLink } from '../src/transport/http.ts';
-import { closeBrowserTest, launchChromium, peerState, startPeerPage, waitForPeerState } from './support/browser-route.ts';
+import { closeBrowserTest, joinTab, launchChromium, peerState, startPeerPage } from './support/browser-route.ts';
 import { greedyGenerate, loadModel } from './support/llama.ts';
 import { getJson, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
@@ -37,11 +37,9 @@ describe('a browser tab and a llama.cpp node', () => {
     const expected = await greedyGenerate(llamaModel, STORIES_PROMPT_TOKENS, N);
     const serve = await spawnServe(model, ['--min-peers', '2']);
     try {
-      context = await browser.newContext();
-      const page = await context.newPage();
-      page.on('console', (m) => m.type() === 'error' && console.log(`[tab] ${m.text()}`));
-      await page.goto(`${pageBase}#${new URLSearchParams({ join: serve.joinUrl, name: 'tab', memory: String(1 << 30) })}`);
-      await waitForPeerState(page, (s) => s.status === 'idle' || s.status === 'ready', 'tab joined');
+      const tab = await joinTab(browser, pageBase, serve.joinUrl);
+      context = tab.context;
+      const page = tab.page;
       await spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'llamacpp', '--memory', '1GiB', '--name', 'llama']).waitFor(/joined room/);
       const route = await waitForRoute(serve, 'ready', 90_000);
       expect(route.stages.map((s: any) => s.peer.backend)).toEqual(['webgpu', 'llamacpp']);

@@ -21,14 +21,13 @@ import { readHeader } from '../src/gguf/parse.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { HttpLink } from '../src/transport/http.ts';
-import { buildManifest, manifestJson } from '../src/gguf/manifest.ts';
+import { manifestJson } from '../src/gguf/manifest.ts';
 import type { Manifest } from '../src/gguf/verify.ts';
 import { shardTensors } from '../src/gguf/verify.ts';
-import { closeBrowserTest, launchChromium, peerState, startPeerPage, waitForPeerState } from './support/browser-route.ts';
-import { greedyGenerate, loadModel } from './support/llama.ts';
+import { closeBrowserTest, launchChromium, peerState, startPeerPage, storiesOracle, waitForPeerState } from './support/browser-route.ts';
 import { getJson, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
-import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
+import { STORIES_PROMPT_TOKENS } from './support/models.ts';
 import { streamCompletion } from './support/sse.ts';
 
 const N = 16;
@@ -41,10 +40,7 @@ let pageBase: string;
 let browser: Browser;
 
 beforeAll(async () => {
-  modelPath = await stories260K();
-  manifest = await buildManifest(modelPath);
-  llamaModel = await loadModel(modelPath);
-  expected = await greedyGenerate(llamaModel, STORIES_PROMPT_TOKENS, N);
+  ({ modelPath, manifest, llamaModel, expected } = await storiesOracle(N));
   ({ vite, pageBase } = await startPeerPage());
   browser = await launchChromium();
 });

@@ -121,7 +121,7 @@ describe('a LAN of namespaces: serve, two tabs and a native node on four hosts',
     spawnMesh(['node', '--join', joinUrl, '--backend', 'cpu', '--memory', '4GiB', '--name', name, '--listen', `${lab.host('nat').ip}:0`, '--cache-dir', join(scratch, `shards-${name}`)], { prefix: lab.exec('nat', []) });
 
   beforeAll(async () => {
-    lab = await NetLab.create({ lan: ['srv', 'nat', 'tab1', 'tab2', 'cli', 'site', 'emb'] });
+    lab = await NetLab.create({ lan: ['srv', 'nat', 'tab1', 'tab2', 'tab3', 'tab4', 'cli', 'site', 'emb'] });
     served = await serveIn(lab, 'srv', ['--min-peers', '3']);
   });
   afterAll(async () => {
@@ -202,6 +202,36 @@ describe('a LAN of namespaces: serve, two tabs and a native node on four hosts',
       expect(st.telemetry.cache.hit.length).toBeGreaterThan(0);
     }
     expect((await generateIn(lab, 'cli', served.joinUrl)).tokens).toEqual(expected);
+  });
+
+  it('a newcomer whose model hosting is blocked loads its standby shard from a tab on another host over WebRTC; that tab\'s panel thanks it', async () => {
+    const route = await readyRoute(tab1, served);
+    // the first spare takes the last stage's shard (the native node's: no tab holds it), the second the tab-served stage 1's
+    browsers.push(await launchInHost(lab, 'tab3', [served.ca]), await launchInHost(lab, 'tab4', [served.ca]));
+    const spares = async (): Promise<any[]> => (await api(tab1, served, `/v1/routes/${route.id}`)).spares;
+    await openRoomPage(browsers.at(-2)!, served.joinUrl, 'tab3');
+    const deadline = Date.now() + 60_000;
+    while (!(await spares()).some((s) => s.status === 'ready') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200));
+    const context = await browsers.at(-1)!.browser.newContext();
+    let blocked = 0;
+    await context.route(/\/models\/[^/]+\.gguf/, (r) => (blocked++, r.abort('blockedbyclient')));
+    const page = await context.newPage();
+    await page.goto(served.joinUrl);
+    let spare: any;
+    while (Date.now() < deadline) {
+      spare = (await spares()).find((s) => s.stage === 1);
+      if (spare?.status === 'ready' || spare?.status === 'failed') break;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    expect(spare?.status).toBe('ready');
+    expect(blocked).toBe(0);
+    const fetches = (await api(tab1, served, `/v1/models/stories260K/fetches`)).clients;
+    expect(fetches[spare.peerId]).toBeUndefined();
+    const source = route.stages[1].peerId.startsWith('tab-') ? [tab1, tab2] : [];
+    const thanks = await Promise.all(source.map((t) => t.locator('.peer-view .thanks').textContent()));
+    expect(thanks.some((t) => /Thank you for helping: this tab sent [\d.]+ \w+ of the model/.test(t ?? ''))).toBe(true);
+    console.log(`[lan p2p] ${spare.peerId} holds layers ${spare.shard.start}-${spare.shard.end} with 0 bytes from the server; ${thanks.filter(Boolean).join(' ')}`);
+    await context.close();
   });
 
   it('the landing page offers the CA certificate and its fingerprint; plain HTTP beyond loopback needs --insecure-http and leaves tabs without WebGPU', async () => {

@@ -108,6 +108,11 @@ describe('web app: room, peers, route, chat', () => {
     await expect.poll(() => a.page.locator('.route-picture svg g.stage-ready').count(), { timeout: 10_000 }).toBe(3);
     await pages[1]!.locator('.peer-view').screenshot({ path: artifactPath('ui-peer.png') });
     expect(await pages[1]!.locator('.peer-view [role=progressbar]').getAttribute('aria-valuenow')).toBe('100');
+    // the budget was measured (no budget typed in), and the cache's storage is described
+    const facts = await pages[1]!.locator('.peer-view .facts').innerText();
+    expect(facts).toMatch(/Memory budget\s+[\d.]+ \w+ \(measured: held [\d.]+ \w+, stopped by/);
+    expect(facts).toMatch(/Storage\s+(persistent|not persistent)[^\n]* of [\d.]+ \w+ used/);
+    expect(facts).toMatch(/Awake\s+screen kept awake while serving/);
 
     // sampler settings, then the chat by keyboard only: Tab to the message box, Enter sends
     await a.page.getByText('Sampler settings').click();

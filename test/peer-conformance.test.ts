@@ -3,7 +3,8 @@
 // written from docs/protocol.md). Each serves stories260K alone; the test speaks raw frames to
 // its /v1/frames WebSocket and binary HTTP paths — malformed frames and fragments, unknown
 // sessions, refused steps, a whole session — and expects the answers docs/protocol.md gives
-// ("Strict decoding", "Fragments", "A stage"), identical for both. A tampered shard is refused
+// ("Strict decoding", "Fragments", "A stage"; the API's SessionOpen tokens/logprobs, wide Token frames
+// and Rewind's sampler/logprobs/tokens/from), identical for both. A tampered shard is refused
 // by both with TENSOR_HASH_MISMATCH naming the tensor, after one re-fetch.
 import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -16,7 +17,7 @@ import { DType, encodeFrame, FrameFlag, FrameType, makeFrame } from '../src/prot
 import type { Frame } from '../src/protocol/frame.ts';
 import { fragment } from '../src/protocol/fragment.ts';
 import { decodeFrame } from '../src/protocol/frame.ts';
-import { decodeJson, hiddenFrame, jsonFrame, payloadBody, repairFrame, tokensFrame } from '../src/protocol/payload.ts';
+import { decodeJson, decodeSampled, hiddenFrame, jsonFrame, repairFrame, sampledFrame, tokensFrame } from '../src/protocol/payload.ts';
 import { newSessionId } from '../src/protocol/session.ts';
 import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
@@ -84,7 +85,13 @@ function summary(f: Frame): unknown {
     const { backend, timing, ...rest } = decodeJson<Record<string, unknown>>(f.payload);
     return { status: rest, ...(backend !== undefined ? { backend: typeof backend } : {}), ...(timing ? { timing: Object.keys(timing as object).sort() } : {}), seq: f.seq };
   }
-  if (f.type === FrameType.Token) return { token: new Int32Array(payloadBody(f).slice().buffer)[0], position: f.position, seq: f.seq };
+  if (f.type === FrameType.Token) {
+    // log-probabilities to 2 decimals: the two implementations' logits differ in their last bits
+    const { token, logprob } = decodeSampled(f);
+    const round = (x: number) => Math.round(x * 100) / 100;
+    const lp = logprob ? { width: f.width, logprob: round(logprob.logprob), top: logprob.top.map((t) => [t.token, round(t.logprob)]) } : {};
+    return { token, ...lp, position: f.position, seq: f.seq };
+  }
   return { type: FrameType[f.type], seq: f.seq };
 }
 
@@ -97,6 +104,7 @@ function patched(f: Frame, ...changes: Array<[number, number]>): Uint8Array {
 
 const TIMING_KEYS = ['bytesIn', 'bytesOut', 'computeMs', 'downstreamMs', 'overheadMs', 'stage', 'steps'];
 const SID = 'c0ffee00' + '0'.repeat(23) + '1';
+const SID2 = 'c0ffee00' + '0'.repeat(23) + '2';
 const at = (seq: number, sessionId = SID) => ({ routeId: 1, sessionId, seq });
 
 /** The probes, in order (a session is opened, stepped and closed along the way), each with its reply. */
@@ -165,6 +173,28 @@ async function frameProbes(sock: RawSocket): Promise<Record<string, unknown>> {
   await probe('status, a bad hash query', encodeFrame(jsonFrame(FrameType.Status, at(61), { sentHashes: [0] })));
   await probe('close', encodeFrame(makeFrame({ type: FrameType.SessionClose, ...at(62) })));
   await probe('decode after close', encodeFrame(tokensFrame(FrameType.Decode, at(39), 6, [1])));
+  // the API's session fields (docs/protocol.md: SessionOpen tokens/logprobs, the wide Token frame, Rewind's sampler/logprobs/tokens/from)
+  const at2 = (seq: number) => at(seq, SID2);
+  const wide = sampledFrame(at2(70), 0, 5, { token: 5, logprob: -1.5, top: [{ token: 5, logprob: -1.5 }] });
+  await probe('a token frame with logprobs', encodeFrame(wide));
+  await probe('a token frame of width 3', patched(wide, [44, 3]));
+  // a negative presence penalty of -100 lifts every token of the history above the rest: the greedy pick shows which history the stage holds
+  const penalties = { frequencyPenalty: 0.5, presencePenalty: -100 };
+  await probe('open, a bad sampler', encodeFrame(jsonFrame(FrameType.SessionOpen, at2(71), { contextLength: 8, sampler: { topP: 0 } })));
+  await probe('open, tokens not ids', encodeFrame(jsonFrame(FrameType.SessionOpen, at2(82), { contextLength: 8, tokens: [1, -2] })));
+  await probe('open with tokens and logprobs', encodeFrame(jsonFrame(FrameType.SessionOpen, at2(72), { contextLength: 8, sampler: penalties, tokens: STORIES_PROMPT_TOKENS, logprobs: 2 })));
+  await probe('prefill, sampled, penalised, logprobs', encodeFrame(tokensFrame(FrameType.Prefill, at2(73), 0, STORIES_PROMPT_TOKENS, FrameFlag.Sample)));
+  await probe('decode, penalised, logprobs', encodeFrame(tokensFrame(FrameType.Decode, at2(74), 5, [432])));
+  const rewind2 = (seq: number, pos: number, body: unknown) => encodeFrame(repairFrame(FrameType.Rewind, at2(seq), pos, body));
+  await probe('rewind, a bad sampler', rewind2(75, 5, { draws: 0, sampler: { temperature: -1 } }));
+  await probe('rewind, from not a count', rewind2(83, 5, { draws: 0, tokens: [1], from: 'x' }));
+  await probe('status after the refused rewind', encodeFrame(makeFrame({ type: FrameType.Status, ...at2(76) })));
+  await probe('rewind to a new turn: greedy, no logprobs', rewind2(77, 5, { draws: 0, sampler: { temperature: 0 }, logprobs: null }));
+  await probe('decode in the new turn', encodeFrame(tokensFrame(FrameType.Decode, at2(78), 5, [432])));
+  // the penalties' history: position 0 kept, the rest given again from 1 (as 432s): only tokens 1 and 432 are lifted now
+  await probe('rewind with tokens from 1', rewind2(79, 5, { draws: 0, sampler: { presencePenalty: -100 }, logprobs: 0, tokens: [432, 432, 432, 432], from: 1 }));
+  await probe('decode with the rewound history', encodeFrame(tokensFrame(FrameType.Decode, at2(80), 5, [432])));
+  await probe('close the second session', encodeFrame(makeFrame({ type: FrameType.SessionClose, ...at2(81) })));
   return out;
 }
 
@@ -219,6 +249,27 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
     const stageErr = (seq: number, code: string, details?: Record<string, unknown>) => ({ error: code, stage: 0, ...(details ? { details } : {}), seq, reply: true });
     const shard = { start: 0, end: 5 };
     const kv = 2 * 5 * 8 * 4 * 8 * 4; // K and V, 5 layers, 8 positions, 4 KV heads × 8 dims, f32
+    // [1, 403, 407, 261, 378] is the prompt; logprobs are of the raw logits, whatever the penalties picked
+    const apiAnswers = {
+      'a token frame with logprobs': stageErr(70, 'FRAME_BAD_TYPE', { field: 'type' }),
+      'a token frame of width 3': bad('FRAME_BAD_DIMENSION', 'width'),
+      'open, a bad sampler': stageErr(71, 'BAD_SAMPLER_OPTION'),
+      'open, tokens not ids': stageErr(82, 'BAD_REQUEST', { field: 'tokens.1' }),
+      // the refused opens left nothing behind: the same session id opens
+      'open with tokens and logprobs': { status: { stage: 0, state: 'open', position: 0 }, seq: 72 },
+      // llama.cpp's greedy 432 is the top alternative; the lifted history picks the prompt's 378
+      'prefill, sampled, penalised, logprobs': { token: 378, width: 6, logprob: -9.59, top: [[432, -0.03], [383, -3.55]], position: 5, seq: 73 },
+      // 378 is in the history twice now (the prompt's and the one sampled at 5): the frequency penalty takes 261
+      'decode, penalised, logprobs': { token: 261, width: 6, logprob: -4.53, top: [[383, -0.07], [322, -2.98]], position: 6, seq: 74 },
+      'rewind, a bad sampler': stageErr(75, 'BAD_SAMPLER_OPTION'),
+      'rewind, from not a count': stageErr(83, 'BAD_REQUEST', { field: 'from' }),
+      'status after the refused rewind': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6], replayLogBytes: 0 }, backend: 'string', timing: TIMING_KEYS, seq: 76 },
+      'rewind to a new turn: greedy, no logprobs': { status: { stage: 0, position: 5 }, seq: 77 },
+      'decode in the new turn': { token: 383, position: 6, seq: 78 },
+      'rewind with tokens from 1': { status: { stage: 0, position: 5 }, seq: 79 },
+      'decode with the rewound history': { token: 432, width: 2, logprob: -8.88, top: [], position: 6, seq: 80 },
+      'close the second session': { status: { stage: 0, state: 'closed' }, seq: 81 },
+    };
     expect(frames).toEqual({
       garbage: bad('FRAME_BAD_MAGIC', 'magic'),
       'short header': bad('FRAME_TRUNCATED', 'header'),
@@ -273,6 +324,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'status, a bad hash query': stageErr(61, 'BAD_REQUEST', { field: 'sentHashes.1' }),
       close: { status: { stage: 0, state: 'closed' }, seq: 62 },
       'decode after close': stageErr(39, 'SESSION_UNKNOWN', { field: 'session id' }),
+      ...apiAnswers,
     });
     expect(http).toEqual({
       'POST garbage': { http: 400, ...bad('FRAME_BAD_MAGIC', 'magic') },

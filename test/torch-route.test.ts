@@ -8,6 +8,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { LlamaModel } from 'node-llama-cpp';
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
+import { Sampler, tokenLogprob } from '../src/model/sampler.ts';
+import type { SamplerOptions } from '../src/model/sampler.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { joinRoom } from '../src/route/remote.ts';
 import type { JoinedRoom } from '../src/route/remote.ts';
@@ -128,6 +130,35 @@ describe('stories260K on two PyTorch peers', () => {
     }
     await c.close();
     expect(tokens).toEqual(expected);
+  });
+
+  it("seeded sampling with penalties and logit bias on the torch last stage picks what the TypeScript sampler picks from the route's own logits, with the same log-probabilities", async () => {
+    const settings: SamplerOptions = { temperature: 0.9, topK: 40, topP: 0.95, minP: 0.02, repeatPenalty: 1.2, frequencyPenalty: 0.3, presencePenalty: 0.2, repeatLastN: 16, logitBias: { '432': -2 }, seed: 4321 };
+    const n = 40;
+    const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: 64, sampler: settings, tokens: STORIES_PROMPT_TOKENS, logprobs: 3 });
+    const sampled = [await c.prefill(STORIES_PROMPT_TOKENS)];
+    const lps = [c.lastLogprob];
+    while (sampled.length < n) {
+      sampled.push(await c.decode(sampled.at(-1)!));
+      lps.push(c.lastLogprob);
+    }
+    await c.close();
+    // the same positions' logits from the route, sampled here
+    const ours = new Sampler(settings);
+    const history = [...STORIES_PROMPT_TOKENS];
+    const l = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: 64 });
+    let logits = await l.logits(STORIES_PROMPT_TOKENS);
+    for (let i = 0; i < n; i++) {
+      const t = ours.sample(logits, history);
+      expect(t, `token ${i}`).toBe(sampled[i]);
+      const lp = tokenLogprob(logits, t, 3);
+      expect(lps[i]!.logprob).toBe(Math.fround(lp.logprob));
+      expect(lps[i]!.top).toEqual(lp.top.map((x) => ({ token: x.token, logprob: Math.fround(x.logprob) })));
+      history.push(t);
+      if (i < n - 1) logits = await l.logits([t]);
+    }
+    await l.close();
+    expect(new Set(sampled).size).toBeGreaterThan(10); // it sampled, not a greedy loop
   });
 });
 

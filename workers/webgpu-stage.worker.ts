@@ -49,6 +49,7 @@ const api: WorkerApi = {
     const buffer = (out.kind === 'logits' ? out.logits : out.hidden).buffer as ArrayBuffer;
     return Comlink.transfer(r, [buffer]);
   },
+  whenLost: (): Promise<WireResult<string>> => wrap(() => current().lostReason),
   bufferStats: (): Promise<WireResult<BufferStats>> => wrap(() => (!stage && disposedStats ? disposedStats : current().bufferStats())),
   dispose: (): Promise<WireResult<void>> =>
     wrap(async () => {

@@ -5,6 +5,7 @@
 // f16 activations unless a model keeps state in f32 (recurrent state), as llama.cpp does.
 
 import { deltaLayerBytes } from '../backends/cpu/delta-chunk.ts';
+import { gpuDeltaLayerBytes } from '../backends/webgpu/delta-net.ts';
 import { MeshError } from '../errors.ts';
 import { architectureOf, metadataNumber, requiredNumber } from '../gguf/metadata.ts';
 import { isEmbeddingTensor, isExpertTensor, layerOfTensor } from '../gguf/summary.ts';
@@ -274,9 +275,9 @@ const qwen35Shape: ShapeFn = (g, md, k) => {
     g.fixedStateBytes[i] = stateBytes;
   }
   g.notes.push(`${nRecurrent} Gated DeltaNet blocks keep ${stateBytes} B of f32 state per session each; the rest attend`);
-  // the CPU reference also keeps the current chunk's rows (rewinds within it, batch-invariant replays)
-  const cpuBytes = deltaLayerBytes({ convKernel: dConv, headDim: dState, nKHeads, nVHeads, convChannels: convDim });
-  g.notes.push(`the CPU reference holds ${cpuBytes} B per DeltaNet block per session (the state plus its current chunk's rows), up to twice that with a rewind checkpoint`);
+  // the CPU reference and the WebGPU stage also keep the current chunk's rows (rewinds within it, batch-invariant replays)
+  const la = { convKernel: dConv, headDim: dState, nKHeads, nVHeads, convChannels: convDim };
+  g.notes.push(`the CPU reference holds ${deltaLayerBytes(la)} B per DeltaNet block per session (the state plus its current chunk's rows; WebGPU ${gpuDeltaLayerBytes(la)} B, its decays in f32), up to twice that with a rewind checkpoint`);
 };
 
 const ARCH_SHAPES: Readonly<Record<string, ShapeFn>> = {

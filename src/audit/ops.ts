@@ -4,7 +4,7 @@
 
 import type { GgmlType } from '../gguf/types.ts';
 import { DEQUANT_TYPES } from '../gguf/dequant.ts';
-import { CPU_ONLY_ARCHITECTURES, SUPPORTED_ARCHITECTURES } from '../model/config.ts';
+import { SUPPORTED_ARCHITECTURES } from '../model/config.ts';
 import { SUPPORTED_WEIGHT_TYPES } from '../backends/webgpu/shader-library.ts';
 import { LLAMACPP_WHOLE_MODEL_ARCHITECTURES } from '../backends/llamacpp/architectures.ts';
 
@@ -110,9 +110,9 @@ const ENGINE_OPS: ReadonlySet<OpId> = new Set<OpId>([
   'geglu', 'post_norms', 'embed_scale', 'query_scale', 'swa_mask', 'fused_qkv', 'fused_gate_up', 'longrope_factors', 'logit_softcap',
 ]);
 export const BACKEND_OPS: Readonly<Record<'cpu' | 'webgpu', ReadonlySet<OpId>>> = {
-  // the CPU reference also runs Qwen3.5's hybrid blocks (text positions: its M-RoPE is a partial NeoX rope)
+  // both also run Qwen3.5's hybrid blocks (text positions: its M-RoPE is a partial NeoX rope)
   cpu: new Set<OpId>([...ENGINE_OPS, ...QWEN35]),
-  webgpu: ENGINE_OPS,
+  webgpu: new Set<OpId>([...ENGINE_OPS, ...QWEN35]),
 };
 
 /**
@@ -121,7 +121,7 @@ export const BACKEND_OPS: Readonly<Record<'cpu' | 'webgpu', ReadonlySet<OpId>>> 
  */
 export const BACKEND_ARCHS: Readonly<Record<BackendId, ReadonlySet<string>>> = {
   cpu: new Set(SUPPORTED_ARCHITECTURES),
-  webgpu: new Set(SUPPORTED_ARCHITECTURES.filter((a) => !CPU_ONLY_ARCHITECTURES.includes(a))),
+  webgpu: new Set(SUPPORTED_ARCHITECTURES),
   // every architecture the bundled llama.cpp generates with (src/backends/llamacpp/architectures.ts)
   llamacpp: new Set(LLAMACPP_WHOLE_MODEL_ARCHITECTURES),
 };

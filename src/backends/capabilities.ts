@@ -4,7 +4,7 @@
 
 import { DEQUANT_TYPES } from '../gguf/dequant.ts';
 import { ggmlTypeName } from '../gguf/traits.ts';
-import { CPU_ONLY_ARCHITECTURES, SUPPORTED_ARCHITECTURES } from '../model/config.ts';
+import { SUPPORTED_ARCHITECTURES } from '../model/config.ts';
 import { ANY } from '../model/serve-capability.ts';
 import type { ServeCapability } from '../model/serve-capability.ts';
 import { LLAMACPP_RANGE_ARCHITECTURES, LLAMACPP_WHOLE_MODEL_ARCHITECTURES } from './llamacpp/architectures.ts';
@@ -12,13 +12,11 @@ import { SUPPORTED_WEIGHT_TYPES } from './webgpu/shader-library.ts';
 
 export type BackendName = 'cpu' | 'webgpu' | 'llamacpp';
 
-// the WGSL kernels have no Gated DeltaNet yet
-const WEBGPU_ARCHITECTURES = SUPPORTED_ARCHITECTURES.filter((a) => !CPU_ONLY_ARCHITECTURES.includes(a));
 
 const CAPABILITIES: Readonly<Record<BackendName, ServeCapability>> = {
-  // the CPU reference and the WGSL kernels read their model through configFromHeader
+  // the CPU reference and the WGSL kernels read their model through configFromHeader (Qwen3.5 included)
   cpu: { rangeArchitectures: [...SUPPORTED_ARCHITECTURES], wholeModelArchitectures: [...SUPPORTED_ARCHITECTURES], weightTypes: DEQUANT_TYPES.map(ggmlTypeName) },
-  webgpu: { rangeArchitectures: [...WEBGPU_ARCHITECTURES], wholeModelArchitectures: [...WEBGPU_ARCHITECTURES], weightTypes: SUPPORTED_WEIGHT_TYPES.map(ggmlTypeName) },
+  webgpu: { rangeArchitectures: [...SUPPORTED_ARCHITECTURES], wholeModelArchitectures: [...SUPPORTED_ARCHITECTURES], weightTypes: SUPPORTED_WEIGHT_TYPES.map(ggmlTypeName) },
   // llama.cpp reads every ggml type; ranges only where the range path is checked (range-stage.ts)
   llamacpp: { rangeArchitectures: [...LLAMACPP_RANGE_ARCHITECTURES], wholeModelArchitectures: [...LLAMACPP_WHOLE_MODEL_ARCHITECTURES], weightTypes: [ANY] },
 };

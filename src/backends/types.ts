@@ -93,6 +93,11 @@ export interface StageBackend {
    */
   forwardRows?(sessionId: string, input: StageInput | HiddenRows, position: number, outDtype: 'f16' | 'f32'): Promise<RowsForwardResult>;
   sessionStats(sessionId: string): SessionStats;
+  /**
+   * Optional: resolves with why the backend's device was lost (a GPU reset, a crashed GPU
+   * process) while it held its shard; never after dispose. The stage cannot compute again.
+   */
+  deviceLost?(): Promise<string>;
   /** free every buffer, worker and session */
   dispose(): Promise<void>;
 }

@@ -3,6 +3,7 @@
 // no shared file.
 
 import { MeshError } from '../errors.ts';
+import { parseByteSize } from '../units.ts';
 
 export interface OptionSpec {
   type: 'string' | 'boolean';
@@ -89,4 +90,13 @@ export function stringOption(args: ParsedArgs, name: string, required = false): 
   }
   if (typeof raw !== 'string') throw new UsageError(`--${name} takes a value`);
   return raw;
+}
+
+/** A size option (`1GiB`, `512MB`, bytes); 0 when absent. */
+export function sizeOption(args: ParsedArgs, name: string): number {
+  const text = stringOption(args, name);
+  if (text === undefined) return 0;
+  const n = parseByteSize(text);
+  if (n === undefined) throw new UsageError(`--${name}: '${text}' is not a size (e.g. 1GiB = 2³⁰ bytes, 2GB = 2·10⁹)`);
+  return n;
 }

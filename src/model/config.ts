@@ -21,9 +21,6 @@ export type Architecture = 'llama' | 'qwen2' | 'qwen3' | 'qwen2moe' | 'qwen3moe'
 
 export const SUPPORTED_ARCHITECTURES: readonly Architecture[] = ['llama', 'qwen2', 'qwen3', 'qwen2moe', 'qwen3moe', 'gemma3', 'phi3', 'qwen35', 'qwen35moe'];
 
-/** Architectures only the CPU reference runs so far (the WGSL backend has no Gated DeltaNet yet). */
-export const CPU_ONLY_ARCHITECTURES: readonly Architecture[] = ['qwen35', 'qwen35moe'];
-
 /** The gated feed-forward's activation: SiLU (SwiGLU) or tanh-GELU (GeGLU, Gemma). */
 export type FfnActivation = 'silu' | 'gelu';
 

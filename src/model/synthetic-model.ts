@@ -154,7 +154,6 @@ export function resolveModelOptions(o: MakeModelOptions): ResolvedModelOptions {
     if (!BPE_PRES.includes(o.pre)) throw badOption(`unknown pre-tokenizer '${o.pre}' (known: ${BPE_PRES.join(', ')})`);
   }
   if (r.tokenizer === 'gpt2') r.pre = o.pre ?? (arch === 'llama' ? 'llama-bpe' : isHybridArch(arch) ? 'qwen35' : 'qwen2');
-  checkHybrid(r);
   if (!ROPE_SCALINGS.includes(r.ropeScaling)) throw badOption(`unknown rope scaling '${String(r.ropeScaling)}' (known: ${ROPE_SCALINGS.join(', ')})`);
   if (!(r.ropeFactor > 0)) throw badOption(`rope-factor must be positive, got ${r.ropeFactor}`);
   if (r.slidingWindow < 0 || !Number.isSafeInteger(r.slidingWindow)) throw badOption(`sliding-window must be an integer >= 0, got ${r.slidingWindow}`);
@@ -165,6 +164,7 @@ export function resolveModelOptions(o: MakeModelOptions): ResolvedModelOptions {
   if (!Number.isSafeInteger(r.seed) || r.seed < 0 || r.seed > 0xffffffff) throw badOption(`seed must be an integer in [0, 2^32), got ${r.seed}`);
   if (o.headDim === undefined && r.embd % r.heads !== 0) throw badOption(`embd ${r.embd} is not divisible by heads ${r.heads} (or give --head-dim)`);
   if (r.headDim % 2 !== 0) throw badOption(`head size ${r.headDim} must be even for RoPE`);
+  checkHybrid(r); // after the head checks: its defaults derive from the head size
   // llama.cpp's qwen2, qwen2moe and phi3 loaders fix attn_q/attn_output at [embd, embd]
   if ((r.arch === 'qwen2' || r.arch === 'qwen2moe' || r.arch === 'phi3') && r.headDim * r.heads !== r.embd) {
     throw badOption(`${r.arch} needs heads × head-dim = embd, got ${r.heads} × ${r.headDim} ≠ ${r.embd}`);

@@ -12,6 +12,7 @@ import { parseJoinUrl } from '../protocol/control.ts';
 import { ShardCache } from '../storage/shard-cache.ts';
 import { indexedDbStore } from '../storage/kv-store.ts';
 import { opfsStore } from '../storage/opfs-store.ts';
+import { requestPersistence } from '../storage/persistence.ts';
 import { BrowserStage, joiningState } from './browser-stage.ts';
 import type { BrowserPeerState } from './browser-stage.ts';
 import { detectCapabilities } from './capabilities.ts';
@@ -30,8 +31,10 @@ export interface BrowserPeerOptions {
   /** the secret, when the link carries none */
   secret?: string;
   name?: string;
-  /** bytes offered for weights (default: from the adapter and navigator.deviceMemory) */
+  /** bytes offered for weights (default: measured, memory-probe.ts) */
   memoryBytes?: number;
+  /** the most the memory probe tries (default: defaultProbeCap) */
+  probeCapBytes?: number;
   /** shard cache (default: one over `storage`); null disables caching */
   cache?: ShardCache | null;
   /** where the default cache keeps slices: IndexedDB (default) or the Origin Private File
@@ -42,6 +45,8 @@ export interface BrowserPeerOptions {
   iceTransportPolicy?: RTCIceTransportPolicy;
   /** how long to wait for a data channel before relaying (ms, default 10 s) */
   rtcTimeoutMs?: number;
+  /** load shard bytes from peers the server names as holding them (default true; false: the server's hosting only) */
+  peerShards?: boolean;
   /** the stage backend (default: WebGPU in a dedicated worker) */
   backend?: () => Promise<StageBackend>;
   /** how often a serving peer reports its frame counters to the server (ms, default 2000) */
@@ -88,7 +93,10 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
   const state = joiningState(roomId);
   const changed = (): void => opts.onState?.(state);
 
-  const caps = await detectCapabilities(opts.memoryBytes);
+  const caps = await detectCapabilities({
+    ...(opts.memoryBytes !== undefined ? { memoryBytes: opts.memoryBytes } : {}),
+    ...(opts.probeCapBytes ? { probeCapBytes: opts.probeCapBytes } : {}),
+  });
   state.capabilities = caps;
   if (caps.backend === 'none') {
     Object.assign(state, { status: 'client-only', reason: caps.reason });
@@ -97,7 +105,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     return { state, leave: async () => true, close: async () => undefined };
   }
 
-  const conn: { control: ControlSocket; stage: BrowserStage } = await joinOnce(opts, { base, roomId, secret, state, changed, log, memoryBytes: caps.memoryBytes, adapter: caps.adapter });
+  const conn: { control: ControlSocket; stage: BrowserStage } = await joinOnce(opts, { base, roomId, secret, state, changed, log, memoryBytes: caps.memoryBytes, adapter: caps.adapter});
   let closing = false;
   // while serving, the server's route summary gets the frame counters every few seconds
   const telemetryTimer = setInterval(() => state.status === 'ready' && conn.stage.fullTelemetry(), opts.telemetryMs ?? 2000);
@@ -113,7 +121,7 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
       if (opts.reconnect === false) break;
       log(`${e.message}; rejoining`);
       try {
-        const next = await rejoin(() => joinOnce(opts, { base, roomId, secret, state, changed, log, memoryBytes: caps.memoryBytes, adapter: caps.adapter }), opts.reconnect ?? {}, () => closing, log);
+        const next = await rejoin(() => joinOnce(opts, { base, roomId, secret, state, changed, log, memoryBytes: caps.memoryBytes, adapter: caps.adapter}), opts.reconnect ?? {}, () => closing, log);
         if (!next) return;
         Object.assign(conn, next);
       } catch (err) {
@@ -159,21 +167,27 @@ async function joinOnce(opts: BrowserPeerOptions, j: JoinContext): Promise<{ con
   // the room's model, its manifest and header (JSON from the server: no model bytes)
   const model = await fetchRoomModel(base, roomId, secret);
   state.artifact = model.manifest.artifact.sha256;
+  state.modelBytes = model.manifest.artifact.size;
   const { cache, held } = await openShardCache(opts, model.manifest, log);
   state.heldUnits = held;
+  if (cache && cache.store.kind !== 'memory') {
+    state.storage = await requestPersistence();
+    log(`shard cache storage: ${state.storage.persisted ? 'persistent' : 'may be evicted by the browser'}${state.storage.quotaBytes !== null ? `; ${state.storage.usageBytes} of ${state.storage.quotaBytes} bytes used` : ''}`);
+  }
   const control = await openControlSocket(base, roomId, (e) => log(`ignored a control message from the server: ${e.message}`));
   const stage = new BrowserStage({
     base, secret, model, control, cache, state, changed, log,
-    backend: opts.backend ?? defaultBackend,
+    backend: opts.backend ?? webGpuBackend,
     ...(opts.iceServers ? { iceServers: opts.iceServers } : {}),
     ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
     ...(opts.rtcTimeoutMs ? { rtcTimeoutMs: opts.rtcTimeoutMs } : {}),
+    ...(opts.peerShards === false ? { peerShards: false } : {}),
   });
   const offer = { backend: 'webgpu', memoryBytes: j.memoryBytes, serves: backendCapability('webgpu'), ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: j.adapter };
   try {
     const welcome = await stage.core.join(offer, control.closed);
     // a server on the internet may announce STUN/TURN servers; on a LAN none are needed
-    if (Array.isArray(welcome.iceServers)) stage.hops.useIceServers(welcome.iceServers as RTCIceServer[]);
+    if (Array.isArray(welcome.iceServers)) stage.useIceServers(welcome.iceServers as RTCIceServer[]);
   } catch (e) {
     control.close();
     await stage.close().catch(() => undefined);
@@ -185,7 +199,7 @@ async function joinOnce(opts: BrowserPeerOptions, j: JoinContext): Promise<{ con
   return { control, stage };
 }
 
-async function defaultBackend(): Promise<StageBackend> {
+async function webGpuBackend(): Promise<StageBackend> {
   const { webGpuBackendInWorker } = await import('../../workers/webgpu-stage.ts');
   return webGpuBackendInWorker();
 }

@@ -4,15 +4,21 @@
 // or the server relay (hops.ts), keeps the state the page shows, and reports telemetry.
 
 import { MeshError } from '../errors.ts';
+import { shardBytes } from '../backends/shard.ts';
 import type { ShardRange, StageBackend } from '../backends/types.ts';
 import type { CandidatePair, HopKind, PeerTelemetry, PipeCounters } from '../protocol/control.ts';
 import { servePipe } from '../transport/webrtc-link.ts';
 import type { ShardCache } from '../storage/shard-cache.ts';
+import { evictedUnits, storageEstimate } from '../storage/persistence.ts';
+import type { StorageStatus } from '../storage/persistence.ts';
 import type { BrowserCapabilities } from './capabilities.ts';
 import type { ControlSocket } from './control-socket.ts';
 import { Hops } from './hops.ts';
 import { modelHeaders, PeerCore, progressGate } from './peer-core.ts';
 import type { Assignment, LoadContext, NextLink, NextStage, RoomModel, ShardLoad } from './peer-core.ts';
+import { budgetAfterFailure } from './memory-probe.ts';
+import { ShardExchange } from './shard-exchange.ts';
+import type { ExchangeCounters } from './shard-exchange.ts';
 import { loadSlice, sliceSource } from './slice-loader.ts';
 import type { LoadedSlice, SliceProgress } from './slice-loader.ts';
 
@@ -25,7 +31,13 @@ export interface BrowserPeerState {
   roomId: string;
   capabilities: BrowserCapabilities | null;
   artifact: string | null;
+  /** bytes of the room's model (all files) */
+  modelBytes: number | null;
   heldUnits: string[];
+  /** the shard cache's storage: persistent or not, quota and usage, units found evicted */
+  storage: StorageStatus | null;
+  /** shard bytes this tab sent to other peers loading them */
+  served: ExchangeCounters;
   routeId: number | null;
   stage: number | null;
   shard: ShardRange | null;
@@ -44,7 +56,7 @@ export interface BrowserPeerState {
 
 export function joiningState(roomId: string): BrowserPeerState {
   return {
-    status: 'joining', reason: null, peerId: null, roomId, capabilities: null, artifact: null, heldUnits: [],
+    status: 'joining', reason: null, peerId: null, roomId, capabilities: null, artifact: null, modelBytes: null, heldUnits: [], storage: null, served: { servedTensors: 0, servedBytes: 0 },
     routeId: null, stage: null, shard: null, progress: null, load: null, error: null,
     hop: null, candidatePair: null, downstreamChannel: null, upstreamChannels: {}, relayed: null, standby: null,
   };
@@ -63,12 +75,20 @@ export interface BrowserStageOptions {
   iceServers?: RTCIceServer[];
   iceTransportPolicy?: RTCIceTransportPolicy;
   rtcTimeoutMs?: number;
+  /** false: ignore the shard sources the server names */
+  peerShards?: boolean;
   log: (line: string) => void;
 }
+
+/** Load failures that mean this tab could not keep the shard: its budget is lowered and the server told. */
+const MEMORY_FAILURES = new Set(['WEBGPU_OUT_OF_MEMORY', 'WEBGPU_DEVICE_LOST']);
 
 export class BrowserStage {
   readonly core: PeerCore;
   readonly hops: Hops;
+  /** shard bytes to and from other peers */
+  readonly exchange: ShardExchange;
+  private iceServers: RTCIceServer[] | undefined;
   /** the only peer whose data channel this stage answers: the assigned previous stage */
   private upstreamPeer: string | null = null;
   private downstreamSeq = 0;
@@ -84,7 +104,10 @@ export class BrowserStage {
       onAssign: (a) => (this.upstreamPeer = a.upstreamPeer ?? null),
       onUpstream: (peerId) => (this.upstreamPeer = peerId),
       onReady: (a) => this.ready(a),
-      onFailed: (_a, err) => this.update({ status: 'failed', error: { code: err.code, message: err.message } }),
+      onFailed: (a, err) => {
+        this.update({ status: 'failed', error: { code: err.code, message: err.message } });
+        if (MEMORY_FAILURES.has(err.code)) void this.lowerBudget(a, err.code, err.message);
+      },
       onRelease: () => this.update({ status: 'idle', routeId: null, stage: null, shard: null, hop: null }),
     });
     servePipe(control.frames, this.core.handle, { smallMessageBytes: control.frames.maxMessageSize });
@@ -98,10 +121,24 @@ export class BrowserStage {
       log: o.log,
     });
     state.upstreamChannels = this.hops.upstreamChannels;
+    this.iceServers = o.iceServers;
+    this.exchange = new ShardExchange({
+      manifest: o.model.manifest,
+      cache: o.cache,
+      sendJson: (m) => control.sendJson(m),
+      iceServers: () => this.iceServers,
+      ...(o.iceTransportPolicy ? { iceTransportPolicy: o.iceTransportPolicy } : {}),
+      ...(o.rtcTimeoutMs ? { timeoutMs: o.rtcTimeoutMs } : {}),
+      onServed: () => o.changed(),
+      log: o.log,
+    });
+    state.served = this.exchange.counters;
     control.onJson((m) => {
       if (this.core.onMessage(m)) return;
-      if (m.t === 'signal') this.hops.onSignal(m);
-      else if (m.t === 'relay-reply') this.hops.onRelayReply(m);
+      if (m.t === 'signal') {
+        if (ShardExchange.owns(m)) this.exchange.onSignal(m);
+        else this.hops.onSignal(m);
+      } else if (m.t === 'relay-reply') this.hops.onRelayReply(m);
     });
   }
 
@@ -128,17 +165,51 @@ export class BrowserStage {
         this.update({ progress: p });
         if (due(p.doneBytes, p.totalBytes)) this.telemetry('loading', { load: p });
       },
+      peers: (this.o.peerShards === false ? [] : (a.sources ?? [])).map((id) => ({ peerId: id, fetch: (names) => this.exchange.fetch(id, names) })),
       onMismatch: (e) => this.o.log(`hash mismatch: ${e.message}`),
       onCacheError: (e) => this.o.log(`shard cache: ${e.code} ${e.message}`),
     });
     const { tensors, cacheError, ...facts } = slice;
     const loaded = { ...facts, cacheError: cacheError ? `${cacheError.code}: ${cacheError.message}` : null };
     if (!standby) state.load = loaded;
-    if (cache) state.heldUnits = await cache.heldUnits(model.manifest.artifact.sha256).catch(() => state.heldUnits);
+    if (cache) await this.cacheChecked(slice);
     const backend = ctx.keep(await this.o.backend(), (b) => b.dispose());
     await backend.load(sliceSource(await model.header(), model.manifest, tensors, a.modelUrl), a.shard);
+    // a device lost later (a GPU reset, a crashed GPU process) ends this stage: hand it on with a lower budget
+    backend.deviceLost?.().then(
+      (why) => ctx.current && this.deviceLost(a, why),
+      () => undefined,
+    );
     if (standby) this.update({ standby: { shard: { ...a.shard }, load: loaded } });
     return { backend, bytesRead: slice.fetchedBytes, detail: `${slice.fetchedBytes} bytes fetched, ${slice.cachedBytes} from cache` };
+  }
+
+  /** The device of a loaded stage (or standby) was lost: the stage fails, and the server hears the lowered budget. */
+  private deviceLost(a: LoadContext['assignment'], why: string): void {
+    const message = `the WebGPU device was lost (${why}) holding layers ${a.shard.start}-${a.shard.end}`;
+    this.o.log(message);
+    if (a.t !== 'standby') this.update({ status: 'failed', error: { code: 'WEBGPU_DEVICE_LOST', message } });
+    void this.lowerBudget(a, 'WEBGPU_DEVICE_LOST', message);
+  }
+
+  /** After a shard did not fit (or its device was lost): below it and at most half, told to the server, which plans with it. */
+  private async lowerBudget(a: LoadContext['assignment'], code: string, message: string): Promise<void> {
+    const caps = this.o.state.capabilities;
+    if (!caps) return;
+    const failed = shardBytes(await this.o.model.header(), a.shard, a.nLayer);
+    caps.memoryBytes = budgetAfterFailure(caps.memoryBytes, failed);
+    this.o.changed();
+    this.o.log(`memory budget lowered to ${caps.memoryBytes} bytes after ${code} on a ${failed}-byte shard`);
+    this.o.control.sendJson({ t: 'memory', memoryBytes: caps.memoryBytes, code, message, routeId: a.routeId, stage: a.stage });
+  }
+
+  /** After a load: units advertised as held but fetched were evicted (said, and held again now); the cache's units and the storage estimate refreshed. */
+  private async cacheChecked(slice: LoadedSlice): Promise<void> {
+    const { state, cache, model } = this.o;
+    const evicted = evictedUnits(state.heldUnits, slice.fetchedUnits);
+    if (evicted.length) this.o.log(`the browser evicted cached units ${evicted.join(', ')}: fetched and verified again`);
+    state.heldUnits = await cache!.heldUnits(model.manifest.artifact.sha256).catch(() => state.heldUnits);
+    if (state.storage) state.storage = { ...state.storage, ...(await storageEstimate()), evictedUnits: [...new Set([...state.storage.evictedUnits, ...evicted])] };
   }
 
   /** PeerCore's `linkNext`: a data channel to the next browser stage; the relay to a native one, or when none opens. */
@@ -190,8 +261,15 @@ export class BrowserStage {
     });
   }
 
+  /** ICE servers the signaling server announced, for stage hops and shard channels. */
+  useIceServers(servers: RTCIceServer[]): void {
+    this.hops.useIceServers(servers);
+    this.iceServers ??= servers;
+  }
+
   /** Releases the stage (a load in flight is discarded) and closes every channel. */
   async close(): Promise<void> {
+    this.exchange.close();
     await this.core.close();
     await this.hops.close();
   }

@@ -1,5 +1,6 @@
-// Loading one shard's slice of an artifact: the units the cache holds (re-verified), then the
-// rest by HTTP Range from the model URL — only those tensors' bytes, nearby ranges coalesced,
+// Loading one shard's slice of an artifact: the units the cache holds (re-verified), then what
+// other peers send (shard-exchange.ts; each tensor verified on arrival, a bad or missing one
+// left to the server), then the rest by HTTP Range from the model URL — only those tensors' bytes, nearby ranges coalesced,
 // in batches so progress can be reported — each tensor hashed against the manifest before it
 // is kept (a mismatch is re-fetched once, then refused naming the tensor and both hashes).
 // Newly fetched units are stored in the cache; a full cache is reported, not fatal.
@@ -12,7 +13,7 @@ import { openArtifactReader } from '../gguf/source.ts';
 import type { ByteReader } from '../gguf/source.ts';
 import { artifactFiles } from '../gguf/split.ts';
 import type { GgufHeader, TensorInfo, TensorSource } from '../gguf/types.ts';
-import { artifactOffset, readVerifiedTensors, shardGroupNames } from '../gguf/verify.ts';
+import { artifactOffset, readVerifiedTensors, shardGroupNames, verifyTensorBytes } from '../gguf/verify.ts';
 import type { ShardRange } from '../gguf/types.ts';
 import type { ShardCache } from '../storage/shard-cache.ts';
 import { unitTensorNames } from '../storage/shard-cache.ts';
@@ -40,6 +41,14 @@ export interface LoadSliceOptions {
   onCacheError?: (e: MeshError) => void;
   /** bytes per fetch batch (default 8 MiB): one progress report per batch */
   batchBytes?: number;
+  /** other peers holding the shard verified: asked, in order, before the model URL */
+  peers?: PeerTensorSource[];
+}
+
+/** A peer that may send tensors (unverified: the loader checks each against the manifest). */
+export interface PeerTensorSource {
+  peerId: string;
+  fetch(names: readonly string[]): Promise<Map<string, Uint8Array>>;
 }
 
 export interface LoadedSlice {
@@ -51,6 +60,8 @@ export interface LoadedSlice {
   totalBytes: number;
   /** bytes received over HTTP (gaps between coalesced ranges included) */
   fetchedBytes: number;
+  /** verified bytes other peers sent, by peer id */
+  peerBytes: Record<string, number>;
   requests: number;
   cachedBytes: number;
   /** tensors whose first read mismatched and whose re-fetch verified */
@@ -135,9 +146,27 @@ export async function loadSlice(opts: LoadSliceOptions): Promise<LoadedSlice> {
   };
   progress(0);
 
-  // 2. the rest over HTTP Range, verified batch by batch
-  const missing = entries.filter((e) => !tensors.has(e.name));
+  // 2. from peers that hold the shard, each tensor verified as it arrives
   const fetchedUnits = units.filter((u) => !cachedUnits.includes(u));
+  const peerBytes = await fromPeers(opts, entries, tensors, () => progress(0));
+  const storeComplete = async (stored: Set<string>): Promise<void> => {
+    if (!opts.cache || cacheError) return;
+    for (const u of fetchedUnits) {
+      if (stored.has(u) || !unitTensorNames(manifest, u).every((n) => tensors.has(n))) continue;
+      stored.add(u);
+      try {
+        await opts.cache.storeUnit(manifest, u, tensors);
+      } catch (e) {
+        cacheFailed(e);
+        break;
+      }
+    }
+  };
+  const stored = new Set<string>();
+  if (Object.keys(peerBytes).length) await storeComplete(stored);
+
+  // 3. the rest over HTTP Range, verified batch by batch
+  const missing = entries.filter((e) => !tensors.has(e.name));
   const refetched: string[] = [];
   let fetchedBytes = 0;
   let requests = 0;
@@ -148,7 +177,6 @@ export async function loadSlice(opts: LoadSliceOptions): Promise<LoadedSlice> {
       { ...(opts.headers ? { headers: opts.headers } : {}) },
     );
     const source = rangeSource(reader);
-    const stored = new Set<string>();
     try {
       for (const batch of batches(missing, opts.batchBytes ?? 8 * 1024 * 1024)) {
         const got = await readVerifiedTensors(source, manifest, batch.map((e) => e.name), { addressing: 'artifact', ...(opts.onMismatch ? { onMismatch: opts.onMismatch } : {}) });
@@ -157,25 +185,42 @@ export async function loadSlice(opts: LoadSliceOptions): Promise<LoadedSlice> {
         fetchedBytes = reader.stats.bytesRead;
         requests = reader.stats.requests;
         progress(fetchedBytes);
-        // 3. store every unit that is now complete
-        if (opts.cache && !cacheError) {
-          for (const u of fetchedUnits) {
-            if (stored.has(u) || !unitTensorNames(manifest, u).every((n) => tensors.has(n))) continue;
-            stored.add(u);
-            try {
-              await opts.cache.storeUnit(manifest, u, tensors);
-            } catch (e) {
-              cacheFailed(e);
-              break;
-            }
-          }
-        }
+        // 4. store every unit that is now complete
+        await storeComplete(stored);
       }
     } finally {
       await reader.close();
     }
   }
-  return { tensors, units, cachedUnits, fetchedUnits, totalBytes, fetchedBytes, requests, cachedBytes, refetched, cacheError, ms: performance.now() - t0 };
+  return { tensors, units, cachedUnits, fetchedUnits, totalBytes, fetchedBytes, peerBytes, requests, cachedBytes, refetched, cacheError, ms: performance.now() - t0 };
+}
+
+/** Asks each peer in turn for the tensors still missing; keeps only those that verify. Verified bytes per peer. */
+async function fromPeers(opts: LoadSliceOptions, entries: readonly ManifestTensor[], tensors: Map<string, Uint8Array>, progressed: () => void): Promise<Record<string, number>> {
+  const out: Record<string, number> = {};
+  for (const peer of opts.peers ?? []) {
+    const missing = entries.filter((e) => !tensors.has(e.name)).map((e) => e.name);
+    if (!missing.length) break;
+    let got: Map<string, Uint8Array>;
+    try {
+      got = await peer.fetch(missing);
+    } catch {
+      continue; // no channel, or it closed: the next peer, then the server
+    }
+    for (const [name, bytes] of got) {
+      if (!missing.includes(name)) continue;
+      try {
+        await verifyTensorBytes(opts.manifest, name, bytes);
+      } catch (e) {
+        if (e instanceof MeshError) opts.onMismatch?.(e);
+        continue;
+      }
+      tensors.set(name, bytes);
+      out[peer.peerId] = (out[peer.peerId] ?? 0) + bytes.byteLength;
+    }
+    progressed();
+  }
+  return out;
 }
 
 /**

@@ -14,8 +14,7 @@
 // next stage again as Replay frames) and Replay-flagged input (compute and log, send nothing on).
 //
 // Fair scheduling: every forward goes through one ComputeQueue per stage, a frame of more than
-// `chunkTokens` tokens in chunks, so one long prefill cannot hold the stage while other sessions
-// wait for their next token; a closed session's queued chunks are dropped at once.
+// `chunkTokens` tokens in chunks, so one long prefill cannot hold the stage; a closed session's queued chunks go at once.
 
 import { MeshError } from '../errors.ts';
 import type { ForwardResult, HiddenRows, RowsForwardResult, StageBackend, StageInput, ShardRange } from '../backends/types.ts';
@@ -207,15 +206,15 @@ export class StageService {
     const body = parseSessionOpen(decodeJson(f.payload));
     if (this.sessions.has(f.sessionId)) throw new MeshError('SESSION_EXISTS', `session ${f.sessionId} is already open`);
     if (this.sessions.size >= this.limits.maxSessions) throw new MeshError('SESSION_LIMIT', `stage ${this.opts.stage} holds ${this.sessions.size} sessions, its limit`, { limit: this.limits.maxSessions, retryAfterS: 1 });
-    this.sweeper ??= setInterval(() => void this.expireIdle(), Math.min(60_000, this.limits.idleTtlMs / 4));
-    this.sweeper.unref?.();
+    const settings = body.sampler ?? {};
+    const sample = this.samplerFor(settings, body.draws ?? 0); // bad settings are refused before the backend holds the session
+    (this.sweeper ??= setInterval(() => void this.expireIdle(), Math.min(60_000, this.limits.idleTtlMs / 4))).unref?.();
     await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
     await this.opts.spotCheck?.open(f.sessionId, body.contextLength);
     // its first frame follows at once: give it the next turn over other sessions' long prompts
     this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
-    const settings = body.sampler ?? {};
     this.sessions.set(f.sessionId, {
-      sample: this.samplerFor(settings, body.draws ?? 0),
+      sample,
       settings,
       history: body.tokens ? [...body.tokens] : [],
       logprobs: body.logprobs ?? null,
@@ -238,15 +237,16 @@ export class StageService {
   private async rewind(f: Frame): Promise<Frame> {
     const s = this.session(f.sessionId);
     const body = parseRewind(decodeJson(f.payload));
+    const settings = body.sampler ?? s.settings;
+    const sample = this.samplerFor(settings, body.draws); // bad settings refuse the rewind before it changes anything
     await this.opts.backend.truncateSession(f.sessionId, f.position);
     await this.opts.spotCheck?.rewind(f.sessionId, f.position);
-    // a client continuing a kept session (KV reuse) sends its prompt at once: the next turn, as for a new session
-    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
+    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS); // a continued session (KV reuse) sends its prompt at once
     s.log.truncate(f.position);
     s.pipelineError = null;
-    if (body.sampler) s.settings = body.sampler;
+    s.settings = settings;
+    s.sample = sample;
     if (body.logprobs !== undefined) s.logprobs = body.logprobs;
-    s.sample = this.samplerFor(s.settings, body.draws);
     // the penalty history: positions kept, then the tokens the client says come from `from` on
     s.history.length = Math.min(s.history.length, f.position);
     const from = body.from ?? f.position;

@@ -149,6 +149,8 @@ export const PEER_MESSAGES = {
   rewired: v.object({ t: v.literal('rewired'), routeId: u32, stage: u32 }),
   /** a graceful leave (SIGTERM, the page's Leave button): move my sessions, then answer leave-ok */
   leave: v.object({ t: v.literal('leave') }),
+  /** the peer holds less than it offered: out of memory or its device lost (code), while serving or loading `stage` of `routeId` if named */
+  memory: v.object({ t: v.literal('memory'), memoryBytes: count, code: errorCode, message: text(4096), routeId: v.optional(u32), stage: v.optional(u32) }),
   /** the last stage's one-way answer (a base64 Token or Error frame) for the session manager: the answer to a ReturnDirect step */
   return: v.object({ t: v.literal('return'), routeId: u32, stage: u32, frame: base64(MAX_RETURN_BASE64) }),
   /** a simple-peer offer/answer/candidate for peer `to` (cid: one id per data channel attempt) */
@@ -163,7 +165,7 @@ export const PEER_MESSAGES = {
   check: v.object({ t: v.literal('check'), routeId: u32, sessionId: v.pipe(v.string(), v.regex(/^[0-9a-f]{32}$/)), position: u32, nTokens: u32, role: v.picklist(['expected', 'actual']), row: base64(4 * 65536 * 2) }),
 } as const;
 
-export type PeerToServer = v.InferOutput<(typeof PEER_MESSAGES)['hello' | 'ready' | 'load-failed' | 'loading' | 'telemetry' | 'check' | 'standby-ready' | 'standby-failed' | 'rewired' | 'leave' | 'return']>;
+export type PeerToServer = v.InferOutput<(typeof PEER_MESSAGES)['hello' | 'ready' | 'load-failed' | 'loading' | 'telemetry' | 'check' | 'standby-ready' | 'standby-failed' | 'rewired' | 'leave' | 'return' | 'memory']>;
 export type SpotCheckReport = v.InferOutput<(typeof PEER_MESSAGES)['check']>;
 export type SignalToPeer = v.InferOutput<(typeof PEER_MESSAGES)['signal']>;
 export type RelayRequest = v.InferOutput<(typeof PEER_MESSAGES)['relay']>;
@@ -203,6 +205,8 @@ export const SERVER_MESSAGES = {
     upstreamPeer: peerId,
     /** the next stage is a native node that answers WebRTC (a tab opens a data channel to it) */
     downstreamRtc: v.optional(v.boolean()),
+    /** peers that hold the shard verified and may send its bytes (browser peers ask them first, then modelUrl) */
+    sources: v.optional(list(text(64), 64)),
     /** public rooms, the first stage: also load these layers (the untrusted stages') and re-run a fraction of sessions through them */
     check: v.optional(v.object({ shard: shardRange, fraction: v.pipe(v.number(), v.minValue(0), v.maxValue(1)) })),
   }),
@@ -210,7 +214,7 @@ export const SERVER_MESSAGES = {
   watch: v.object({ t: v.literal('watch'), routeId: u32, sessionId: v.pipe(v.string(), v.regex(/^[0-9a-f]{32}$/)) }),
   release: v.object({ t: v.literal('release'), routeId: u32 }),
   /** a spare: load and verify this shard now, serve nothing yet; a later `assign` of the same shard takes it over at once */
-  standby: v.object({ t: v.literal('standby'), routeId: u32, stage: u32, shard: shardRange, nLayer: u32, modelUrl: v.pipe(text(4096), v.regex(/^https?:\/\//)) }),
+  standby: v.object({ t: v.literal('standby'), routeId: u32, stage: u32, shard: shardRange, nLayer: u32, modelUrl: v.pipe(text(4096), v.regex(/^https?:\/\//)), sources: v.optional(list(text(64), 64)) }),
   /** a repair replaced a neighbour: send hidden states to a new next stage and/or accept them from a new previous one */
   rewire: v.object({
     t: v.literal('rewire'),

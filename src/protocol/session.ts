@@ -10,20 +10,20 @@ import { count, list, validate } from './validate.ts';
 /** The largest context a session may declare; the route's model caps it further. */
 export const MAX_CONTEXT_LENGTH = 1 << 24;
 
-const finite = v.pipe(v.number(), v.finite());
 // typed as the sampler's options: a field added there and not here fails tsc
 const samplerSchema: v.GenericSchema<unknown, SamplerOptions> = v.object({
-  temperature: v.optional(v.pipe(finite, v.minValue(0), v.maxValue(100))),
-  topK: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(1 << 24))),
-  topP: v.optional(v.pipe(finite, v.gtValue(0), v.maxValue(1))),
-  minP: v.optional(v.pipe(finite, v.minValue(0), v.maxValue(1))),
-  repeatPenalty: v.optional(v.pipe(finite, v.gtValue(0))),
-  frequencyPenalty: v.optional(finite),
-  presencePenalty: v.optional(finite),
-  repeatLastN: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(MAX_CONTEXT_LENGTH))),
-  /** token id → bias (finite: JSON has no -Infinity; the API's [-100, 100] is applied before) */
-  logitBias: v.optional(v.pipe(v.record(v.pipe(v.string(), v.regex(/^\d{1,9}$/)), finite), v.check((o) => Object.keys(o).length <= 1 << 16, 'at most 65536 biased tokens'))),
-  seed: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(0xffffffff))),
+  // numbers only here: their ranges are the sampler's to refuse (BAD_SAMPLER_OPTION, on every implementation)
+  temperature: v.optional(v.number()),
+  topK: v.optional(v.number()),
+  topP: v.optional(v.number()),
+  minP: v.optional(v.number()),
+  repeatPenalty: v.optional(v.number()),
+  frequencyPenalty: v.optional(v.number()),
+  presencePenalty: v.optional(v.number()),
+  repeatLastN: v.optional(v.number()),
+  /** token id → bias (JSON has no -Infinity; the API's [-100, 100] is applied before) */
+  logitBias: v.optional(v.pipe(v.record(v.string(), v.number()), v.check((o) => Object.keys(o).length <= 1 << 16, 'at most 65536 biased tokens'))),
+  seed: v.optional(v.number()),
 });
 /** Sampling on the last stage (llama.cpp's chain: model/sampler.ts's options, JSON as they travel); absent or temperature 0 is greedy. */
 export type SamplerSettings = SamplerOptions;
@@ -40,7 +40,7 @@ export const sessionOpenSchema = v.object({
   /** prompt tokens the client will prefill, for progress reports */
   promptLength: v.optional(count),
   /** random draws the session's sampler has made already: a replacement last stage skips them, so seeded sampling continues as it would have */
-  draws: v.optional(count),
+  draws: v.nullish(count),
   /**
    * the session's token ids from position 0 on, as far as the client knows them (the prompt;
    * on a replacement stage, every token fed so far): the last stage's penalties read them.
@@ -60,11 +60,12 @@ export function parseSessionOpen(body: unknown): SessionOpenBody {
   return validate(sessionOpenSchema, body, 'session open', 'BAD_REQUEST');
 }
 
+// (null draws or from read as absent, as every implementation reads them)
 const rewindSchema = v.object({
-  draws: count,
+  draws: v.nullish(count, 0),
   /** the token ids from position `from` (default: the rewind position) on, as far as the client knows them (penalty history; see SessionOpenBody.tokens) */
   tokens: v.optional(tokenIds),
-  from: v.optional(count),
+  from: v.nullish(count),
   /** new sampler settings from now on (a new turn's) */
   sampler: v.optional(samplerSchema),
   /** new log-probability setting from now on (null: none) */

@@ -1,9 +1,14 @@
 // "This device": the browser peer of this tab — its WebGPU adapter and memory budget, the layer
 // range the route gave it, a progress bar for the slice download and GPU upload, what the shard
-// cache held, and join/leave. Without WebGPU the tab stays a chat client and says why.
+// cache held and its storage, and join/leave. Without WebGPU the tab stays a chat client and says
+// why. A joined tab hands its layers over when the page is hidden or unloaded and joins again
+// when shown (peer/suspension.ts), and says when a native node would serve this device better.
 
 import { startBrowserPeer } from '../peer/browser-peer.ts';
 import type { BrowserPeer, BrowserPeerState } from '../peer/browser-peer.ts';
+import { guardSuspension } from '../peer/suspension.ts';
+import type { SuspensionGuard } from '../peer/suspension.ts';
+import { awakeText, budgetText, helpedText, nativeNodeAdvice, storageText } from './device-facts.ts';
 import { field, h, replace } from './dom.ts';
 import { formatBytes, parseBytes } from './format.ts';
 import type { RoomLink } from './room-api.ts';
@@ -13,8 +18,10 @@ export interface PeerViewOptions {
   /** join as soon as the view opens (default true) */
   autoJoin?: boolean;
   name?: string;
-  /** preset memory budget, e.g. "2GiB" (default: from the adapter) */
+  /** preset memory budget, e.g. "2GiB" (default: measured) */
   memory?: string;
+  /** hand the layers over while the page is hidden, frozen or unloaded, and rejoin when shown (default true) */
+  suspend?: boolean;
   onState?: (s: BrowserPeerState) => void;
   onError?: (e: { code: string; message: string }) => void;
   log?: (line: string) => void;
@@ -48,6 +55,12 @@ export function createPeerView(opts: PeerViewOptions): PeerView {
   const layers = h('dd', {}, '–');
   const cache = h('dd', {}, '–');
   const hop = h('dd', {}, '–');
+  const storage = h('dd', {}, '–');
+  const awake = h('dd', {}, '–');
+  const advice = h('p', { class: 'advice', hidden: true });
+  const thanks = h('p', { class: 'thanks', hidden: true });
+  const chargingOnly = h('input', { type: 'checkbox' });
+  let guard: SuspensionGuard | null = null;
   const bar = h('div', { class: 'bar-fill' });
   const barLabel = h('span', { class: 'bar-label' }, 'idle');
   const progress = h('div', { class: 'bar', role: 'progressbar', 'aria-label': 'slice download and GPU upload', 'aria-valuemin': 0, 'aria-valuemax': 100, 'aria-valuenow': 0 }, bar, barLabel);
@@ -60,10 +73,12 @@ export function createPeerView(opts: PeerViewOptions): PeerView {
     { class: 'card peer-view', 'aria-labelledby': 'peer-title' },
     h('h2', { id: 'peer-title' }, 'This device'),
     status,
-    h('dl', { class: 'facts' }, h('dt', {}, 'Adapter'), adapter, h('dt', {}, 'Memory budget'), budget, h('dt', {}, 'Layers'), layers, h('dt', {}, 'Shard cache'), cache, h('dt', {}, 'Next hop'), hop),
+    h('dl', { class: 'facts' }, h('dt', {}, 'Adapter'), adapter, h('dt', {}, 'Memory budget'), budget, h('dt', {}, 'Layers'), layers, h('dt', {}, 'Shard cache'), cache, h('dt', {}, 'Storage'), storage, h('dt', {}, 'Next hop'), hop, h('dt', {}, 'Awake'), awake),
     progress,
     error,
-    h('div', { class: 'row' }, field('Budget to offer on joining', memoryInput, 'e.g. 2GiB; empty = from the adapter'), joinButton),
+    advice,
+    thanks,
+    h('div', { class: 'row' }, field('Budget to offer on joining', memoryInput, 'e.g. 2GiB; empty = measured'), h('label', {}, chargingOnly, ' serve only while charging'), joinButton),
   );
 
   const render = (s: BrowserPeerState | null): void => {
@@ -77,7 +92,15 @@ export function createPeerView(opts: PeerViewOptions): PeerView {
     root.dataset.status = s.status;
     const a = s.capabilities?.adapter;
     adapter.textContent = a ? `${[a.vendor, a.architecture].filter(Boolean).join(' · ') || 'WebGPU'}${a.description ? ` — ${a.description}` : ''}${a.isFallbackAdapter ? ' (software fallback)' : ''}` : s.capabilities?.reason ?? '–';
-    budget.textContent = s.capabilities?.backend === 'webgpu' ? formatBytes(s.capabilities.memoryBytes) : '–';
+    budget.textContent = budgetText(s);
+    storage.textContent = storageText(s);
+    awake.textContent = awakeText(guard?.state ?? null);
+    const tip = nativeNodeAdvice(s, opts.link.joinUrl);
+    advice.hidden = tip === null;
+    advice.textContent = tip ?? '';
+    const helped = helpedText(s);
+    thanks.hidden = helped === null;
+    thanks.textContent = helped ?? '';
     layers.textContent = s.shard ? `[${s.shard.start}, ${s.shard.end}) — stage ${s.stage} of route ${s.routeId}` : 'none yet';
     const held = s.heldUnits.length;
     cache.textContent = s.load
@@ -129,6 +152,7 @@ export function createPeerView(opts: PeerViewOptions): PeerView {
         ...(memory ? { memoryBytes: memory } : {}),
         onState: (s) => {
           render(s);
+          guard?.update();
           opts.onState?.(s);
         },
         ...(opts.log ? { log: opts.log } : {}),
@@ -161,12 +185,28 @@ export function createPeerView(opts: PeerViewOptions): PeerView {
   };
 
   const dispose = async (): Promise<void> => {
+    guard?.dispose();
+    guard = null;
     const p = peer;
     peer = null;
     if (p) await p.close();
   };
 
   if (opts.memory) memoryInput.value = opts.memory;
+  const makeGuard = (): void => {
+    guard?.dispose();
+    guard = opts.suspend === false ? null : guardSuspension({
+      joined: () => peer !== null,
+      serving: () => peer?.state.status === 'loading' || peer?.state.status === 'ready',
+      leave: () => leave(),
+      rejoin: () => join(),
+      chargingOnly: chargingOnly.checked,
+      onChange: () => peer && render(peer.state),
+      ...(opts.log ? { log: opts.log } : {}),
+    });
+  };
+  makeGuard();
+  chargingOnly.addEventListener('change', makeGuard);
   joinButton.addEventListener('click', () => void (peer ? leave() : join()));
   if (opts.autoJoin !== false) void join();
   return {

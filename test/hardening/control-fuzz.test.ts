@@ -71,6 +71,7 @@ function fixtures(): Record<keyof typeof PEER_MESSAGES, Record<string, unknown>>
     rewired: { t: 'rewired', routeId: 7, stage: 1 },
     leave: { t: 'leave' },
     return: { t: 'return', routeId: 7, stage: 0, frame: 'R01TSA==' },
+    memory: { t: 'memory', memoryBytes: 1 << 20, code: 'OUT_OF_MEMORY', message: 'no', routeId: 7, stage: 0 },
     signal: { t: 'signal', to: 'nobody', cid: 'c1', signal: { type: 'offer', sdp: 'v=0' } },
     relay: { t: 'relay', to: 'nobody', id: 1, frame: 'R01TSA==' },
     check: { t: 'check', routeId: 7, sessionId: 'ab'.repeat(16), position: 0, nTokens: 1, role: 'actual', row: 'AACAPw==' },

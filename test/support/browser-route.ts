@@ -3,13 +3,17 @@
 // polling a tab's peer state until it reaches what a test waits for.
 import { join } from 'node:path';
 import { chromium } from 'playwright-core';
-import type { Browser, Page } from 'playwright-core';
+import type { Browser, BrowserContext, Page } from 'playwright-core';
 import { createServer } from 'vite';
 import type { ViteDevServer } from 'vite';
 import type { LlamaModel } from 'node-llama-cpp';
 import { chromiumArgs } from '../../vite.config.ts';
 import type { BrowserPeerState } from '../../src/peer/browser-peer.ts';
+import { buildManifest } from '../../src/gguf/manifest.ts';
+import type { Manifest } from '../../src/gguf/verify.ts';
 import { REPO_ROOT } from './cli.ts';
+import { greedyGenerate, loadModel } from './llama.ts';
+import { stories260K, STORIES_PROMPT_TOKENS } from './models.ts';
 import { killAll } from './mesh.ts';
 
 /** A vite dev server for the peer page on a free loopback port; `pageBase` is its root URL. */
@@ -29,6 +33,14 @@ export async function startPeerPage(): Promise<{ vite: ViteDevServer; pageBase: 
 /** Headless Chromium with the project's WebGPU flags; launch() gives it a fresh temporary profile, and each context is isolated storage. */
 export function launchChromium(): Promise<Browser> {
   return chromium.launch({ executablePath: process.env.CHROME_PATH ?? '/usr/bin/chromium', args: chromiumArgs });
+}
+
+/** What the browser-route tests check against: stories260K, its manifest, llama.cpp on it, and its greedy continuation of the standard prompt (`n` tokens). */
+export async function storiesOracle(n: number): Promise<{ modelPath: string; manifest: Manifest; llamaModel: LlamaModel; expected: number[] }> {
+  const modelPath = await stories260K();
+  const manifest = await buildManifest(modelPath);
+  const llamaModel = await loadModel(modelPath);
+  return { modelPath, manifest, llamaModel, expected: await greedyGenerate(llamaModel, STORIES_PROMPT_TOKENS, n) };
 }
 
 /** afterAll: closes the browser, the page server and the llama.cpp oracle (any may be unset when beforeAll failed early), kills every spawned process. */
@@ -57,4 +69,14 @@ export async function waitForPeerState(page: Page, ok: (s: BrowserPeerState) => 
     }
     await new Promise((r) => setTimeout(r, 200));
   }
+}
+
+/** A new context and page in `browser` that opens the peer page joined to `joinUrl` as `name` (1 GiB), once it has joined; page errors are logged. */
+export async function joinTab(browser: Browser, pageBase: string, joinUrl: string, name = 'tab'): Promise<{ context: BrowserContext; page: Page }> {
+  const context = await browser.newContext();
+  const page = await context.newPage();
+  page.on('console', (m) => m.type() === 'error' && console.log(`[${name}] ${m.text()}`));
+  await page.goto(`${pageBase}#${new URLSearchParams({ join: joinUrl, name, memory: String(1 << 30) })}`);
+  await waitForPeerState(page, (s) => s.status === 'idle' || s.status === 'ready', `${name} joined`);
+  return { context, page };
 }

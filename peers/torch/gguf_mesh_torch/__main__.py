@@ -1,5 +1,5 @@
 """python3 -m gguf_mesh_torch: join a room (`join`), or use the engine offline (`generate`,
-`hidden`, `dequant`)."""
+`hidden`, `dequant`, `sample`)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,24 @@ def _layers(text: str | None):
     return int(a), int(b)
 
 
+def _sample(req: dict) -> dict:
+    """Each step's token (and log-probabilities when `logprobs` is a number) from one sampler, as the last stage samples a session."""
+    import numpy as np
+
+    from .sampler import Sampler, token_logprob
+
+    sampler = Sampler(req.get("settings"), int(req.get("draws", 0)))
+    tokens, logprobs = [], []
+    for step in req["steps"]:
+        logits = np.asarray(step["logits"], dtype=np.float32)
+        t = sampler(logits, step.get("history", []))
+        tokens.append(t)
+        if req.get("logprobs") is not None:
+            lp, top = token_logprob(logits, t, int(req["logprobs"]))
+            logprobs.append({"logprob": lp, "top": top})
+    return {"tokens": tokens, "logprobs": logprobs, "draws": sampler.draws}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m gguf_mesh_torch", description="gguf-mesh's PyTorch peer")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -72,12 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("dequant", help="dequantise stdin (ggml type id, element count) to f32 on stdout")
     d.add_argument("--type", type=int, required=True)
     d.add_argument("--n", type=int, required=True)
+    sub.add_parser("sample", help="the sampler chain offline: JSON {settings, draws, steps: [{logits, history}], logprobs} on stdin, JSON {tokens, logprobs} out")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "dequant":
             from .dequant import dequantize
 
             sys.stdout.buffer.write(dequantize(sys.stdin.buffer.read(), args.type, args.n).astype("<f4").tobytes())
+            return 0
+        if args.cmd == "sample":
+            print(json.dumps(_sample(json.load(sys.stdin))))
             return 0
         if args.cmd in ("generate", "hidden"):
             import torch

@@ -19,6 +19,7 @@ MAX_PAYLOAD_BYTES = 256 * 1024 * 1024
 MAX_WIDTH = 1 << 20
 MAX_TOKENS = 1 << 16
 MAX_JSON_BYTES = 1 << 20
+MAX_TOP_LOGPROBS = 20
 TIMING_RECORD_BYTES = 32
 MAX_TIMING_RECORDS = 255
 NIL_SESSION = "0" * 32
@@ -43,7 +44,8 @@ _RULES = {
     PREFILL: ((I32,), 1, "some"),
     DECODE: ((I32,), 1, "one"),
     HIDDEN: ((F16, F32), None, "some"),
-    TOKEN: ((I32,), 1, "one"),
+    # width 1 (the token) or 2 + 2k (the token, its logprob, k alternatives): checked below
+    TOKEN: ((I32,), None, "one"),
     STATUS: ((JSON, NONE), 0, "zero"),
     ERROR: ((JSON,), 0, "zero"),
     LOGITS: ((F32,), None, "one"),
@@ -103,6 +105,8 @@ def validate_header(type_: int, flags: int, dtype: int, n_tokens: int, width: in
         raise _fail("FRAME_BAD_DIMENSION", "token count", f"a {name} frame carries 1..{MAX_TOKENS} tokens, got {n_tokens}")
     if fixed_width is not None and width != fixed_width:
         raise _fail("FRAME_BAD_DIMENSION", "width", f"a {name} frame has width {fixed_width}, got {width}")
+    if type_ == TOKEN and width != 1 and (width % 2 or width > 2 + 2 * MAX_TOP_LOGPROBS):
+        raise _fail("FRAME_BAD_DIMENSION", "width", f"a Token frame has width 1 or 2 + 2k (k ≤ {MAX_TOP_LOGPROBS} top log-probabilities), got {width}")
     if fixed_width is None and not 1 <= width <= MAX_WIDTH:
         raise _fail("FRAME_BAD_DIMENSION", "width", f"width must be 1..{MAX_WIDTH}, got {width}")
     elem = ELEMENT_BYTES.get(dtype)
@@ -187,6 +191,16 @@ def decode_json(f: Frame):
 def tokens_frame(type_: int, at: Frame, position: int, tokens, flags: int = 0) -> Frame:
     arr = np.asarray(tokens, dtype="<i4")
     return Frame(type=type_, flags=flags, route_id=at.route_id, session_id=at.session_id, seq=at.seq, position=position, n_tokens=len(arr), dtype=I32, width=1, payload=arr.tobytes())
+
+
+def sampled_frame(at: Frame, position: int, token: int, logprob: float, top: list[tuple[int, float]], flags: int = 0) -> Frame:
+    """A Token frame of width 2 + 2k: [token, f32 bits of its logprob, (id, f32 bits) per top alternative]."""
+    row = np.zeros(2 + 2 * len(top), dtype="<i4")
+    bits = row.view("<f4")
+    row[0], bits[1] = token, logprob
+    for i, (t, lp) in enumerate(top):
+        row[2 + 2 * i], bits[3 + 2 * i] = t, lp
+    return Frame(type=TOKEN, flags=flags, route_id=at.route_id, session_id=at.session_id, seq=at.seq, position=position, n_tokens=1, dtype=I32, width=len(row), payload=row.tobytes())
 
 
 def rows_frame(type_: int, at: Frame, position: int, rows: np.ndarray, dtype: int, flags: int = 0) -> Frame:

@@ -5,7 +5,8 @@ with this stage's timing record added when asked.
 
 For repairs the stage keeps, per session, the hidden states it sent and a hash of each row it
 received (replay_log.py), and answers Rewind (forget positions from p on, restart the sampler
-after n draws), Resend (send logged hidden states to the next stage again as Replay frames) and
+after n draws, with a new turn's sampler settings, logprobs and penalty tokens where the
+body has them), Resend (send logged hidden states to the next stage again as Replay frames) and
 Replay-flagged input (compute and log, send nothing on, sample nothing)."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .errors import MeshError
 from .frames import Frame
 from .links import unwrap
 from .replay_log import Logged, ReplayLog, row_hashes
-from .sampler import Sampler
+from .sampler import Sampler, token_logprob
 
 
 @dataclass
@@ -29,6 +30,11 @@ class _Session:
     sample: Sampler | None
     hidden_dtype: int
     settings: dict | None
+    # the session's token ids by position, as far as this stage knows them (the open frame's
+    # `tokens`, then what it sampled): the penalties' history
+    history: list[int] = field(default_factory=list)
+    # top alternatives to report with each sampled token's log-probability; None: none
+    logprobs: int | None = None
     # hidden states sent downstream, hashes of rows received (for repairs)
     log: ReplayLog = field(default_factory=ReplayLog)
     pipeline_error: MeshError | None = None
@@ -90,13 +96,17 @@ class StageService:
             raise MeshError("BAD_REQUEST", f"session open: contextLength must be a positive integer, got {ctx!r}", {"field": "contextLength"})
         if f.session_id in self.sessions:
             raise MeshError("SESSION_EXISTS", f"session {f.session_id} is already open")
-        draws = _count(body.get("draws", 0), "session open: draws")
-        await self._run(self.engine.open_session, f.session_id, ctx)
+        draws = _count(_or(body.get("draws"), 0), "session open: draws")
         settings = body.get("sampler")
+        sample = self._sampler(settings, draws)  # bad settings are refused before the engine holds the session
+        history = _tokens(body.get("tokens"), "session open: tokens")
+        await self._run(self.engine.open_session, f.session_id, ctx)
         self.sessions[f.session_id] = _Session(
-            sample=self._sampler(settings, draws),
+            sample=sample,
             hidden_dtype=fr.F32 if body.get("hiddenDtype") == "f32" else fr.F16,
             settings=settings,
+            history=history,
+            logprobs=_logprobs(body.get("logprobs")),
         )
         return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "state": "open", "position": 0})
 
@@ -111,14 +121,27 @@ class StageService:
         return s
 
     async def _rewind(self, f: Frame) -> Frame:
-        """Positions from f.position on are forgotten (KV cache, log); the sampler restarts after `draws` draws."""
+        """Positions from f.position on are forgotten (KV cache, log); the sampler restarts after
+        `draws` draws, with the body's sampler settings and logprobs where it has them; the
+        penalty history is cut there and takes the body's tokens from `from` on."""
         s = self._session(f.session_id)
         body = fr.decode_json(f)
-        draws = _count(body.get("draws", 0) if isinstance(body, dict) else None, "rewind: draws")
+        if not isinstance(body, dict):
+            body = {}
+        draws = _count(_or(body.get("draws"), 0), "rewind: draws")
+        settings = body["sampler"] if isinstance(body.get("sampler"), dict) else s.settings
+        sample = self._sampler(settings, draws)  # bad settings refuse the rewind before it changes anything
+        tokens = _tokens(body.get("tokens"), "rewind: tokens") if body.get("tokens") is not None else None
+        start = _count(_or(body.get("from"), f.position), "rewind: from")
         await self._run(self.engine.truncate_session, f.session_id, f.position)
         s.log.truncate(f.position)
         s.pipeline_error = None
-        s.sample = self._sampler(s.settings, draws)
+        s.settings, s.sample = settings, sample
+        if "logprobs" in body:
+            s.logprobs = _logprobs(body["logprobs"])
+        del s.history[f.position :]
+        if tokens is not None and start <= len(s.history):
+            s.history[start:] = tokens
         return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": f.position})
 
     async def _resend(self, f: Frame) -> Frame:
@@ -181,7 +204,12 @@ class StageService:
             return fr.rows_frame(fr.LOGITS, f, end, out[None, :], fr.F32)
         if not sample_now:
             return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": end, **({"replayed": True} if replay else {})})
-        return fr.tokens_frame(fr.TOKEN, f, end, [s.sample(out)])
+        token = s.sample(out, s.history[:end] if len(s.history) > end else s.history)
+        if len(s.history) == end:
+            s.history.append(token)  # it occupies position `end`
+        if s.logprobs is None:
+            return fr.tokens_frame(fr.TOKEN, f, end, [token])
+        return fr.sampled_frame(f, end, token, *token_logprob(out, token, s.logprobs))
 
     async def _forward(self, f: Frame, s: _Session, rows, sample_now: bool, step: dict) -> Frame:
         flags = (f.flags & (fr.SAMPLE | fr.WANT_LOGITS | fr.WANT_TIMINGS)) | (fr.SAMPLE if sample_now else 0)
@@ -276,6 +304,34 @@ def _count(v, what: str, field: str | None = None) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise MeshError("BAD_REQUEST", f"{what} must be a non-negative integer, got {v!r}", {"field": field or what.rsplit(": ", 1)[-1]})
     return v
+
+
+def _or(v, default):
+    """A JSON field's value, `default` where it is absent or null."""
+    return default if v is None else v
+
+
+def _tokens(v, what: str) -> list[int]:
+    """Token ids from a JSON body (absent: none)."""
+    if v is None:
+        return []
+    ok = lambda t: isinstance(t, int) and not isinstance(t, bool) and t >= 0  # noqa: E731
+    if not isinstance(v, list) or not all(ok(t) for t in v):
+        # the field as the TypeScript stage's schema names it: the list, or its first bad id
+        bad = next((i for i, t in enumerate(v) if not ok(t)), None) if isinstance(v, list) else None
+        field = what.rsplit(": ", 1)[-1]
+        raise MeshError("BAD_REQUEST", f"{what} must be a list of token ids, got {str(v)[:80]}", {"field": field if bad is None else f"{field}.{bad}"})
+    return list(v)
+
+
+def _logprobs(v) -> int | None:
+    """A session's logprobs setting: top alternatives to report (0-20), or None for none."""
+    if v is None:
+        return None
+    try:
+        return max(0, min(fr.MAX_TOP_LOGPROBS, int(v)))
+    except (TypeError, ValueError):
+        return 0
 
 
 def _span(v, what: str) -> tuple[int, int]:

@@ -7,7 +7,7 @@
 import * as Comlink from 'comlink';
 import { MeshError } from '../../errors.ts';
 import type { TensorSource } from '../../gguf/types.ts';
-import { configFromHeader, CPU_ONLY_ARCHITECTURES, loadRopeFreqFactors, ROPE_FACTOR_TENSORS } from '../../model/config.ts';
+import { configFromHeader, loadRopeFreqFactors, ROPE_FACTOR_TENSORS } from '../../model/config.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { shardTensors, validateShard } from '../shard.ts';
 import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
@@ -16,6 +16,8 @@ import { fromWire } from './engine.ts';
 import type { BufferStats, StageEngine, WireResult, WorkerApi } from './engine.ts';
 import { quantKindOf } from './shader-library.ts';
 import type { KvType } from './shader-library.ts';
+import { CHUNK } from '../cpu/delta-chunk.ts';
+import { gpuDeltaLayerBytes } from './delta-net.ts';
 import { kvCapacity } from './kv-capacity.ts';
 import type { StageModel, StageTensor, WebGpuStageOptions } from './stage.ts';
 
@@ -25,6 +27,8 @@ interface MirroredSession {
   /** positions the stage's cache holds (it grows as the stage's does: kvCapacity) */
   capacity: number;
   processedTokens: number[];
+  /** Qwen3.5: whether the stage holds a rewind checkpoint of the DeltaNet state (session-recurrent.ts's rules) */
+  checkpointed: boolean;
 }
 
 export class WebGpuBackend implements StageBackend {
@@ -85,12 +89,14 @@ export class WebGpuBackend implements StageBackend {
     return this.finalStats ?? this.engine.bufferStats();
   }
 
+  /** resolves with why the GPU device was lost while this stage held its shard (never after dispose) */
+  deviceLost(): Promise<string> {
+    return this.engine.whenLost();
+  }
+
   async load(source: TensorSource, shard: ShardRange): Promise<void> {
     if (this.config) throw new MeshError('ALREADY_LOADED', 'this backend already holds a shard; dispose it first');
     const config = configFromHeader(source.header);
-    if (CPU_ONLY_ARCHITECTURES.includes(config.architecture)) {
-      throw new MeshError('UNSUPPORTED_ARCHITECTURE', `the WebGPU backend does not run '${config.architecture}' yet (its forward pass has no Gated DeltaNet blocks); the CPU backend does`, { architecture: config.architecture });
-    }
     validateShard(shard, config.nLayer);
     await loadRopeFreqFactors(config, source);
     const infos = shardTensors(source.header, shard, config.nLayer).filter((t) => !ROPE_FACTOR_TENSORS.includes(t.name));
@@ -120,6 +126,7 @@ export class WebGpuBackend implements StageBackend {
       contextLength: options.contextLength,
       capacity: kvCapacity(0, 1, options.contextLength),
       processedTokens: new Array<number>(nLayers).fill(0),
+      checkpointed: false,
     });
   }
 
@@ -130,13 +137,18 @@ export class WebGpuBackend implements StageBackend {
 
   async truncateSession(sessionId: string, position: number): Promise<void> {
     await this.engine.truncateSession(sessionId, position);
-    this.sessions.get(sessionId)!.position = position;
+    const s = this.sessions.get(sessionId)!;
+    // a rewind behind the current chunk restored or dropped the checkpoint
+    if (Math.floor(position / CHUNK) < Math.floor(s.position / CHUNK)) s.checkpointed = false;
+    s.position = position;
   }
 
   async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
     const result = await this.engine.forward(sessionId, input, position);
     const s = this.sessions.get(sessionId)!;
     const n = input.kind === 'tokens' ? input.tokens.length : input.nTokens;
+    // a forward that folds a chunk checkpoints the DeltaNet state first
+    if ((position % CHUNK) + n >= CHUNK) s.checkpointed = true;
     s.position = position + n;
     s.capacity = kvCapacity(s.capacity, s.position, s.contextLength);
     for (let l = 0; l < s.processedTokens.length; l++) s.processedTokens[l]! += n;
@@ -147,8 +159,12 @@ export class WebGpuBackend implements StageBackend {
     const s = this.sessions.get(sessionId);
     if (!s) throw new MeshError('SESSION_UNKNOWN', `no session ${sessionId} on this stage`);
     const c = this.loaded();
-    const kvBytes = 2 * s.processedTokens.length * s.capacity * c.nHeadKv * c.headDim * (this.kvType === 'f16' ? 2 : 4);
-    return { position: s.position, kvBytes, processedTokens: [...s.processedTokens] };
+    const recurrent = c.recurrentLayers.slice(this.shard!.start, this.shard!.end).filter(Boolean).length;
+    const kvLayers = s.processedTokens.length - recurrent;
+    const kvBytes = 2 * kvLayers * s.capacity * c.nHeadKv * c.headDim * (this.kvType === 'f16' ? 2 : 4);
+    const stats: SessionStats = { position: s.position, kvBytes, processedTokens: [...s.processedTokens] };
+    if (c.linearAttention) stats.recurrentBytes = recurrent * gpuDeltaLayerBytes(c.linearAttention) * (s.checkpointed ? 2 : 1);
+    return stats;
   }
 
   async dispose(): Promise<void> {
@@ -185,6 +201,7 @@ function workerEngine(remote: Comlink.Remote<WorkerApi>, adapter: AdapterSummary
     truncateSession: (id, position) => call(remote.truncateSession(id, position)),
     forward: (id, input, position) => call(remote.forward(id, input, position)),
     bufferStats: () => call(remote.bufferStats()),
+    whenLost: () => call(remote.whenLost()),
     dispose: () => call(remote.dispose()),
   };
 }

@@ -1,102 +1,103 @@
-// One Gated DeltaNet layer's session state on the GPU and its token step, in the chunked form
-// of the CPU reference (../cpu/delta-chunk.ts): shaders/delta_net_step.wgsl per token,
-// shaders/delta_net_fold.wgsl at each chunk end. The WGSL forward pass does not run Qwen3.5
-// yet; this is the kernel pair and its state, checked against the CPU reference token for
-// token (test/webgpu-delta-net.test.ts), for that pass to build on.
+// One Gated DeltaNet layer's session state on the GPU and the dispatches that advance it, in
+// the chunked form of the CPU reference (../cpu/delta-chunk.ts, same symbols):
+// shaders/delta_net_step.wgsl per token, shaders/delta_net_fold.wgsl at each chunk end (chunks
+// at absolute multiples of CHUNK). The host keeps where the chunk is (session-recurrent.ts);
+// the buffers hold S₀, the chunk's rows and the conv inputs.
 
 import { MeshError } from '../../errors.ts';
 import type { LinearAttentionConfig } from '../../model/config.ts';
 import { CHUNK } from '../cpu/delta-chunk.ts';
-import type { KernelLibrary } from './kernels.ts';
-import { BufferUsage, MapMode } from './usage.ts';
+import type { GpuMemory } from './gpu-memory.ts';
+import { f32 } from './kernels.ts';
+import type { Recorder } from './kernels.ts';
+import { BufferUsage } from './usage.ts';
 
 /** The step kernel keeps a head in one workgroup of 256 invocations. */
-const MAX_HEAD_DIM = 256;
+export const DELTA_MAX_HEAD_DIM = 256;
 
-export class GpuDeltaNetLayer {
-  private readonly buffers: Record<'inputs' | 'taps' | 'conv' | 's0' | 'krows' | 'vp' | 'gc' | 'out' | 'read', GPUBuffer>;
-  /** tokens of the current chunk */
-  private rows = 0;
-  /** this step's parameter blocks, destroyed once it has run */
-  private uniforms: GPUBuffer[] = [];
+const STATE_USAGE = BufferUsage.STORAGE | BufferUsage.COPY_DST | BufferUsage.COPY_SRC;
+
+/** floats per token of a step's inputs: [channels | g | β] */
+export function deltaInputWidth(la: LinearAttentionConfig): number {
+  return la.convChannels + 2 * la.nVHeads;
+}
+
+export function checkDeltaShapes(la: LinearAttentionConfig): void {
+  if (la.headDim > DELTA_MAX_HEAD_DIM || CHUNK > la.headDim) {
+    throw new MeshError('UNSUPPORTED_TENSOR_LAYOUT', `DeltaNet head size ${la.headDim} must be in [${CHUNK}, ${DELTA_MAX_HEAD_DIM}] for the WGSL step`);
+  }
+}
+
+/** f32 bytes of one layer's state: S₀, the chunk's keys, V' rows and decays, the conv inputs. */
+export function gpuDeltaLayerBytes(la: LinearAttentionConfig): number {
+  const { nKHeads: nK, nVHeads: nV, headDim: d, convKernel: K, convChannels: ch } = la;
+  return 4 * (nV * d * d + CHUNK * (nK * d + nV * d + nV) + (K - 1 + CHUNK) * ch);
+}
+
+/** One layer's state buffers (f32). */
+export class GpuDeltaState {
+  readonly buffers: Record<'conv' | 's0' | 'krows' | 'vp' | 'gc', GPUBuffer>;
 
   constructor(
-    private readonly lib: KernelLibrary,
-    private readonly la: LinearAttentionConfig,
-    /** [channels × K] the layer's ssm_conv1d taps */
-    taps: Float32Array,
+    private readonly memory: GpuMemory,
+    label: string,
+    readonly la: LinearAttentionConfig,
   ) {
     const { nKHeads: nK, nVHeads: nV, headDim: d, convKernel: K, convChannels: ch } = la;
-    if (d > MAX_HEAD_DIM || CHUNK > d) {
-      throw new MeshError('UNSUPPORTED_TENSOR_LAYOUT', `DeltaNet head size ${d} must be in [${CHUNK}, ${MAX_HEAD_DIM}] for the WGSL step`);
-    }
-    const dev = lib.device;
-    const storage = (floats: number) => dev.createBuffer({ size: 4 * floats, usage: BufferUsage.STORAGE | BufferUsage.COPY_DST | BufferUsage.COPY_SRC });
+    const make = (name: string, floats: number) => memory.create(`${name} ${label}`, 4 * floats, STATE_USAGE);
     this.buffers = {
-      inputs: storage(ch + 2 * nV),
-      taps: storage(ch * K),
-      conv: storage((K - 1 + CHUNK) * ch),
-      s0: storage(nV * d * d),
-      krows: storage(CHUNK * nK * d),
-      vp: storage(CHUNK * nV * d),
-      gc: storage(CHUNK * nV),
-      out: storage(nV * d),
-      read: dev.createBuffer({ size: 4 * nV * d, usage: BufferUsage.MAP_READ | BufferUsage.COPY_DST }),
+      conv: make('conv', (K - 1 + CHUNK) * ch),
+      s0: make('s0', nV * d * d),
+      krows: make('krows', CHUNK * nK * d),
+      vp: make('vp', CHUNK * nV * d),
+      gc: make('gc', CHUNK * nV),
     };
-    dev.queue.writeBuffer(this.buffers.taps, 0, Float32Array.from(taps));
   }
 
-  /** One token: mixed [channels] before the conv, g and β [nV]; returns o [nV × d] before the gated norm. */
-  async step(mixed: Float32Array, g: Float32Array, beta: Float32Array, eps: number): Promise<Float32Array> {
-    const { nKHeads: nK, nVHeads: nV, headDim: d, convKernel: K, convChannels: ch } = this.la;
-    const dev = this.lib.device;
-    const b = this.buffers;
-    const inputs = new Float32Array(ch + 2 * nV); // [q|k|v mix | g | β]
-    inputs.set(mixed, 0);
-    inputs.set(g, ch);
-    inputs.set(beta, ch + nV);
-    dev.queue.writeBuffer(b.inputs, 0, inputs);
-    const enc = dev.createCommandEncoder({ label: 'delta_net' });
-    const pass = enc.beginComputePass();
-    const stepParams = new ArrayBuffer(32);
-    new Uint32Array(stepParams).set([this.rows, nK, nV, d, K, ch]);
-    new Float32Array(stepParams, 24, 1)[0] = eps;
-    this.dispatch(pass, 'delta_net_step', stepParams, [b.inputs, b.taps, b.conv, b.s0, b.krows, b.vp, b.gc, b.out], [nV, 1]);
-    this.rows++;
-    if (this.rows === CHUNK) {
-      const n = nV * d * d + (K - 1) * ch;
-      const groups = Math.ceil(n / 64);
-      const wgX = Math.min(groups, 65535);
-      const foldParams = new Uint32Array([this.rows, nK, nV, d, K, ch, wgX, 0]);
-      this.dispatch(pass, 'delta_net_fold', foldParams.buffer, [b.s0, b.krows, b.vp, b.gc, b.conv], [wgX, Math.ceil(groups / wgX)]);
-      this.rows = 0;
+  get bytes(): number {
+    return gpuDeltaLayerBytes(this.la);
+  }
+
+  /** zeroes S₀ and the conv rows (a rewind to 0; new buffers start zeroed) */
+  clear(): void {
+    const q = this.memory.device.queue;
+    for (const b of [this.buffers.s0, this.buffers.conv]) q.writeBuffer(b, 0, new Float32Array(b.size / 4));
+  }
+
+  /** copies every buffer of `from` into this one, recorded before `rec`'s dispatches (or now when rec is omitted) */
+  copyFrom(from: GpuDeltaState, rec?: Recorder): void {
+    const names = Object.keys(this.buffers) as (keyof GpuDeltaState['buffers'])[];
+    if (rec) {
+      for (const n of names) rec.copyBefore(from.buffers[n], this.buffers[n], this.buffers[n].size);
+      return;
     }
-    pass.end();
-    enc.copyBufferToBuffer(b.out, 0, b.read, 0, 4 * nV * d);
-    dev.queue.submit([enc.finish()]);
-    await b.read.mapAsync(MapMode.READ);
-    const o = new Float32Array(b.read.getMappedRange().slice(0));
-    b.read.unmap();
-    for (const u of this.uniforms.splice(0)) u.destroy();
-    return o;
+    const enc = this.memory.device.createCommandEncoder({ label: 'delta state copy' });
+    for (const n of names) enc.copyBufferToBuffer(from.buffers[n], 0, this.buffers[n], 0, this.buffers[n].size);
+    this.memory.device.queue.submit([enc.finish()]);
   }
 
-  dispose(): void {
-    for (const buf of Object.values(this.buffers)) buf.destroy();
+  free(): void {
+    for (const b of Object.values(this.buffers)) this.memory.destroy(b);
   }
+}
 
-  private dispatch(pass: GPUComputePassEncoder, kernel: string, params: ArrayBuffer, bindings: GPUBuffer[], groups: [number, number]): void {
-    const dev = this.lib.device;
-    const pipeline = this.lib.pipeline(kernel);
-    const uniform = dev.createBuffer({ size: params.byteLength, usage: BufferUsage.UNIFORM | BufferUsage.COPY_DST });
-    dev.queue.writeBuffer(uniform, 0, params);
-    this.uniforms.push(uniform);
-    const bindGroup = dev.createBindGroup({
-      layout: pipeline.getBindGroupLayout(0),
-      entries: [{ binding: 0, resource: { buffer: uniform } }, ...bindings.map((buffer, i) => ({ binding: i + 1, resource: { buffer } }))],
-    });
-    pass.setPipeline(pipeline);
-    pass.setBindGroup(0, bindGroup);
-    pass.dispatchWorkgroups(groups[0], groups[1]);
+/**
+ * n tokens of one layer: inputs [n × (channels + 2·nV)] (q|k|v mix, g, β; gates applied), conv
+ * taps [channels × K]; writes o [n × nV × d] (before the gated norm). `rows`: tokens of the
+ * current chunk before these; a fold is recorded at each chunk end.
+ */
+export function recordDeltaTokens(rec: Recorder, st: GpuDeltaState, taps: GPUBuffer, inputs: GPUBuffer, out: GPUBuffer, n: number, rows: number, eps: number): void {
+  const { nKHeads: nK, nVHeads: nV, headDim: d, convKernel: K, convChannels: ch } = st.la;
+  const b = st.buffers;
+  let t = rows;
+  for (let tok = 0; tok < n; tok++) {
+    rec.dispatch({ kernel: 'delta_net_step', params: [t, nK, nV, d, K, ch, f32(eps), tok], buffers: [inputs, taps, b.conv, b.s0, b.krows, b.vp, b.gc, out], groups: [nV] });
+    t++;
+    if (t === CHUNK) {
+      const groups = Math.ceil((nV * d * d + (K - 1) * ch) / 64);
+      const wgX = Math.min(groups, 65535);
+      rec.dispatch({ kernel: 'delta_net_fold', params: [t, nK, nV, d, K, ch, wgX, 0], buffers: [b.s0, b.krows, b.vp, b.gc, b.conv], groups: [wgX, Math.ceil(groups / wgX)] });
+      t = 0;
+    }
   }
 }

@@ -20,6 +20,8 @@ export interface StageEngine {
   truncateSession(sessionId: string, position: number): Promise<void>;
   forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult>;
   bufferStats(): Promise<BufferStats>;
+  /** resolves with why the GPU device was lost while the stage lived */
+  whenLost(): Promise<string>;
   dispose(): Promise<void>;
 }
 
@@ -54,6 +56,7 @@ export function inThreadEngine(stage: WebGpuStage): StageEngine {
     truncateSession: (id, position) => stage.truncateSession(id, position),
     forward: (id, input, position) => stage.forward(id, input, position),
     bufferStats: async () => stage.bufferStats(),
+    whenLost: () => stage.lostReason,
     dispose: () => stage.dispose(),
   };
 }
@@ -67,5 +70,7 @@ export interface WorkerApi {
   truncateSession(sessionId: string, position: number): Promise<WireResult<void>>;
   forward(sessionId: string, input: StageInput, position: number): Promise<WireResult<ForwardResult>>;
   bufferStats(): Promise<WireResult<BufferStats>>;
+  /** answers once the device is lost (a pending call until then) */
+  whenLost(): Promise<WireResult<string>>;
   dispose(): Promise<WireResult<void>>;
 }

@@ -17,6 +17,7 @@ export interface Scratch {
   xb: GPUBuffer; // [n × nEmbd] normed block input
   q: GPUBuffer; // [n × nHead·headDim]
   att: GPUBuffer; // [n × nHead·headDim] attention output (and raw q when q is normed)
+  qGate?: GPUBuffer; // [n × nHead·2·headDim] a gated attention's q projection (per head the query, then its gate)
   kTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 k on its way to the cache (normed, f16 or split caches)
   kTmp2?: GPUBuffer; // [n × nHeadKv·headDim] f32 normed k for an f16 or split cache (qwen3, gemma3)
   vTmp?: GPUBuffer; // [n × nHeadKv·headDim] f32 v for an f16 or split cache
@@ -51,7 +52,8 @@ export class ForwardBuffers {
     const tokens = n;
     const qDim = c.nHead * c.headDim;
     const kvDim = c.nHeadKv * c.headDim;
-    const kNorm = m.layers.some((l) => l.kNorm);
+    const kNorm = m.layers.some((l) => 'kNorm' in l && l.kNorm);
+    const vDim = c.linearAttention ? c.linearAttention.nVHeads * c.linearAttention.headDim : 0;
     // the dense FFN's width, or the shared expert's (a MoE without one needs none)
     const ffnWidth = Math.max(1, c.moe ? c.moe.nFfShared : c.nFf);
     const buf = (label: string, elements: number) => this.memory.create(label, elements * 4, ACTIVATION);
@@ -61,6 +63,7 @@ export class ForwardBuffers {
       xb: buf('xb', tokens * c.nEmbd),
       q: buf('q', tokens * qDim),
       att: buf('att', tokens * qDim),
+      qGate: c.attnOutputGate ? buf('q gate', tokens * 2 * qDim) : undefined,
       // (k and v stage here for normed or f16 caches, and for caches split by heads, which any session may have)
       kTmp: buf('kTmp', tokens * kvDim),
       kTmp2: kNorm ? buf('kTmp2', tokens * kvDim) : undefined,
@@ -75,7 +78,7 @@ export class ForwardBuffers {
       rounded: {},
     };
     if (this.kernels.roundActivations) {
-      const widest = tokens * Math.max(c.nEmbd, qDim, ffnWidth);
+      const widest = tokens * Math.max(c.nEmbd, qDim, ffnWidth, vDim);
       for (const f of ['f16', 'bf16', 'q8_0', 'q8_K'] as const) this.scratch.rounded[f] = buf(`x rounded ${f}`, widest);
     }
     return this.scratch;
@@ -102,7 +105,7 @@ export class ForwardBuffers {
   private freeScratch(): void {
     const sc = this.scratch;
     if (!sc) return;
-    for (const b of [sc.x, sc.xb, sc.q, sc.att, sc.kTmp, sc.kTmp2, sc.vTmp, sc.tmp, sc.gate, sc.up, sc.ids, sc.rope, sc.ropeSwa, sc.logits, ...Object.values(sc.rounded)]) this.memory.destroy(b);
+    for (const b of [sc.x, sc.xb, sc.q, sc.att, sc.qGate, sc.kTmp, sc.kTmp2, sc.vTmp, sc.tmp, sc.gate, sc.up, sc.ids, sc.rope, sc.ropeSwa, sc.logits, ...Object.values(sc.rounded)]) this.memory.destroy(b);
     this.scratch = null;
   }
 }

@@ -8,9 +8,12 @@ import { activationFormatFor } from '../cpu/act-round.ts';
 import { ropeFor } from '../../model/config.ts';
 import type { RopeConfig } from '../../model/config.ts';
 import type { StageInput, StageOutput } from '../types.ts';
+import { DeltaNetPass } from './delta-net-pass.ts';
+import type { MatmulAt } from './delta-net-pass.ts';
 import { ForwardBuffers } from './forward-buffers.ts';
 import type { Scratch } from './forward-buffers.ts';
 import type { GpuMemory } from './gpu-memory.ts';
+import { isDeltaNet } from './hybrid-weights.ts';
 import { Recorder } from './kernels.ts';
 import type { KernelLibrary, SubmitResources } from './kernels.ts';
 import type { DenseFfnWeights } from './layer-weights.ts';
@@ -20,12 +23,13 @@ import type { DensePath } from './moe-pass.ts';
 import * as op from './ops.ts';
 import { ropeTable } from './rope-table.ts';
 import type { KvPart, SessionKv } from './session-kv.ts';
-import type { LayerWeights, ShardWeights } from './shard-weights.ts';
+import type { BlockWeights, LayerWeights, ShardWeights } from './shard-weights.ts';
 import type { StageKernels } from './stage-kernels.ts';
 
 export class ForwardPass {
   private readonly buffers: ForwardBuffers;
   private readonly moe: MoePass | null;
+  private readonly delta: DeltaNetPass | null;
 
   constructor(
     private readonly memory: GpuMemory,
@@ -36,6 +40,7 @@ export class ForwardPass {
   ) {
     this.buffers = new ForwardBuffers(memory, weights, kernels);
     this.moe = weights.config.moe ? new MoePass(memory, weights.config, kernels) : null;
+    this.delta = weights.config.linearAttention ? new DeltaNetPass(memory, weights.config) : null;
   }
 
   /** Runs the shard over `input` (n tokens, already checked) at `position` of `kv`. */
@@ -59,13 +64,21 @@ export class ForwardPass {
 
     const rec = new Recorder(this.library, this.resources);
     const retired = kv.grow(rec, position + n);
+    kv.recurrent?.beginForward(rec, position, n);
     if (m.tokenEmbd) {
       op.getRows(rec, m.tokenEmbd, sc.ids, sc.x, n);
       if (c.embedScale !== 1) op.scale(rec, sc.x, 0, n * c.nEmbd, c.embedScale);
     }
     m.layers.forEach((layer, l) => {
       const il = m.shard.start + l;
-      this.recordAttention(rec, layer, kv.keys[l]!, kv.values[l]!, kv.parts, sc, partial, n, position, tables.get(ropes[l]!)!, c.swaLayers[il] ? c.slidingWindow : 0);
+      // the block kind: a Gated DeltaNet over the session's recurrent state, or attention over its KV cache
+      if (isDeltaNet(layer)) {
+        const st = kv.recurrent!;
+        this.delta!.record(rec, layer, st.layers[l]!, sc.x, sc.xb, sc.tmp, n, st.rows, this.matmulAt(rec, sc));
+        this.addResidual(rec, sc, undefined, n);
+      } else {
+        this.recordAttention(rec, layer, kv.keys[l]!, kv.values[l]!, kv.parts, sc, partial, n, position, tables.get(ropes[l]!)!, c.swaLayers[il] ? c.slidingWindow : 0);
+      }
       this.recordFfn(rec, layer, sc, n);
     });
 
@@ -89,6 +102,7 @@ export class ForwardPass {
   dispose(): void {
     this.buffers.dispose();
     this.moe?.dispose();
+    this.delta?.dispose();
   }
 
   /** One block's attention over n tokens at positions [pos, pos + n), with its residual add. */
@@ -126,10 +140,13 @@ export class ForwardPass {
     const vCache = vParts[0]!;
     const storeParts = (src: GPUBuffer, dst: GPUBuffer[]) => parts.forEach((part, i) => op.kvStore(rec, src, dst[i]!, part, headDim, kvDim, n, pos, kvType));
     const normed = new Map<string, GPUBuffer>();
-    const qRaw = w.qNorm ? sc.att : sc.q;
-    mm(w.wq, sc.xb, normed, qRaw, 0, qDim);
+    // Qwen3.5: per head the query, then its output gate
+    const gated = w.outputGate === true;
+    const qRaw = gated ? sc.qGate! : w.qNorm ? sc.att : sc.q;
+    const qStride = gated ? 2 * headDim : headDim;
+    mm(w.wq, sc.xb, normed, qRaw, 0, gated ? 2 * qDim : qDim);
     if (w.bq) op.add(rec, qRaw, 0, w.bq, n * qDim, qDim);
-    if (w.qNorm) op.rmsNorm(rec, sc.att, 0, headDim, w.qNorm, sc.q, 0, headDim, headDim, n * nHead, rmsEps);
+    if (w.qNorm) op.rmsNorm(rec, qRaw, 0, qStride, w.qNorm, sc.q, 0, headDim, headDim, n * nHead, rmsEps);
     op.rope(rec, sc.q, 0, ropeTab, n, nHead, headDim, c.rope.nRot, neox);
     // gemma3, phi3: queries scaled before attention, scores not scaled again
     if (c.queryScale !== null) op.scale(rec, sc.q, 0, n * qDim, c.queryScale);
@@ -164,18 +181,19 @@ export class ForwardPass {
     const slices = parts.map((part, i) => ({ k: kParts[i]!, v: vParts[i]!, slice: split ? part : { h0: 0, heads: nHeadKv } }));
     if (n === 1) op.attentionDecode(rec, shape, sc.q, 0, kCache, vCache, partial, sc.att, pos + 1, kvType, window, scoreScale, slices);
     else for (const p of slices) op.attentionPrefill(rec, shape, sc.q, p.k, p.v, sc.att, n, pos, kvType, window, scoreScale, p.slice);
+    if (gated) op.sigmoidGate(rec, sc.att, qRaw, n * nHead, headDim, headDim, qStride);
     // output projection (and its post-norm, gemma3), residual
     mm(w.wo, sc.att, new Map(), sc.tmp, 0, nEmbd);
     this.addResidual(rec, sc, w.attnPostNorm, n);
   }
 
   /** One block's feed-forward: norm, dense gated FFN or mixture of experts, residual add. */
-  private recordFfn(rec: Recorder, w: LayerWeights, sc: Scratch, n: number): void {
+  private recordFfn(rec: Recorder, w: BlockWeights, sc: Scratch, n: number): void {
     const c = this.weights.config;
     op.rmsNorm(rec, sc.x, 0, c.nEmbd, w.ffnNorm, sc.xb, 0, c.nEmbd, c.nEmbd, n, c.rmsEps);
     if (w.ffn.kind === 'moe') this.moe!.record(rec, w.ffn, sc.xb, sc.tmp, n, this.densePath(rec, sc));
     else this.densePath(rec, sc).ffn(w.ffn, sc.xb, sc.tmp, n);
-    this.addResidual(rec, sc, w.ffnPostNorm, n);
+    this.addResidual(rec, sc, 'ffnPostNorm' in w ? w.ffnPostNorm : undefined, n);
   }
 
   /** x += block output (sc.tmp), RMS-normed first when the block has a post-norm (normed into sc.xb, which is free by then). */
@@ -187,6 +205,12 @@ export class ForwardPass {
       out = sc.xb;
     }
     op.add(rec, sc.x, 0, out, n * nEmbd);
+  }
+
+  /** A matmul with ggml's activation rounding, writing at an offset and stride of `out`. */
+  private matmulAt(rec: Recorder, sc: Scratch): MatmulAt {
+    const { matVec, matMul } = this.kernels;
+    return (w, x, n, memo, out, outOffset, outStride) => op.matmul(rec, w, this.input(rec, sc, w, x, n, memo), 0, out, outOffset, outStride, n, matVec, matMul);
   }
 
   /** The dense building blocks, with ggml's activation rounding: a matmul, the gated FFN, its activation. */

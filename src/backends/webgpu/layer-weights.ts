@@ -40,6 +40,8 @@ export interface LayerWeights {
   ffnNorm: GPUBuffer; // [nEmbd] f32
   ffnPostNorm?: GPUBuffer; // [nEmbd] f32 (gemma3)
   ffn: DenseFfnWeights | MoeFfnWeights;
+  /** Qwen3.5's gated attention: wq has 2·nHead·headDim rows (per head the query, then its sigmoid gate) */
+  outputGate?: true;
 }
 
 /** How a layer's tensors are uploaded, by name (TENSOR_MISSING when absent). */
@@ -79,8 +81,13 @@ export function uploadLayer(t: TensorUploader, config: ModelConfig, il: number):
     attnPostNorm: optional(`${p}post_attention_norm.weight`),
     ffnNorm: t.vector(`${p}ffn_norm.weight`),
     ffnPostNorm: optional(`${p}post_ffw_norm.weight`),
-    ffn: config.moe ? moeWeights(t, p, config.moe.nFfShared > 0, config.nFf) : denseWeights(t, p, '', config.nFf),
+    ffn: ffnWeights(t, config, p),
   };
+}
+
+/** The block's dense feed-forward or mixture of experts; p: "blk.{il}." */
+export function ffnWeights(t: TensorUploader, config: ModelConfig, p: string): DenseFfnWeights | MoeFfnWeights {
+  return config.moe ? moeWeights(t, p, config.moe.nFfShared > 0, config.nFf) : denseWeights(t, p, '', config.nFf);
 }
 
 /** ffn_{gate,up,down}{suffix}; phi3 fuses gate and up into ffn_up (gate rows first). */
@@ -113,18 +120,18 @@ function moeWeights(t: TensorUploader, p: string, shared: boolean, nFf: number):
 
 /** Every matrix of the layer (for pipelines and freeing). */
 export function layerMatrices(l: LayerWeights): GpuMatrix[] {
-  const out = [l.wq, l.wk, l.wv, l.wo];
-  const dense = (f: DenseFfnWeights) => [f.wGate, f.wUp, f.wDown];
-  if (l.ffn.kind === 'dense') out.push(...dense(l.ffn));
-  else {
-    out.push(l.ffn.router);
-    if (l.ffn.shared) out.push(l.ffn.shared.gateInp, ...dense(l.ffn.shared.ffn));
-  }
-  return out;
+  return [l.wq, l.wk, l.wv, l.wo, ...ffnMatrices(l.ffn)];
 }
 
-export function layerExperts(l: LayerWeights): GpuExperts[] {
-  return l.ffn.kind === 'moe' ? [l.ffn.gate, l.ffn.up, l.ffn.down] : [];
+/** The feed-forward's matrices (router and shared expert included, experts not). */
+export function ffnMatrices(f: DenseFfnWeights | MoeFfnWeights): GpuMatrix[] {
+  const dense = (f: DenseFfnWeights) => [f.wGate, f.wUp, f.wDown];
+  if (f.kind === 'dense') return dense(f);
+  return f.shared ? [f.router, f.shared.gateInp, ...dense(f.shared.ffn)] : [f.router];
+}
+
+export function ffnExperts(f: DenseFfnWeights | MoeFfnWeights): GpuExperts[] {
+  return f.kind === 'moe' ? [f.gate, f.up, f.down] : [];
 }
 
 export function layerVectors(l: LayerWeights): (GPUBuffer | undefined)[] {

@@ -74,12 +74,12 @@ export function moeCombine(
   nTokens: number,
   nEmbd: number,
   k: number,
-  shared?: { out: GPUBuffer; gate: GPUBuffer },
+  shared?: { out: GPUBuffer; gate: GPUBuffer; sigmoid?: boolean },
 ): void {
   const [gx, gy] = grid2d(Math.ceil((nTokens * nEmbd) / WG));
   rec.dispatch({
     kernel: 'moe_combine',
-    entry: shared ? 'with_shared' : 'main',
+    entry: shared ? (shared.sigmoid ? 'with_sigmoid_shared' : 'with_shared') : 'main',
     params: [nTokens, nEmbd, k, gx],
     buffers: shared ? [y, weights, out, shared.out, shared.gate] : [y, weights, out],
     groups: [gx, gy],

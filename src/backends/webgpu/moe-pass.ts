@@ -76,7 +76,7 @@ export class MoePass {
     if (w.shared) {
       dense.matmul(w.shared.gateInp, x, sc.shGate!, 1, n);
       dense.ffn(w.shared.ffn, x, sc.shOut!, n);
-      moeOp.moeCombine(rec, sc.down, sc.weights, out, n, nEmbd, k, { out: sc.shOut!, gate: sc.shGate! });
+      moeOp.moeCombine(rec, sc.down, sc.weights, out, n, nEmbd, k, { out: sc.shOut!, gate: sc.shGate!, sigmoid: moe.sigmoidSharedGate });
     } else {
       moeOp.moeCombine(rec, sc.down, sc.weights, out, n, nEmbd, k);
     }

@@ -256,6 +256,12 @@ export function geglu(rec: Recorder, g: GPUBuffer, u: GPUBuffer, table: GPUBuffe
   rec.dispatch({ kernel: 'geglu', params: [n, gx], buffers: [g, u, table], groups: [gx, gy] });
 }
 
+/** x[r·cols + j] *= sigmoid(g[gOffset + r·gStride + j]) for r < rows, j < cols (Qwen3.5's gated attention). */
+export function sigmoidGate(rec: Recorder, x: GPUBuffer, g: GPUBuffer, rows: number, cols: number, gOffset: number, gStride: number): void {
+  const [gx, gy] = grid2d(Math.ceil((rows * cols) / WG));
+  rec.dispatch({ kernel: 'sigmoid_gate', params: [rows * cols, cols, gOffset, gStride, gx], buffers: [x, g], groups: [gx, gy] });
+}
+
 /** x[xOffset + i] *= c for i < n. */
 export function scale(rec: Recorder, x: GPUBuffer, xOffset: number, n: number, c: number): void {
   const [gx, gy] = grid2d(Math.ceil(n / WG));

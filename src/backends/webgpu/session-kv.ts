@@ -10,6 +10,7 @@ import type { SessionStats } from '../types.ts';
 import type { GpuMemory } from './gpu-memory.ts';
 import type { Recorder } from './kernels.ts';
 import { kvCapacity } from './kv-capacity.ts';
+import type { SessionRecurrent } from './session-recurrent.ts';
 import { BufferUsage } from './usage.ts';
 
 const KV_USAGE = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DST;
@@ -45,6 +46,10 @@ export class SessionKv {
   /** per layer, per part: [capacity × part heads·headDim] f32 or packed f16 */
   values: GPUBuffer[][] = [];
   kvBytes: number;
+  /** the Gated DeltaNet layers' state (Qwen3.5), or null when every layer attends */
+  recurrent: SessionRecurrent | null = null;
+  /** layers holding keys and values (a DeltaNet layer holds none) */
+  private readonly kvLayers: number;
 
   constructor(
     private readonly memory: GpuMemory,
@@ -57,10 +62,13 @@ export class SessionKv {
     /** the split by KV heads (one part: unsplit) */
     readonly parts: readonly KvPart[] = [{ h0: 0, heads: 1 }],
     private readonly headDim: number = kvDim,
+    /** per shard layer: whether it attends (default: all) */
+    private readonly attends: readonly boolean[] = new Array<boolean>(nLayers).fill(true),
   ) {
     this.capacity = kvCapacity(0, 1, contextLength);
     this.processedTokens = new Array<number>(nLayers).fill(0);
-    this.kvBytes = 2 * nLayers * this.capacity * kvDim * elementBytes;
+    this.kvLayers = attends.filter(Boolean).length;
+    this.kvBytes = 2 * this.kvLayers * this.capacity * kvDim * elementBytes;
   }
 
   /** elements per position of part p */
@@ -71,6 +79,11 @@ export class SessionKv {
   /** creates the first buffers (in the caller's error scopes) */
   allocate(): void {
     for (let l = 0; l < this.nLayers; l++) {
+      if (!this.attends[l]) {
+        this.keys.push([]);
+        this.values.push([]);
+        continue;
+      }
       this.keys.push(this.parts.map((_, p) => this.memory.create(`k[${l}.${p}] ${this.sessionId}`, this.capacity * this.partWidth(p) * this.elementBytes, KV_USAGE)));
       this.values.push(this.parts.map((_, p) => this.memory.create(`v[${l}.${p}] ${this.sessionId}`, this.capacity * this.partWidth(p) * this.elementBytes, KV_USAGE)));
     }
@@ -98,7 +111,7 @@ export class SessionKv {
     this.keys = grow(this.keys, 'k');
     this.values = grow(this.values, 'v');
     this.capacity = capacity;
-    this.kvBytes = 2 * this.keys.length * capacity * this.kvDim * eb;
+    this.kvBytes = 2 * this.kvLayers * capacity * this.kvDim * eb;
     return retired;
   }
 
@@ -109,12 +122,14 @@ export class SessionKv {
   }
 
   stats(): SessionStats {
-    return { position: this.position, kvBytes: this.kvBytes, processedTokens: [...this.processedTokens] };
+    return { position: this.position, kvBytes: this.kvBytes, processedTokens: [...this.processedTokens], ...(this.recurrent ? { recurrentBytes: this.recurrent.bytes } : {}) };
   }
 
   free(): void {
     for (const b of [...this.keys.flat(), ...this.values.flat()]) this.memory.destroy(b);
     this.keys = [];
     this.values = [];
+    this.recurrent?.free();
+    this.recurrent = null;
   }
 }

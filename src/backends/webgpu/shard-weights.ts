@@ -11,12 +11,14 @@ import type { GpuMemory } from './gpu-memory.ts';
 import { GELU_F16_TABLE } from '../cpu/gelu.ts';
 import { destroyExperts, uploadExperts } from './experts.ts';
 import type { GpuExperts } from './experts.ts';
-import { layerExperts, layerMatrices, layerVectors, uploadLayer } from './layer-weights.ts';
-import type { LayerWeights, TensorUploader } from './layer-weights.ts';
+import { blockExperts, blockMatrices, blockVectors, uploadBlock } from './hybrid-weights.ts';
+import type { BlockWeights } from './hybrid-weights.ts';
+import type { TensorUploader } from './layer-weights.ts';
 import { destroyMatrix, uploadMatrix } from './matrix.ts';
 import type { GpuMatrix } from './matrix.ts';
 
 export type { LayerWeights } from './layer-weights.ts';
+export type { BlockWeights } from './hybrid-weights.ts';
 
 /** One tensor of the shard as read from the artifact. */
 export interface StageTensor {
@@ -40,7 +42,7 @@ export interface ShardWeights {
   shard: ShardRange;
   artifact: string;
   tokenEmbd?: GpuMatrix; // [nVocab rows × nEmbd]
-  layers: LayerWeights[];
+  layers: BlockWeights[];
   outputNorm?: GPUBuffer; // [nEmbd] f32
   output?: GpuMatrix; // [nVocab rows × nEmbd]
   /** [65536] f32 GELU by f16 bit pattern, for GeGLU models (gemma3) */
@@ -94,7 +96,7 @@ export function uploadShardWeights(memory: GpuMemory, model: StageModel, maxChun
 
   const weights: ShardWeights = { config, shard: { ...shard }, artifact: model.artifact, layers: [] };
   if (shard.start === 0) weights.tokenEmbd = matrix('token_embd.weight');
-  for (let l = shard.start; l < shard.end; l++) weights.layers.push(uploadLayer(uploader, config, l));
+  for (let l = shard.start; l < shard.end; l++) weights.layers.push(uploadBlock(uploader, config, l));
   if (config.ffnActivation === 'gelu') weights.geluTable = memory.upload('gelu f16 table', GELU_F16_TABLE);
   if (shard.end === config.nLayer) {
     weights.outputNorm = vector('output_norm.weight');
@@ -105,14 +107,14 @@ export function uploadShardWeights(memory: GpuMemory, model: StageModel, maxChun
 
 /** Every matrix a forward multiplies by: the layers' projections and the head. */
 export function shardMatrices(w: ShardWeights): GpuMatrix[] {
-  const out = w.layers.flatMap(layerMatrices);
+  const out = w.layers.flatMap(blockMatrices);
   if (w.output) out.push(w.output);
   return out;
 }
 
 /** Every expert tensor of the shard. */
 export function shardExperts(w: ShardWeights): GpuExperts[] {
-  return w.layers.flatMap(layerExperts);
+  return w.layers.flatMap(blockExperts);
 }
 
 export function destroyShardWeights(memory: GpuMemory, w: ShardWeights): void {
@@ -121,8 +123,8 @@ export function destroyShardWeights(memory: GpuMemory, w: ShardWeights): void {
   memory.destroy(w.outputNorm);
   memory.destroy(w.geluTable);
   for (const l of w.layers) {
-    for (const mat of layerMatrices(l)) destroyMatrix(memory, mat);
-    for (const e of layerExperts(l)) destroyExperts(memory, e);
-    for (const v of layerVectors(l)) memory.destroy(v);
+    for (const mat of blockMatrices(l)) destroyMatrix(memory, mat);
+    for (const e of blockExperts(l)) destroyExperts(memory, e);
+    for (const v of blockVectors(l)) memory.destroy(v);
   }
 }

@@ -77,7 +77,8 @@ export function pipelinesFor(m: ShardWeights, k: StageKernels): PipelineWanted[]
     if (k.matVec === 'mul_mat_vec') out.push({ kernel: 'mul_mat_vec_id', quant: q });
   }
   if (experts.length > 0) {
-    out.push({ kernel: 'moe_route' }, { kernel: 'moe_group' }, { kernel: 'moe_combine', entry: m.config.moe!.nFfShared > 0 ? 'with_shared' : 'main' });
+    const moe = m.config.moe!;
+    out.push({ kernel: 'moe_route' }, { kernel: 'moe_group' }, { kernel: 'moe_combine', entry: moe.nFfShared > 0 ? (moe.sigmoidSharedGate ? 'with_sigmoid_shared' : 'with_shared') : 'main' });
   }
   if (m.tokenEmbd) out.push({ kernel: 'get_rows', quant: m.tokenEmbd.quant });
   if (k.roundActivations) {
@@ -96,6 +97,8 @@ export function pipelinesFor(m: ShardWeights, k: StageKernels): PipelineWanted[]
     { kernel: 'attention_decode', quant: k.kvType, entry: 'combine' },
     { kernel: 'attention_prefill', quant: k.kvType },
   );
+  if (c.linearAttention) out.push({ kernel: 'delta_net_gates' }, { kernel: 'delta_net_step' }, { kernel: 'delta_net_fold' }, { kernel: 'swiglu' });
+  if (c.attnOutputGate) out.push({ kernel: 'sigmoid_gate' });
   if (k.kvType === 'f16') out.push({ kernel: 'pack_f16' });
   out.push({ kernel: 'kv_store', entry: k.kvType === 'f16' ? 'store_f16' : 'store_f32' });
   return out;

@@ -14,7 +14,9 @@ import { ForwardPass } from './forward-pass.ts';
 import { GpuMemory } from './gpu-memory.ts';
 import { KernelLibrary, SubmitResources } from './kernels.ts';
 import * as op from './ops.ts';
+import { checkDeltaShapes } from './delta-net.ts';
 import { kvParts, SessionKv } from './session-kv.ts';
+import { SessionRecurrent } from './session-recurrent.ts';
 import type { ShaderSources } from './shader-library.ts';
 import { destroyShardWeights, shardLabel, uploadShardWeights } from './shard-weights.ts';
 import type { ShardWeights, StageModel } from './shard-weights.ts';
@@ -33,6 +35,8 @@ export class WebGpuStage {
   private pass: ForwardPass | null = null;
   private readonly sessions = new Map<string, SessionKv>();
   private lost: string | null = null;
+  /** resolves with why the device was lost (never once the stage is disposed): a serving peer hands its stage on */
+  readonly lostReason: Promise<string>;
   /** calls run one at a time: they share scratch buffers, the readback buffer and error scopes */
   private tail: Promise<unknown> = Promise.resolve();
   private disposed = false;
@@ -47,8 +51,12 @@ export class WebGpuStage {
     this.library = new KernelLibrary(device, sources);
     this.resources = new SubmitResources(this.memory);
     this.kernels = chooseStageKernels(adapter, options);
-    void device.lost.then((info) => {
-      if (!this.disposed) this.lost = `${info.reason}: ${info.message}`;
+    this.lostReason = new Promise((resolve) => {
+      void device.lost.then((info) => {
+        if (this.disposed) return;
+        this.lost = `${info.reason}: ${info.message}`;
+        resolve(this.lost);
+      });
     });
   }
 
@@ -77,6 +85,7 @@ export class WebGpuStage {
     if (model.config.headDim > op.ATTENTION_MAX_HEAD_DIM) {
       throw new MeshError('UNSUPPORTED_MODEL', `head dimension ${model.config.headDim} exceeds the WebGPU attention kernel's ${op.ATTENTION_MAX_HEAD_DIM}`);
     }
+    if (model.config.linearAttention) checkDeltaShapes(model.config.linearAttention);
     const maxChunk = Math.min(this.options.maxChunkBytes ?? Infinity, this.adapter.maxStorageBufferBindingSize, this.adapter.maxBufferSize);
     const before = this.memory.snapshot();
     await this.guard(shardLabel(model), 'uploading weights', async () => {
@@ -109,8 +118,15 @@ export class WebGpuStage {
     // a layer's cache larger than one binding is split by KV heads (CONTEXT_TOO_LARGE when one head does not fit)
     const maxBinding = Math.min(this.options.maxKvBindingBytes ?? Infinity, this.adapter.maxStorageBufferBindingSize, this.adapter.maxBufferSize);
     const parts = kvParts(nHeadKv, headDim, this.kernels.kvElementBytes, contextLength, maxBinding);
-    const kv = new SessionKv(this.memory, sessionId, contextLength, nHeadKv * headDim, this.kernels.kvElementBytes, m.layers.length, parts, headDim);
-    await this.guard(shardLabel(m), `allocating the KV cache of session ${sessionId}`, async () => kv.allocate()).catch((e) => {
+    // Qwen3.5: DeltaNet layers hold a fixed-size recurrent state instead of keys and values
+    const la = m.config.linearAttention;
+    const recurrent = m.config.recurrentLayers.slice(m.shard.start, m.shard.end);
+    const attends = la ? recurrent.map((r) => !r) : undefined;
+    const kv = new SessionKv(this.memory, sessionId, contextLength, nHeadKv * headDim, this.kernels.kvElementBytes, m.layers.length, parts, headDim, attends);
+    await this.guard(shardLabel(m), `allocating the KV cache of session ${sessionId}`, async () => {
+      kv.allocate();
+      if (la) kv.recurrent = new SessionRecurrent(this.memory, sessionId, la, recurrent);
+    }).catch((e) => {
       kv.free();
       throw e;
     });
@@ -129,11 +145,12 @@ export class WebGpuStage {
     return this.session(sessionId).stats();
   }
 
-  /** forgets positions [position, current): attention reads only the first `position` */
+  /** forgets positions [position, current): attention reads only the first `position`; recurrent state rewinds by its rules (session-recurrent.ts) */
   truncateSession(sessionId: string, position: number): Promise<void> {
     return this.exclusive(async () => {
       const kv = this.session(sessionId);
       checkTruncate(sessionId, position, kv.position);
+      kv.recurrent?.rewind(position);
       kv.position = position;
     });
   }
@@ -148,8 +165,13 @@ export class WebGpuStage {
     const kv = this.session(sessionId);
     const n = this.checkInput(m, kv, sessionId, input, position);
     const started = performance.now();
-    const output = await this.guard(shardLabel(m), `forward of session ${sessionId}`, () => this.pass!.run(kv, input, n, position));
+    const output = await this.guard(shardLabel(m), `forward of session ${sessionId}`, () => this.pass!.run(kv, input, n, position)).catch((e) => {
+      // a forward that failed part-way must not leave the recurrent state advanced
+      kv.recurrent?.abandon();
+      throw e;
+    });
     kv.advance(n);
+    kv.recurrent?.advance(n);
     return { output, computeMs: performance.now() - started };
   }
 

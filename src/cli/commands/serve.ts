@@ -5,7 +5,7 @@
 
 import { networkInterfaces } from 'node:os';
 import type { Command } from '../command.ts';
-import { intOption, stringOption, UsageError } from '../command.ts';
+import { intOption, sizeOption, stringOption, UsageError } from '../command.ts';
 import { startSignalingServer } from '../../../signaling-server/server.ts';
 import type { SignalingServerOptions } from '../../../signaling-server/server.ts';
 import { startServerWithApp } from '../../../signaling-server/static.ts';
@@ -73,6 +73,8 @@ export const command: Command = {
     'tls-key': { type: 'string', description: 'the private key (PEM) of --tls-cert', valueName: '<file>' },
     'insecure-http': { type: 'boolean', description: 'plain HTTP beyond loopback: other devices then get no WebGPU (browsers need https)' },
     'min-peers': { type: 'string', description: 'plan a route once this many peers joined', default: '1', valueName: '<n>' },
+    'stage-min-stay': { type: 'string', description: 'a peer becomes a stage only after this long in the room, unless it holds a verified shard; until then it is a spare (ms)', default: '0', valueName: '<ms>' },
+    'stage-min-memory': { type: 'string', description: 'a peer with less memory to give is never a stage, only a spare or a client (e.g. 1GiB)', default: '0', valueName: '<size>' },
     'plan-delay': { type: 'string', description: 'wait after the last join before planning (ms)', default: '300', valueName: '<ms>' },
     'session-ttl': { type: 'string', description: 'idle sessions expire after this many seconds', default: '300', valueName: '<s>' },
     'repair-timeout': { type: 'string', description: 'a route that lost a stage waits this long for a replacement before its sessions fail (ms; 0 = never repair)', default: '30000', valueName: '<ms>' },
@@ -123,6 +125,7 @@ export const command: Command = {
       heartbeatTimeoutMs: intOption(args, 'heartbeat-timeout', 3_500),
       standby: standbyOption(stringOption(args, 'standby')),
       planner: plannerOption(stringOption(args, 'planner')),
+      stagePolicy: { minStayMs: intOption(args, 'stage-min-stay', 0), minMemoryBytes: sizeOption(args, 'stage-min-memory') },
       stepTimeoutMs: intOption(args, 'step-timeout', 30_000),
       ...(iceServers.length ? { iceServers } : {}),
       ...(turnSecret ? { turn: { secret: turnSecret, ttlS: intOption(args, 'turn-ttl', 3600) } } : {}),
@@ -168,3 +171,4 @@ async function serverTls(args: Parameters<Command['run']>[0], host: string): Pro
   if (choice.kind === 'operator') return operatorTls(choice.certFile, choice.keyFile);
   return localCaTls(join(meshCacheDir(), 'tls'), machineNames(host), (line) => console.log(line));
 }
+
