@@ -7,7 +7,7 @@ import type { FrameLink } from '../src/transport/link.ts';
 import { MeshError } from '../src/errors.ts';
 import { decodeFrame, encodeFrame, FrameType } from '../src/protocol/frame.ts';
 import { fromBase64, toBase64 } from '../src/protocol/control.ts';
-import type { RelayReply, RelayRequest, SignalToPeer } from '../src/protocol/control.ts';
+import type { PeerMessage, RelayReply, RelayRequest, SignalToPeer } from '../src/protocol/control.ts';
 
 export interface BrowserPeerRoom {
   /** send a JSON control message to peer `id`; false when it is not in the room */
@@ -25,10 +25,10 @@ export type RelayLedger = Map<string, RelayCounters>;
  * Handles signal and relay messages from peer `from`; returns false for any other message
  * (the caller's own handling applies). Replies go back through `reply`.
  */
-export function handleBrowserPeerMessage(room: BrowserPeerRoom, from: string, msg: { t: string }, reply: (m: unknown) => void, ledger: RelayLedger): boolean {
+export function handleBrowserPeerMessage(room: BrowserPeerRoom, from: string, msg: PeerMessage | { t: string }, reply: (m: unknown) => void, ledger: RelayLedger): boolean {
   if (msg.t === 'signal') {
     const m = msg as SignalToPeer;
-    room.sendTo(String(m.to), { t: 'signal', from, cid: String(m.cid), signal: m.signal });
+    room.sendTo(m.to, { t: 'signal', from, cid: m.cid, signal: m.signal });
     return true;
   }
   if (msg.t === 'relay') {
@@ -57,11 +57,11 @@ export interface RelayCounters {
  */
 export async function relayThroughRoom(room: RelayRoom, from: string, m: RelayRequest, counters: Map<string, RelayCounters>): Promise<RelayReply> {
   try {
-    const link = room.controlOf(String(m.to));
-    if (!link) throw new MeshError('STAGE_UNREACHABLE', `peer ${String(m.to)} is not in this room`);
+    const link = room.controlOf(m.to);
+    if (!link) throw new MeshError('STAGE_UNREACHABLE', `peer ${m.to} is not in this room`);
     // a stage passes hidden states to its next stage, nothing else: the relay carries no more
-    if (room.nextStageOf(from) !== m.to) throw new MeshError('RELAY_REFUSED', `peer ${from} does not serve the stage before ${String(m.to)}'s`);
-    const bytes = fromBase64(String(m.frame));
+    if (room.nextStageOf(from) !== m.to) throw new MeshError('RELAY_REFUSED', `peer ${from} does not serve the stage before ${m.to}'s`);
+    const bytes = fromBase64(m.frame);
     const frame = decodeFrame(bytes);
     if (frame.type !== FrameType.Hidden) throw new MeshError('RELAY_REFUSED', `only Hidden frames are relayed between stages, not ${FrameType[frame.type]}`);
     const key = `${from}->${m.to}`;

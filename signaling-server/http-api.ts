@@ -1,7 +1,8 @@
-// The server's HTTP router: the trust files (public), the web app's hook, CORS, then the API — model bytes, fetch
-// logs, manifests and headers, rooms, routes, telemetry streams, the OpenAI-compatible API and
-// binary session frames. Every API request presents a room secret as its Bearer token and
-// sees only the rooms that secret opens.
+// The server's HTTP router: the trust files (public), the web app's hook, CORS, /v1/health (no
+// credential), then the API — model bytes, fetch logs, manifests and headers, rooms, routes,
+// telemetry streams, the OpenAI-compatible API and binary session frames. Every API request
+// presents a credential as its Bearer token (access.ts), sees only the rooms it opens, and each
+// endpoint names the roles it takes (the table below); an API key sees only its own sessions.
 
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { MeshError } from '../src/errors.ts';
@@ -11,6 +12,8 @@ import { serveFile } from './model-host.ts';
 import { handleOpenAi } from './openai.ts';
 import type { Room } from './room.ts';
 import type { RoomRegistry } from './room-registry.ts';
+import { need } from './access.ts';
+import type { Grant, Role } from './access.ts';
 import { serveTrustFiles } from './tls.ts';
 import type { ServerTls } from './tls.ts';
 
@@ -29,27 +32,34 @@ export interface HttpApiOptions {
 interface Request {
   req: IncomingMessage;
   res: ServerResponse;
-  /** the rooms the request's secret opens */
+  /** the rooms the request's credential opens */
   allowed: Room[];
+  grant: Grant;
   /** the path's captures */
   m: RegExpExecArray;
 }
 
-type Endpoint = [methods: string[], path: RegExp, serve: (r: Request) => unknown];
+type Endpoint = [methods: string[], path: RegExp, roles: Role[], serve: (r: Request) => unknown];
+
+const OPENAI_PATHS = new Set(['/v1/chat/completions', '/v1/completions', '/v1/models']);
 
 const SSE_HEAD = { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' };
 
 export class HttpApi {
   private readonly endpoints: Endpoint[] = [
-    [['GET', 'HEAD'], /^\/models\/([^/]+)\.gguf$/, (r) => this.modelFile(r)],
-    [['GET'], /^\/v1\/models\/([^/]+)\/fetches$/, (r) => this.fetches(r)],
+    [['GET', 'HEAD'], /^\/models\/([^/]+)\.gguf$/, ['download'], (r) => this.modelFile(r)],
+    [['GET'], /^\/v1\/models\/([^/]+)\/fetches$/, ['admin'], (r) => this.fetches(r)],
     // browser peers verify against the manifest and build their config from the header (no model bytes)
-    [['GET'], /^\/v1\/models\/([^/]+)\/(manifest|header)$/, (r) => this.modelDescription(r)],
-    [['GET'], /^\/v1\/rooms\/([^/]+)\/events$/, (r) => this.roomEvents(r)],
-    [['GET'], /^\/v1\/rooms\/([^/]+)(\/peers)?$/, (r) => this.roomOrPeers(r)],
-    [['GET'], /^\/v1\/rooms$/, ({ res, allowed }) => sendJson(res, 200, { rooms: allowed.map((r) => r.summary()) })],
-    [['GET'], /^\/v1\/routes$/, ({ res, allowed }) => sendJson(res, 200, { routes: allowed.flatMap((r) => r.routes.map((x) => x.summary())) })],
-    [['GET'], /^\/v1\/routes\/(\d+)$/, (r) => this.route(r)],
+    [['GET'], /^\/v1\/models\/([^/]+)\/manifest$/, ['peer', 'admin'], (r) => this.modelDescription(r, 'manifest')],
+    // clients tokenize with the header (generate --join, the page's chat)
+    [['GET'], /^\/v1\/models\/([^/]+)\/header$/, ['peer', 'api', 'admin'], (r) => this.modelDescription(r, 'header')],
+    [['GET'], /^\/v1\/rooms\/([^/]+)\/events$/, ['admin'], (r) => this.roomEvents(r)],
+    [['GET'], /^\/v1\/rooms\/([^/]+)\/peers$/, ['admin'], (r) => this.peers(r)],
+    [['GET'], /^\/v1\/rooms\/([^/]+)$/, ['peer', 'api', 'admin'], ({ res, allowed, m }) => sendJson(res, 200, this.roomOf(allowed, m[1]!).summary())],
+    [['GET'], /^\/v1\/rooms$/, ['admin'], ({ res, allowed }) => sendJson(res, 200, { rooms: allowed.map((r) => r.summary()) })],
+    [['GET'], /^\/v1\/routes$/, ['admin'], ({ res, allowed }) => sendJson(res, 200, { routes: allowed.flatMap((r) => r.routes.map((x) => x.summary())) })],
+    [['GET'], /^\/v1\/routes\/(\d+)$/, ['admin'], (r) => this.route(r)],
+    [['GET'], /^\/v1\/sessions\/([0-9a-f]{32})\/events$/, ['api', 'admin'], (r) => this.sessionEvents(r)],
   ];
 
   constructor(
@@ -71,17 +81,20 @@ export class HttpApi {
         res.writeHead(204, { 'access-control-allow-headers': 'authorization, range, x-mesh-peer, content-type', 'access-control-allow-methods': 'GET, HEAD, POST, DELETE, OPTIONS', 'access-control-max-age': '600' });
         return void res.end();
       }
-      const allowed = this.registry.requireAuth(req);
-      for (const [methods, pattern, serve] of this.endpoints) {
+      if (method === 'GET' && (path === '/v1/health' || path === '/health')) return this.health(res);
+      const grant = this.registry.requireAuth(req);
+      const allowed = grant.rooms;
+      for (const [methods, pattern, roles, serve] of this.endpoints) {
         const m = methods.includes(method) ? pattern.exec(path) : null;
-        if (m) return void (await serve({ req, res, allowed, m }));
+        if (!m) continue;
+        need(grant, roles, `${method} ${path}`);
+        return void (await serve({ req, res, allowed, grant, m }));
       }
-      if (await handleOpenAi(req, res, allowed, { sessions: this.registry.sessions })) return;
-      const events = method === 'GET' ? /^\/v1\/sessions\/([0-9a-f]{32})\/events$/.exec(path) : null;
-      if (events) return this.sessionEvents({ req, res, allowed, m: events });
+      if (OPENAI_PATHS.has(path)) need(grant, ['api', 'admin'], path);
+      if (await handleOpenAi(req, res, allowed, { sessions: this.registry.sessions, gate: this.registry.gate, principal: grant.principal })) return;
       const handled = await handleFrameHttp(req, res, async (f) => {
-        this.registry.checkFrameRoom(f, allowed);
-        return this.registry.sessions.handle(f);
+        this.registry.checkFrame(f, grant);
+        return this.registry.sessions.handle(f, undefined, grant.principal);
       });
       if (!handled) throw new MeshError('NOT_FOUND', `${method} ${path} is not served here`);
     } catch (e) {
@@ -90,10 +103,22 @@ export class HttpApi {
     }
   };
 
-  private modelFile({ req, res, allowed, m }: Request): void {
+  /**
+   * GET /v1/health: readiness for load balancers, no credential (counts only, no ids): 200 when
+   * every room's route is ready and the API would admit another request, else 503.
+   */
+  private health(res: ServerResponse): void {
+    const rooms = this.registry.rooms;
+    const ready = rooms.filter((r) => r.route?.status === 'ready').length;
+    const queue = this.registry.gate.counts;
+    const ok = rooms.length > 0 && ready === rooms.length && this.registry.gate.open;
+    sendJson(res, ok ? 200 : 503, { status: ok ? 'ready' : 'not_ready', rooms: rooms.length, readyRooms: ready, queue, sessions: this.registry.sessions.liveCount(), keptSessions: this.registry.sessions.liveCount(true) });
+  }
+
+  private modelFile({ req, res, allowed, m }: Request): Promise<void> {
     const file = this.registry.hostedFiles.get(m[1]!);
     if (!file || !allowed.some((r) => r.model.id === file.modelId)) throw new MeshError('NOT_FOUND', `no model file ${m[1]}.gguf in the rooms this secret opens`);
-    return serveFile(req, res, file.path, file.size, this.registry.fetchLogs.get(file.modelId)!, file.file);
+    return serveFile(req, res, file.pinned, this.registry.fetchLogs.get(file.modelId)!, file.file);
   }
 
   private fetches({ res, allowed, m }: Request): void {
@@ -101,10 +126,10 @@ export class HttpApi {
     sendJson(res, 200, { model: m[1], clients: this.registry.fetchLogs.get(m[1]!)?.byClient() ?? {} });
   }
 
-  private async modelDescription({ res, allowed, m }: Request): Promise<void> {
+  private async modelDescription({ res, allowed, m }: Request, what: 'manifest' | 'header'): Promise<void> {
     const room = allowed.find((r) => r.model.id === m[1]);
     if (!room) throw new MeshError('NOT_FOUND', `no model ${m[1]}`);
-    if (m[2] === 'header') return sendJson(res, 200, headerToWire(room.model.header));
+    if (what === 'header') return sendJson(res, 200, headerToWire(room.model.header));
     sendJson(res, 200, await this.registry.manifestOf(room));
   }
 
@@ -122,9 +147,8 @@ export class HttpApi {
     req.on('close', unsubscribe);
   }
 
-  private roomOrPeers({ res, allowed, m }: Request): void {
+  private peers({ res, allowed, m }: Request): void {
     const room = this.roomOf(allowed, m[1]!);
-    if (!m[2]) return sendJson(res, 200, room.summary());
     const peers = [...room.peers.keys()].map((id) => room.peerSummary(id));
     sendJson(res, 200, { roomId: room.id, peers, relayed: Object.fromEntries(this.registry.relayLedger(room)) });
   }
@@ -136,11 +160,12 @@ export class HttpApi {
   }
 
   /** GET /v1/sessions/{id}/events: the session's telemetry as Server-Sent Events, replayed from its start. */
-  private sessionEvents({ req, res, allowed, m }: Request): void {
+  private sessionEvents({ req, res, allowed, grant, m }: Request): void {
     const sid = m[1]!;
     const sessions = this.registry.sessions;
+    this.registry.checkOwner(sid, grant);
     const r = this.registry.findRoute(sessions.brief(sid).routeId);
-    if (!r || !allowed.includes(r.room)) throw new MeshError('AUTH_FAILED', `the secret does not open session ${sid}'s room`);
+    if (!r || !allowed.includes(r.room)) throw new MeshError('AUTH_FAILED', `the credential does not open session ${sid}'s room`);
     res.writeHead(200, SSE_HEAD);
     let unsubscribe: (() => void) | null = null;
     const end = (): void => {

@@ -3,7 +3,51 @@
 // so tests can prove a peer read only its shard.
 
 import { createReadStream } from 'node:fs';
+import { open } from 'node:fs/promises';
+import type { FileHandle } from 'node:fs/promises';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { MeshError } from '../src/errors.ts';
+
+/**
+ * A hosted model file, opened once when its room opens: every read goes through this
+ * descriptor, so re-pointing a symlink or renaming another file into the path changes nothing
+ * served; a file changed in place (size, mtime or inode) is refused, MODEL_CHANGED.
+ */
+export class PinnedFile {
+  private constructor(
+    readonly path: string,
+    private readonly fh: FileHandle,
+    private readonly pinned: { ino: number; dev: number; size: number; mtimeMs: number },
+  ) {}
+
+  static async open(path: string): Promise<PinnedFile> {
+    const fh = await open(path, 'r');
+    const st = await fh.stat();
+    return new PinnedFile(path, fh, { ino: st.ino, dev: st.dev, size: st.size, mtimeMs: st.mtimeMs });
+  }
+
+  get size(): number {
+    return this.pinned.size;
+  }
+
+  /** MODEL_CHANGED when the opened file is no longer the one the room's manifest describes. */
+  async check(): Promise<void> {
+    const st = await this.fh.stat();
+    const p = this.pinned;
+    if (st.ino !== p.ino || st.dev !== p.dev || st.size !== p.size || st.mtimeMs !== p.mtimeMs) {
+      throw new MeshError('MODEL_CHANGED', `${this.path} changed on disk under a running room (size ${p.size} → ${st.size}); restart serve to host the new file`);
+    }
+  }
+
+  /** The bytes [start, end] (inclusive), read at their positions from the pinned descriptor. */
+  stream(start: number, end: number): NodeJS.ReadableStream {
+    return createReadStream('', { fd: this.fh.fd, start, end, autoClose: false, emitClose: false });
+  }
+
+  close(): Promise<void> {
+    return this.fh.close();
+  }
+}
 
 export interface RangeFetch {
   /** the peer id from `x-mesh-peer`, else the client's address:port */
@@ -58,7 +102,9 @@ export function parseRange(header: string | undefined, size: number): { start: n
   return { start, end };
 }
 
-export function serveFile(req: IncomingMessage, res: ServerResponse, path: string, size: number, log: FetchLog, file = 0): void {
+export async function serveFile(req: IncomingMessage, res: ServerResponse, pinned: PinnedFile, log: FetchLog, file = 0): Promise<void> {
+  await pinned.check();
+  const size = pinned.size;
   const client = (req.headers['x-mesh-peer'] as string | undefined) ?? `${req.socket.remoteAddress}:${req.socket.remotePort}`;
   const range = parseRange(req.headers.range, size);
   const head = req.method === 'HEAD';
@@ -76,5 +122,5 @@ export function serveFile(req: IncomingMessage, res: ServerResponse, path: strin
     return;
   }
   log.add({ client, file, start, end, at: Date.now() });
-  createReadStream(path, { start, end }).on('error', () => res.destroy()).pipe(res);
+  pinned.stream(start, end).on('error', () => res.destroy()).pipe(res);
 }

@@ -129,7 +129,7 @@ function logprobsOf(body: Record<string, unknown>, chat: boolean): number | null
 
 /** Checks every field of an OpenAI request body and returns what the route runs. */
 export function parseRequest(raw: unknown, chat: boolean, nVocab: number, nCtx: number): ParsedRequest {
-  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new MeshError('BAD_REQUEST', 'the request body must be a JSON object');
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) throw new MeshError('BAD_REQUEST', 'the request body must be a JSON object', { field: '(whole)' });
   const body = raw as Record<string, unknown>;
   for (const k of Object.keys(body)) {
     if (!IGNORED.has(k) && !COMMON.has(k) && !(chat ? CHAT : COMPLETIONS).has(k)) throw badParam(k, `unrecognized request argument${!chat && CHAT.has(k) ? ' (a chat completions argument)' : chat && COMPLETIONS.has(k) ? ' (a completions argument)' : ''}`);
@@ -159,7 +159,7 @@ export function parseRequest(raw: unknown, chat: boolean, nVocab: number, nCtx: 
 
   const maxTokens = num(body, 'max_completion_tokens', 0, nCtx, { integer: true }) ?? num(body, 'max_tokens', 0, nCtx, { integer: true });
   const stopRaw = body.stop;
-  if (present(stopRaw) && typeof stopRaw !== 'string' && !(Array.isArray(stopRaw) && stopRaw.every((x) => typeof x === 'string'))) throw badParam('stop', 'must be a string or an array of strings');
+  if (present(stopRaw) && typeof stopRaw !== 'string' && !(Array.isArray(stopRaw) && stopRaw.length <= 4 && stopRaw.every((x) => typeof x === 'string'))) throw badParam('stop', 'must be a string or an array of up to 4 strings');
   const stop = !present(stopRaw) ? [] : Array.isArray(stopRaw) ? (stopRaw as string[]).filter((x) => x !== '') : stopRaw === '' ? [] : [stopRaw as string];
 
   let messages: ChatMessageIn[] = [];
@@ -167,13 +167,14 @@ export function parseRequest(raw: unknown, chat: boolean, nVocab: number, nCtx: 
   if (chat) {
     if (!Array.isArray(body.messages) || body.messages.length === 0) throw badParam('messages', 'must be a non-empty array');
     messages = body.messages.map((m: unknown, i: number) => {
-      if (typeof m !== 'object' || m === null || typeof (m as ChatMessageIn).role !== 'string') throw badParam('messages', `message ${i} needs a role`);
+      if (typeof m !== 'object' || m === null || Array.isArray(m)) throw badParam(`messages.${i}`, 'must be a message object');
+      if (typeof (m as ChatMessageIn).role !== 'string') throw badParam(`messages.${i}.role`, `message ${i} needs a role`);
       const msg = m as ChatMessageIn;
-      if (msg.tool_calls !== undefined && (msg.role !== 'assistant' || !Array.isArray(msg.tool_calls))) throw badParam('messages', `message ${i}: tool_calls belong to an assistant message, as an array`);
-      if (msg.role === 'tool' && typeof msg.tool_call_id !== 'string') throw badParam('messages', `message ${i}: a tool message needs the tool_call_id it answers`);
+      if (msg.tool_calls !== undefined && (msg.role !== 'assistant' || !Array.isArray(msg.tool_calls))) throw badParam(`messages.${i}.tool_calls`, `message ${i}: tool_calls belong to an assistant message, as an array`);
+      if (msg.role === 'tool' && typeof msg.tool_call_id !== 'string') throw badParam(`messages.${i}.tool_call_id`, `message ${i}: a tool message needs the tool_call_id it answers`);
       const c = msg.content;
-      if (present(c) && typeof c !== 'string' && !(Array.isArray(c) && c.every((p) => typeof p === 'object' && p !== null))) throw badParam('messages', `message ${i}: content must be a string or an array of parts`);
-      if (Array.isArray(c) && c.some((p) => p.type !== 'text')) throw badParam('messages', `message ${i}: only text parts are supported`);
+      if (present(c) && typeof c !== 'string' && !(Array.isArray(c) && c.every((p) => typeof p === 'object' && p !== null))) throw badParam(`messages.${i}.content`, `message ${i}: content must be a string or an array of parts`);
+      if (Array.isArray(c) && c.some((p) => p.type !== 'text')) throw badParam(`messages.${i}.content`, `message ${i}: only text parts are supported`);
       return msg;
     });
   } else {

@@ -21,6 +21,7 @@ import type { SessionManager } from '../src/route/sessions.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { LocalLink } from '../src/transport/link.ts';
 import { readJsonBody, sendJson } from '../src/transport/http.ts';
+import type { AdmissionGate } from './admission.ts';
 import type { Room } from './room.ts';
 import { badParam, choiceSampler, messageText, parseRequest } from './openai-request.ts';
 import { checkToolTemplate, forcedCallFormat, parseToolCalls, templateMessage, templateTools, toolsOf } from './openai-tools.ts';
@@ -41,6 +42,10 @@ const ROUTE_WAIT_MS = 120_000;
 
 export interface OpenAiContext {
   sessions: SessionManager;
+  /** admission control: beyond its queue, 429 QUEUE_FULL with Retry-After */
+  gate: AdmissionGate;
+  /** who is asking (an API key's id), the owner of the session it opens */
+  principal?: string | null;
 }
 
 /** one prefix cache per session manager (one per server): KV reuse across requests */
@@ -58,10 +63,19 @@ function tokenizerOf(room: Room): Tokenizer {
   return t;
 }
 
+/**
+ * OpenAI's error shape: `param` names the field (openai-request.ts's `param`, or a schema's
+ * `field`), `code` is OpenAI's where it has one (context_length_exceeded).
+ */
 function openAiError(res: ServerResponse, e: unknown): void {
   const err = e instanceof MeshError ? e : new MeshError('INTERNAL', String(e));
-  sendJson(res, httpStatusFor(err.code), {
-    error: { message: err.message, type: err.code === 'AUTH_FAILED' ? 'authentication_error' : 'invalid_request_error', code: err.code, ...err.details },
+  const status = httpStatusFor(err.code);
+  const type = err.code === 'AUTH_FAILED' ? 'authentication_error' : status === 429 ? 'rate_limit_error' : status >= 500 ? 'server_error' : 'invalid_request_error';
+  const { field, param, ...details } = err.details ?? {};
+  const named = typeof param === 'string' ? param : typeof field === 'string' && field !== '(whole)' ? field : null;
+  if (typeof details.retryAfterS === 'number') res.setHeader('retry-after', String(details.retryAfterS));
+  sendJson(res, status, {
+    error: { message: err.message, type, param: named, code: err.code === 'CONTEXT_LENGTH_EXCEEDED' ? 'context_length_exceeded' : err.code, ...details },
   });
 }
 
@@ -129,6 +143,17 @@ function chunkOf(run: RequestRun, index: number, delta: Record<string, unknown> 
     : { id, object: 'text_completion', created, model, choices: [{ index, text: typeof delta === 'string' ? delta : '', logprobs: lp, finish_reason: finishReason }], ...extra };
 }
 
+/** OpenAI's rule: the prompt and the completion must fit the context, or the request is a 400. */
+function checkContext(promptTokens: number, maxTokens: number, nCtx: number, chat: boolean): void {
+  if (promptTokens + Math.max(1, maxTokens) <= nCtx) return;
+  const what = chat ? 'messages' : 'prompt';
+  throw new MeshError(
+    'CONTEXT_LENGTH_EXCEEDED',
+    `This model's maximum context length is ${nCtx} tokens. However, you requested ${promptTokens + maxTokens} tokens (${promptTokens} in the ${what}, ${maxTokens} for the completion). Please reduce the length of the ${what} or completion.`,
+    { param: what, promptTokens, maxTokens, contextLength: nCtx },
+  );
+}
+
 const finishOf = (r: RouteGenerationResult): string => (r.stopReason === 'max_tokens' || r.stopReason === 'context_full' ? 'length' : 'stop');
 
 /** Waits for the room's route to be ready (streamed requests only wait), reporting its status and loading progress. */
@@ -160,7 +185,7 @@ async function readyRoute(run: RequestRun, progress: (e: TelemetryEvent) => void
  */
 async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req: IncomingMessage, progress: (e: TelemetryEvent) => void): Promise<ChoiceResult> {
   const route = run.room.route!;
-  const link = new LocalLink((f) => ctx.sessions.handle(f, req));
+  const link = new LocalLink((f) => ctx.sessions.handle(f, req, ctx.principal ?? null));
   let unsubscribe: (() => void) | null = null;
   let sessionId: string | null = null;
   let firstToken = false;
@@ -234,7 +259,10 @@ async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req
   } finally {
     (unsubscribe as (() => void) | null)?.();
   }
-  if (result.kept) cache!.put(route.id, result.kept);
+  if (result.kept) {
+    ctx.sessions.keep(result.kept.sessionId);
+    cache!.put(route.id, result.kept);
+  }
   if (escape) result.text = text;
   const { content, calls } = run.tools ? parseToolCalls(result.text, run.tools.tools, run.tools.choice !== 'auto') : { content: result.text, calls: [] };
   if (run.tools && run.sse) {
@@ -295,6 +323,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
   const chat = path === '/v1/chat/completions';
   if (req.method !== 'POST' || (!chat && path !== '/v1/completions')) return false;
   let streaming = false;
+  let leave: (() => void) | null = null;
   try {
     const raw = await readJsonBody(req, MAX_BODY_BYTES, 'an OpenAI request object');
     const name = typeof raw === 'object' && raw !== null && typeof (raw as { model?: unknown }).model === 'string' ? (raw as { model: string }).model : undefined;
@@ -307,17 +336,26 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     if (forced && parsed.format) throw badParam('response_format', 'a forced tool call (tool_choice) already fixes the output format');
     if (forced) parsed.format = forced;
     const prompt = promptOf(parsed, room, tokenizer, tools);
-    if (prompt.tokens.length > nCtx) throw new MeshError('CONTEXT_FULL', `the prompt has ${prompt.tokens.length} tokens; the model's context holds ${nCtx}`, { param: chat ? 'messages' : 'prompt' });
+    const maxTokens = parsed.maxTokens ?? (chat ? Math.max(0, Math.min(512, nCtx - prompt.tokens.length)) : Math.min(16, Math.max(0, nCtx - prompt.tokens.length)));
+    checkContext(prompt.tokens.length, maxTokens, nCtx, chat);
+    // a turn among the running generations, or a place in the bounded queue, or 429 now
+    const queued = new AbortController();
+    res.once('close', () => queued.abort());
+    leave = await ctx.gate.enter(queued.signal);
     const abort = new AbortController();
+    // a client that goes away cancels its sessions on every stage at once, mid-prefill too:
+    // each stage drops its queued chunks and stops after the one computing
     res.on('close', () => {
-      if (!res.writableFinished) abort.abort();
+      if (res.writableFinished) return;
+      abort.abort();
+      void ctx.sessions.ownerGone(req);
     });
     const sse = (data: unknown, event?: string): void => {
       if (!res.writableEnded) res.write(`${event ? `event: ${event}\n` : ''}data: ${typeof data === 'string' ? data : JSON.stringify(data)}\n\n`);
     };
     const run: RequestRun = {
       req: parsed, room, tokenizer, promptTokens: prompt.tokens, promptText: prompt.text,
-      maxTokens: parsed.maxTokens ?? (chat ? Math.max(0, Math.min(512, nCtx - prompt.tokens.length)) : 16),
+      maxTokens,
       nCtx,
       id: `${chat ? 'chatcmpl' : 'cmpl'}-${randomBytes(12).toString('hex')}`, created: Math.floor(Date.now() / 1000), model: room.model.id,
       abort, sse: parsed.stream ? sse : null, repairs: [], tools,
@@ -353,6 +391,8 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
       }
     } else if (!res.headersSent) openAiError(res, err);
     else res.destroy();
+  } finally {
+    (leave as (() => void) | null)?.();
   }
   return true;
 }

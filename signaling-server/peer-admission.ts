@@ -5,9 +5,9 @@
 
 import { randomBytes } from 'node:crypto';
 import type WebSocket from 'ws';
-import { cleanSpeed, helloProof } from '../src/protocol/control.ts';
-import type { PeerHello, PeerToServer } from '../src/protocol/control.ts';
-import { isServeCapability } from '../src/model/serve-capability.ts';
+import { MeshError } from '../src/errors.ts';
+import { helloProof, parsePeerMessage } from '../src/protocol/control.ts';
+import type { PeerHello, PeerMessage } from '../src/protocol/control.ts';
 import { secretMatches } from '../src/transport/frame-server.ts';
 import { handleBrowserPeerMessage } from './browser-peers.ts';
 import type { BrowserPeerRoom, RelayLedger } from './browser-peers.ts';
@@ -15,6 +15,8 @@ import type { Peer, Room } from './room.ts';
 
 /** How long a new socket may take to prove the secret. */
 const HELLO_TIMEOUT_MS = 10_000;
+/** Largest message read before the peer proved the secret (a hello is a few KiB). */
+const MAX_HELLO_TEXT = 256 * 1024;
 
 /** Liveness of an admitted peer: a WebSocket ping every `heartbeatMs`; no pong for `heartbeatTimeoutMs` and the peer is lost. */
 export interface Liveness {
@@ -54,27 +56,6 @@ function watchLiveness(room: Room, peer: Peer, ws: WebSocket, l: Liveness): () =
   return () => clearInterval(timer);
 }
 
-/** The hello as the room keeps it: only known fields, each of its type; the proof dropped. */
-function cleanHello(msg: PeerHello): PeerHello {
-  return {
-    t: 'hello',
-    proof: '',
-    backend: String(msg.backend),
-    memoryBytes: Number(msg.memoryBytes) || 0,
-    ...(msg.name ? { name: String(msg.name) } : {}),
-    ...(msg.listen ? { listen: String(msg.listen) } : {}),
-    ...(msg.httpUrl ? { httpUrl: String(msg.httpUrl) } : {}),
-    ...(msg.layers ? { layers: { start: Number(msg.layers.start), end: Number(msg.layers.end) } } : {}),
-    ...(typeof msg.artifact === 'string' ? { artifact: msg.artifact } : {}),
-    ...(Array.isArray(msg.units) ? { units: msg.units.map(String) } : {}),
-    ...(msg.adapter ? { adapter: msg.adapter } : {}),
-    ...(msg.rtc === true ? { rtc: true } : {}),
-    ...(msg.directReturn === true ? { directReturn: true } : {}),
-    ...(cleanSpeed(msg.speed) ? { speed: cleanSpeed(msg.speed)! } : {}),
-    ...(isServeCapability(msg.serves) ? { serves: msg.serves } : {}),
-  };
-}
-
 /** The room as the browser-peer router sees it. */
 function browserPeerView(room: Room): BrowserPeerRoom {
   return {
@@ -100,6 +81,8 @@ function browserPeerView(room: Room): BrowserPeerRoom {
 export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger, origin?: string, liveness: Liveness = DEFAULT_LIVENESS): void {
   const nonce = randomBytes(16).toString('hex');
   const expectedProof = helloProof(room.secret, nonce);
+  // a public room's trusted peers prove the trusted secret instead
+  const trustedProof = room.trustedSecret ? helloProof(room.trustedSecret, nonce) : Promise.resolve(null);
   const view = browserPeerView(room);
   let peer: Peer | null = null;
   let helloSeen = false;
@@ -110,30 +93,47 @@ export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger, origin
   };
   const helloTimer = setTimeout(() => !peer && refuse('HELLO_TIMEOUT', `no hello within ${HELLO_TIMEOUT_MS / 1000} s`), HELLO_TIMEOUT_MS);
   helloTimer.unref();
-  ws.on('message', (data, isBinary) => {
-    if (isBinary) return; // frame replies: the peer's WsLink reads them
-    let msg: PeerToServer;
+  // an admitted peer's bad message is answered and dropped; before admission it ends the socket
+  const onAdmitted = (p: Peer, text: string): void => {
+    let msg: PeerMessage;
     try {
-      msg = JSON.parse(data.toString()) as PeerToServer;
-    } catch {
-      return refuse('BAD_MESSAGE', 'control messages are JSON');
+      msg = parsePeerMessage(text);
+    } catch (e) {
+      const err = e as MeshError;
+      room.log(`peer ${p.id}: ${err.message}`);
+      return room.send(p, { t: 'error', code: err.code, message: err.message });
     }
-    if (peer) {
-      const p = peer;
-      if (!handleBrowserPeerMessage(view, p.id, msg, (m) => room.send(p, m as never), ledger)) room.onPeerMessage(p, msg);
-      return;
-    }
+    if (msg.t === 'hello') return room.send(p, { t: 'error', code: 'BAD_MESSAGE', message: 'already admitted: a second hello is not read' });
+    if (msg.t === 'signal' || msg.t === 'relay') handleBrowserPeerMessage(view, p.id, msg, (m) => room.send(p, m as never), ledger);
+    else room.onPeerMessage(p, msg);
+  };
+  const onHello = (text: string): void => {
     // until welcome, the hello (once) is the only message read; its proof is checked before admission
-    if (msg.t !== 'hello' || helloSeen) return refuse('BAD_MESSAGE', 'the first message must be hello, and the only one until welcome');
+    const msg = parsePeerMessage(text, MAX_HELLO_TEXT);
+    if (msg.t !== 'hello' || helloSeen) throw new MeshError('BAD_MESSAGE', 'the first message must be hello, and the only one until welcome');
     helloSeen = true;
-    const hello = msg;
-    void expectedProof.then((proof) => {
-      if (!secretMatches(hello.proof, proof)) return refuse('AUTH_FAILED', 'wrong room secret');
+    const { proof: presented, ...offer } = msg;
+    void Promise.all([expectedProof, trustedProof]).then(([proof, trusted]) => {
+      const isTrusted = trusted !== null && secretMatches(presented, trusted);
+      if (!isTrusted && !secretMatches(presented, proof)) return refuse('AUTH_FAILED', 'wrong room secret');
       if (ws.readyState !== ws.OPEN) return;
       clearTimeout(helloTimer);
-      peer = room.addPeer(cleanHello(hello), ws, origin);
+      const hello: PeerHello = { ...offer, proof: '' };
+      peer = room.addPeer(hello, ws, { trusted: isTrusted, ...(origin ? { origin } : {}) });
       stopWatching = watchLiveness(room, peer, ws, liveness);
     });
+  };
+  ws.on('message', (data, isBinary) => {
+    if (isBinary) return; // frame replies: the peer's WsLink reads them
+    const text = data.toString();
+    try {
+      if (peer) onAdmitted(peer, text);
+      else onHello(text);
+    } catch (e) {
+      const err = e instanceof MeshError ? e : new MeshError('INTERNAL', String(e));
+      if (peer) room.log(`peer ${peer.id}: message handler failed: ${err.message}`);
+      else refuse(err.code, err.message);
+    }
   });
   ws.on('close', () => {
     clearTimeout(helloTimer);

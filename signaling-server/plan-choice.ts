@@ -38,12 +38,13 @@ export function headLayers(header: GgufHeader, nLayer: number): number {
   return layer > 0 ? Math.max(0, last - layer) / layer : 0;
 }
 
-export function choosePlan(kind: PlannerKind, header: GgufHeader, nLayer: number, peers: ReadonlyArray<PlannerPeer & SpeedFacts>): PlanChoice {
+/** `trusted` (a public room): the first and last stages go to trusted peers, which only the memory planner pins, so it plans. */
+export function choosePlan(kind: PlannerKind, header: GgufHeader, nLayer: number, peers: ReadonlyArray<PlannerPeer & SpeedFacts>, trusted?: (id: string) => boolean): PlanChoice {
   const bytes = (range: ShardRange): number => shardBytes(header, range, nLayer);
-  const memory = planRoute({ nLayer, peers, shardBytes: bytes });
+  const memory = planRoute({ nLayer, peers, shardBytes: bytes, ...(trusted ? { trusted } : {}) });
   const ranged = peers.filter((p) => p.serves !== 'whole-model');
   const explicit = peers.some((p) => p.layers || p.held);
-  if (kind === 'memory' || explicit || ranged.length === 0 || !ranged.every((p) => p.speed)) return { plan: memory, by: 'memory' };
+  if (kind === 'memory' || trusted || explicit || ranged.length === 0 || !ranged.every((p) => p.speed)) return { plan: memory, by: 'memory' };
   const records: PeerSpeedRecord[] = ranged.map((p) => ({ id: p.id, memoryBytes: p.memoryBytes, decodeMsPerLayer: p.speed!.decodeMsPerLayer, rttMs: p.rttMs ?? 0 }));
   const input: SpeedPlanInput = { nLayer, peers: records, shardBytes: bytes, headLayers: headLayers(header, nLayer) };
   const fast = planBySpeed(input);

@@ -3,29 +3,35 @@
 // those routes; and which rooms a request's secret opens.
 
 import type { IncomingMessage } from 'node:http';
-import { randomBytes } from 'node:crypto';
 import { basename } from 'node:path';
 import { MeshError } from '../src/errors.ts';
 import { isUrl } from '../src/gguf/parse.ts';
 import { artifactFiles, readArtifactHeader, splitName } from '../src/gguf/split.ts';
 import { loadOrBuildManifest } from '../src/gguf/manifest.ts';
-import { hyperParameters } from '../src/gguf/summary.ts';
 import type { Manifest } from '../src/gguf/verify.ts';
+import { checkedServableModel } from '../src/model/model-check.ts';
 import type { IceServer } from '../src/protocol/control.ts';
 import { FrameType } from '../src/protocol/frame.ts';
 import type { Frame } from '../src/protocol/frame.ts';
 import { SessionManager } from '../src/route/sessions.ts';
-import { bearerOf, secretMatches } from '../src/transport/frame-server.ts';
+import type { SessionManagerOptions } from '../src/route/sessions.ts';
+import { Access, need } from './access.ts';
+import type { CredentialOptions, Grant } from './access.ts';
+import { AdmissionGate } from './admission.ts';
+import type { AdmissionLimits } from './admission.ts';
+import { modelKey, roomIdentity } from './room-identity.ts';
 import type { RelayLedger } from './browser-peers.ts';
-import { FetchLog } from './model-host.ts';
+import { FetchLog, PinnedFile } from './model-host.ts';
 import { Room } from './room.ts';
 import { iceServersMinting } from './turn.ts';
 import type { StagePolicy } from './stage-policy.ts';
-import type { Route } from './room.ts';
+import type { Route, RoomOptions } from './room.ts';
 
-export interface RoomRegistryOptions {
-  /** one secret for every room (default: a random one per room) */
+export interface RoomRegistryOptions extends CredentialOptions {
+  /** one secret for every room (default: a random one per model, kept under the cache dir) */
   secret?: string;
+  /** the session manager's and the API's limits (defaults: SESSION_LIMITS, ADMISSION_DEFAULTS) */
+  limits?: Pick<SessionManagerOptions, 'maxFrameTokens' | 'maxSessionsPerClient' | 'maxSessionsPerRoute'> & AdmissionLimits;
   /** a route is planned once this many peers joined (default 1) */
   minPeers?: number;
   /** wait this long after the last join before planning (ms, default 300) */
@@ -34,6 +40,8 @@ export interface RoomRegistryOptions {
   sessionTtlMs?: number;
   /** STUN/TURN servers announced to every peer in welcome */
   iceServers?: IceServer[];
+  /** public rooms: trusted peers at the ends, spot checks of the others (room.ts) */
+  publicRoom?: RoomOptions['publicRoom'];
   /** a route that loses a stage waits this long for a replacement (ms, default 30 s; 0 = no repair: sessions fail at once) */
   repairTimeoutMs?: number;
   /** spares load their standby shard ahead of time (default true) */
@@ -53,11 +61,11 @@ export interface RoomRegistryOptions {
   log: (line: string) => void;
 }
 
-/** A model file this server hosts from local disk. */
+/** A model file this server hosts from local disk, opened once (PinnedFile). */
 export interface HostedFile {
   modelId: string;
   path: string;
-  size: number;
+  pinned: PinnedFile;
   /** which file of the artifact (0 unless it is a split GGUF) */
   file: number;
 }
@@ -84,6 +92,10 @@ export class RoomRegistry {
   /** hosted file name (without .gguf) → the local file */
   readonly hostedFiles = new Map<string, HostedFile>();
   readonly sessions: SessionManager;
+  /** who may do what (credentials.ts) */
+  readonly access: Access;
+  /** how many generations run and wait (the OpenAI API's 429) */
+  readonly gate: AdmissionGate;
   private readonly relayLedgers = new Map<string, RelayLedger>();
   private readonly manifests = new Map<string, Promise<Manifest>>();
   private readonly taken = new Set<string>();
@@ -99,8 +111,10 @@ export class RoomRegistry {
         const r = this.findRoute(routeId);
         return r && r.status === 'ready' ? r : undefined;
       },
-      { idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => opts.log(`session ${id}: ${state}`), ...(opts.stepTimeoutMs ? { stepTimeoutMs: opts.stepTimeoutMs } : {}) },
+      { ...opts.limits, idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => opts.log(`session ${id}: ${state}`), ...(opts.stepTimeoutMs ? { stepTimeoutMs: opts.stepTimeoutMs } : {}) },
     );
+    this.access = new Access(opts, () => this.rooms);
+    this.gate = new AdmissionGate(opts.limits);
   }
 
   findRoute(id: number): Route | undefined {
@@ -113,22 +127,29 @@ export class RoomRegistry {
     // the joined header addresses the parts concatenated
     const art = await readArtifactHeader(location);
     const header = art.header;
-    // any architecture opens a room: what each peer can serve of it is the planner's question
-    const { n_layer: nLayer } = hyperParameters(header, location);
+    // refused here, at start, what llama.cpp would refuse: lying shapes, missing or extra tensors;
+    // an architecture only llama.cpp runs opens a room too (what each peer serves is the planner's question)
+    const { nLayer, nCtx } = checkedServableModel(header, location);
     const id = modelIdFor(location, this.taken);
     const remote = isUrl(location);
     const split = art.files.length > 1;
     // hosted as /models/{id}.gguf, or /models/{id}-0000k-of-0000n.gguf per part (llama.cpp's names)
     const hostedNames = art.files.map((_, k) => (split ? `${id}-${String(k + 1).padStart(5, '0')}-of-${String(art.files.length).padStart(5, '0')}` : id));
     if (!remote) {
-      art.files.forEach((f, k) => this.hostedFiles.set(hostedNames[k]!, { modelId: id, path: f.location, size: f.header.fileBytes, file: k }));
+      for (const [k, f] of art.files.entries()) {
+        const pinned = await PinnedFile.open(f.location);
+        if (pinned.size !== f.header.fileBytes) throw new MeshError('MODEL_CHANGED', `${f.location} changed while its header was read`);
+        this.hostedFiles.set(hostedNames[k]!, { modelId: id, path: f.location, pinned, file: k });
+      }
       this.fetchLogs.set(id, new FetchLog());
     }
+    // the same model and secret give the same room id after a restart, so join links stay valid
+    const identity = roomIdentity(modelKey(id, location, header.fileBytes), this.opts.secret);
     const iceServers = this.iceServers();
     const room = new Room(
-      randomBytes(6).toString('hex'),
-      this.opts.secret ?? randomBytes(18).toString('base64url'),
-      { id, location, header, nLayer, files: art.files.length },
+      identity.id,
+      identity.secret,
+      { id, location, header, nLayer, files: art.files.length, contextLength: nCtx || 2048 },
       {
         minPeers: this.opts.minPeers ?? 1,
         planDelayMs: this.opts.planDelayMs ?? 300,
@@ -142,6 +163,7 @@ export class RoomRegistry {
         ...(iceServers ? { iceServers } : {}),
         ...(this.opts.repairTimeoutMs !== undefined ? { repairTimeoutMs: this.opts.repairTimeoutMs } : {}),
         ...(this.opts.standby === false ? { standby: false } : {}),
+        ...(this.opts.publicRoom ? { publicRoom: this.opts.publicRoom } : {}),
         ...(this.opts.planner ? { planner: this.opts.planner } : {}),
         ...(this.opts.stagePolicy ? { stagePolicy: this.opts.stagePolicy } : {}),
       },
@@ -181,24 +203,34 @@ export class RoomRegistry {
     return ledger;
   }
 
-  /** The rooms whose secret the request presents; AUTH_FAILED when it opens none. */
-  requireAuth(req: IncomingMessage): Room[] {
-    const token = bearerOf(req);
-    const ok = this.rooms.filter((r) => secretMatches(token, r.secret));
-    if (ok.length === 0) throw new MeshError('AUTH_FAILED', 'missing or wrong room secret (Authorization: Bearer <secret>)');
-    return ok;
+  /** What the request's Bearer token opens; AUTH_FAILED when it opens nothing. */
+  requireAuth(req: IncomingMessage): Grant {
+    return this.access.grantOf(req);
   }
 
-  /** Checks that a session frame's route belongs to one of the `allowed` rooms. */
-  checkFrameRoom(f: Frame, allowed: Room[]): void {
+  /**
+   * Checks a client's session frame against its grant: the route is in a room it opens, it may
+   * run sessions (an API key or the admin), and — unless it is the admin — the session is its
+   * own (another caller's is SESSION_UNKNOWN, as if it did not exist).
+   */
+  checkFrame(f: Frame, grant: Grant): void {
+    need(grant, ['api', 'admin'], 'running sessions');
     const routeId = f.type === FrameType.SessionOpen ? f.routeId : this.sessions.brief(f.sessionId).routeId;
+    if (f.type !== FrameType.SessionOpen) this.checkOwner(f.sessionId, grant);
     const r = this.findRoute(routeId);
     if (!r) throw new MeshError('ROUTE_UNKNOWN', `no route ${routeId}`);
-    if (!allowed.includes(r.room)) throw new MeshError('AUTH_FAILED', `the secret does not open route ${routeId}'s room`);
+    if (!grant.rooms.includes(r.room)) throw new MeshError('AUTH_FAILED', `the credential does not open route ${routeId}'s room`);
+  }
+
+  /** SESSION_UNKNOWN unless the grant is the admin's or opened the session itself. */
+  checkOwner(sessionId: string, grant: Grant): void {
+    if (grant.roles.has('admin') || grant.principal === null) return;
+    if (this.sessions.principalOf(sessionId) !== grant.principal) throw new MeshError('SESSION_UNKNOWN', `frame session id: no session ${sessionId}`, { field: 'session id' });
   }
 
   async dispose(): Promise<void> {
     await this.sessions.dispose();
     for (const r of this.rooms) r.dispose();
+    for (const f of this.hostedFiles.values()) await f.pinned.close().catch(() => undefined);
   }
 }

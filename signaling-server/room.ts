@@ -2,27 +2,31 @@
 // them. The route's status moves forming → loading → ready; a ready route whose stage loses its
 // peer goes repairing and back to ready once a replacement serves the stage (route-repair.ts);
 // degraded when a stage is lost with no repair, fails to load, or the repair timed out; closed
-// when a new route replaces it or the server stops.
+// when a new route replaces it or the server stops. A peer excluded (a refused shard, a failed
+// spot check) loses its stage as if it had left.
 
 import { randomBytes } from 'node:crypto';
 import type WebSocket from 'ws';
 import { MeshError } from '../src/errors.ts';
+import { shardBytes } from '../src/backends/shard.ts';
 import type { ShardRange } from '../src/gguf/types.ts';
 import type { GgufHeader } from '../src/gguf/types.ts';
-import { shardBytes } from '../src/backends/shard.ts';
 import type { PlannerPeer } from '../src/route/planner.ts';
 import { modelTraits, servable } from '../src/model/serve-capability.ts';
 import type { ModelTraits, Servable } from '../src/model/serve-capability.ts';
 import { unitsRange } from '../src/peer/verified-source.ts';
-import type { CandidatePair, IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/protocol/control.ts';
-import type { RouteHandle, SessionManager } from '../src/route/sessions.ts';
+import type { IceServer, ModelBrief, PeerHello, PeerToServer, ServerToPeer } from '../src/protocol/control.ts';
+import { PublicRoom } from './public-room.ts';
+import type { PublicRoomOptions } from './public-room.ts';
+import type { SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
-import type { HopLink, TelemetryEvent } from '../src/route/telemetry.ts';
+import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
 import { FrameType, makeFrame } from '../src/protocol/frame.ts';
 import { deliverReturn } from './token-return.ts';
 import { MEMORY_FAILURE_CODES, memoryLowered, noteMemoryFailure, plannedMemory } from './peer-memory.ts';
 import { RouteKeeper } from './route-repair.ts';
+import { Route } from './room-route.ts';
 import { choosePlan } from './plan-choice.ts';
 import type { PlannerKind, SpeedFacts } from './plan-choice.ts';
 import { shardSources } from './shard-sources.ts';
@@ -30,10 +34,14 @@ import { OPEN_POLICY, stageCandidates } from './stage-policy.ts';
 import type { StagePolicy } from './stage-policy.ts';
 import type { RepairState } from './route-repair.ts';
 
-export type RouteStatus = 'forming' | 'loading' | 'ready' | 'repairing' | 'degraded' | 'closed';
+export { Route } from './room-route.ts';
+export type { RouteStage, RouteStatus } from './room-route.ts';
 
 /** How long a stage may take to answer a status probe before a stalled step blames it (ms). */
 const STALL_PROBE_MS = 2_000;
+
+/** Replies from a peer's stage to the server (status, tokens, logits) are small: what reassembly may hold. */
+const PEER_REPLY_REASSEMBLY = { maxPendingBytes: 32 * 1024 * 1024, maxAgeMs: 30_000 };
 
 export interface Peer {
   id: string;
@@ -45,29 +53,16 @@ export interface Peer {
   gone: boolean;
   /** the origin the peer reached the server at (https://host:port), when known */
   origin?: string;
-  /** refused its shard's bytes (hash mismatch): stays out of routes for this artifact */
+  /** refused its shard's bytes (hash mismatch), or failed a spot check: stays out of routes for this artifact */
   excluded?: string;
   /** asked to leave gracefully: takes no new stage or standby */
   leaving?: boolean;
+  /** proved the trusted secret (public rooms: may serve the first and last stages) */
+  trusted?: boolean;
   /** the control socket's round trip (ms), smoothed over heartbeats */
   rttMs?: number;
   /** bytes of the smallest shard that failed here for want of memory (peer-memory.ts) */
   memoryFailedBytes?: number;
-}
-
-export interface RouteStage {
-  stage: number;
-  peerId: string;
-  shard: ShardRange;
-  status: 'loading' | 'ready' | 'failed' | 'lost';
-  listen: string | null;
-  loadMs?: number;
-  bytesRead?: number;
-  error?: { code: string; message: string };
-  /** bytes of the shard loaded so far (native peers report while loading) */
-  loading?: { bytesDone: number; bytesTotal: number };
-  /** the stage's own report (browser peers): load progress, hop to the next stage, frame counters */
-  telemetry?: Record<string, unknown>;
 }
 
 export interface ModelArtifact {
@@ -79,90 +74,8 @@ export interface ModelArtifact {
   nLayer: number;
   /** files of the artifact (a split GGUF has several; peers derive their URLs from modelUrl's name) */
   files: number;
-}
-
-export class Route implements RouteHandle {
-  status: RouteStatus = 'forming';
-  reason: string | null = null;
-  readonly history: RouteStatus[] = ['forming'];
-  entryLink: FrameLink | null = null;
-  readonly createdAt = Date.now();
-  /** the repair under way (route-repair.ts), if a stage lost its peer */
-  repairState: RepairState | null = null;
-
-  constructor(
-    readonly id: number,
-    readonly room: Room,
-    readonly stages: RouteStage[],
-  ) {}
-
-  setStatus(s: RouteStatus, reason: string | null = null): void {
-    if (this.status === s || this.status === 'closed') return;
-    this.status = s;
-    this.reason = reason;
-    this.history.push(s);
-    this.room.log(`route ${this.id}: ${s}${reason ? ` (${reason})` : ''}`);
-    this.room.emit({ type: 'route_status', routeId: this.id, status: s, reason });
-  }
-
-  entry(): FrameLink {
-    if (this.status !== 'ready' || !this.entryLink) throw new MeshError('ROUTE_NOT_READY', `route ${this.id} is ${this.status}${this.reason ? `: ${this.reason}` : ''}`);
-    return this.entryLink;
-  }
-
-  stageLinks(): Array<FrameLink | null> {
-    return this.stages.map((s) => {
-      const p = this.room.peers.get(s.peerId);
-      return p && !p.gone ? p.control : null;
-    });
-  }
-
-  stagePeers(): string[] {
-    return this.stages.map((s) => s.peerId);
-  }
-
-  /** every stage's peer takes ReturnDirect and sends the last stage's token as a `return` message (the PyTorch peer does not yet) */
-  directReturn(): boolean {
-    return this.stages.every((s) => this.room.peers.get(s.peerId)?.hello.directReturn === true);
-  }
-
-  stageBackends(): string[] {
-    return this.stages.map((s) => this.room.peers.get(s.peerId)?.hello.backend ?? '?');
-  }
-
-  /** What sessions wait on while a lost stage is replaced (a graceful leave: only once the swap begins). */
-  repair(): RepairState | null {
-    return this.status === 'repairing' ? this.repairState : null;
-  }
-
-  /** A step went unanswered: a stage that does not answer a status probe in time is treated as lost. */
-  async suspectStall(): Promise<void> {
-    await this.room.probeStages(this);
-  }
-
-  /** How each hop is carried, from the stages' own reports (a native node without WebRTC reports none: ws to a listen address, else the relay). */
-  hops(): HopLink[] {
-    return this.stages.slice(0, -1).map((st) => {
-      const next = this.stages[st.stage + 1]!;
-      const t = st.telemetry as { hop?: string; candidatePair?: CandidatePair | null } | undefined;
-      return { from: st.stage, to: next.stage, fromPeer: st.peerId, toPeer: next.peerId, kind: t?.hop ?? (next.listen ? 'ws' : 'relay'), candidatePair: t?.candidatePair ?? null };
-    });
-  }
-
-  summary(): Record<string, unknown> {
-    return {
-      id: this.id,
-      roomId: this.room.id,
-      model: this.room.model.id,
-      status: this.status,
-      reason: this.reason,
-      history: this.history,
-      stages: this.stages.map((s) => ({ ...s, peer: this.room.peerSummary(s.peerId) })),
-      repair: this.repairState ? { since: this.repairState.since, stages: this.repairState.stages, lost: [...this.repairState.lost.values()] } : null,
-      spares: this.room.keeper.summary(),
-      hops: this.hops(),
-    };
-  }
+  /** the model's training context: no session declares more */
+  contextLength?: number;
 }
 
 export interface RoomOptions {
@@ -181,6 +94,12 @@ export interface RoomOptions {
   repairTimeoutMs?: number;
   /** spares load their standby shard ahead of time (default true) */
   standby?: boolean;
+  /**
+   * A public room (visitors donate compute): peers proving `trustedSecret` serve the first and
+   * last stages; the first also re-runs `fraction` of sessions through the others' layers, and
+   * a stage whose hidden states differ by more than `tolerance` is excluded.
+   */
+  publicRoom?: PublicRoomOptions;
   /** 'memory' (default): in proportion to memory, in join order; 'speed': by measured speed and round trips where every peer reports a speed */
   planner?: PlannerKind;
   /** who may be a stage (stage-policy.ts; default: every peer, at once) */
@@ -201,6 +120,8 @@ export class Room {
   private recent: TelemetryEvent[] = [];
   /** spares and repairs */
   readonly keeper: RouteKeeper;
+  /** trusted ends and spot checks, in a public room */
+  readonly publicRoom: PublicRoom | null;
 
   constructor(
     readonly id: string,
@@ -209,12 +130,22 @@ export class Room {
     private readonly opts: RoomOptions,
   ) {
     this.keeper = new RouteKeeper(this, { repairTimeoutMs: opts.repairTimeoutMs ?? 30_000, standby: opts.standby ?? true });
+    this.publicRoom = opts.publicRoom ? new PublicRoom(this, opts.publicRoom) : null;
   }
 
   get sessions(): SessionManager {
     return this.opts.sessions;
   }
 
+  /** The secret trusted peers prove (public rooms), else null. */
+  get trustedSecret(): string | null {
+    return this.publicRoom?.opts.trustedSecret ?? null;
+  }
+
+  /** Whether `p` may serve stage `stage` of `r` (a public room keeps its ends on trusted peers). */
+  mayServeStage(p: Peer, r: Route, stage: number): boolean {
+    return this.publicRoom?.mayServe(p, stage, r.stages.length) ?? true;
+  }
 
   log(line: string): void {
     this.opts.log(`[room ${this.id}] ${line}`);
@@ -242,9 +173,10 @@ export class Room {
     return { id: this.model.id, url: this.modelUrlFor(peer), nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes, files: this.model.files };
   }
 
-  addPeer(hello: PeerHello, ws: WebSocket, origin?: string): Peer {
+  addPeer(hello: PeerHello, ws: WebSocket, how: { trusted?: boolean; origin?: string } = {}): Peer {
+    const { trusted, origin } = how;
     const id = `${hello.name ? hello.name.replace(/[^A-Za-z0-9_.-]/g, '').slice(0, 24) + '-' : 'peer-'}${++this.peerCounter}${randomBytes(2).toString('hex')}`;
-    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`), joinedAt: Date.now(), gone: false, ...(origin ? { origin } : {}) };
+    const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`, { reassembly: PEER_REPLY_REASSEMBLY }), joinedAt: Date.now(), gone: false, ...(origin ? { origin } : {}), ...(trusted ? { trusted } : {}) };
     this.peers.set(id, peer);
     const can = this.servableBy(peer);
     this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}; serves ${can.ranges ? 'any layer range' : can.wholeModel ? 'the whole model only' : `nothing of this model (${can.reason})`}`);
@@ -262,28 +194,40 @@ export class Room {
     if (peer.gone) return;
     peer.gone = true;
     this.peers.delete(peer.id);
-    this.keeper.spares.delete(peer.id);
     this.log(`peer ${peer.id} left: ${why}`);
     this.stageGone(peer, why);
   }
 
   /** `peer` can no longer serve its stage (it left, or its device was lost): repair the route, or degrade and replan. */
   stageGone(peer: Peer, why: string): void {
+    this.loseStage(peer, 'left', why);
+    this.schedulePlan();
+  }
+
+  /**
+   * The peer's stage of the current route (or the stage it was taking over) is lost: with repair
+   * on, a spare takes it and the sessions wait and are rebuilt; else the route degrades and its
+   * sessions fail naming the stage. Returns the route it was lost from.
+   */
+  private loseStage(peer: Peer, how: 'left' | 'excluded', why: string): Route | null {
+    this.keeper.spares.delete(peer.id);
     const r = this.route;
-    if (!r || r.status === 'closed') return this.schedulePlan();
+    if (!r || r.status === 'closed') return null;
     const st = r.stages.find((s) => s.peerId === peer.id);
     const replacing = this.keeper.replacementStage(r, peer);
-    if (!st && replacing === null) return this.schedulePlan();
+    if (!st && replacing === null) return null;
     const stage = st?.stage ?? replacing!;
-    if (!peer.leaving) this.keeper.penalise(peer, `lost while serving stage ${stage}: ${why}`);
-    if (this.keeper.stageLost(r, stage, peer.id, why)) {
-      void this.opts.sessions.stageLost(r.id, stage, why, { peerId: peer.id, repairing: true });
-      return;
+    const cause = how === 'left' ? why : `excluded: ${why}`;
+    // an excluded peer is out for good already; one lost twice is kept out for a while
+    if (how === 'left' && !peer.leaving) this.keeper.penalise(peer, `lost while serving stage ${stage}: ${why}`);
+    if (this.keeper.stageLost(r, stage, peer.id, cause)) {
+      void this.opts.sessions.stageLost(r.id, stage, cause, { peerId: peer.id, repairing: true });
+      return r;
     }
-    st!.status = 'lost';
-    r.setStatus('degraded', `stage ${stage} (${peer.id}) left: ${why}`);
-    void this.opts.sessions.stageLost(r.id, stage, why, { peerId: peer.id });
-    this.schedulePlan();
+    if (st) st.status = 'lost';
+    r.setStatus('degraded', `stage ${stage} (${peer.id}) ${how}: ${why}`);
+    void this.opts.sessions.stageLost(r.id, stage, cause, { peerId: peer.id });
+    return r;
   }
 
   /** A graceful leave: a stage is handed over first (same path as a repair), then the peer hears leave-ok. */
@@ -326,6 +270,7 @@ export class Room {
 
   onPeerMessage(peer: Peer, msg: PeerToServer): void {
     if (msg.t === 'hello') return;
+    if (msg.t === 'check') return this.publicRoom?.onReport(peer, msg);
     if (msg.t === 'leave') return this.peerLeaving(peer);
     if (msg.t === 'memory') return memoryLowered(this, peer, msg);
     if (msg.t === 'standby-ready' || msg.t === 'standby-failed') return this.keeper.onStandby(peer, msg.t === 'standby-ready', msg.t === 'standby-failed' ? `${msg.code} ${msg.message}` : '');
@@ -397,7 +342,8 @@ export class Room {
     const next = r.stages[stage + 1];
     const nextHello = next ? this.peers.get(next.peerId)?.hello : undefined;
     const upstreamPeer = r.stages[stage - 1]?.peerId ?? null;
-    this.send(peer, { t: 'assign', routeId: r.id, stage, shard: { ...st.shard }, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), ...this.downstreamOf(next?.peerId ?? null, nextHello), upstreamPeer, sources: shardSources(this, peer, st.shard) });
+    const check = stage === 0 ? this.publicRoom?.checkShard(r) : null;
+    this.send(peer, { t: 'assign', routeId: r.id, stage, shard: { ...st.shard }, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), ...this.downstreamOf(next?.peerId ?? null, nextHello), upstreamPeer, sources: shardSources(this, peer, st.shard), ...(check ? { check } : {}) });
   }
 
   /** How a stage reaches peer `peerId` as its next stage: its listen address, and whether it answers data channels (tabs always do; a native node says so in its hello). */
@@ -409,7 +355,13 @@ export class Room {
     if (this.planTimer) clearTimeout(this.planTimer);
     this.planTimer = setTimeout(() => {
       this.planTimer = null;
-      this.plan();
+      // a timer's throw would end the server: a plan that cannot be made is the route's reason
+      try {
+        this.plan();
+      } catch (e) {
+        this.log(`planning failed: ${(e as Error).message}`);
+        if (this.route && this.route.status !== 'closed') this.route.reason = `planning failed: ${(e as Error).message}`;
+      }
     }, this.opts.planDelayMs);
     this.planTimer.unref();
   }
@@ -435,7 +387,8 @@ export class Room {
       rttMs: p.rttMs,
     }));
     const unable = peers.filter((p) => !this.servableBy(p).wholeModel);
-    const choice = plannerPeers.length ? choosePlan(this.opts.planner ?? 'memory', this.model.header, this.model.nLayer, plannerPeers) : null;
+    const trusted = this.publicRoom ? (id: string) => this.peers.get(id)?.trusted === true : undefined;
+    const choice = plannerPeers.length ? choosePlan(this.opts.planner ?? 'memory', this.model.header, this.model.nLayer, plannerPeers, trusted) : null;
     const plan = choice
       ? choice.plan
       : { ok: false as const, reason: `no peer can serve ${(this.traits ??= modelTraits(this.model.header)).architecture}: ${unable.map((p) => `${p.id} (${p.hello.backend}): ${this.servableBy(p).reason}`).join('; ')}` };
@@ -500,11 +453,26 @@ export class Room {
     const { proof: _proof, t: _t, ...hello } = p.hello;
     const stage = this.route?.stages.find((s) => s.peerId === id);
     const can = this.servableBy(p);
-    return { id, ...hello, rttMs: p.rttMs ?? null, plannedMemoryBytes: plannedMemory(p), excluded: p.excluded ?? null, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+    return { id, ...hello, rttMs: p.rttMs ?? null, plannedMemoryBytes: plannedMemory(p), excluded: p.excluded ?? null, trusted: p.trusted === true, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
   }
 
   summary(): Record<string, unknown> {
-    return { id: this.id, model: this.brief(), planner: this.opts.planner ?? 'memory', peers: this.peers.size, route: this.route ? { id: this.route.id, status: this.route.status, reason: this.route.reason } : null };
+    const checks = this.publicRoom ? { spotChecks: this.publicRoom.summary() } : {};
+    return { id: this.id, model: this.brief(), planner: this.opts.planner ?? 'memory', peers: this.peers.size, route: this.route ? { id: this.route.id, status: this.route.status, reason: this.route.reason } : null, ...checks };
+  }
+
+  /**
+   * Takes a peer out of every route of this room from now on (it stays connected, so it does not
+   * simply rejoin as a new peer) and treats its stage as lost, as if it had left: a spare takes
+   * the stage (or the route degrades and its sessions fail), and the next plan goes without it.
+   */
+  excludePeer(peer: Peer, reason: string): void {
+    if (peer.excluded || peer.gone) return;
+    peer.excluded = reason;
+    this.log(`peer ${peer.id} excluded: ${reason}`);
+    const r = this.loseStage(peer, 'excluded', reason);
+    if (r) this.send(peer, { t: 'release', routeId: r.id });
+    this.schedulePlan();
   }
 
   dispose(): void {

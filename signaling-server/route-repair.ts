@@ -143,7 +143,7 @@ export class RouteKeeper {
     for (const p of this.idlePeers(r)) {
       const current = this.spares.get(p.id);
       if (current && current.status !== 'failed') continue;
-      const fits = r.stages.filter((st) => this.canServe(p, st.shard));
+      const fits = r.stages.filter((st) => this.canServe(p, st.shard) && this.room.mayServeStage(p, r, st.stage));
       if (fits.length === 0) continue;
       const count = (stage: number): number => [...this.spares.values()].filter((s) => s.stage === stage && s.status !== 'failed').length;
       const wanted = p.hello.layers ?? this.room.heldRangeOf(p);
@@ -220,12 +220,17 @@ export class RouteKeeper {
     for (const l of rep.lost.values()) {
       if (l.replacement) continue;
       const shard = r.stages[l.stage]!.shard;
-      const idle = this.idlePeers(r).filter((p) => this.canServe(p, shard));
+      const idle = this.idlePeers(r).filter((p) => this.canServe(p, shard) && this.room.mayServeStage(p, r, l.stage));
       const same = (p: Peer): boolean => {
         const s = this.spares.get(p.id);
         return !!s && s.shard.start === shard.start && s.shard.end === shard.end;
       };
-      const pick = idle.find((p) => same(p) && this.spares.get(p.id)!.status === 'ready') ?? idle.find(same) ?? idle.find((p) => !this.spares.has(p.id)) ?? idle[0];
+      // a peer that rejoined (its control socket dropped) still holding this shard verified loads nothing
+      const holds = (p: Peer): boolean => {
+        const h = this.room.heldRangeOf(p);
+        return !!h && h.start <= shard.start && h.end >= shard.end;
+      };
+      const pick = idle.find((p) => same(p) && this.spares.get(p.id)!.status === 'ready') ?? idle.find(holds) ?? idle.find(same) ?? idle.find((p) => !this.spares.has(p.id)) ?? idle[0];
       if (!pick) continue;
       l.replacement = pick.id;
       l.warm = same(pick) && this.spares.get(pick.id)!.status === 'ready';

@@ -27,7 +27,7 @@ import { WebSocketServer } from 'ws';
 import type WebSocket from 'ws';
 import type { IceServer } from '../src/protocol/control.ts';
 import type { SessionManager } from '../src/route/sessions.ts';
-import { bearerOf, refuseUpgrade, secretMatches } from '../src/transport/frame-server.ts';
+import { refuseUpgrade } from '../src/transport/frame-server.ts';
 import { serveFrames } from '../src/transport/ws.ts';
 import { HttpApi } from './http-api.ts';
 import type { AppHook } from './http-api.ts';
@@ -35,16 +35,22 @@ import type { FetchLog } from './model-host.ts';
 import { admitPeer, DEFAULT_LIVENESS } from './peer-admission.ts';
 import type { Room } from './room.ts';
 import { RoomRegistry } from './room-registry.ts';
+import type { RoomRegistryOptions } from './room-registry.ts';
+import type { Access, CredentialOptions, Grant } from './access.ts';
 import type { StagePolicy } from './stage-policy.ts';
 import type { ServerTls } from './tls.ts';
 
-export interface SignalingServerOptions {
+export interface SignalingServerOptions extends CredentialOptions {
   host?: string;
   port?: number;
   /** model paths or URLs, one room each */
   models: string[];
-  /** one secret for every room (default: a random one per room) */
+  /** one secret for every room: the join secret (default: a random one per model, kept under the cache dir) */
   secret?: string;
+  /** the session manager's and the OpenAI API's limits */
+  limits?: RoomRegistryOptions['limits'];
+  /** public rooms: trusted peers serve the first and last stages, a fraction of sessions is re-run on them */
+  publicRoom?: RoomRegistryOptions['publicRoom'];
   /** a route is planned once this many peers joined (default 1) */
   minPeers?: number;
   /** wait this long after the last join before planning (ms, default 300) */
@@ -83,13 +89,20 @@ export interface SignalingServer {
   url: string;
   rooms: Room[];
   sessions: SessionManager;
+  /** who may do what: the credentials (access.ts) */
+  access: Access;
   fetchLogs: Map<string, FetchLog>;
+  /** the page, with the admin secret in the fragment (it lists the rooms' join links) */
+  pageUrl: string;
   /** the join URL of a room, secret in the fragment */
   joinUrl(room: Room): string;
   /** opens one more room on this server for a model path or URL (same rules as `models`) */
   addRoom(location: string): Promise<Room>;
   close(): Promise<void>;
 }
+
+/** A client sends small frames (token ids, JSON bodies): what it may hold in reassembly is small too. */
+const CLIENT_REASSEMBLY = { maxPendingBytes: 4 * 1024 * 1024, maxAgeMs: 30_000 };
 
 /** This machine's first non-loopback IPv4 address, if it has one. */
 function lanAddress(): string | undefined {
@@ -99,11 +112,16 @@ function lanAddress(): string | undefined {
 }
 
 /** A client's frame socket: its sessions are its own, cancelled when it drops. */
-function serveClient(registry: RoomRegistry, room: Room, ws: WebSocket): void {
-  serveFrames(ws, async (f) => {
-    registry.checkFrameRoom(f, [room]);
-    return registry.sessions.handle(f, ws);
-  });
+function serveClient(registry: RoomRegistry, room: Room, ws: WebSocket, grant: Grant): void {
+  const scoped: Grant = { ...grant, rooms: [room] };
+  serveFrames(
+    ws,
+    async (f) => {
+      registry.checkFrame(f, scoped);
+      return registry.sessions.handle(f, ws, grant.principal);
+    },
+    { reassembly: CLIENT_REASSEMBLY },
+  );
   ws.on('close', () => void registry.sessions.ownerGone(ws));
 }
 
@@ -131,20 +149,30 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
       refuseUpgrade(socket, 'NOT_FOUND');
       return;
     }
-    if (m[2] === 'client' && !secretMatches(bearerOf(req), room.secret)) {
-      refuseUpgrade(socket, 'AUTH_FAILED');
-      return;
+    let grant: Grant | null = null;
+    if (m[2] === 'client') {
+      // a client socket runs sessions: an API key or the admin secret, for this room
+      try {
+        grant = registry.access.grantOf(req);
+      } catch {
+        return refuseUpgrade(socket, 'AUTH_FAILED');
+      }
+      if (!grant.rooms.includes(room)) return refuseUpgrade(socket, 'AUTH_FAILED');
+      if (!grant.roles.has('api') && !grant.roles.has('admin')) return refuseUpgrade(socket, 'FORBIDDEN');
     }
     // the origin this peer reached us at (its Host header, when it is a plain host[:port])
     const host = /^[A-Za-z0-9.:[\]-]+$/.test(req.headers.host ?? '') ? req.headers.host : null;
     const origin = host ? `${opts.tls ? 'https' : 'http'}://${host}` : undefined;
-    wss.handleUpgrade(req, socket, head, (ws) => (m[2] === 'peer' ? admitPeer(room, ws, registry.relayLedger(room), origin, { heartbeatMs: opts.heartbeatMs ?? DEFAULT_LIVENESS.heartbeatMs, heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? DEFAULT_LIVENESS.heartbeatTimeoutMs }) : serveClient(registry, room, ws)));
+    const liveness = { heartbeatMs: opts.heartbeatMs ?? DEFAULT_LIVENESS.heartbeatMs, heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? DEFAULT_LIVENESS.heartbeatTimeoutMs };
+    wss.handleUpgrade(req, socket, head, (ws) => (grant ? serveClient(registry, room, ws, grant) : admitPeer(room, ws, registry.relayLedger(room), origin, liveness)));
   });
+  // a model it cannot serve ends the server: nothing keeps the port for rooms that never open
   try {
     for (const location of opts.models) await registry.addRoom(location);
   } catch (e) {
-    // a model serve refuses must not leave the port listening
+    await registry.dispose();
     wss.close();
+    server.closeAllConnections();
     await new Promise<void>((resolve) => server.close(() => resolve()));
     throw e;
   }
@@ -153,7 +181,9 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     url,
     rooms: registry.rooms,
     sessions: registry.sessions,
+    access: registry.access,
     fetchLogs: registry.fetchLogs,
+    pageUrl: `${url}/#admin=${encodeURIComponent(registry.access.adminSecret)}`,
     // a local CA's fingerprint rides in the fragment too: native nodes pin it (src/transport/tls-trust.ts)
     joinUrl: (room) => `${url}/room/${room.id}#secret=${encodeURIComponent(room.secret)}${opts.tls?.ca ? `&ca=${opts.tls.ca.fingerprint}` : ''}`,
     addRoom: (location) => registry.addRoom(location),

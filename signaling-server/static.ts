@@ -11,9 +11,11 @@
 //
 // It also answers two small app endpoints the landing page needs:
 //   GET  /app/rooms   the hosted models and their rooms; join URLs (with secrets) only for
-//                     requests from this machine (loopback) — other devices need the link
+//                     requests from this machine (loopback) that present the admin secret
+//                     (the page URL `serve` prints carries it in its fragment) — any other
+//                     process, or device, needs the link
 //   POST /app/rooms   {model: url}: open a room for a pasted GGUF URL on this same server
-//                     (loopback only)
+//                     (loopback and the admin secret)
 //
 // The signaling server calls the app first for every request (its `app` option); the app
 // answers its own paths and leaves /v1/** and /models/** to the API.
@@ -74,7 +76,7 @@ const MIME: Record<string, string> = {
 
 /** Paths the API answers; everything else belongs to the app. */
 export function isApiPath(path: string): boolean {
-  return path.startsWith('/v1/') || path === '/v1' || path.startsWith('/models/');
+  return path.startsWith('/v1/') || path === '/v1' || path.startsWith('/models/') || path === '/health';
 }
 
 /**
@@ -133,7 +135,7 @@ export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
     }));
 
   const roomsJson = (req: IncomingMessage): unknown => {
-    const local = isLoopback(req);
+    const local = isLoopback(req) && opts.server.access.isAdmin(req);
     const s = opts.server;
     return {
       local,
@@ -149,6 +151,7 @@ export async function createWebApp(opts: WebAppOptions): Promise<WebApp> {
 
   const openRoom = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
     if (!isLoopback(req)) throw new MeshError('FORBIDDEN', 'rooms are opened from the machine that runs the server');
+    if (!opts.server.access.isAdmin(req)) throw new MeshError('AUTH_FAILED', 'opening a room takes the admin secret (the page URL serve prints carries it)');
     if (opts.openRooms === false) throw new MeshError('NOT_SUPPORTED', 'this server cannot open rooms for other models');
     // JSON only: another site's page cannot send it without a CORS preflight, which this path never grants
     if (!(req.headers['content-type'] ?? '').startsWith('application/json')) throw new MeshError('BAD_REQUEST', 'POST /app/rooms takes application/json');

@@ -56,20 +56,25 @@ describe('landing page', () => {
     expect(errors).toEqual([]);
   }, 180_000);
 
-  it('lists rooms with join links only to the server machine, and refuses non-URLs', async () => {
-    const rooms = (await (await fetch(`${served.base}/app/rooms`)).json()) as { local: boolean; rooms: Array<{ joinUrl?: string; model: { id: string } }> };
+  it('lists rooms with join links only to the server machine presenting the admin secret, and refuses non-URLs', async () => {
+    const admin = { authorization: `Bearer ${decodeURIComponent(new URL(served.pageUrl).hash.replace('#admin=', ''))}` };
+    const rooms = (await (await fetch(`${served.base}/app/rooms`, { headers: admin })).json()) as { local: boolean; rooms: Array<{ joinUrl?: string; model: { id: string } }> };
     expect(rooms.local).toBe(true);
     expect(rooms.rooms.map((r) => r.model.id)).toContain('gguf-mesh-default');
     expect(rooms.rooms.every((r) => r.joinUrl?.includes('#secret='))).toBe(true);
-    const bad = await fetch(`${served.base}/app/rooms`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: '/etc/passwd' }) });
+    // any other process on this machine (no admin secret) sees the rooms but no links
+    const anyone = (await (await fetch(`${served.base}/app/rooms`)).json()) as { local: boolean; rooms: Array<{ joinUrl?: string }> };
+    expect(anyone.local).toBe(false);
+    expect(anyone.rooms.some((r) => r.joinUrl)).toBe(false);
+    const bad = await fetch(`${served.base}/app/rooms`, { method: 'POST', headers: { 'content-type': 'application/json', ...admin }, body: JSON.stringify({ model: '/etc/passwd' }) });
     expect(bad.status).toBe(400);
     expect(((await bad.json()) as { error: { code: string } }).error.code).toBe('BAD_REQUEST');
     // a cross-site form post (no JSON content type) opens nothing
-    const form = await fetch(`${served.base}/app/rooms`, { method: 'POST', headers: { 'content-type': 'text/plain' }, body: JSON.stringify({ model: host.url }) });
+    const form = await fetch(`${served.base}/app/rooms`, { method: 'POST', headers: { 'content-type': 'text/plain', ...admin }, body: JSON.stringify({ model: host.url }) });
     expect(form.status).toBe(400);
     // a rebinding DNS name reaching this machine sees rooms but no secrets
     const rebound = await new Promise<string>((resolve, reject) => {
-      const req = httpRequest(`${served.base}/app/rooms`, { headers: { host: 'evil.example:80' } }, (res) => {
+      const req = httpRequest(`${served.base}/app/rooms`, { headers: { host: 'evil.example:80', ...admin } }, (res) => {
         let body = '';
         res.on('data', (d) => (body += d));
         res.on('end', () => resolve(body));

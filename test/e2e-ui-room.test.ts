@@ -76,8 +76,8 @@ afterAll(async () => {
 });
 
 describe('web app: room, peers, route, chat', () => {
-  it('npm start prints the page URL and the join URL with its secret in the fragment', () => {
-    expect(served.pageUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/$/);
+  it('npm start prints the page URL (the admin secret in its fragment) and the join URL with its secret in the fragment', () => {
+    expect(served.pageUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/#admin=[A-Za-z0-9_%-]+$/);
     expect(served.joinUrl).toBe(`${served.base}/room/${served.roomId}#secret=${encodeURIComponent(served.secret)}`);
     expect(served.proc.output()).toMatch(/model gguf-mesh-default \(6 layers\): synthetic llama q8_0/);
   });

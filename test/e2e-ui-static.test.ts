@@ -86,7 +86,7 @@ describe('web app on the signaling server', () => {
   });
 
   it('POST /app/rooms: a body over 64 KiB is BODY_TOO_LARGE (413), a malformed one BODY_NOT_JSON (400); no room opens', async () => {
-    const post = (body: string): Promise<Response> => get('/app/rooms', { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+    const post = (body: string): Promise<Response> => get('/app/rooms', { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${server.access.adminSecret}` }, body });
     const huge = await post(JSON.stringify({ model: `https://example.org/${'m'.repeat(100_000)}.gguf` }));
     expect(huge.status).toBe(413);
     expect(((await huge.json()) as { error: { code: string; limitBytes: number } }).error).toMatchObject({ code: 'BODY_TOO_LARGE', limitBytes: 64 * 1024 });

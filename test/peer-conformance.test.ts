@@ -254,7 +254,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'a token frame with logprobs': stageErr(70, 'FRAME_BAD_TYPE', { field: 'type' }),
       'a token frame of width 3': bad('FRAME_BAD_DIMENSION', 'width'),
       'open, a bad sampler': stageErr(71, 'BAD_SAMPLER_OPTION'),
-      'open, tokens not ids': stageErr(82, 'BAD_REQUEST'),
+      'open, tokens not ids': stageErr(82, 'BAD_REQUEST', { field: 'tokens.1' }),
       // the refused opens left nothing behind: the same session id opens
       'open with tokens and logprobs': { status: { stage: 0, state: 'open', position: 0 }, seq: 72 },
       // llama.cpp's greedy 432 is the top alternative; the lifted history picks the prompt's 378
@@ -262,7 +262,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       // 378 is in the history twice now (the prompt's and the one sampled at 5): the frequency penalty takes 261
       'decode, penalised, logprobs': { token: 261, width: 6, logprob: -4.53, top: [[383, -0.07], [322, -2.98]], position: 6, seq: 74 },
       'rewind, a bad sampler': stageErr(75, 'BAD_SAMPLER_OPTION'),
-      'rewind, from not a count': stageErr(83, 'BAD_REQUEST'),
+      'rewind, from not a count': stageErr(83, 'BAD_REQUEST', { field: 'from' }),
       'status after the refused rewind': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6], replayLogBytes: 0 }, backend: 'string', timing: TIMING_KEYS, seq: 76 },
       'rewind to a new turn: greedy, no logprobs': { status: { stage: 0, position: 5 }, seq: 77 },
       'decode in the new turn': { token: 383, position: 6, seq: 78 },
@@ -291,7 +291,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'prefill, no session': stageErr(21, 'SESSION_UNKNOWN', { field: 'session id' }),
       'close, no session': stageErr(22, 'SESSION_UNKNOWN', { field: 'session id' }),
       'status, no session': { status: { stage: 0, shard, open: false, position: 0, kvBytes: 0, processedTokens: [] }, seq: 23 },
-      'open, contextLength 0': stageErr(24, 'BAD_REQUEST'),
+      'open, contextLength 0': stageErr(24, 'BAD_REQUEST', { field: 'contextLength' }),
       'open, not JSON': stageErr(25, 'FRAME_BAD_PAYLOAD', { field: 'payload' }),
       open: { status: { stage: 0, state: 'open', position: 0 }, seq: 26 },
       'open again': stageErr(27, 'SESSION_EXISTS'),
@@ -308,8 +308,8 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'status after the refusals': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [6, 6, 6, 6, 6], replayLogBytes: 0 }, backend: 'string', timing: TIMING_KEYS, seq: 37 },
       'rewind, no session': { ...stageErr(50, 'SESSION_UNKNOWN', { field: 'session id' }) },
       'rewind past the position': stageErr(51, 'POSITION_MISMATCH', { expected: 6, got: 9 }),
-      'rewind, draws not a count': stageErr(52, 'BAD_REQUEST'),
-      'resend, end not a count': stageErr(53, 'BAD_REQUEST'),
+      'rewind, draws not a count': stageErr(52, 'BAD_REQUEST', { field: 'draws' }),
+      'resend, end not a count': stageErr(53, 'BAD_REQUEST', { field: 'end' }),
       // a stage that is the last has no next stage: the hop to stage 1 is what fails
       'resend on the last stage': { error: 'STAGE_UNREACHABLE', stage: 1, seq: 54, reply: true },
       'rewind to 2': { status: { stage: 0, position: 2 }, seq: 55 },
@@ -321,7 +321,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       // the rebuilt KV cache gives the token the first run gave at this position
       'decode after the replay': { token: 383, position: 6, seq: 59 },
       'status with hash queries': { status: { stage: 0, shard, open: true, position: 6, kvBytes: kv, processedTokens: [10, 10, 10, 10, 10], replayLogBytes: 0, sentHashes: [], receivedHashes: [] }, backend: 'string', timing: TIMING_KEYS, seq: 60 },
-      'status, a bad hash query': stageErr(61, 'BAD_REQUEST'),
+      'status, a bad hash query': stageErr(61, 'BAD_REQUEST', { field: 'sentHashes.1' }),
       close: { status: { stage: 0, state: 'closed' }, seq: 62 },
       'decode after close': stageErr(39, 'SESSION_UNKNOWN', { field: 'session id' }),
       ...apiAnswers,

@@ -136,6 +136,6 @@ describe('tools', () => {
     };
     expect(await post({ tools: TOOLS, tool_choice: { type: 'function', function: { name: 'nope' } } })).toEqual({ status: 400, param: 'tool_choice' });
     expect(await post({ tool_choice: 'required' })).toEqual({ status: 400, param: 'tool_choice' });
-    expect(await post({ messages: [...messages, { role: 'tool', content: 'x' }] })).toEqual({ status: 400, param: 'messages' });
+    expect(await post({ messages: [...messages, { role: 'tool', content: 'x' }] })).toEqual({ status: 400, param: `messages.${messages.length}.tool_call_id` });
   });
 });

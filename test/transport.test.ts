@@ -116,6 +116,31 @@ describe('stub route over loopback sockets', () => {
     await ref.client.close();
   });
 
+  it('one-way token path with chunked stages: a prompt frame computed in 3-token chunks answers the same token and log-probabilities, one-way', async () => {
+    const ref = await stubRoute([[0, 2], [2, 4], [4, 6]], { directReturn: false });
+    const chunked = await stubRoute([[0, 2], [2, 4], [4, 6]], { stageLimits: { chunkTokens: 3 } });
+    const run = async (r: LoopbackRoute) => {
+      const c = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64, logprobs: 3 });
+      c.wantTimings = true;
+      const tokens = [await c.prefill(PROMPT, 64)]; // one 10-token frame: chunks of 3, 3, 3, 1 on every stage
+      const logprobs = [c.lastLogprob];
+      const timings = c.lastTimings.map((t) => t.stage);
+      for (let i = 0; i < 3; i++) (tokens.push(await c.decode(tokens.at(-1)!)), logprobs.push(c.lastLogprob));
+      const info = await c.info();
+      await c.close();
+      return { tokens, logprobs, timings, position: info.position };
+    };
+    const want = await run(ref);
+    const got = await run(chunked);
+    expect(got.tokens).toEqual(want.tokens);
+    expect(got.logprobs).toEqual(want.logprobs);
+    expect(got.logprobs[0]!.top).toHaveLength(3);
+    expect(got.timings).toEqual([0, 1, 2]);
+    expect(got.position).toBe(PROMPT.length + 3);
+    expect(chunked.services[2]!.tokensReturned).toBe(4); // the chunked prefill's token one-way too
+    expect(ref.services[2]!.tokensReturned).toBe(0);
+  });
+
   it('one-way token path: a stage failing mid-step still fails the step naming it', async () => {
     const r = await stubRoute([[0, 2], [2, 4], [4, 6]]);
     const c = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64 });
@@ -179,7 +204,7 @@ describe('lifetimes', () => {
     await c.prefill(PROMPT);
     expect(r.servers.map((s) => s.connections.size)).toEqual([2, 2]); // control + entry on stage 0; control + downstream on stage 1
     await r.close();
-    expect(r.manager.liveCount).toBe(0);
+    expect(r.manager.liveCount()).toBe(0);
     expect(r.services.map((s) => s.openSessions)).toEqual([0, 0]);
     expect(r.servers.map((s) => s.connections.size)).toEqual([0, 0]);
     expect((r.route.entry() as WsLink).inFlight).toBe(0);

@@ -7,6 +7,7 @@ import { isMeshError } from '../errors.ts';
 import type { GgmlType, GgufHeader } from '../gguf/types.ts';
 import { hyperParameters } from '../gguf/summary.ts';
 import { configFromHeader } from '../model/config.ts';
+import { checkedServableModel } from '../model/model-check.ts';
 import { ggmlTypeName } from '../gguf/traits.ts';
 import { ARCH_OPS, BACKEND_ARCHS, BACKEND_OPS, BACKEND_TYPES, OPS, missingOps } from './ops.ts';
 import type { OpId } from './ops.ts';
@@ -179,9 +180,9 @@ function verdict(check: () => unknown): ServeCheck {
   }
 }
 
-/** Whether `serve` opens a room for the model: it reads the hyper-parameters (any architecture: a whole-model llama.cpp node may serve it). */
+/** Whether `serve` opens a room for the model: its own check (any architecture: a whole-model llama.cpp node may serve it; a file that lies is refused). */
 function serveCheck(header: GgufHeader): ServeCheck {
-  return verdict(() => hyperParameters(header));
+  return verdict(() => checkedServableModel(header));
 }
 
 /** Whether the CPU and WebGPU engines take the model: both load through configFromHeader. */

@@ -104,8 +104,8 @@ export async function buildManifest(location: string, opts: ReadHeaderOptions = 
   }
 
   // hyper-parameters live in the first file; groups span all files' tensors
-  const hp = hyperParameters(headers[0]!, location);
   const all: GgufHeader = { ...headers[0]!, tensors: headers.flatMap((h) => h.tensors) };
+  const hp = hyperParameters(all, location);
   return {
     schema_version: MANIFEST_SCHEMA_VERSION,
     artifact: { sha256: artifactHash.digest('hex'), size: files.reduce((a, f) => a + f.size, 0), files },

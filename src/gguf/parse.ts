@@ -83,36 +83,17 @@ export async function readHeader(location: string, opts: ReadHeaderOptions = {})
     const name = typed && VALUE_TYPE_NAMES[typed.type];
     if (name) metadataTypes[key] = name === 'array' ? `array:${VALUE_TYPE_NAMES[typed.subType ?? -1] ?? 'unknown'}` : name;
   }
+  // the library keeps the last of two equal keys; llama.cpp refuses the file
+  const kvCount = Number(parsed.metadata.kv_count);
+  if (Object.keys(metadata).length !== kvCount) {
+    throw new MeshError('GGUF_MALFORMED_HEADER', `${location}: the header has ${kvCount} metadata keys but only ${Object.keys(metadata).length} distinct ones (a key appears twice)`);
+  }
   const alignment = metadata['general.alignment'] === undefined ? DEFAULT_ALIGNMENT : Number(metadata['general.alignment']);
+  if (!Number.isInteger(alignment) || alignment < 1 || (alignment & (alignment - 1)) !== 0 || alignment > 1 << 20) {
+    throw new MeshError('GGUF_MALFORMED_HEADER', `${location}: general.alignment ${String(metadata['general.alignment'])} is not a power of two`);
+  }
   const tensorDataOffset = toSafeNumber(parsed.tensorDataOffset, location, 'tensor data offset');
-
-  const tensors: TensorInfo[] = parsed.tensorInfos.map((t) => {
-    const type = Number(t.dtype);
-    const traits = traitsOf(type);
-    if (!traits) {
-      throw new MeshError('GGUF_UNKNOWN_TYPE', `${location}: tensor '${t.name}' has unknown ggml type id ${type}`);
-    }
-    const shape = t.shape.map((d) => toSafeNumber(d, location, `dimension of '${t.name}'`));
-    const nElements = shape.reduce((a, b) => a * b, 1);
-    if (!Number.isSafeInteger(nElements) || nElements % traits.blockSize !== 0) {
-      throw new MeshError(
-        'GGUF_BAD_TENSOR',
-        `${location}: tensor '${t.name}' has ${nElements} elements, not a whole number of ${traits.name} blocks of ${traits.blockSize}`,
-      );
-    }
-    const relative = toSafeNumber(t.offset, location, `offset of '${t.name}'`);
-    if (relative % alignment !== 0) {
-      throw new MeshError('GGUF_BAD_TENSOR', `${location}: tensor '${t.name}' offset ${relative} is not aligned to ${alignment}`);
-    }
-    return {
-      name: t.name,
-      type: type as GgmlType,
-      shape,
-      nElements,
-      offset: tensorDataOffset + relative,
-      byteLength: (nElements / traits.blockSize) * traits.typeSize,
-    };
-  });
+  const tensors = tensorsOf(parsed.tensorInfos, location, tensorDataOffset, alignment);
 
   if (!opts.allowTruncatedData) {
     for (const t of tensors) {
@@ -127,6 +108,47 @@ export async function readHeader(location: string, opts: ReadHeaderOptions = {})
   }
 
   return { version, metadata, tensors, tensorDataOffset, alignment, fileBytes, metadataTypes };
+}
+
+type LibraryTensorInfo = Awaited<ReturnType<typeof gguf>>['tensorInfos'][number];
+
+/**
+ * Tensor infos with absolute byte ranges, refused as llama.cpp's gguf reader refuses them: an
+ * unknown type, a row that is not whole blocks, two tensors with one name, or a tensor not at
+ * the offset where the previous one ends (padded to the alignment) — which also rules out
+ * gaps, overlaps and reordering. Nothing is allocated per element.
+ */
+function tensorsOf(infos: LibraryTensorInfo[], location: string, tensorDataOffset: number, alignment: number): TensorInfo[] {
+  const names = new Set<string>();
+  let expected = 0;
+  return infos.map((t) => {
+    if (names.has(t.name)) throw new MeshError('GGUF_BAD_TENSOR', `${location}: two tensors are named '${t.name}'`, { tensor: t.name });
+    names.add(t.name);
+    const type = Number(t.dtype);
+    const traits = traitsOf(type);
+    if (!traits) {
+      throw new MeshError('GGUF_UNKNOWN_TYPE', `${location}: tensor '${t.name}' has unknown ggml type id ${type}`);
+    }
+    const shape = t.shape.map((d) => toSafeNumber(d, location, `dimension of '${t.name}'`));
+    const nElements = shape.reduce((a, b) => a * b, 1);
+    if (!Number.isSafeInteger(nElements) || (shape[0] ?? 1) % traits.blockSize !== 0) {
+      throw new MeshError(
+        'GGUF_BAD_TENSOR',
+        `${location}: tensor '${t.name}' has rows of ${shape[0]} elements, not a whole number of ${traits.name} blocks of ${traits.blockSize}`,
+        { tensor: t.name },
+      );
+    }
+    const relative = toSafeNumber(t.offset, location, `offset of '${t.name}'`);
+    if (relative % alignment !== 0) {
+      throw new MeshError('GGUF_BAD_TENSOR', `${location}: tensor '${t.name}' offset ${relative} is not aligned to ${alignment}`, { tensor: t.name });
+    }
+    if (relative !== expected) {
+      throw new MeshError('GGUF_BAD_TENSOR', `${location}: tensor '${t.name}' has offset ${relative}, expected ${expected} (tensors lie in header order, each where the previous one ends, padded to ${alignment})`, { tensor: t.name });
+    }
+    const byteLength = (nElements / traits.blockSize) * traits.typeSize;
+    expected += Math.ceil(byteLength / alignment) * alignment;
+    return { name: t.name, type: type as GgmlType, shape, nElements, offset: tensorDataOffset + relative, byteLength };
+  });
 }
 
 /** gguf.h `enum gguf_type` ids → the writer's type names */

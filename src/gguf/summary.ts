@@ -3,6 +3,7 @@
 // (src/model/config.ts turns a header into a full ModelConfig for the architectures we run;
 // this module only describes, so it also works for architectures we cannot run.)
 
+import { MeshError } from '../errors.ts';
 import { architectureOf, metadataNumber, requiredNumber } from './metadata.ts';
 import { ggmlTypeName } from './traits.ts';
 import type { GgufHeader, MetadataValue, TensorInfo } from './types.ts';
@@ -56,7 +57,7 @@ export function hyperParameters(header: GgufHeader, location = 'GGUF'): HyperPar
   const scalingType = md[key('rope.scaling.type')];
   return {
     architecture: arch,
-    n_layer: required('block_count'),
+    n_layer: checkedBlockCount(header, required('block_count'), location),
     n_embd: required('embedding_length'),
     n_head: nHead,
     n_head_kv: perLayer(md[key('attention.head_count_kv')]) ?? nHead,
@@ -71,6 +72,19 @@ export function hyperParameters(header: GgufHeader, location = 'GGUF'): HyperPar
       scaling_orig_ctx: optional('rope.scaling.original_context_length') ?? null,
     },
   };
+}
+
+/**
+ * block_count, checked against the blk.N tensors (any architecture names its layers so): the
+ * count sizes per-layer arrays, so a lying one is refused before anything is allocated for it.
+ */
+function checkedBlockCount(header: GgufHeader, n: number, location: string): number {
+  let top = -1;
+  for (const t of header.tensors) top = Math.max(top, layerOfTensor(t.name) ?? -1);
+  if (!Number.isSafeInteger(n) || n < 0 || (header.tensors.length > 0 && n !== top + 1)) {
+    throw new MeshError('GGUF_BAD_METADATA', `${location}: block_count is ${n} but the layer tensors are blk.0 … blk.${top} (${top + 1} blocks)`);
+  }
+  return n;
 }
 
 /** Tensor type name → number of tensors of that type, names sorted. */
@@ -125,6 +139,10 @@ export function isEmbeddingTensor(name: string): boolean {
 
 /** Groups tensors into embed, layer.0 … layer.{n-1}, head and (if any) global, in that order. */
 export function tensorGroups(header: GgufHeader, nLayer: number): TensorGroup[] {
+  // one group per layer: never more layers than tensors (a lying count would size this array)
+  if (!Number.isSafeInteger(nLayer) || nLayer < 0 || nLayer > header.tensors.length) {
+    throw new MeshError('GGUF_BAD_METADATA', `${nLayer} layers cannot be cut from ${header.tensors.length} tensors`);
+  }
   const embed: TensorGroup = { name: 'embed', tensors: [], uses: [], bytes: 0 };
   const head: TensorGroup = { name: 'head', tensors: [], uses: [], bytes: 0 };
   const global: TensorGroup = { name: 'global', tensors: [], uses: [], bytes: 0 };

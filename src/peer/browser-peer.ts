@@ -17,8 +17,12 @@ import { requestPersistence } from '../storage/persistence.ts';
 import { BrowserStage, joiningState } from './browser-stage.ts';
 import type { BrowserPeerState } from './browser-stage.ts';
 import { detectCapabilities } from './capabilities.ts';
-import type { ComputePreference } from './capabilities.ts';
+import type { BrowserCapabilities, ComputePreference } from './capabilities.ts';
 import { openControlSocket } from './control-socket.ts';
+import type { ControlSocket } from './control-socket.ts';
+import type { HelloOffer } from './peer-core.ts';
+import { rejoin } from './reconnect.ts';
+import type { ReconnectOptions } from './reconnect.ts';
 import { fetchRoomModel } from './peer-core.ts';
 
 export type { BrowserPeerState, PeerStatus } from './browser-stage.ts';
@@ -54,6 +58,8 @@ export interface BrowserPeerOptions {
   log?: (line: string) => void;
   /** every state change */
   onState?: (s: BrowserPeerState) => void;
+  /** rejoin after the control connection drops (default: for 10 minutes, with back-off); false: stay closed */
+  reconnect?: false | ReconnectOptions;
 }
 
 export interface BrowserPeer {
@@ -104,6 +110,65 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     return { state, leave: async () => true, close: async () => undefined };
   }
 
+  const conn: { control: ControlSocket; stage: BrowserStage } = await joinOnce(opts, { base, roomId, secret, state, changed, log, caps });
+  let closing = false;
+  // while serving, the server's route summary gets the frame counters every few seconds
+  const telemetryTimer = setInterval(() => state.status === 'ready' && conn.stage.fullTelemetry(), opts.telemetryMs ?? 2000);
+  // the control socket dropped: release the stage, rejoin with back-off (the shard cache keeps
+  // the verified units, so the planner gives this tab its range back and nothing is fetched)
+  void (async () => {
+    for (;;) {
+      const e = await conn.control.closed;
+      await conn.stage.close().catch(() => undefined);
+      if (closing) return;
+      Object.assign(state, { status: opts.reconnect === false ? 'closed' : 'reconnecting', reason: e.message, routeId: null, stage: null, shard: null, progress: null, hop: null });
+      changed();
+      if (opts.reconnect === false) break;
+      log(`${e.message}; rejoining`);
+      try {
+        const next = await rejoin(() => joinOnce(opts, { base, roomId, secret, state, changed, log, caps }), opts.reconnect ?? {}, () => closing, log);
+        if (!next) return;
+        Object.assign(conn, next);
+      } catch (err) {
+        Object.assign(state, { status: 'closed', reason: `rejoining failed: ${(err as Error).message}` });
+        changed();
+        break;
+      }
+    }
+    clearInterval(telemetryTimer);
+  })();
+  const close = async (): Promise<void> => {
+    closing = true;
+    clearInterval(telemetryTimer);
+    conn.control.close();
+    await conn.stage.close();
+  };
+  return {
+    state,
+    async leave(timeoutMs) {
+      closing = true; // a tab that leaves does not rejoin
+      const moved = state.stage === null ? true : await conn.stage.leave(timeoutMs);
+      await close();
+      return moved;
+    },
+    close,
+  };
+}
+
+interface JoinContext {
+  base: string;
+  roomId: string;
+  secret: string;
+  state: BrowserPeerState;
+  changed: () => void;
+  log: (line: string) => void;
+  /** what the tab can compute with and offers (measured once, before the first join) */
+  caps: BrowserCapabilities;
+}
+
+/** Reads the room's model, opens the control socket and joins: the tab is idle, waiting for an assignment. */
+async function joinOnce(opts: BrowserPeerOptions, j: JoinContext): Promise<{ control: ControlSocket; stage: BrowserStage }> {
+  const { base, roomId, secret, state, changed, log } = j;
   // the room's model, its manifest and header (JSON from the server: no model bytes)
   const model = await fetchRoomModel(base, roomId, secret);
   state.artifact = model.manifest.artifact.sha256;
@@ -114,47 +179,32 @@ export async function startBrowserPeer(opts: BrowserPeerOptions): Promise<Browse
     state.storage = await requestPersistence();
     log(`shard cache storage: ${state.storage.persisted ? 'persistent' : 'may be evicted by the browser'}${state.storage.quotaBytes !== null ? `; ${state.storage.usageBytes} of ${state.storage.quotaBytes} bytes used` : ''}`);
   }
-
-  const control = await openControlSocket(base, roomId);
+  const control = await openControlSocket(base, roomId, (e) => log(`ignored a control message from the server: ${e.message}`));
   const stage = new BrowserStage({
     base, secret, model, control, cache, state, changed, log,
-    backend: opts.backend ?? (caps.backend === 'cpu' ? cpuBackend : webGpuBackend),
+    backend: opts.backend ?? (j.caps.backend === 'cpu' ? cpuBackend : webGpuBackend),
     ...(opts.iceServers ? { iceServers: opts.iceServers } : {}),
     ...(opts.iceTransportPolicy ? { iceTransportPolicy: opts.iceTransportPolicy } : {}),
     ...(opts.rtcTimeoutMs ? { rtcTimeoutMs: opts.rtcTimeoutMs } : {}),
     ...(opts.peerShards === false ? { peerShards: false } : {}),
   });
+  const caps = j.caps;
+  if (caps.backend === 'none') throw new MeshError('WEBGPU_UNAVAILABLE', `this tab cannot compute: ${caps.reason}`); // startBrowserPeer joins such a tab as a client only
   if (caps.backend === 'cpu') log(`no WebGPU: ${caps.reason}`);
   const offer = { backend: caps.backend, memoryBytes: caps.memoryBytes, serves: backendCapability(caps.backend), ...(opts.name ? { name: opts.name } : {}), artifact: model.manifest.artifact.sha256, units: state.heldUnits, adapter: caps.adapter };
-  const welcome = await stage.core.join(offer, control.closed);
-  // a server on the internet may announce STUN/TURN servers; on a LAN none are needed
-  if (Array.isArray(welcome.iceServers)) stage.useIceServers(welcome.iceServers as RTCIceServer[]);
-  Object.assign(state, { peerId: stage.core.peerId, status: 'idle' });
+  try {
+    const welcome = await stage.core.join(offer, control.closed);
+    // a server on the internet may announce STUN/TURN servers; on a LAN none are needed
+    if (Array.isArray(welcome.iceServers)) stage.useIceServers(welcome.iceServers as RTCIceServer[]);
+  } catch (e) {
+    control.close();
+    await stage.close().catch(() => undefined);
+    throw e;
+  }
+  Object.assign(state, { peerId: stage.core.peerId, status: 'idle', reason: null });
   changed();
   log(`joined room ${roomId} as ${state.peerId} (model ${model.id}; holding ${state.heldUnits.length ? state.heldUnits.join(', ') : 'nothing'})`);
-
-  // while serving, the server's route summary gets the frame counters every few seconds
-  const telemetryTimer = setInterval(() => state.status === 'ready' && stage.fullTelemetry(), opts.telemetryMs ?? 2000);
-  void control.closed.then((e) => {
-    clearInterval(telemetryTimer);
-    Object.assign(state, { status: 'closed', reason: e.message });
-    changed();
-    void stage.close();
-  });
-  const close = async (): Promise<void> => {
-    clearInterval(telemetryTimer);
-    control.close();
-    await stage.close();
-  };
-  return {
-    state,
-    async leave(timeoutMs) {
-      const moved = state.stage === null ? true : await stage.leave(timeoutMs);
-      await close();
-      return moved;
-    },
-    close,
-  };
+  return { control, stage };
 }
 
 async function webGpuBackend(): Promise<StageBackend> {

@@ -6,7 +6,7 @@
 import { MeshError } from '../errors.ts';
 import { shardBytes } from '../backends/shard.ts';
 import type { ShardRange, StageBackend } from '../backends/types.ts';
-import type { CandidatePair, HopKind, PeerTelemetry, PipeCounters, RelayReply, SignalFromPeer } from '../protocol/control.ts';
+import type { CandidatePair, HopKind, PeerTelemetry, PipeCounters } from '../protocol/control.ts';
 import { servePipe } from '../transport/webrtc-link.ts';
 import type { ShardCache } from '../storage/shard-cache.ts';
 import { evictedUnits, storageEstimate } from '../storage/persistence.ts';
@@ -22,7 +22,7 @@ import type { ExchangeCounters } from './shard-exchange.ts';
 import { loadSlice, sliceSource } from './slice-loader.ts';
 import type { LoadedSlice, SliceProgress } from './slice-loader.ts';
 
-export type PeerStatus = 'joining' | 'idle' | 'loading' | 'ready' | 'failed' | 'client-only' | 'closed';
+export type PeerStatus = 'joining' | 'idle' | 'loading' | 'ready' | 'failed' | 'client-only' | 'reconnecting' | 'closed';
 
 export interface BrowserPeerState {
   status: PeerStatus;
@@ -136,11 +136,9 @@ export class BrowserStage {
     control.onJson((m) => {
       if (this.core.onMessage(m)) return;
       if (m.t === 'signal') {
-        const signal = m as unknown as SignalFromPeer;
-        if (ShardExchange.owns(signal)) this.exchange.onSignal(signal);
-        else this.hops.onSignal(signal);
-      }
-      else if (m.t === 'relay-reply') this.hops.onRelayReply(m as unknown as RelayReply);
+        if (ShardExchange.owns(m)) this.exchange.onSignal(m);
+        else this.hops.onSignal(m);
+      } else if (m.t === 'relay-reply') this.hops.onRelayReply(m);
     });
   }
 

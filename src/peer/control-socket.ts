@@ -3,13 +3,16 @@
 // secret never crosses the wire: the peer answers the server's nonce with an HMAC (protocol/control.ts).
 
 import { MeshError } from '../errors.ts';
+import { parseServerMessage } from '../protocol/control.ts';
+import type { ServerMessage } from '../protocol/control.ts';
 import type { MessagePipe } from '../transport/webrtc-link.ts';
 
 export interface ControlSocket {
   /** frames from the server (the server's requests to this stage) */
   readonly frames: MessagePipe;
   sendJson(m: unknown): void;
-  onJson(cb: (m: Record<string, unknown> & { t: string }) => void): void;
+  /** valid control messages only: one that does not match its schema goes to `onInvalid` */
+  onJson(cb: (m: ServerMessage) => void): void;
   close(): void;
   readonly closed: Promise<MeshError>;
 }
@@ -17,22 +20,22 @@ export interface ControlSocket {
 /** Largest frame message to the server (its WebSocket accepts 64 MiB). */
 const SERVER_MESSAGE_LIMIT = 32 * 1024 * 1024;
 
-export function openControlSocket(base: string, roomId: string): Promise<ControlSocket> {
+export function openControlSocket(base: string, roomId: string, onInvalid: (e: MeshError) => void = () => undefined): Promise<ControlSocket> {
   const url = `${base.replace(/^http/, 'ws')}/v1/rooms/${encodeURIComponent(roomId)}/peer`;
   const ws = new WebSocket(url);
   ws.binaryType = 'arraybuffer';
-  const jsonCbs: Array<(m: Record<string, unknown> & { t: string }) => void> = [];
+  const jsonCbs: Array<(m: ServerMessage) => void> = [];
   const frameCbs: Array<(m: Uint8Array) => void> = [];
   const closeCbs: Array<(r: MeshError) => void> = [];
   let resolveClosed!: (e: MeshError) => void;
   const closed = new Promise<MeshError>((r) => (resolveClosed = r));
   ws.addEventListener('message', (ev) => {
     if (typeof ev.data === 'string') {
-      let m: Record<string, unknown> & { t: string };
+      let m: ServerMessage;
       try {
-        m = JSON.parse(ev.data);
-      } catch {
-        return;
+        m = parseServerMessage(ev.data);
+      } catch (e) {
+        return onInvalid(e as MeshError);
       }
       for (const cb of jsonCbs) cb(m);
     } else {

@@ -14,7 +14,7 @@ import { WsLink } from '../transport/ws.ts';
 import { SessionManager } from '../route/sessions.ts';
 import type { RouteHandle, SessionManagerOptions } from '../route/sessions.ts';
 import { StageService } from './stage-service.ts';
-import type { SamplerFactory } from './stage-service.ts';
+import type { SamplerFactory, StageServiceOptions } from './stage-service.ts';
 
 export interface LoopbackStage {
   backend: StageBackend;
@@ -30,6 +30,8 @@ export interface LoopbackOptions {
   sessions?: SessionManagerOptions;
   /** the one-way token path (FrameFlag.ReturnDirect): the last stage hands tokens straight to the session manager (default true) */
   directReturn?: boolean;
+  /** every stage's limits (chunk size, frame and session caps) */
+  stageLimits?: Partial<Pick<StageServiceOptions, 'chunkTokens' | 'maxFrameTokens' | 'maxSessions' | 'idleTtlMs'>>;
 }
 
 export interface LoopbackRoute {
@@ -52,6 +54,7 @@ export async function startLoopbackRoute(stages: LoopbackStage[], opts: Loopback
   const services = stages.map(
     (s, i) =>
       new StageService({
+        ...opts.stageLimits,
         backend: s.backend,
         stage: i,
         shard: s.shard,

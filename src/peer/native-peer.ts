@@ -2,7 +2,9 @@
 // WebSocket, and serves the stage it is assigned (peer-core.ts: hello, assign, release; the
 // loading itself in native-stage.ts) — reading only that shard's byte ranges from the server —
 // with hidden states sent straight to the next stage's listen address, or over a WebRTC data
-// channel to and from tabs (native-rtc.ts).
+// channel to and from tabs (native-rtc.ts). When the control connection drops (the server
+// restarted, the network blinked) it joins again with back-off, advertising the shards its cache
+// holds verified, so the planner (or a repair) gives it the same range back without a download.
 
 import { join } from 'node:path';
 import WebSocket from 'ws';
@@ -11,8 +13,8 @@ import { MeshError } from '../errors.ts';
 import type { ShardRange } from '../backends/types.ts';
 import { backendCapability } from '../backends/capabilities.ts';
 import type { WebGpuBackend } from '../backends/webgpu/backend.ts';
-import { parseJoinUrl } from '../protocol/control.ts';
-import type { PeerSpeed, PeerToServer, RelayReply } from '../protocol/control.ts';
+import { parseJoinUrl, parseServerMessage } from '../protocol/control.ts';
+import type { PeerSpeed, PeerToServer, ServerMessage } from '../protocol/control.ts';
 import { startFrameServer } from '../transport/frame-server.ts';
 import type { FrameServer } from '../transport/frame-server.ts';
 import { serveFrames } from '../transport/ws.ts';
@@ -20,11 +22,14 @@ import { tlsOptions } from '../transport/tls-trust.ts';
 import { linkNativeNext, loadNativeShard, nodeWebGpuBackend } from './native-stage.ts';
 import type { BackendKind, NativeStageEnv } from './native-stage.ts';
 import { fetchRoomModel, PeerCore } from './peer-core.ts';
-import type { HelloOffer, LoadContext, RoomModel, ShardLoad } from './peer-core.ts';
+import type { HelloOffer, LoadContext, RoomModel, ShardLoad, StageLimits } from './peer-core.ts';
 import { calibrate } from './calibrate.ts';
 import { delayedHandler, delayedLink, later, slowedBackend } from './test-shaping.ts';
 import { hyperParameters } from '../gguf/summary.ts';
 import { NativeRtc } from './native-rtc.ts';
+import { rejoin } from './reconnect.ts';
+import type { ReconnectOptions } from './reconnect.ts';
+import type { FrameHandler } from '../transport/link.ts';
 import { RelayLink } from './relay-link.ts';
 import type { StageService } from './stage-service.ts';
 import { heldUnits } from './verified-source.ts';
@@ -50,6 +55,12 @@ export interface NodePeerOptions {
   threads?: number;
   /** WebRTC data channels to and from tabs (default true; off: those hops use the server relay) */
   webrtc?: boolean;
+  /** the stage's limits (chunk size, frame and session caps, idle expiry) */
+  limits?: StageLimits;
+  /** a public room's trusted secret: the hello proves it, so this node may serve the first and last stages */
+  trustedSecret?: string;
+  /** rejoin after the control connection drops (default: for 10 minutes, back-off from 0.5 s to 15 s); false: leave */
+  reconnect?: false | ReconnectOptions;
   /** measure this node's speed on one layer of the room's model before joining, where the room plans by speed (default true; cpu and webgpu backends) */
   calibrate?: boolean;
   /** test only (test-shaping.ts): forward passes take this many times as long */
@@ -64,7 +75,7 @@ export interface NodePeer {
   server: FrameServer;
   /** current stage, once assigned and loaded */
   readonly service: StageService | null;
-  /** resolves when the control connection ends */
+  /** resolves when the peer left the room for good (stopped, left, refused, or gave up rejoining) */
   closed: Promise<string>;
   /** a graceful leave: the server moves this peer's stage and sessions to a replacement first; resolves with whether they moved */
   leave(timeoutMs?: number): Promise<boolean>;
@@ -106,7 +117,7 @@ function watchControl(ws: WebSocket, base: string): { gone: Promise<Error>; clos
 }
 
 /** What the hello offers: the backend, memory, where frames reach this node, what it holds verified. */
-function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact: string; units: string[]; adapter: unknown; rtc: boolean; speed: PeerSpeed | null }): HelloOffer {
+function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact: string; units: string[]; adapter: HelloOffer['adapter']; rtc: boolean; speed: PeerSpeed | null }): HelloOffer {
   return {
     backend: opts.backend,
     memoryBytes: opts.memoryBytes,
@@ -136,34 +147,50 @@ async function measureSpeed(opts: NodePeerOptions, model: RoomModel, load: (ctx:
   }
 }
 
-export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
-  const log = opts.log ?? (() => undefined);
-  const { base, roomId } = parseJoinUrl(opts.joinUrl);
-  const cacheDir = opts.cacheDir === undefined ? join(meshCacheDir(), 'shards') : opts.cacheDir;
-  // what the room serves, and the manifest every loaded byte is checked against
+/** One control connection to the server: its socket, the peer core serving over it, and when it ended. */
+interface Connection {
+  ws: WebSocket;
+  core: PeerCore;
+  closed: Promise<string>;
+}
+
+/** What stays the same across reconnections: the frame server, WebRTC, the spare GPU, the options. */
+interface PeerShared {
+  opts: NodePeerOptions;
+  base: string;
+  roomId: string;
+  cacheDir: string | null;
+  server: FrameServer;
+  rtc: NativeRtc | null;
+  /** the current connection's send, for WebRTC's signals */
+  send: (m: PeerToServer) => void;
+  takeSpareGpu: () => WebGpuBackend | null;
+  adapter: HelloOffer['adapter'];
+  /** test only: the link delay every frame and control message waits (ms; test-shaping.ts) */
+  delay: number;
+  log: (line: string) => void;
+}
+
+/** Reads the room's model, opens a control socket, proves the secret and joins; rejects if any step fails. */
+async function connect(p: PeerShared): Promise<Connection> {
+  const { opts, base, roomId, rtc, log, delay } = p;
+  // what the room serves, and the manifest every loaded byte is checked against (again after a
+  // reconnect: a restarted server may serve another artifact)
   const model = await fetchRoomModel(base, roomId, opts.secret);
-  const units = cacheDir ? await heldUnits(cacheDir, model.manifest) : [];
-  let spareGpu = await spareGpuFor(opts.backend, log);
-  const adapter = spareGpu?.adapter;
+  const units = p.cacheDir ? await heldUnits(p.cacheDir, model.manifest) : [];
   let relay: RelayLink | null = null;
-  let rtc: NativeRtc | null = null;
-  // the control socket opens once the frame server listens: the hello names its address
+  // the control socket opens after the calibration (below): the hello carries its speed
   let control: WebSocket | null = null;
-  const delay = opts.testLinkDelayMs ?? 0;
   const send = later((m: PeerToServer): void => {
     if (control?.readyState === WebSocket.OPEN) control.send(JSON.stringify(m));
   }, delay);
   const env: NativeStageEnv = {
-    backend: opts.backend, memoryBytes: opts.memoryBytes, carrier: opts.carrier ?? 'ws', cacheDir, base, secret: opts.secret, model, send, log,
+    backend: opts.backend, memoryBytes: opts.memoryBytes, carrier: opts.carrier ?? 'ws', cacheDir: p.cacheDir, base, secret: opts.secret, model, send, log,
     ...(opts.threads ? { threads: opts.threads } : {}),
     peerId: () => core.peerId,
-    takeSpareGpu: () => {
-      const gpu = spareGpu;
-      spareGpu = null;
-      return gpu;
-    },
+    takeSpareGpu: p.takeSpareGpu,
     // a browser next stage has no listen address: frames go through the server (peer/relay-link.ts)
-    relayTo: (to) => (relay = new RelayLink(to, later((r) => control!.send(JSON.stringify(r)), delay))),
+    relayTo: (to) => (relay = new RelayLink(to, (r) => send(r as never))),
     rtc: () => rtc,
   };
   const loadShard = async (ctx: LoadContext): Promise<ShardLoad> => {
@@ -172,6 +199,8 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   };
   const core = new PeerCore({
     secret: opts.secret, send, log,
+    ...(opts.limits ? { limits: opts.limits } : {}),
+    ...(opts.trustedSecret ? { proofSecret: opts.trustedSecret } : {}),
     loadShard,
     linkNext: async (next, ctx) => {
       const l = await linkNativeNext(next, ctx, env);
@@ -185,58 +214,123 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
     onReady: (a, _load, link) => rtc?.serving(a.routeId, a.stage, link.hop?.kind ?? 'none', link.hop?.candidatePair ?? null),
     onRelease: () => rtc?.released(),
   });
-  const handle = delayedHandler(core.handle, delay);
   const speed = await measureSpeed(opts, model, loadShard, log);
+  // (a test's link delay answers the server's heartbeat late too: its round trip is the planner's link)
+  const ws = (control = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`, { ...tlsOptions(), ...(delay > 0 ? { autoPong: false } : {}) })); // a pinned local CA (tls-trust.ts)
+  if (delay > 0) ws.on('ping', (data) => setTimeout(() => ws.readyState === WebSocket.OPEN && ws.pong(data), 2 * delay));
+  serveFrames(ws, delayedHandler(core.handle, delay));
+  const { gone, closed } = watchControl(ws, base);
+  ws.on('message', later((data: WebSocket.RawData, isBinary: boolean) => {
+    if (isBinary) return; // frames: serveFrames answers them
+    let m: ServerMessage;
+    try {
+      m = parseServerMessage(data.toString());
+    } catch (e) {
+      return log(`ignored a control message from the server: ${(e as Error).message}`);
+    }
+    if (core.onMessage(m)) return;
+    // a relay reply is for this node's own relay link, else for the relay WebRTC fell back to
+    if (m.t === 'relay-reply' && relay?.deliver(m)) return;
+    rtc?.onControl(m);
+  }, delay));
+  p.send = send;
+  try {
+    const w = await core.join(helloOffer(opts, p.server, { artifact: model.manifest.artifact.sha256, units, adapter: p.adapter, rtc: rtc !== null, speed }), gone);
+    if (w.iceServers?.length) rtc?.useIceServers(w.iceServers);
+    log(`joined room ${w.roomId} as ${w.peerId} (model ${w.model.id}, ${w.model.nLayer} layers; holding ${units.length ? units.join(', ') : 'nothing'}); listening at ${p.server.url}`);
+  } catch (e) {
+    ws.terminate();
+    throw e;
+  }
+  return { ws, core, closed };
+}
+
+/**
+ * Keeps the peer in the room: when the control connection drops the stage is released and the
+ * peer joins again with back-off and jitter, advertising the shards its cache holds verified.
+ * Resolves with why it stopped for good.
+ */
+async function stayJoined(p: PeerShared, state: { current: Connection; stopping: boolean }): Promise<string> {
+  for (;;) {
+    const why = await state.current.closed;
+    await state.current.core.close().catch(() => undefined);
+    p.rtc?.released();
+    if (state.stopping || p.opts.reconnect === false) return why;
+    p.log(`${why}; rejoining`);
+    try {
+      const next = await rejoin(() => connect(p), p.opts.reconnect ?? {}, () => state.stopping, p.log);
+      if (!next) return why;
+      state.current = next;
+    } catch (e) {
+      return `${why}; rejoining failed for good: ${(e as MeshError).code ?? ''} ${(e as Error).message}`;
+    }
+  }
+}
+
+export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
+  const log = opts.log ?? (() => undefined);
+  const { base, roomId } = parseJoinUrl(opts.joinUrl);
+  const cacheDir = opts.cacheDir === undefined ? join(meshCacheDir(), 'shards') : opts.cacheDir;
+  let spareGpu = await spareGpuFor(opts.backend, log);
+  const adapter = spareGpu?.adapter;
+  const state: { current: Connection | null; stopping: boolean } = { current: null, stopping: false };
+  // frames reach whichever connection's core serves now; the listen address stays across reconnections
+  const delay = opts.testLinkDelayMs ?? 0;
+  const handler: FrameHandler = delayedHandler((f) => (state.current ? state.current.core.handle(f) : Promise.reject(new MeshError('STAGE_NOT_LOADED', 'this peer is not in a room'))), delay);
   const server = await startFrameServer({
     host: opts.listenHost ?? '127.0.0.1',
     port: opts.listenPort ?? 0,
     secret: opts.secret,
-    handler: handle,
-    status: () => ({ peerId: core.peerId, backend: opts.backend, memoryBytes: opts.memoryBytes, routeId: core.routeId, ...(core.service ? core.service.status() : {}) }),
+    handler,
+    status: () => {
+      const core = state.current?.core;
+      return { peerId: core?.peerId ?? null, backend: opts.backend, memoryBytes: opts.memoryBytes, routeId: core?.routeId ?? null, ...(core?.service ? core.service.status() : {}) };
+    },
   });
-
+  const shared: PeerShared = {
+    opts, base, roomId, cacheDir, server, log, delay,
+    rtc: null,
+    send: () => undefined,
+    adapter: adapter ? { ...adapter } : undefined,
+    takeSpareGpu: () => {
+      const gpu = spareGpu;
+      spareGpu = null;
+      return gpu;
+    },
+  };
   // data channels to and from tabs (./native-rtc.ts); null where WebRTC is off or will not load
-  // (loaded before the control socket opens: its challenge must find the listener below)
-  rtc = opts.webrtc === false ? null : await NativeRtc.start({ sendJson: (m) => send(m as PeerToServer), handler: handle, log });
-  // (a test's link delay answers the server's heartbeat late too: its round trip is the planner's link)
-  const ws = (control = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`, { ...tlsOptions(), ...(delay > 0 ? { autoPong: false } : {}) })); // a pinned local CA (tls-trust.ts)
-  if (delay > 0) ws.on('ping', (data) => setTimeout(() => ws.readyState === WebSocket.OPEN && ws.pong(data), 2 * delay));
-  serveFrames(ws, handle);
-  const { gone, closed } = watchControl(ws, base);
-  ws.on('message', later((data: WebSocket.RawData, isBinary: boolean) => {
-    if (isBinary) return; // frames: serveFrames answers them
-    const m = JSON.parse(data.toString()) as { t: string };
-    if (core.onMessage(m)) return;
-    // a relay reply is for this node's own relay link, else for the relay WebRTC fell back to
-    if (m.t === 'relay-reply' && relay?.deliver(m as RelayReply)) return;
-    rtc?.onControl(m);
-  }, delay));
-  const joining = core.join(helloOffer(opts, server, { artifact: model.manifest.artifact.sha256, units, adapter, rtc: rtc !== null, speed }), gone);
+  // (loaded before the control socket opens: its challenge must find the listener)
+  shared.rtc = opts.webrtc === false ? null : await NativeRtc.start({ sendJson: (m) => shared.send(m as PeerToServer), handler, log });
+  let first: Connection;
   try {
-    const w = await joining;
-    if (w.iceServers?.length) rtc?.useIceServers(w.iceServers);
-    log(`joined room ${w.roomId} as ${w.peerId} (model ${w.model.id}, ${w.model.nLayer} layers); listening at ${server.url}`);
+    first = await connect(shared);
   } catch (e) {
-    ws.terminate();
-    await rtc?.close();
+    await shared.rtc?.close();
     await spareGpu?.dispose();
     await server.close();
     throw e;
   }
+  state.current = first;
+  const closed = stayJoined(shared, state as { current: Connection; stopping: boolean });
   return {
     get peerId() {
-      return core.peerId;
+      return state.current?.core.peerId ?? null;
     },
     server,
     get service() {
-      return core.service;
+      return state.current?.core.service ?? null;
     },
     closed,
-    leave: (timeoutMs = 40_000) => core.leave(timeoutMs),
+    // a peer that leaves does not rejoin when the server then closes its socket
+    leave: (timeoutMs = 40_000) => {
+      state.stopping = true;
+      return state.current ? state.current.core.leave(timeoutMs) : Promise.resolve(true);
+    },
     async close() {
-      ws.close();
-      await core.close();
-      await rtc?.close();
+      state.stopping = true;
+      state.current?.ws.close();
+      await state.current?.core.close();
+      await shared.rtc?.close();
       await spareGpu?.dispose();
       spareGpu = null;
       await server.close();

@@ -13,14 +13,15 @@ import type { Manifest } from '../gguf/verify.ts';
 import { parseManifest } from '../gguf/verify.ts';
 import { Sampler } from '../model/sampler.ts';
 import { helloProof, toBase64 } from '../protocol/control.ts';
-import type { CandidatePair, HopKind, PeerHello, PeerToServer, ServerToPeer } from '../protocol/control.ts';
+import type { CandidatePair, HopKind, PeerHello, PeerToServer, ServerMessage, ServerToPeer } from '../protocol/control.ts';
 import { headerFromWire } from '../protocol/header-wire.ts';
 import { encodeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { fetchJson } from '../transport/server-json.ts';
+import { SpotCheck } from './spot-check.ts';
 import { StageService } from './stage-service.ts';
-import type { SamplerFactory } from './stage-service.ts';
+import type { SamplerFactory, StageServiceOptions } from './stage-service.ts';
 
 export type Assignment = Extract<ServerToPeer, { t: 'assign' }>;
 export type Welcome = Extract<ServerToPeer, { t: 'welcome' }>;
@@ -120,10 +121,16 @@ export interface NextLink {
   hop?: { kind: HopKind; candidatePair: CandidatePair | null };
 }
 
+/** A stage's limits, as a peer's operator sets them (defaults: STAGE_LIMITS). */
+export type StageLimits = Partial<Pick<StageServiceOptions, 'chunkTokens' | 'maxFrameTokens' | 'maxSessions' | 'idleTtlMs'>>;
+
 export interface PeerCoreOptions {
   secret: string;
+  /** the secret the hello proves when it is not the room secret (a public room's trusted peers) */
+  proofSecret?: string;
   send: (m: PeerToServer) => void;
   log: (line: string) => void;
+  limits?: StageLimits;
   /** loads an assigned or standby shard into a backend (verified bytes only) */
   loadShard: (ctx: LoadContext) => Promise<ShardLoad>;
   /** links the stage to its next stage (null on the last stage); `keep` its undo */
@@ -236,20 +243,21 @@ export class PeerCore {
   }
 
   /** A control message from the server; false for those the environment handles (signal, relay-reply). */
-  onMessage(m: ServerToPeer | { t: string }): boolean {
-    const msg = m as ServerToPeer;
+  onMessage(msg: ServerMessage): boolean {
     switch (msg.t) {
       case 'challenge': {
         const offer = this.joining?.offer;
-        if (offer) void helloProof(this.opts.secret, String(msg.nonce)).then((proof) => this.opts.send({ t: 'hello', proof, directReturn: true, ...offer }));
+        if (offer) void helloProof(this.opts.proofSecret ?? this.opts.secret, msg.nonce).then((proof) => this.opts.send({ t: 'hello', proof, directReturn: true, ...offer }));
         return true;
       }
       case 'welcome':
-        this.peerId = String(msg.peerId);
+        this.peerId = msg.peerId;
         this.joining?.resolve(msg);
         return true;
       case 'error':
-        this.joining?.reject(MeshError.fromWire(String(msg.code), String(msg.message)));
+        // while joining, the refusal; later, the server telling why it dropped a message of ours
+        if (this.joining && !this.peerId) this.joining.reject(MeshError.fromWire(msg.code, msg.message));
+        else this.opts.log(`server: ${msg.code}: ${msg.message}`);
         return true;
       case 'assign':
         void this.assign(msg);
@@ -264,7 +272,10 @@ export class PeerCore {
         void this.rewire(msg);
         return true;
       case 'leave-ok':
-        this.leaving?.(Boolean(msg.moved));
+        this.leaving?.(msg.moved);
+        return true;
+      case 'watch':
+        if (this.serving?.assignment.routeId === msg.routeId) this.serving.service.watch(msg.sessionId);
         return true;
       default:
         return false;
@@ -349,6 +360,7 @@ export class PeerCore {
         kept = new Kept();
         load = await this.opts.loadShard(this.context(a, kept, () => seq === this.seq));
       }
+      const spotCheck = await this.spotCheckFor(a, kept, () => seq === this.seq);
       if (!ctx.current) throw new MeshError('LOAD_FAILED', 'superseded');
       const rewire = this.pendingRewire as Rewire | null;
       this.pendingRewire = null;
@@ -358,7 +370,7 @@ export class PeerCore {
       if (!ctx.current) throw new MeshError('LOAD_FAILED', 'superseded');
       // the last stage's one-way token goes to the server over the control socket
       const returnTo = (token: Frame): void => this.opts.send({ t: 'return', routeId: a.routeId, stage: a.stage, frame: toBase64(encodeFrame(token)) });
-      const service = new StageService({ backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: link.link, samplerFactory: stageSampler, returnTo });
+      const service = new StageService({ ...this.opts.limits, backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: link.link, samplerFactory: stageSampler, spotCheck, returnTo });
       this.serving = { assignment: a, service, kept, next };
       // a neighbour replaced while this stage was linking: link to it now
       const late = this.pendingRewire as Rewire | null;
@@ -377,6 +389,17 @@ export class PeerCore {
       this.opts.log(`stage ${a.stage} of route ${a.routeId}: load failed: ${err.code} ${err.message}`);
       this.opts.send({ t: 'load-failed', routeId: a.routeId, stage: a.stage, code: err.code, message: err.message });
     }
+  }
+
+  /**
+   * Public rooms: the first stage also loads the untrusted stages' layers (`check`), as a shard
+   * kept and undone with the stage; every stage can report what it receives.
+   */
+  private async spotCheckFor(a: Assignment, kept: Kept, isCurrent: () => boolean): Promise<SpotCheck> {
+    if (!a.check) return new SpotCheck({ fraction: 0, send: this.opts.send });
+    const checkLoad = await this.opts.loadShard(this.context({ ...a, shard: a.check.shard, downstream: null, downstreamPeer: null, check: undefined }, kept, isCurrent));
+    this.opts.log(`spot checks: layers ${a.check.shard.start}-${a.check.shard.end} loaded to re-run ${Math.round(a.check.fraction * 100)} % of sessions`);
+    return new SpotCheck({ backend: checkLoad.backend, fraction: a.check.fraction, send: this.opts.send });
   }
 
   /** A repair replaced a neighbour: link to the new next stage, or accept the new previous one. */

@@ -12,31 +12,33 @@
 // and a hash of every row it received (replay-log.ts), and answers three more requests: Rewind
 // (forget positions from p on, reset the sampler), Resend (send logged hidden states to the
 // next stage again as Replay frames) and Replay-flagged input (compute and log, send nothing on).
+//
+// Fair scheduling: every forward goes through one ComputeQueue per stage, a frame of more than
+// `chunkTokens` tokens in chunks, so one long prefill cannot hold the stage; a closed session's queued chunks go at once.
 
 import { MeshError } from '../errors.ts';
-import type { HiddenRows, StageBackend, StageInput, ShardRange } from '../backends/types.ts';
+import type { ForwardResult, HiddenRows, RowsForwardResult, StageBackend, StageInput, ShardRange } from '../backends/types.ts';
 import { argmax, tokenLogprob } from '../model/sampler.ts';
-import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame, MAX_TOP_LOGPROBS } from '../protocol/frame.ts';
+import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, decodeRows, hiddenFrame, hiddenRowsFrame, jsonFrame, logitsFrame, payloadBody, replyAddress, sampledFrame, timingsOf, withTimings } from '../protocol/payload.ts';
 import type { StepTiming } from '../protocol/payload.ts';
 import { errorReplyFor } from '../transport/link.ts';
 import type { FrameLink } from '../transport/link.ts';
 import type { StageTiming } from '../route/telemetry.ts';
-import type { ResendBody, RewindBody, SamplerSettings, SessionOpenBody } from '../protocol/session.ts';
+import { parseResend, parseRewind, parseSessionOpen, parseStatusQuery } from '../protocol/session.ts';
+import type { SamplerSettings, StatusQuery } from '../protocol/session.ts';
+import { ComputeQueue } from './compute-queue.ts';
 import { ReplayLog, rowHashes } from './replay-log.ts';
+import type { SpotCheck } from './spot-check.ts';
+import { frameChunk, hiddenRowsOf, inputSlice } from './stage-input.ts';
 
 /** Picks a token from the logits; history: the session's tokens at positions [0, p) (for penalties). */
 export type TokenSampler = (logits: Float32Array, history: readonly number[]) => number;
 /** A sampler for a session's settings that has already made `draws` random draws. */
 export type SamplerFactory = (settings: SamplerSettings, draws: number) => TokenSampler;
-
-
-/** What a Status request for one session may ask besides the counters: row hashes of what the stage sent or received, for positions [a, b). */
-export interface StatusQuery {
-  sentHashes?: [number, number];
-  receivedHashes?: [number, number];
-}
+export type { StatusQuery } from '../protocol/session.ts';
+type Input = StageInput | HiddenRows;
 
 export interface StageStatus {
   stage: number;
@@ -53,23 +55,29 @@ export interface StageServiceOptions {
   /** the next stage, or null on the last stage */
   downstream: FrameLink | null;
   samplerFactory?: SamplerFactory;
+  /** a frame of more tokens is computed in chunks of this many, other sessions' steps between them (default 64) */
+  chunkTokens?: number;
+  /** most tokens one Prefill or Hidden frame may carry (default 512) */
+  maxFrameTokens?: number;
+  /** most sessions open on this stage at once (default 64) */
+  maxSessions?: number;
+  /** a session with no frame for this long is released (ms, default 15 min: above the server's 5) */
+  idleTtlMs?: number;
+  /** public rooms: re-runs of the untrusted stages (first stage) or reports of what arrived (last) */
+  spotCheck?: SpotCheck;
   /**
-   * the one-way way to the session's owner: on the last stage a ReturnDirect step's Token goes
-   * here instead of into the reply; on the others, with it the stage answers a ReturnDirect step
-   * as soon as it forwarded it and sends a failure downstream here as an Error (position = the
-   * step's end). Absent: the token and the answers climb back as replies, as before.
+   * the one-way way to the session's owner: the last stage sends a ReturnDirect step's Token here,
+   * not in the reply; the others answer such a step once forwarded and send a failure downstream
+   * here as an Error (position = the step's end). Absent: answers climb back as replies.
    */
   returnTo?: ((token: Frame) => void) | undefined;
 }
 
-/** One step's measures on this stage, and the timing records it carries forward (ReturnDirect). */
-interface StepContext {
-  computeMs: number;
-  downstreamMs: number;
-  bytesOut: number;
-  /** the records of the stages before (from the incoming Hidden frame's trailer) and this one's, as of now */
-  records(): StepTiming[];
-}
+/** How long a just-opened session's first frame is waited for before long prompts go on (ms): a round trip through the server. */
+const NEW_SESSION_HOLD_MS = 50;
+
+/** Defaults of the stage's limits (docs/ARCHITECTURE.md lists them). */
+export const STAGE_LIMITS = { chunkTokens: 64, maxFrameTokens: 512, maxSessions: 64, idleTtlMs: 15 * 60_000 };
 
 interface StageSession {
   sample: TokenSampler | null;
@@ -85,6 +93,19 @@ interface StageSession {
   timing: { steps: number; computeMs: number; downstreamMs: number; handleMs: number; bytesIn: number; bytesOut: number };
   /** the first failure of a pipelined prefill chunk downstream, reported on the next frame */
   pipelineError: MeshError | null;
+  /** performance.now() of the session's last frame, for expiry */
+  lastUsed: number;
+}
+
+/** What one frame's compute adds up to (over its chunks), and the timing records it carries forward (ReturnDirect). */
+interface StepCost {
+  computeMs: number;
+  downstreamMs: number;
+  bytesOut: number;
+  /** waiting in the compute queue behind other sessions' work */
+  queueMs: number;
+  /** the records of the stages before (from the incoming Hidden frame's trailer) and this one's, as of now */
+  records(): StepTiming[];
 }
 
 export class StageService {
@@ -98,7 +119,18 @@ export class StageService {
   /** tokens this (last) stage sent one-way to the session's owner (ReturnDirect) */
   tokensReturned = 0;
 
-  constructor(private readonly opts: StageServiceOptions) {}
+  private readonly queue = new ComputeQueue();
+  private readonly limits: typeof STAGE_LIMITS;
+  private sweeper: ReturnType<typeof setInterval> | null = null;
+
+  constructor(private readonly opts: StageServiceOptions) {
+    this.limits = {
+      chunkTokens: opts.chunkTokens ?? STAGE_LIMITS.chunkTokens,
+      maxFrameTokens: opts.maxFrameTokens ?? STAGE_LIMITS.maxFrameTokens,
+      maxSessions: opts.maxSessions ?? STAGE_LIMITS.maxSessions,
+      idleTtlMs: opts.idleTtlMs ?? STAGE_LIMITS.idleTtlMs,
+    };
+  }
 
   get isFirst(): boolean {
     return this.opts.shard.start === 0;
@@ -134,21 +166,24 @@ export class StageService {
       case FrameType.SessionClose:
         return this.close(f);
       case FrameType.Status:
-        return jsonFrame(FrameType.Status, replyAddress(f), f.sessionId === '0'.repeat(32) ? this.status() : this.sessionStatus(f.sessionId, f.dtype === DType.Json ? decodeJson<StatusQuery>(f.payload) : {}));
+        return jsonFrame(FrameType.Status, replyAddress(f), f.sessionId === '0'.repeat(32) ? this.status() : this.sessionStatus(f.sessionId, f.dtype === DType.Json ? parseStatusQuery(decodeJson(f.payload)) : {}));
       case FrameType.Rewind:
         return this.rewind(f);
       case FrameType.Resend:
         return this.resend(f);
       case FrameType.Prefill:
       case FrameType.Decode:
+        this.checkFrameTokens(f);
         if (!this.isFirst) throw new MeshError('STAGE_INPUT_KIND', `stage ${this.opts.stage} takes hidden states, not token ids`);
         return this.compute(f, { kind: 'tokens', tokens: decodeI32(f.payload) });
       case FrameType.Hidden: {
+        this.checkFrameTokens(f);
         if (this.isFirst) throw new MeshError('STAGE_INPUT_KIND', 'stage 0 takes token ids, not hidden states');
         // on the one-way path the stages before send their timing records forward in a trailer
         const carried = timingsOf(f);
         const h: Frame = { ...f, flags: f.flags & ~FrameFlag.Timings, payload: payloadBody(f) };
         this.bytesIn += h.payload.byteLength;
+        this.opts.spotCheck?.actual(h, () => decodeRows(h.payload, h.dtype));
         return this.compute(h, this.opts.backend.forwardRows ? hiddenRowsOf(h) : { kind: 'hidden', hidden: decodeRows(h.payload, h.dtype), nTokens: h.nTokens }, carried);
       }
       default:
@@ -156,26 +191,38 @@ export class StageService {
     }
   }
 
-  private async open(f: Frame): Promise<Frame> {
-    const body = decodeJson<SessionOpenBody>(f.payload);
-    if (!Number.isInteger(body.contextLength) || body.contextLength < 1) {
-      throw new MeshError('BAD_REQUEST', `session open: contextLength must be a positive integer, got ${String(body.contextLength)}`);
+  /** Public rooms, the last stage: report what arrives for this session. */
+  watch(sessionId: string): void {
+    this.opts.spotCheck?.watch(sessionId);
+  }
+
+  private checkFrameTokens(f: Frame): void {
+    if (f.nTokens > this.limits.maxFrameTokens) {
+      throw new MeshError('FRAME_TOO_MANY_TOKENS', `frame token count: ${f.nTokens} tokens in one frame, this stage takes at most ${this.limits.maxFrameTokens}`, { field: 'token count', limit: this.limits.maxFrameTokens });
     }
+  }
+
+  private async open(f: Frame): Promise<Frame> {
+    const body = parseSessionOpen(decodeJson(f.payload));
     if (this.sessions.has(f.sessionId)) throw new MeshError('SESSION_EXISTS', `session ${f.sessionId} is already open`);
-    const draws = count(body.draws ?? 0, 'session open: draws');
+    if (this.sessions.size >= this.limits.maxSessions) throw new MeshError('SESSION_LIMIT', `stage ${this.opts.stage} holds ${this.sessions.size} sessions, its limit`, { limit: this.limits.maxSessions, retryAfterS: 1 });
     const settings = body.sampler ?? {};
-    const sample = this.samplerFor(settings, draws); // bad settings are refused before the backend holds the session
-    const history = tokenIds(body.tokens, 'session open: tokens') ?? [];
+    const sample = this.samplerFor(settings, body.draws ?? 0); // bad settings are refused before the backend holds the session
+    (this.sweeper ??= setInterval(() => void this.expireIdle(), Math.min(60_000, this.limits.idleTtlMs / 4))).unref?.();
     await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
+    await this.opts.spotCheck?.open(f.sessionId, body.contextLength);
+    // its first frame follows at once: give it the next turn over other sessions' long prompts
+    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
     this.sessions.set(f.sessionId, {
       sample,
       settings,
-      history,
-      logprobs: logprobsSetting(body.logprobs),
+      history: body.tokens ? [...body.tokens] : [],
+      logprobs: body.logprobs ?? null,
       log: new ReplayLog(),
       hiddenDtype: body.hiddenDtype === 'f32' ? DType.F32 : DType.F16,
       timing: { steps: 0, computeMs: 0, downstreamMs: 0, handleMs: 0, bytesIn: 0, bytesOut: 0 },
       pipelineError: null,
+      lastUsed: performance.now(),
     });
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'open', position: 0 });
   }
@@ -186,42 +233,37 @@ export class StageService {
     return this.opts.samplerFactory ? this.opts.samplerFactory(settings, draws) : (logits) => argmax(logits);
   }
 
-  /** Rewind: positions from f.position on are forgotten here (KV cache, log); the sampler restarts after `draws` draws. */
+  /** Rewind: positions from f.position on are forgotten (KV, log, penalty history); the sampler restarts after `draws` draws, with any new settings. */
   private async rewind(f: Frame): Promise<Frame> {
     const s = this.session(f.sessionId);
-    const body = decodeJson<Partial<RewindBody> | null>(f.payload);
-    const draws = count(body?.draws ?? 0, 'rewind: draws');
-    const settings = body?.sampler ?? s.settings;
-    const sample = this.samplerFor(settings, draws); // bad settings refuse the rewind before it changes anything
-    const tokens = tokenIds(body?.tokens, 'rewind: tokens');
-    const from = count(body?.from ?? f.position, 'rewind: from');
+    const body = parseRewind(decodeJson(f.payload));
+    const settings = body.sampler ?? s.settings;
+    const sample = this.samplerFor(settings, body.draws); // bad settings refuse the rewind before it changes anything
     await this.opts.backend.truncateSession(f.sessionId, f.position);
+    await this.opts.spotCheck?.rewind(f.sessionId, f.position);
+    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS); // a continued session (KV reuse) sends its prompt at once
     s.log.truncate(f.position);
     s.pipelineError = null;
     s.settings = settings;
     s.sample = sample;
-    if (body?.logprobs !== undefined) s.logprobs = logprobsSetting(body.logprobs);
+    if (body.logprobs !== undefined) s.logprobs = body.logprobs;
     // the penalty history: positions kept, then the tokens the client says come from `from` on
-    if (s.history.length > f.position) s.history.length = f.position;
-    if (tokens && from <= s.history.length) {
-      s.history.length = from;
-      s.history.push(...tokens);
-    }
+    s.history.length = Math.min(s.history.length, f.position);
+    const from = body.from ?? f.position;
+    if (body.tokens && from <= s.history.length) s.history.splice(from, s.history.length - from, ...body.tokens);
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: f.position });
   }
 
   /** Resend: the logged hidden states of [f.position, body.end) go to the next stage again, as Replay frames, in order. */
   private async resend(f: Frame): Promise<Frame> {
     const s = this.session(f.sessionId);
-    const body = decodeJson<Partial<ResendBody> | null>(f.payload);
-    const end = count(body?.end, 'resend: end');
-    const maxTokens = Math.max(1, count(body?.maxTokens ?? 1, 'resend: maxTokens'));
+    const body = parseResend(decodeJson(f.payload));
     const next = this.opts.downstream;
     if (!next) throw new MeshError('STAGE_UNREACHABLE', `stage ${this.opts.stage} has no next stage to resend to`, { stage: this.opts.stage + 1 });
-    if (end > s.log.end) throw new MeshError('POSITION_MISMATCH', `stage ${this.opts.stage} logged hidden states up to ${s.log.end}, asked to resend up to ${end}`, { expected: s.log.end, got: end });
+    if (body.end > s.log.end) throw new MeshError('POSITION_MISMATCH', `stage ${this.opts.stage} logged hidden states up to ${s.log.end}, asked to resend up to ${body.end}`, { expected: s.log.end, got: body.end });
     let frames = 0;
     let bytes = 0;
-    for (const part of s.log.slice(f.position, end, maxTokens)) {
+    for (const part of s.log.slice(f.position, body.end, body.maxTokens)) {
       const out = makeFrame({ type: FrameType.Hidden, routeId: f.routeId, sessionId: f.sessionId, flags: FrameFlag.Replay, position: part.position, nTokens: part.nTokens, dtype: part.dtype, width: part.width, payload: part.payload });
       try {
         await next.request(out);
@@ -231,13 +273,28 @@ export class StageService {
       frames++;
       bytes += HEADER_BYTES + part.payload.byteLength;
     }
-    return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: end, frames, bytes });
+    return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: body.end, frames, bytes });
   }
 
   private async close(f: Frame): Promise<Frame> {
-    if (!this.sessions.delete(f.sessionId)) throw new MeshError('SESSION_UNKNOWN', `frame session id: session ${f.sessionId} is not open on stage ${this.opts.stage}`, { field: 'session id' });
-    await this.opts.backend.releaseSession(f.sessionId);
+    if (!this.sessions.has(f.sessionId)) throw new MeshError('SESSION_UNKNOWN', `frame session id: session ${f.sessionId} is not open on stage ${this.opts.stage}`, { field: 'session id' });
+    await this.release(f.sessionId, 'closed');
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'closed' });
+  }
+
+  /** Forgets a session: its queued chunks are dropped, the one computing finishes, then its KV is freed. */
+  private async release(sessionId: string, why: string): Promise<void> {
+    this.sessions.delete(sessionId);
+    await this.queue.cancel(sessionId, new MeshError('SESSION_CLOSED', `session ${sessionId} was ${why} on stage ${this.opts.stage}`));
+    await this.opts.spotCheck?.close(sessionId);
+    await this.opts.backend.releaseSession(sessionId);
+  }
+
+  private async expireIdle(): Promise<void> {
+    const now = performance.now();
+    for (const [id, s] of [...this.sessions]) {
+      if (now - s.lastUsed >= this.limits.idleTtlMs) await this.release(id, 'expired (idle)').catch(() => undefined);
+    }
   }
 
   private session(id: string): StageSession {
@@ -246,18 +303,20 @@ export class StageService {
     return s;
   }
 
-  private async compute(f: Frame, input: StageInput | HiddenRows, carried: StepTiming[] = []): Promise<Frame> {
+  private async compute(f: Frame, input: Input, carried: StepTiming[] = []): Promise<Frame> {
     const s = this.session(f.sessionId);
     const started = performance.now();
+    s.lastUsed = started;
     const timing = s.timing;
     timing.steps++;
     const bytesIn = f.type === FrameType.Hidden ? HEADER_BYTES + f.payload.byteLength : 0;
     timing.bytesIn += bytesIn;
     const arrived = f.receivedAt ?? started;
-    const step: StepContext = {
+    const step: StepCost = {
       computeMs: 0,
       downstreamMs: 0,
       bytesOut: 0,
+      queueMs: 0,
       records: () => [
         ...carried,
         {
@@ -266,7 +325,7 @@ export class StageService {
           computeUs: step.computeMs * 1000,
           downstreamUs: step.downstreamMs * 1000,
           handleUs: (performance.now() - arrived) * 1000,
-          queueUs: (started - arrived) * 1000,
+          queueUs: (started - arrived + step.queueMs) * 1000,
           bytesIn,
           bytesOut: step.bytesOut,
         },
@@ -274,7 +333,7 @@ export class StageService {
     };
     let reply: Frame;
     try {
-      reply = await this.computeStep(f, s, input, step);
+      reply = f.nTokens > this.limits.chunkTokens ? await this.computeChunks(f, s, input, step) : await this.computeStep(f, s, input, step);
     } finally {
       timing.handleMs += performance.now() - started;
     }
@@ -291,21 +350,40 @@ export class StageService {
     return new MeshError(code, `stage ${this.opts.stage + 1} (${next.remote}): ${(e as Error).message}`, { stage: this.opts.stage + 1 });
   }
 
+  /**
+   * A frame of more than `chunkTokens` tokens, computed chunk by chunk: each chunk waits its turn
+   * in the compute queue (so other sessions' decode steps run between them) and goes on to the
+   * next stage as soon as it is done; only the last one carries the frame's Sample, WantLogits
+   * and ReturnDirect (its answer, the token or the one-way Status, is the frame's).
+   */
+  private async computeChunks(f: Frame, s: StageSession, input: Input, step: StepCost): Promise<Frame> {
+    const chunk = this.limits.chunkTokens;
+    let reply: Frame | null = null;
+    for (let at = 0; at < f.nTokens; at += chunk) {
+      const n = Math.min(chunk, f.nTokens - at);
+      reply = await this.computeStep(frameChunk(f, at, n), s, inputSlice(input, f.nTokens, at, n), step);
+    }
+    return reply!;
+  }
+
   /** The backend's step: rows straight through where it takes them, decoded f32 otherwise. */
-  private forward(f: Frame, s: StageSession, input: StageInput | HiddenRows): ReturnType<NonNullable<StageBackend['forwardRows']>> | ReturnType<StageBackend['forward']> {
+  private forward(f: Frame, s: StageSession, input: Input): Promise<ForwardResult | RowsForwardResult> {
     const backend = this.opts.backend;
     if (backend.forwardRows) return backend.forwardRows(f.sessionId, input, f.position, s.hiddenDtype === DType.F32 ? 'f32' : 'f16');
     if (input.kind === 'rows') throw new MeshError('BAD_STAGE_INPUT', 'internal: encoded rows for a backend that takes f32');
     return backend.forward(f.sessionId, input, f.position);
   }
 
-  private async computeStep(f: Frame, s: StageSession, input: StageInput | HiddenRows, step: StepContext): Promise<Frame> {
+  private async computeStep(f: Frame, s: StageSession, input: Input, step: StepCost): Promise<Frame> {
     if (s.pipelineError) throw s.pipelineError;
-    const { output, computeMs } = await this.forward(f, s, input);
+    if (!this.sessions.has(f.sessionId)) throw new MeshError('SESSION_CLOSED', `session ${f.sessionId} was closed on stage ${this.opts.stage}`);
+    const turn = await this.queue.run(f.sessionId, f.nTokens === 1 ? 'decode' : 'prefill', () => this.forward(f, s, input));
+    const { output, computeMs } = turn.value;
+    step.queueMs += turn.waitedMs;
     // after the forward: a refused frame leaves no trace
     if (f.type === FrameType.Hidden) s.log.received(f.position, rowHashes(f.payload, f.nTokens));
     s.timing.computeMs += computeMs;
-    step.computeMs = computeMs;
+    step.computeMs += computeMs;
     const replay = (f.flags & FrameFlag.Replay) !== 0;
     const sampleNow = !replay && (f.type === FrameType.Decode || (f.flags & FrameFlag.Sample) !== 0);
     if (output.kind !== 'logits') {
@@ -316,6 +394,7 @@ export class StageService {
           ? hiddenRowsFrame(at, f.position, output.bytes, output.nTokens, output.width, output.dtype === 'f32' ? DType.F32 : DType.F16, flags)
           : hiddenFrame(at, f.position, output.hidden, output.nTokens, s.hiddenDtype, flags);
       s.log.append({ position: f.position, nTokens: out.nTokens, dtype: out.dtype as DType.F16 | DType.F32, width: out.width, payload: out.payload });
+      if (!replay) this.opts.spotCheck?.expected(this.queue, out, () => decodeRows(out.payload, out.dtype));
       // a replay fills this stage's KV cache and log; the stage after already holds these positions
       if (replay) return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: f.position + f.nTokens, replayed: true });
       const next = this.opts.downstream;
@@ -324,7 +403,7 @@ export class StageService {
       this.wireBytesOut += HEADER_BYTES + out.payload.byteLength;
       this.framesOut++;
       s.timing.bytesOut += HEADER_BYTES + out.payload.byteLength;
-      step.bytesOut = HEADER_BYTES + out.payload.byteLength;
+      step.bytesOut += HEADER_BYTES + out.payload.byteLength;
       const sent = performance.now();
       if (!sampleNow && !(f.flags & FrameFlag.WantLogits)) {
         // a prefill chunk nobody waits on: pass it on and answer at once, so this stage
@@ -347,7 +426,7 @@ export class StageService {
           () => undefined,
           (e) => owner({ ...errorReplyFor(f, (s.pipelineError ??= this.downstreamError(e, next))), position: end }),
         );
-        return jsonFrame(FrameType.Status, { routeId: f.routeId, sessionId: f.sessionId }, { stage: this.opts.stage, position: end, forwarded: true });
+        return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: end, forwarded: true });
       }
       try {
         return await next.request(sending);
@@ -355,8 +434,9 @@ export class StageService {
         // an earlier pipelined chunk's failure explains this one best
         throw s.pipelineError ?? this.downstreamError(e, next);
       } finally {
-        step.downstreamMs = performance.now() - sent;
-        s.timing.downstreamMs += step.downstreamMs;
+        const ms = performance.now() - sent;
+        step.downstreamMs += ms;
+        s.timing.downstreamMs += ms;
       }
     }
     const nextPosition = f.position + f.nTokens;
@@ -390,11 +470,9 @@ export class StageService {
       bytesOut: t.bytesOut,
     };
     const log = this.sessions.get(sessionId)!.log;
-    const sent = query.sentHashes === undefined ? null : span(query.sentHashes, 'sentHashes');
-    const received = query.receivedHashes === undefined ? null : span(query.receivedHashes, 'receivedHashes');
     const hashes = {
-      ...(sent ? { sentHashes: log.sentHashes(sent[0], sent[1]) } : {}),
-      ...(received ? { receivedHashes: log.receivedHashes(received[0], received[1]) } : {}),
+      ...(query.sentHashes ? { sentHashes: log.sentHashes(query.sentHashes[0], query.sentHashes[1]) } : {}),
+      ...(query.receivedHashes ? { receivedHashes: log.receivedHashes(query.receivedHashes[0], query.receivedHashes[1]) } : {}),
     };
     return { stage: this.opts.stage, shard: this.opts.shard, open: true, backend: this.opts.backend.kind, ...this.opts.backend.sessionStats(sessionId), replayLogBytes: log.bytes, timing, ...hashes };
   }
@@ -410,45 +488,13 @@ export class StageService {
 
   /** Frees every session (the stage is leaving the route). */
   async releaseAll(): Promise<void> {
-    for (const id of [...this.sessions.keys()]) {
-      this.sessions.delete(id);
-      await this.opts.backend.releaseSession(id).catch(() => undefined);
-    }
+    if (this.sweeper) clearInterval(this.sweeper);
+    this.sweeper = null;
+    for (const id of [...this.sessions.keys()]) await this.release(id, 'released').catch(() => undefined);
+    await this.opts.spotCheck?.releaseAll();
   }
 
   get openSessions(): number {
     return this.sessions.size;
   }
-}
-
-/** A non-negative integer from a request's JSON body, else BAD_REQUEST naming the field. */
-function count(v: unknown, what: string): number {
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) throw new MeshError('BAD_REQUEST', `${what} must be a non-negative integer, got ${JSON.stringify(v)}`);
-  return v;
-}
-
-/** Token ids from a JSON body (absent: undefined), else BAD_REQUEST naming the field. */
-function tokenIds(v: unknown, what: string): number[] | undefined {
-  if (v === undefined || v === null) return undefined;
-  if (!Array.isArray(v) || !v.every((t) => Number.isInteger(t) && t >= 0)) throw new MeshError('BAD_REQUEST', `${what} must be a list of token ids, got ${JSON.stringify(v).slice(0, 80)}`);
-  return v as number[];
-}
-
-/** Positions [a, b) of a Status hash query. */
-function span(v: unknown, what: string): [number, number] {
-  if (!Array.isArray(v) || v.length !== 2) throw new MeshError('BAD_REQUEST', `status query: ${what} must be [start, end], got ${JSON.stringify(v)}`);
-  return [count(v[0], `status query: ${what}[0]`), count(v[1], `status query: ${what}[1]`)];
-}
-
-/** A session's logprobs setting: top alternatives to report (0–20), or null for none. */
-function logprobsSetting(v: number | null | undefined): number | null {
-  return v === undefined || v === null ? null : Math.max(0, Math.min(MAX_TOP_LOGPROBS, Math.floor(Number(v)) || 0));
-}
-
-/** A Hidden frame's payload as rows for a backend's forwardRows (no decoding here). */
-function hiddenRowsOf(f: Frame): HiddenRows {
-  if (f.dtype !== DType.F16 && f.dtype !== DType.F32) {
-    throw new MeshError('FRAME_BAD_DTYPE', `frame dtype: hidden states must be F16 or F32, got ${DType[f.dtype] ?? f.dtype}`, { field: 'dtype' });
-  }
-  return { kind: 'rows', dtype: f.dtype === DType.F32 ? 'f32' : 'f16', bytes: f.payload, nTokens: f.nTokens, width: f.width };
 }

@@ -30,6 +30,16 @@ export const MIN_MESSAGE_LIMIT = 64;
  * direction, a few in flight at most; more means a misbehaving peer. */
 const MAX_PENDING = 16;
 
+/** What a receiver holds for messages still in reassembly. */
+export interface ReassemblyLimits {
+  /** the frames announced by the messages in reassembly, summed (bytes; default: one largest frame) */
+  maxPendingBytes?: number;
+  /** a message whose next fragment has not come for this long is dropped (ms, default 30 s) */
+  maxAgeMs?: number;
+}
+
+export const REASSEMBLY_DEFAULTS = { maxPendingBytes: HEADER_BYTES + MAX_PAYLOAD_BYTES, maxAgeMs: 30_000 };
+
 function fail(code: ErrorCode, field: string, message: string): never {
   throw new MeshError(code, `fragment ${field}: ${message}`, { field });
 }
@@ -72,12 +82,43 @@ interface Pending {
   total: number;
   nextIndex: number;
   received: number;
-  bytes: Uint8Array;
+  /** the slices so far: memory grows with what arrived, not with what was announced */
+  parts: Uint8Array[];
+  /** performance.now() of the last fragment */
+  lastAt: number;
 }
 
-/** Receives messages (whole frames or fragments) and returns whole frames. */
+/**
+ * Receives messages (whole frames or fragments) and returns whole frames. Bounded: the frames
+ * announced by messages in reassembly may sum to `maxPendingBytes` (a message past it is
+ * FRAGMENT_TOO_MANY before anything is kept), and a message silent for `maxAgeMs` is dropped.
+ */
 export class Reassembler {
   private pending = new Map<number, Pending>();
+  private readonly limits: Required<ReassemblyLimits>;
+
+  constructor(limits: ReassemblyLimits = {}) {
+    this.limits = { ...REASSEMBLY_DEFAULTS, ...limits };
+  }
+
+  /** Drops messages whose next fragment is overdue; returns how many. */
+  expire(now = performance.now()): number {
+    let n = 0;
+    for (const [id, p] of this.pending) {
+      if (now - p.lastAt > this.limits.maxAgeMs) {
+        this.pending.delete(id);
+        n++;
+      }
+    }
+    return n;
+  }
+
+  /** Bytes of the frames announced by messages in reassembly. */
+  get pendingBytes(): number {
+    let n = 0;
+    for (const p of this.pending.values()) n += p.total;
+    return n;
+  }
 
   /** Returns the completed frame, or null while a fragmented frame is still incomplete. */
   push(message: Uint8Array): Frame | null {
@@ -105,18 +146,24 @@ export class Reassembler {
     const total = v.getUint32(16, true);
     const slice = msg.subarray(FRAGMENT_HEADER_BYTES);
     if (total < HEADER_BYTES || total > HEADER_BYTES + MAX_PAYLOAD_BYTES) fail('FRAGMENT_BAD_LENGTH', 'total', `${total} bytes is not a possible frame size`);
+    const now = performance.now();
+    this.expire(now);
     let p = this.pending.get(id);
     if (!p) {
       if (index !== 0) fail('FRAGMENT_OUT_OF_ORDER', 'index', `message ${id} starts at fragment ${index}, expected 0`);
       if (this.pending.size >= MAX_PENDING) fail('FRAGMENT_TOO_MANY', 'message id', `more than ${MAX_PENDING} messages in reassembly`);
-      p = { total, nextIndex: 0, received: 0, bytes: new Uint8Array(total) };
+      if (this.pendingBytes + total > this.limits.maxPendingBytes) {
+        fail('FRAGMENT_TOO_MANY', 'total', `message ${id} announces ${total} bytes; with ${this.pendingBytes} in reassembly that passes this receiver's ${this.limits.maxPendingBytes}`);
+      }
+      p = { total, nextIndex: 0, received: 0, parts: [], lastAt: now };
       this.pending.set(id, p);
     }
+    p.lastAt = now;
     if (index !== p.nextIndex) fail('FRAGMENT_OUT_OF_ORDER', 'index', `message ${id}: expected fragment ${p.nextIndex}, got ${index}`);
     if (total !== p.total) fail('FRAGMENT_BAD_LENGTH', 'total', `message ${id}: total changed from ${p.total} to ${total}`);
     if (p.received + slice.byteLength > total) fail('FRAGMENT_BAD_LENGTH', 'total', `message ${id}: fragments exceed ${total} bytes`);
     if (slice.byteLength === 0) fail('FRAGMENT_BAD_LENGTH', 'slice', `message ${id}: empty fragment ${index}`);
-    p.bytes.set(slice, p.received);
+    p.parts.push(slice.slice());
     p.received += slice.byteLength;
     p.nextIndex++;
     const last = (flags & FLAG_LAST) !== 0;
@@ -126,6 +173,12 @@ export class Reassembler {
     }
     this.pending.delete(id);
     if (p.received !== total) fail('FRAGMENT_TRUNCATED', 'total', `message ${id}: last fragment leaves ${total - p.received} of ${total} bytes missing`);
-    return decodeFrame(p.bytes);
+    const bytes = new Uint8Array(total);
+    let at = 0;
+    for (const part of p.parts) {
+      bytes.set(part, at);
+      at += part.byteLength;
+    }
+    return decodeFrame(bytes);
   }
 }

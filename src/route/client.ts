@@ -20,6 +20,8 @@ import type { RewindBody, SessionOpenBody } from '../protocol/session.ts';
  * processes.
  */
 export const DEFAULT_PREFILL_CHUNK = 128;
+/** Most tokens one frame carries: what the session manager and the stages take by default. */
+export const MAX_FRAME_TOKENS = 512;
 
 export class RouteSessionClient {
   position = 0;
@@ -62,6 +64,7 @@ export class RouteSessionClient {
   /** Sends the prompt in chunks; the last chunk is sampled. Returns the first generated token. */
   async prefill(tokens: ArrayLike<number>, chunk = DEFAULT_PREFILL_CHUNK, onChunk?: (done: number, total: number) => void): Promise<number> {
     if (tokens.length === 0) throw new MeshError('BAD_REQUEST', 'prefill needs at least one token');
+    chunk = Math.min(chunk, MAX_FRAME_TOKENS);
     let reply: Frame | null = null;
     for (let i = 0; i < tokens.length; i += chunk) {
       const part = Array.from({ length: Math.min(chunk, tokens.length - i) }, (_, k) => tokens[i + k]!);
@@ -96,8 +99,15 @@ export class RouteSessionClient {
     return this.tokenOf(reply);
   }
 
-  /** Runs tokens through the route and returns the last position's logits [n_vocab]. */
+  /** Runs tokens through the route and returns the last position's logits [n_vocab]; a long run goes in frames of at most MAX_FRAME_TOKENS. */
   async logits(tokens: ArrayLike<number>): Promise<Float32Array> {
+    const all = Array.from(tokens);
+    while (all.length > MAX_FRAME_TOKENS) {
+      const part = all.splice(0, MAX_FRAME_TOKENS);
+      await this.link.request(tokensFrame(FrameType.Prefill, this.at(), this.position, part));
+      this.position += part.length;
+    }
+    tokens = all;
     const type = tokens.length === 1 && this.position > 0 ? FrameType.Decode : FrameType.Prefill;
     // (a Decode answers with logits too when WantLogits is set)
     const reply = await this.link.request(tokensFrame(type, this.at(), this.position, tokens, FrameFlag.WantLogits | this.timingFlag()));

@@ -35,6 +35,8 @@ export interface PlanInput {
   shardBytes: (range: ShardRange) => number;
   /** most stages to use (default: every peer) */
   maxStages?: number;
+  /** a public room: the first and last stages go to peers this says are trusted */
+  trusted?: (peerId: string) => boolean;
 }
 
 /** Explicit ranges that tile [0, n): a chain of peers whose ranges meet end to start. */
@@ -70,6 +72,36 @@ export function proportionalSplit(nLayer: number, memories: readonly number[]): 
 
 const wholeOnly = (p: PlannerPeer): boolean => p.serves === 'whole-model';
 
+/**
+ * A public room's plan: the first and last stages on trusted peers — they alone see token ids
+ * and logits — and donors' memory in between, in proportion; a donor that cannot hold its part
+ * is left out, never a trusted end. One trusted peer that holds the whole model serves alone.
+ */
+function planPinned(input: PlanInput, trusted: (peerId: string) => boolean): Plan {
+  const { nLayer, peers } = input;
+  const ends = peers.filter((p) => trusted(p.id));
+  if (ends.length === 0) return { ok: false, reason: 'a public room needs trusted peers for its first and last stages, and none joined' };
+  const whole = { start: 0, end: nLayer };
+  // a peer that serves this model only whole cannot be one end of a split route
+  const rangedEnds = ends.filter((p) => !wholeOnly(p));
+  if (rangedEnds.length < 2 || nLayer < 2) {
+    const solo = ends.find((p) => input.shardBytes(whole) <= p.memoryBytes);
+    if (solo) return { ok: true, stages: [{ peerId: solo.id, shard: whole }] };
+    return { ok: false, reason: 'a public room needs two trusted peers for its first and last stages, or one that holds the whole model' };
+  }
+  const [first, last] = [rangedEnds[0]!, rangedEnds[1]!];
+  let middle = [...peers.filter((p) => !trusted(p.id)), ...rangedEnds.slice(2)].filter((p) => !wholeOnly(p)).slice(0, Math.max(0, Math.min(nLayer, input.maxStages ?? Infinity) - 2));
+  for (;;) {
+    const order = [first, ...middle, last];
+    const ranges = proportionalSplit(nLayer, order.map((p) => p.memoryBytes));
+    const misfit = ranges.findIndex((r, i) => input.shardBytes(r) > order[i]!.memoryBytes);
+    if (misfit < 0) return { ok: true, stages: ranges.map((shard, i) => ({ peerId: order[i]!.id, shard })) };
+    if (middle.length === 0) return { ok: false, reason: "the trusted peers' memory cannot hold the model's first and last stages" };
+    const smallest = middle.reduce((m, p) => (p.memoryBytes < m.memoryBytes ? p : m));
+    middle = middle.filter((p) => p !== smallest);
+  }
+}
+
 /** A stage a whole-model-only peer cannot take (a partial range), if the plan has one. */
 function partialForWholeOnly(nLayer: number, peers: readonly PlannerPeer[], stages: readonly PlannedStage[]): PlannedStage | undefined {
   return stages.find((s) => (s.shard.start !== 0 || s.shard.end !== nLayer) && wholeOnly(peers.find((p) => p.id === s.peerId)!));
@@ -78,6 +110,7 @@ function partialForWholeOnly(nLayer: number, peers: readonly PlannerPeer[], stag
 export function planRoute(input: PlanInput): Plan {
   const { nLayer, peers } = input;
   if (peers.length === 0) return { ok: false, reason: 'no peers in the room' };
+  if (input.trusted) return planPinned(input, input.trusted);
   if (peers.some((p) => p.layers)) {
     const explicit = planExplicit(nLayer, peers);
     if (typeof explicit !== 'string') {

@@ -3,7 +3,7 @@
 // local stages runs a distributed route (`generate --join`).
 
 import { MeshError } from '../errors.ts';
-import { readHeader } from '../gguf/parse.ts';
+import { headerFromWire } from '../protocol/header-wire.ts';
 import type { GgufHeader } from '../gguf/types.ts';
 import { WsLink } from '../transport/ws.ts';
 import { fetchJson } from '../transport/server-json.ts';
@@ -58,7 +58,8 @@ export async function joinRoom(joinUrl: string, secret: string | undefined, wait
     room,
     routeId: room.route!.id,
     link,
-    header: () => readHeader(room.model.url, { headers: { authorization: `Bearer ${key}` } }),
+    // the header as JSON from the server: an API key may not read model bytes (only peers may)
+    header: async () => headerFromWire(await fetchJson<unknown>(`${parsed.base}/v1/models/${encodeURIComponent(room.model.id)}/header`, key)),
     close: () => link.close(),
   };
 }

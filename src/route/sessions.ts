@@ -6,151 +6,29 @@
 // client sees the same tokens and no error. Where no repair comes — or it fails — the session
 // fails naming the stage, and its KV cache is freed on every stage still there. Fault handling
 // lives here and nowhere else; stages only compute.
-//
 // The one-way token path: on a route whose stages all take FrameFlag.ReturnDirect, a sampled
-// step goes into stage 0 with that flag, and its Token comes from the last stage straight to
-// `deliverReturn` (over the last stage's control socket) instead of climbing back through every
-// stage; the chain's Status answers still come back, off the token's critical path, and carry
-// any error (naming the stage) as before.
+// step's Token comes from the last stage straight to `deliverReturn` (its control socket), not
+// back through every stage; the chain's Status answers still come, off the critical path, and
+// carry any error (naming the stage).
 
 import { MeshError } from '../errors.ts';
 import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, jsonFrame, repairFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
 import { DirectReturns } from './token-return.ts';
-import type { FrameLink } from '../transport/link.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
+import { parseRewind, parseSessionOpen } from '../protocol/session.ts';
 import type { RewindBody, SessionOpenBody } from '../protocol/session.ts';
-import type { HopLink, HopTelemetry, TelemetryEvent, TelemetryListener } from './telemetry.ts';
+import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
 import { hopTelemetry } from './telemetry.ts';
 import { historyBefore, reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
 import type { HistoryEntry, RebuildResult } from './repair.ts';
+import { checkSessionLimits, DEFAULT_STATUS_TIMEOUT_MS, stageStatuses, DEFAULT_STEP_TIMEOUT_MS, EVENT_BUFFER, failureError, FINISHED_EVENTS, LOSS_NEWS_GRACE_MS, LOSS_SYMPTOMS, MAX_REPAIR_ATTEMPTS, quiet, SESSION_LIMITS, withTimeout } from './session-types.ts';
+import type { RouteHandle, RouteRepair, Session, SessionInfo, SessionManagerOptions } from './session-types.ts';
 
-/** A route's repair in progress: which stages lost their peer, since when, and when it ends. */
-export interface RouteRepair {
-  stages: number[];
-  /** when the first loss was seen (Date.now()) */
-  since: number;
-  /** resolves once every stage has a ready peer again; rejects with the error that ends the repair (no replacement in time) */
-  done: Promise<void>;
-}
-
-/** What the session manager needs from a route. */
-export interface RouteHandle {
-  readonly id: number;
-  /** data link into stage 0 */
-  entry(): FrameLink;
-  /** control links to every stage, in order; null where the stage's peer is gone */
-  stageLinks(): Array<FrameLink | null>;
-  /** who serves each stage, for status and error messages */
-  stagePeers(): string[];
-  /** each stage's backend kind (how a repair may batch its replay) */
-  stageBackends?(): string[];
-  /** the repair under way, if a stage lost its peer and a replacement is coming */
-  repair?(): RouteRepair | null;
-  /** a step took too long: find the stage that stopped answering and treat it as lost */
-  suspectStall?(): Promise<void>;
-  /** how each hop is carried (webrtc, relay, ws, …), when the route knows */
-  hops?(): HopLink[];
-  /** every stage takes FrameFlag.ReturnDirect and the last one reaches the session manager one-way (deliverReturn) */
-  directReturn?(): boolean;
-}
-
-export interface SessionInfo {
-  sessionId: string;
-  routeId: number;
-  state: SessionState;
-  position: number;
-  promptTokens: number;
-  generatedTokens: number;
-  failure: SessionFailure | null;
-  history: SessionState[];
-  /** times the session was rebuilt on a repaired route */
-  repairs: number;
-  /** its route is being repaired: its next step waits */
-  repairing: boolean;
-  stages: Array<Record<string, unknown>>;
-  /** each hop named with its carrier, bytes and wire time (routes that report their hops) */
-  hops?: HopTelemetry[];
-}
-
-interface Session {
-  life: SessionLifecycle;
-  route: RouteHandle;
-  position: number;
-  promptTokens: number;
-  generated: number;
-  /** the owner's handle (a client connection), so a disconnect can cancel its sessions */
-  owner: unknown;
-  /** prompt tokens the client announced, for progress */
-  promptLength: number | null;
-  /** called when the session fails or its route starts a repair (a step waiting to learn why) */
-  onFail: Set<() => void>;
-  /** the open body, for opening the session on a replacement stage */
-  body: SessionOpenBody;
-  /** every frame sent into stage 0, in order (what a new stage 0 replays, and what is sent again when the last stage never answered) */
-  history: HistoryEntry[];
-  /** history[0, confirmedEntries) reached the last stage: every stage holds positions [0, confirmedPosition) */
-  confirmedEntries: number;
-  confirmedPosition: number;
-  /** Token replies confirmed: the last stage's sampler draws */
-  confirmedDraws: number;
-  /** the peer of each stage when this session last had its KV there */
-  peers: string[];
-  /** steps and repairs of one session run one at a time */
-  lock: Promise<unknown>;
-  /** the route repair this session last heard of (its `since` dates the repair) */
-  repairSeen: RouteRepair | null;
-  repairs: number;
-  /** a step of this session waits for the route's repair (it is not in flight: a hand-over need not wait for it) */
-  parked: boolean;
-  /** told when the session parks */
-  onPark: Set<() => void>;
-}
-
-export interface SessionManagerOptions {
-  /** an idle session expires after this long (ms) */
-  idleTtlMs?: number;
-  /** how often to look for idle sessions (ms) */
-  sweepMs?: number;
-  /** finished sessions kept for status queries */
-  keepFinished?: number;
-  /** a step that gets no answer within this long makes the route look for a stalled stage (ms) */
-  stepTimeoutMs?: number;
-  /** a status query waits this long for each stage (ms) */
-  statusTimeoutMs?: number;
-  onChange?: (sessionId: string, state: SessionState) => void;
-}
-
-/** Step errors that a stage leaving causes downstream of the news: the hop to it broke, or a stage before it already dropped the session. */
-const LOSS_SYMPTOMS = new Set(['STAGE_UNREACHABLE', 'SESSION_UNKNOWN', 'LINK_CLOSED', 'LINK_FAILED', 'STAGE_STALLED', 'STAGE_LOST', 'ROUTE_NOT_READY']);
-
-/** A step unanswered this long makes the route look for a stalled stage (ms); liveness heartbeats usually find it first. */
-const DEFAULT_STEP_TIMEOUT_MS = 30_000;
-/** How long a status query waits for each stage (ms): a stalled stage must not stall the answer. */
-const DEFAULT_STATUS_TIMEOUT_MS = 1_000;
-/** Repairs one step may wait through before its error stands. */
-const MAX_REPAIR_ATTEMPTS = 5;
-
-/** How long a step that failed with a loss symptom waits for the server to hear that a stage left (ms). */
-const LOSS_NEWS_GRACE_MS = 2000;
-
-/** The error a client gets for a session that failed: its recorded cause, naming the stage. */
-function failureError(f: SessionFailure): MeshError {
-  return new MeshError(f.code, f.message, f.stage !== undefined ? { stage: f.stage } : {});
-}
-
-/** `p`, or STAGE_STALLED after `ms` (the request itself is left to settle on its own). */
-function withTimeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined;
-  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new MeshError('STAGE_STALLED', `${what} within ${ms} ms`)), ms)));
-  p.catch(() => undefined);
-  return Promise.race([p, late]).finally(() => clearTimeout(timer));
-}
-
-/** Events kept per session so a late subscriber still sees progress. */
-const EVENT_BUFFER = 256;
+export { SESSION_LIMITS } from './session-types.ts';
+export type { RouteHandle, RouteRepair, SessionInfo, SessionManagerOptions } from './session-types.ts';
 
 export class SessionManager {
   private sessions = new Map<string, Session>();
@@ -193,11 +71,11 @@ export class SessionManager {
   }
 
   /** Answers a client's frame (open, prefill, decode, close, status). */
-  async handle(f: Frame, owner?: unknown): Promise<Frame> {
+  async handle(f: Frame, owner?: unknown, principal: string | null = null): Promise<Frame> {
     switch (f.type) {
       case FrameType.SessionOpen: {
-        const body = decodeJson<SessionOpenBody>(f.payload);
-        await this.open(f.routeId, f.sessionId, body, owner);
+        const body = parseSessionOpen(decodeJson(f.payload));
+        await this.open(f.routeId, f.sessionId, body, owner, principal);
         return jsonFrame(FrameType.Status, replyAddress(f), this.brief(f.sessionId));
       }
       case FrameType.Prefill:
@@ -215,15 +93,20 @@ export class SessionManager {
     }
   }
 
-  async open(routeId: number, sessionId: string, body: SessionOpenBody, owner?: unknown): Promise<void> {
+  async open(routeId: number, sessionId: string, body: SessionOpenBody, owner?: unknown, principal: string | null = null): Promise<void> {
     const route = this.resolveRoute(routeId);
     if (!route) throw new MeshError('ROUTE_UNKNOWN', `no ready route ${routeId}`);
     if (this.sessions.has(sessionId)) throw new MeshError('SESSION_EXISTS', `session ${sessionId} already exists`);
     if (/^0+$/.test(sessionId)) throw new MeshError('FRAME_BAD_SESSION', 'frame session id: the all-zero id is reserved', { field: 'session id' });
+    const live = [...this.sessions.values()].filter((x) => !isTerminal(x.life.state)).map((x) => ({ routeId: x.route.id, owner: x.kept ? undefined : x.owner, principal: x.kept ? null : x.principal }));
+    checkSessionLimits(live, { routeId: route.id, owner, principal }, this.opts);
+    if (route.contextLimit !== undefined && body.contextLength > route.contextLimit) {
+      throw new MeshError('BAD_REQUEST', `session open: contextLength ${body.contextLength} exceeds the model's context of ${route.contextLimit}`, { field: 'contextLength', limit: route.contextLimit });
+    }
     // a session opened while the route is being repaired opens on the repaired route
     await route.repair?.()?.done;
     const s: Session = {
-      life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, promptLength: body.promptLength ?? null, onFail: new Set(),
+      life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, principal, promptLength: body.promptLength ?? null, onFail: new Set(),
       body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0, parked: false, onPark: new Set(),
     };
     this.sessions.set(sessionId, s);
@@ -246,6 +129,8 @@ export class SessionManager {
 
   /** Sends a prefill chunk or decode step into stage 0 and returns stage n−1's answer (across a repair: sent again). */
   private async step(f: Frame): Promise<Frame> {
+    const maxTokens = this.opts.maxFrameTokens ?? SESSION_LIMITS.maxFrameTokens;
+    if (f.nTokens > maxTokens) throw new MeshError('FRAME_TOO_MANY_TOKENS', `frame token count: ${f.nTokens} tokens in one frame, at most ${maxTokens} (send the prompt in chunks)`, { field: 'token count', limit: maxTokens });
     const s = this.get(f.sessionId);
     // an idle session being rebuilt on a repaired route: the step follows the rebuild
     if (s.life.state === 'repairing') await s.lock;
@@ -413,7 +298,7 @@ export class SessionManager {
     if (s.life.state !== 'idle') throw new MeshError('SESSION_BAD_STATE', `session ${f.sessionId} is ${s.life.state}; only an idle session continues at a new position`);
     if (f.routeId !== s.route.id) throw new MeshError('FRAME_BAD_ROUTE', `frame route id: session ${f.sessionId} runs on route ${s.route.id}, not ${f.routeId}`, { field: 'route id' });
     if (f.position > s.position) throw new MeshError('POSITION_MISMATCH', `session ${f.sessionId} holds ${s.position} positions; cannot continue at ${f.position}`, { expected: s.position, got: f.position });
-    const body = { ...decodeJson<RewindBody>(f.payload), draws: 0 };
+    const body: RewindBody = { ...parseRewind(decodeJson(f.payload)), draws: 0 };
     const links = s.route.stageLinks();
     try {
       await Promise.all(links.map((l, i) => (l ? l.request(repairFrame(FrameType.Rewind, { routeId: s.route.id, sessionId: f.sessionId }, f.position, body)) : Promise.reject(new MeshError('STAGE_UNREACHABLE', `stage ${i} has no peer`, { stage: i })))));
@@ -422,6 +307,7 @@ export class SessionManager {
       await this.fail(s, { code: err.code, message: `continuing the session failed: ${err.message}`, ...(typeof err.details?.stage === 'number' ? { stage: err.details.stage } : {}) });
       throw err;
     }
+    s.kept = false;
     s.history = historyBefore(s.history, f.position);
     s.position = s.confirmedPosition = f.position;
     s.confirmedEntries = s.history.length;
@@ -478,18 +364,6 @@ export class SessionManager {
 
   /** Resolves once every step and repair of the route's sessions so far has finished (a graceful hand-over waits for this). */
   async settled(routeId: number): Promise<void> {
-    // a step parked on the repair is not in flight: waiting for it would wait for ourselves
-    // (a graceful leave's hand-over is part of the repair that step waits for)
-    const quiet = (s: Session): Promise<void> =>
-      new Promise<void>((resolve) => {
-        const done = (): void => {
-          s.onPark.delete(done);
-          resolve();
-        };
-        if (s.parked) return resolve();
-        s.onPark.add(done);
-        void s.lock.then(done, done);
-      });
     await Promise.all([...this.sessions.values()].filter((s) => s.route.id === routeId).map(quiet));
   }
 
@@ -503,19 +377,7 @@ export class SessionManager {
     const s = this.get(sessionId);
     // the state before the stage queries: a close racing them shows as not yet closed
     const brief = this.brief(sessionId);
-    const links = s.route.stageLinks();
-    const peers = s.route.stagePeers();
-    const stages = await Promise.all(
-      links.map(async (l, i) => {
-        if (!l) return { stage: i, peer: peers[i], reachable: false, kvBytes: 0 };
-        try {
-          const r = await withTimeout(l.request(makeFrame({ type: FrameType.Status, routeId: s.route.id, sessionId })), this.opts.statusTimeoutMs ?? DEFAULT_STATUS_TIMEOUT_MS, `stage ${i} did not answer`);
-          return { peer: peers[i], reachable: true, ...decodeJson<Record<string, unknown>>(r.payload) };
-        } catch (e) {
-          return { stage: i, peer: peers[i], reachable: false, kvBytes: 0, error: (e as Error).message };
-        }
-      }),
-    );
+    const stages = await stageStatuses(s.route, sessionId, this.opts.statusTimeoutMs ?? DEFAULT_STATUS_TIMEOUT_MS);
     return { ...brief, stages, ...(s.route.hops ? { hops: hopTelemetry(stages, s.route.hops()) } : {}) };
   }
 
@@ -535,6 +397,11 @@ export class SessionManager {
     };
   }
 
+  /** Who opened the session (its principal), null when not known; SESSION_UNKNOWN when there is none. */
+  principalOf(sessionId: string): string | null {
+    return this.get(sessionId).principal;
+  }
+
   state(sessionId: string): SessionState | undefined {
     return this.sessions.get(sessionId)?.life.state;
   }
@@ -543,8 +410,14 @@ export class SessionManager {
     return [...this.sessions.keys()].map((id) => this.brief(id));
   }
 
-  get liveCount(): number {
-    return [...this.sessions.values()].filter((s) => !isTerminal(s.life.state)).length;
+  /** Live sessions; `kept`: only those kept idle for reuse (KV reuse's prefix cache), which no client's session limit counts. */
+  liveCount(kept = false): number {
+    return [...this.sessions.values()].filter((s) => !isTerminal(s.life.state) && (!kept || s.kept)).length;
+  }
+
+  /** The session stays open, idle, for a later request to continue (a prefix cache holds it): no client's any more until continued. */
+  keep(sessionId: string): void {
+    this.get(sessionId).kept = true;
   }
 
   async dispose(): Promise<void> {
@@ -562,6 +435,12 @@ export class SessionManager {
     s.life.transition(to);
     this.opts.onChange?.(s.life.sessionId, to);
     this.publish(s.life.sessionId, { type: 'session_state', sessionId: s.life.sessionId, state: to });
+    if (!isTerminal(to)) return;
+    // kept for status queries only: its replay history goes, and all but its last events
+    s.history = [];
+    s.confirmedEntries = 0;
+    const buf = this.buffers.get(s.life.sessionId);
+    if (buf && buf.length > FINISHED_EVENTS) buf.splice(0, buf.length - FINISHED_EVENTS);
   }
 
   /** Resolves when `s` fails or after `ms`, whichever is first. */

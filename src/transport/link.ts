@@ -3,7 +3,7 @@
 // answering one request frame with one reply frame.
 
 import { MeshError } from '../errors.ts';
-import { FrameFlag, FrameType } from '../protocol/frame.ts';
+import { FrameFlag, FrameType, NIL_SESSION } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { errorFrame, errorFromFrame, replyAddress } from '../protocol/payload.ts';
 
@@ -45,6 +45,32 @@ export async function answer(handler: FrameHandler, req: Frame): Promise<Frame> 
     reply = errorReplyFor(req, e);
   }
   return { ...reply, routeId: req.routeId, sessionId: reply.sessionId, seq: req.seq, flags: reply.flags | FrameFlag.Reply };
+}
+
+/**
+ * The order a serving side answers requests in: one lane per session, so a session's frames
+ * never overtake each other while different sessions' run side by side (the stage's compute
+ * queue then schedules them fairly). A close or status request, and any frame of no session,
+ * runs at once: cancelling must not wait behind the work it cancels.
+ */
+export class FrameLanes {
+  private readonly lanes = new Map<string, Promise<void>>();
+
+  run(req: Frame, task: () => Promise<void>): void {
+    const immediate = req.type === FrameType.SessionClose || req.type === FrameType.Status || req.sessionId === NIL_SESSION;
+    if (immediate) return void task().catch(() => undefined);
+    const key = req.sessionId;
+    const next = (this.lanes.get(key) ?? Promise.resolve()).then(task).catch(() => undefined);
+    this.lanes.set(key, next);
+    void next.then(() => {
+      if (this.lanes.get(key) === next) this.lanes.delete(key);
+    });
+  }
+
+  /** sessions with frames still in their lane */
+  get busy(): number {
+    return this.lanes.size;
+  }
 }
 
 /** Pending requests keyed by sequence number. */

@@ -11,7 +11,7 @@ import type { Frame } from '../protocol/frame.ts';
 import { fragment, Reassembler } from '../protocol/fragment.ts';
 import type { PipeCounters } from '../protocol/control.ts';
 import { newCounters } from '../protocol/control.ts';
-import { answer, errorReplyFor, PendingReplies } from './link.ts';
+import { answer, errorReplyFor, FrameLanes, PendingReplies } from './link.ts';
 import type { FrameHandler, FrameLink } from './link.ts';
 
 /** An ordered, reliable carrier of binary messages. */
@@ -154,7 +154,7 @@ export class PipeLink implements FrameLink {
 export function servePipe(pipe: MessagePipe, handler: FrameHandler, opts: PipeFramingOptions = {}): PipeCounters {
   const counters = newCounters();
   const sender = new FrameSender(pipe, counters, opts);
-  let queue: Promise<void> = Promise.resolve();
+  const lanes = new FrameLanes();
   const reply = (f: Frame): void => {
     sender.send(f).catch(() => undefined); // a closed pipe: the requester sees the close
   };
@@ -162,7 +162,7 @@ export function servePipe(pipe: MessagePipe, handler: FrameHandler, opts: PipeFr
     pipe,
     counters,
     (req) => {
-      queue = queue.then(async () => reply(await answer(handler, req)));
+      lanes.run(req, async () => reply(await answer(handler, req)));
     },
     (e) => reply(errorReplyFor({ routeId: 0, sessionId: NIL_SESSION, seq: 0 }, e)),
   );

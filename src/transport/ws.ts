@@ -7,7 +7,8 @@ import { codeForRefusal, MeshError } from '../errors.ts';
 import { encodeFrame, FrameFlag, NIL_SESSION } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { Fragmenter, Reassembler } from '../protocol/fragment.ts';
-import { answer, errorReplyFor, PendingReplies } from './link.ts';
+import type { ReassemblyLimits } from '../protocol/fragment.ts';
+import { answer, errorReplyFor, FrameLanes, PendingReplies } from './link.ts';
 import { tlsOptions } from './tls-trust.ts';
 import type { FrameHandler, FrameLink } from './link.ts';
 
@@ -17,6 +18,8 @@ export interface WsLinkOptions {
   messageLimit?: number;
   /** give up connecting after this long (ms) */
   connectTimeoutMs?: number;
+  /** bounds of reassembling fragmented replies (default: one largest frame's bytes, 30 s) */
+  reassembly?: ReassemblyLimits;
 }
 
 function toBytes(data: WebSocket.RawData): Uint8Array {
@@ -35,12 +38,13 @@ function sendFrame(ws: WebSocket, frame: Frame, fragmenter: Fragmenter | null): 
 export class WsLink implements FrameLink {
   onClose?: (reason: MeshError) => void;
   private pending = new PendingReplies();
-  private reassembler = new Reassembler();
+  private reassembler: Reassembler;
   private fragmenter: Fragmenter | null;
   private closing = false;
 
   private constructor(private readonly ws: WebSocket, readonly remote: string, opts: WsLinkOptions) {
     this.fragmenter = opts.messageLimit ? new Fragmenter(opts.messageLimit) : null;
+    this.reassembler = new Reassembler(opts.reassembly);
     ws.on('message', (data, isBinary) => {
       if (!isBinary) return;
       try {
@@ -117,17 +121,23 @@ export class WsLink implements FrameLink {
 
 export interface WsServeOptions {
   messageLimit?: number;
+  /** bounds of fragment reassembly (default: one largest frame's bytes, 30 s) */
+  reassembly?: ReassemblyLimits;
 }
 
 /**
- * Answers request frames arriving on `ws` with `handler`, one at a time in arrival order (so a
- * session's frames never overtake each other). A malformed message is answered with an Error
- * frame naming the field; message boundaries stay intact, so the socket stays usable.
+ * Answers request frames arriving on `ws` with `handler`: a session's frames one at a time in
+ * arrival order (they never overtake each other), different sessions' side by side (FrameLanes).
+ * A malformed message is answered with an Error frame naming the field; message boundaries stay
+ * intact, so the socket stays usable. Fragments in reassembly are bounded in bytes and age.
  */
 export function serveFrames(ws: WebSocket, handler: FrameHandler, opts: WsServeOptions = {}): void {
-  const reassembler = new Reassembler();
+  const reassembler = new Reassembler(opts.reassembly);
   const fragmenter = opts.messageLimit ? new Fragmenter(opts.messageLimit) : null;
-  let queue: Promise<void> = Promise.resolve();
+  const lanes = new FrameLanes();
+  const sweep = setInterval(() => reassembler.expire(), 5000);
+  sweep.unref();
+  ws.on('close', () => clearInterval(sweep));
   ws.on('message', (data, isBinary) => {
     if (!isBinary) return;
     let frame: Frame | null;
@@ -139,7 +149,7 @@ export function serveFrames(ws: WebSocket, handler: FrameHandler, opts: WsServeO
     }
     if (!frame) return;
     const req = { ...frame, receivedAt: performance.now() };
-    queue = queue.then(async () => {
+    lanes.run(req, async () => {
       const reply = await answer(handler, req);
       if (ws.readyState === WebSocket.OPEN) sendFrame(ws, reply, fragmenter);
     });

@@ -8,6 +8,20 @@ import { formatBytes } from './format.ts';
 import { jsonReply } from '../transport/server-json.ts';
 import { createTrustCard } from './trust.ts';
 
+/**
+ * The admin secret `serve` puts in the page URL's fragment (#admin=…): kept for this tab and
+ * taken out of the address bar, sent only to this origin's /app/rooms (join links, new rooms).
+ */
+function adminHeaders(): Record<string, string> {
+  const fromLink = new URLSearchParams(location.hash.replace(/^#/, '')).get('admin');
+  if (fromLink) {
+    sessionStorage.setItem('gguf-mesh-admin', fromLink);
+    history.replaceState(null, '', location.pathname + location.search);
+  }
+  const admin = sessionStorage.getItem('gguf-mesh-admin');
+  return admin ? { authorization: `Bearer ${admin}` } : {};
+}
+
 /** ggml-org's copy of Karpathy's 260K-parameter TinyStories model (llama, 5 layers, MIT). */
 export const SUGGESTED_MODEL_URL = 'https://huggingface.co/ggml-org/models/resolve/main/tinyllamas/stories260K.gguf';
 
@@ -67,7 +81,7 @@ export function createLanding(go: (joinUrl: string) => void): HTMLElement {
     return rooms.find((x) => x.roomId === r?.value) ?? null;
   };
 
-  void fetch('/app/rooms')
+  void fetch('/app/rooms', { headers: adminHeaders() })
     .then((r) => jsonReply<{ local: boolean; rooms: HostedRoom[] }>(r, '/app/rooms'))
     .then((body) => {
       rooms = body.rooms;
@@ -115,7 +129,7 @@ export function createLanding(go: (joinUrl: string) => void): HTMLElement {
     try {
       const url = urlInput.value.trim();
       if (url) {
-        const body = await jsonReply<{ joinUrl: string }>(await fetch('/app/rooms', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: url }) }), 'POST /app/rooms');
+        const body = await jsonReply<{ joinUrl: string }>(await fetch('/app/rooms', { method: 'POST', headers: { 'content-type': 'application/json', ...adminHeaders() }, body: JSON.stringify({ model: url }) }), 'POST /app/rooms');
         go(body.joinUrl);
         return;
       }

@@ -42,6 +42,7 @@ const STATUS_TEXT: Record<string, string> = {
   ready: 'Serving its layers',
   failed: 'Failed to load',
   'client-only': 'Chat client only',
+  reconnecting: 'Lost the server — rejoining',
   closed: 'Left the room',
 };
 

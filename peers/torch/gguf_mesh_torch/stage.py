@@ -93,7 +93,7 @@ class StageService:
         body = fr.decode_json(f)
         ctx = body.get("contextLength") if isinstance(body, dict) else None
         if not isinstance(ctx, int) or isinstance(ctx, bool) or ctx < 1:
-            raise MeshError("BAD_REQUEST", f"session open: contextLength must be a positive integer, got {ctx!r}")
+            raise MeshError("BAD_REQUEST", f"session open: contextLength must be a positive integer, got {ctx!r}", {"field": "contextLength"})
         if f.session_id in self.sessions:
             raise MeshError("SESSION_EXISTS", f"session {f.session_id} is already open")
         draws = _count(_or(body.get("draws"), 0), "session open: draws")
@@ -299,10 +299,10 @@ class StageService:
             await self._run(self.engine.release_session, sid)
 
 
-def _count(v, what: str) -> int:
-    """A non-negative integer from a JSON body, else BAD_REQUEST naming the field."""
+def _count(v, what: str, field: str | None = None) -> int:
+    """A non-negative integer from a JSON body, else BAD_REQUEST naming the field (details.field, as the TypeScript stage's schemas do)."""
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise MeshError("BAD_REQUEST", f"{what} must be a non-negative integer, got {v!r}")
+        raise MeshError("BAD_REQUEST", f"{what} must be a non-negative integer, got {v!r}", {"field": field or what.rsplit(": ", 1)[-1]})
     return v
 
 
@@ -315,8 +315,12 @@ def _tokens(v, what: str) -> list[int]:
     """Token ids from a JSON body (absent: none)."""
     if v is None:
         return []
-    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v):
-        raise MeshError("BAD_REQUEST", f"{what} must be a list of token ids, got {str(v)[:80]}")
+    ok = lambda t: isinstance(t, int) and not isinstance(t, bool) and t >= 0  # noqa: E731
+    if not isinstance(v, list) or not all(ok(t) for t in v):
+        # the field as the TypeScript stage's schema names it: the list, or its first bad id
+        bad = next((i for i, t in enumerate(v) if not ok(t)), None) if isinstance(v, list) else None
+        field = what.rsplit(": ", 1)[-1]
+        raise MeshError("BAD_REQUEST", f"{what} must be a list of token ids, got {str(v)[:80]}", {"field": field if bad is None else f"{field}.{bad}"})
     return list(v)
 
 
@@ -333,5 +337,6 @@ def _logprobs(v) -> int | None:
 def _span(v, what: str) -> tuple[int, int]:
     """[a, b) positions of a Status query."""
     if not isinstance(v, list) or len(v) != 2:
-        raise MeshError("BAD_REQUEST", f"status query: {what} must be [start, end], got {v!r}")
-    return _count(v[0], f"status query: {what}[0]"), _count(v[1], f"status query: {what}[1]")
+        # the field as the TypeScript stage's tuple schema names it: the first element missing
+        raise MeshError("BAD_REQUEST", f"status query: {what} must be [start, end], got {v!r}", {"field": f"{what}.{len(v)}" if isinstance(v, list) and len(v) < 2 else what})
+    return _count(v[0], f"status query: {what}[0]", f"{what}.0"), _count(v[1], f"status query: {what}[1]", f"{what}.1")

@@ -3,7 +3,7 @@
 // requests, not a download).
 
 import type { Command } from '../command.ts';
-import { readHeader } from '../../gguf/parse.ts';
+import { readArtifactHeader } from '../../gguf/split.ts';
 import { hyperParameters, tensorGroups, tensorTypeHistogram } from '../../gguf/summary.ts';
 import type { HyperParameters, PerLayer } from '../../gguf/summary.ts';
 import { formatBytes } from '../../units.ts';
@@ -31,7 +31,8 @@ export const command: Command = {
   },
   async run(args) {
     const location = args.positionals[0]!;
-    const header = await readHeader(location);
+    // a split GGUF's parts are one artifact: its block count is checked against all their tensors
+    const header = (await readArtifactHeader(location)).header;
     const hp = hyperParameters(header, location);
     const groups = tensorGroups(header, hp.n_layer);
     const { rope: r, ...shape } = hp;

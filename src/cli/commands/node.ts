@@ -5,7 +5,7 @@
 // until stopped or the server goes away.
 
 import type { Command } from '../command.ts';
-import { optionalIntOption, stringOption, UsageError } from '../command.ts';
+import { intOption, optionalIntOption, stringOption, UsageError } from '../command.ts';
 import type { ShardRange } from '../../gguf/types.ts';
 import { parseJoinUrl } from '../../protocol/control.ts';
 import { parseByteSize } from '../../units.ts';
@@ -53,6 +53,10 @@ export const command: Command = {
     name: { type: 'string', description: 'a name shown in the room', valueName: '<name>' },
     'cache-dir': { type: 'string', description: 'keep verified shards here (default: $GGUF_MESH_CACHE/shards, else ~/.cache/gguf-mesh/shards)', valueName: '<dir>' },
     'no-cache': { type: 'boolean', description: 'keep no shard cache (every load fetches)' },
+    'session-ttl': { type: 'string', description: 'release a session that sent no frame for this many seconds', default: '900', valueName: '<s>' },
+    'max-sessions': { type: 'string', description: 'most sessions this stage holds at once', default: '64', valueName: '<n>' },
+    trusted: { type: 'string', description: "a public room's trusted secret (serve --trusted-secret): this node may serve the first and last stages", valueName: '<secret>' },
+    'reconnect-for': { type: 'string', description: 'after the server goes away, keep trying to rejoin for this many seconds (0: leave at once)', default: '600', valueName: '<s>' },
     'no-webrtc': { type: 'boolean', description: 'no WebRTC data channels to and from tabs: those hops go through the server relay' },
     'no-calibrate': { type: 'boolean', description: 'join without measuring this node\'s speed on one layer of the model (the planner then splits by memory)' },
     'test-slow-factor': { type: 'string', description: 'test only: every forward pass takes this many times as long (a slow peer on one machine)', valueName: '<factor>' },
@@ -116,6 +120,9 @@ export const command: Command = {
       ...(args.values['no-calibrate'] ? { calibrate: false } : {}),
       ...testShaping(stringOption(args, 'test-slow-factor'), stringOption(args, 'test-link-delay-ms')),
       ...(cacheDir !== undefined ? { cacheDir } : {}),
+      ...(stringOption(args, 'trusted') ? { trustedSecret: stringOption(args, 'trusted')! } : {}),
+      limits: { idleTtlMs: intOption(args, 'session-ttl', 900) * 1000, maxSessions: intOption(args, 'max-sessions', 64) },
+      reconnect: intOption(args, 'reconnect-for', 600) > 0 ? { forMs: intOption(args, 'reconnect-for', 600) * 1000 } : false,
       log: (line) => console.log(line),
     });
     const stop = new Promise<string>((resolve) => {

@@ -26,6 +26,15 @@ function interfaceAddresses(): string[] {
     .map((a) => a.address);
 }
 
+/** --trusted-secret with its spot-check fraction and tolerance. */
+function publicRoomOptions(args: Parameters<Command['run']>[0]): { trustedSecret: string; fraction: number; tolerance: number } {
+  const fraction = Number(stringOption(args, 'spot-check') ?? '0.1');
+  const tolerance = Number(stringOption(args, 'spot-check-tolerance') ?? '0.02');
+  if (!(fraction >= 0 && fraction <= 1)) throw new UsageError(`--spot-check must be a fraction in [0, 1], got '${stringOption(args, 'spot-check')}'`);
+  if (!(tolerance > 0)) throw new UsageError(`--spot-check-tolerance must be a positive number, got '${stringOption(args, 'spot-check-tolerance')}'`);
+  return { trustedSecret: stringOption(args, 'trusted-secret')!, fraction, tolerance };
+}
+
 function plannerOption(v: string | undefined): 'speed' | 'memory' {
   if (v === undefined || v === 'speed' || v === 'memory') return v ?? 'memory';
   throw new UsageError(`--planner must be speed or memory, got '${v}'`);
@@ -40,12 +49,22 @@ function standbyOption(v: string | undefined): boolean {
 export const command: Command = {
   name: 'serve',
   summary: 'run the signaling server: host models, open a room per model, plan routes over joining peers',
-  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S] [--tls | --tls-cert F --tls-key F | --insecure-http] [--ice-server <url> … [--turn-secret S]] [--ui dist|dev|off]',
+  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S | --join-secret J --api-key K … --admin-secret A] [--tls | --tls-cert F --tls-key F | --insecure-http] [--ice-server <url> … [--turn-secret S]] [--ui dist|dev|off]',
   options: {
     host: { type: 'string', description: 'interface to bind', default: '127.0.0.1', valueName: '<host>' },
     port: { type: 'string', description: 'TCP port (0 = any free port)', default: '8080', valueName: '<port>' },
     model: { type: 'string', multiple: true, description: 'GGUF path or URL; one room each (repeatable; a split GGUF: name its first part, e.g. m-00001-of-00003.gguf)', valueName: '<path|url>' },
-    secret: { type: 'string', description: 'room secret (default: random per room)', valueName: '<secret>' },
+    secret: { type: 'string', description: 'room secret: joins peers, and alone (no --api-key/--admin-secret) also the API key and admin secret (default: random per model, kept under the cache dir so links survive restarts)', valueName: '<secret>' },
+    'join-secret': { type: 'string', description: 'the secret peers join with (the join link carries it); same as --secret', valueName: '<secret>' },
+    'api-key': { type: 'string', multiple: true, description: 'an API key for OpenAI clients (repeatable): it runs completions and sees only its own sessions; turns separate credentials on', valueName: '<key>' },
+    'admin-secret': { type: 'string', description: 'the secret for rooms, peers, routes and every session (default: --secret, else random; printed in the page URL); turns separate credentials on', valueName: '<secret>' },
+    'api-downloads': { type: 'boolean', description: 'let API keys download the model files (peers always may)' },
+    'max-active': { type: 'string', description: 'completions generating at once', default: '16', valueName: '<n>' },
+    'max-queue': { type: 'string', description: 'completions waiting beyond those; more are answered 429 with Retry-After', default: '64', valueName: '<n>' },
+    'trusted-secret': { type: 'string', description: 'a public room: peers proving this secret (node --trusted) serve the first and last stages; the others only the middle', valueName: '<secret>' },
+    'spot-check': { type: 'string', description: 'public rooms: the fraction of sessions the trusted first stage re-runs through the middle stages (0..1)', default: '0.1', valueName: '<fraction>' },
+    'spot-check-tolerance': { type: 'string', description: 'public rooms: the relative difference of hidden states past which a middle stage is excluded', default: '0.02', valueName: '<x>' },
+    'max-sessions': { type: 'string', description: 'live sessions one client (connection or API key) may hold', default: '16', valueName: '<n>' },
     'ice-server': { type: 'string', multiple: true, description: 'STUN/TURN server for browser peers across the internet, sent to them on join (repeatable): stun:host:port or turn:user:pass@host:port (with --turn-secret: turn:host:port)', valueName: '<url>' },
     'turn-secret': { type: 'string', description: "mint each peer a short-lived TURN credential with this shared secret (coturn's use-auth-secret / static-auth-secret)", valueName: '<secret>' },
     'turn-ttl': { type: 'string', description: 'minted TURN credentials expire after this many seconds', default: '3600', valueName: '<s>' },
@@ -84,12 +103,20 @@ export const command: Command = {
     // no --model: $GGUF_MESH_MODEL, else the default synthetic model (made once, cached)
     const { models, describe, made } = await modelsToServe((args.values.model as string[] | undefined) ?? []);
     if (made) console.log(`made the default model ${models[0]}`);
+    const joinSecret = stringOption(args, 'join-secret') ?? stringOption(args, 'secret');
+    if (stringOption(args, 'join-secret') && stringOption(args, 'secret') && stringOption(args, 'join-secret') !== stringOption(args, 'secret')) throw new UsageError('--secret and --join-secret name the same secret: give one');
+    const apiKeys = (args.values['api-key'] as string[] | undefined) ?? [];
     const turnSecret = stringOption(args, 'turn-secret');
     const serverOptions: SignalingServerOptions = {
       host,
       port: intOption(args, 'port', 8080),
       models,
-      ...(stringOption(args, 'secret') ? { secret: stringOption(args, 'secret')! } : {}),
+      ...(joinSecret ? { secret: joinSecret } : {}),
+      ...(apiKeys.length ? { apiKeys } : {}),
+      ...(stringOption(args, 'admin-secret') ? { adminSecret: stringOption(args, 'admin-secret')! } : {}),
+      ...(args.values['api-downloads'] ? { apiDownloads: true } : {}),
+      ...(stringOption(args, 'trusted-secret') ? { publicRoom: publicRoomOptions(args) } : {}),
+      limits: { maxActive: intOption(args, 'max-active', 16), maxQueue: intOption(args, 'max-queue', 64), maxSessionsPerClient: intOption(args, 'max-sessions', 16) },
       minPeers: intOption(args, 'min-peers', 1),
       planDelayMs: intOption(args, 'plan-delay', 300),
       sessionTtlMs: intOption(args, 'session-ttl', 300) * 1000,
@@ -108,7 +135,8 @@ export const command: Command = {
     const { server, app } =
       ui === 'off' ? { server: await startSignalingServer(serverOptions), app: null } : await startServerWithApp(serverOptions, { mode: ui as WebAppMode, describe, log: serverOptions.log! });
     console.log(`gguf-mesh signaling server listening on ${server.url}`);
-    if (app) console.log(`page:     ${server.url}/  (web app: ${app.mode})`);
+    if (app) console.log(`page:     ${server.pageUrl}  (web app: ${app.mode})`);
+    if (server.access.separate) console.log(`credentials: join secret (peers), ${apiKeys.length} API key(s) (completions, own sessions${args.values['api-downloads'] ? ', model downloads' : ''}), admin secret (rooms, peers, routes, all sessions)`);
     if (!isLoopbackHost(host)) console.log(`bound to ${host}: every room still requires its secret`);
     if (tls) console.log(`tls:      ${tls.description}`);
     if (tls?.ca) console.log(`trust:    ${server.url}/tls/ca.crt  (install once on each device; the landing page says how)`);

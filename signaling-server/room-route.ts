@@ -1,0 +1,118 @@
+// A room's route: its stages (which peer serves which layers), its status — forming → loading
+// → ready ⇄ repairing, → degraded → closed — and what the session manager asks of it (the entry
+// link, each stage's link and peer, the repair under way, a stall probe). The room plans and
+// changes it (room.ts); the keeper repairs it (route-repair.ts).
+
+import { MeshError } from '../src/errors.ts';
+import type { ShardRange } from '../src/gguf/types.ts';
+import type { CandidatePair } from '../src/protocol/control.ts';
+import type { RouteHandle } from '../src/route/sessions.ts';
+import type { HopLink } from '../src/route/telemetry.ts';
+import type { FrameLink } from '../src/transport/link.ts';
+import type { Room } from './room.ts';
+import type { RepairState } from './route-repair.ts';
+
+export type RouteStatus = 'forming' | 'loading' | 'ready' | 'repairing' | 'degraded' | 'closed';
+
+export interface RouteStage {
+  stage: number;
+  peerId: string;
+  shard: ShardRange;
+  status: 'loading' | 'ready' | 'failed' | 'lost';
+  listen: string | null;
+  loadMs?: number;
+  bytesRead?: number;
+  error?: { code: string; message: string };
+  /** bytes of the shard loaded so far (native peers report while loading) */
+  loading?: { bytesDone: number; bytesTotal: number };
+  /** the stage's own report (browser peers): load progress, hop to the next stage, frame counters */
+  telemetry?: Record<string, unknown>;
+}
+
+export class Route implements RouteHandle {
+  status: RouteStatus = 'forming';
+  reason: string | null = null;
+  readonly history: RouteStatus[] = ['forming'];
+  entryLink: FrameLink | null = null;
+  readonly createdAt = Date.now();
+  /** the repair under way (route-repair.ts), if a stage lost its peer */
+  repairState: RepairState | null = null;
+
+  get contextLimit(): number | undefined {
+    return this.room.model.contextLength;
+  }
+
+  constructor(
+    readonly id: number,
+    readonly room: Room,
+    readonly stages: RouteStage[],
+  ) {}
+
+  setStatus(s: RouteStatus, reason: string | null = null): void {
+    if (this.status === s || this.status === 'closed') return;
+    this.status = s;
+    this.reason = reason;
+    this.history.push(s);
+    this.room.log(`route ${this.id}: ${s}${reason ? ` (${reason})` : ''}`);
+    this.room.emit({ type: 'route_status', routeId: this.id, status: s, reason });
+  }
+
+  entry(): FrameLink {
+    if (this.status !== 'ready' || !this.entryLink) throw new MeshError('ROUTE_NOT_READY', `route ${this.id} is ${this.status}${this.reason ? `: ${this.reason}` : ''}`);
+    return this.entryLink;
+  }
+
+  stageLinks(): Array<FrameLink | null> {
+    return this.stages.map((s) => {
+      const p = this.room.peers.get(s.peerId);
+      return p && !p.gone ? p.control : null;
+    });
+  }
+
+  stagePeers(): string[] {
+    return this.stages.map((s) => s.peerId);
+  }
+
+  /** every stage's peer takes ReturnDirect and sends the last stage's token as a `return` message (the PyTorch peer does not yet) */
+  directReturn(): boolean {
+    return this.stages.every((s) => this.room.peers.get(s.peerId)?.hello.directReturn === true);
+  }
+
+  stageBackends(): string[] {
+    return this.stages.map((s) => this.room.peers.get(s.peerId)?.hello.backend ?? '?');
+  }
+
+  /** What sessions wait on while a lost stage is replaced (a graceful leave: only once the swap begins). */
+  repair(): RepairState | null {
+    return this.status === 'repairing' ? this.repairState : null;
+  }
+
+  /** A step went unanswered: a stage that does not answer a status probe in time is treated as lost. */
+  async suspectStall(): Promise<void> {
+    await this.room.probeStages(this);
+  }
+
+  /** How each hop is carried, from the stages' own reports (a native node without WebRTC reports none: ws to a listen address, else the relay). */
+  hops(): HopLink[] {
+    return this.stages.slice(0, -1).map((st) => {
+      const next = this.stages[st.stage + 1]!;
+      const t = st.telemetry as { hop?: string; candidatePair?: CandidatePair | null } | undefined;
+      return { from: st.stage, to: next.stage, fromPeer: st.peerId, toPeer: next.peerId, kind: t?.hop ?? (next.listen ? 'ws' : 'relay'), candidatePair: t?.candidatePair ?? null };
+    });
+  }
+
+  summary(): Record<string, unknown> {
+    return {
+      id: this.id,
+      roomId: this.room.id,
+      model: this.room.model.id,
+      status: this.status,
+      reason: this.reason,
+      history: this.history,
+      stages: this.stages.map((s) => ({ ...s, peer: this.room.peerSummary(s.peerId) })),
+      repair: this.repairState ? { since: this.repairState.since, stages: this.repairState.stages, lost: [...this.repairState.lost.values()] } : null,
+      spares: this.room.keeper.summary(),
+      hops: this.hops(),
+    };
+  }
+}
