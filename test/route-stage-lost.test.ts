@@ -6,6 +6,7 @@
 // error event, and the session's recorded state.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
+import { readSse } from './support/sse.ts';
 import { getJson, killAll, spawnMesh, spawnServe } from './support/mesh.ts';
 import type { MeshProcess, ServeInfo } from './support/mesh.ts';
 import { joinRoom, RemoteChain } from '../src/route/remote.ts';
@@ -42,23 +43,12 @@ async function sseEvents(onChunk: (n: number) => void): Promise<Array<{ event?: 
     body: JSON.stringify({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: 400, temperature: 0, stream: true }),
   });
   const out: Array<{ event?: string; data: string }> = [];
-  const reader = res.body!.getReader();
-  let buf = '';
   let chunks = 0;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return out;
-    buf += new TextDecoder().decode(value);
-    let i: number;
-    while ((i = buf.indexOf('\n\n')) >= 0) {
-      const block = buf.slice(0, i);
-      buf = buf.slice(i + 2);
-      const event = /^event: (.*)$/m.exec(block)?.[1];
-      const data = /^data: (.*)$/m.exec(block)?.[1] ?? '';
-      out.push({ ...(event ? { event } : {}), data });
-      if (!event && data.includes('"text"')) onChunk(++chunks);
-    }
-  }
+  await readSse(res, (m) => {
+    out.push(m);
+    if (!m.event && m.data.includes('"text"')) onChunk(++chunks);
+  });
+  return out;
 }
 
 beforeAll(async () => {

@@ -17,11 +17,27 @@ export async function streamCompletion(base: string, secret: string, body: Recor
     body: JSON.stringify({ ...body, stream: true }),
   });
   const out: Streamed = { text: '', events: [], errors: [], chunks: 0 };
+  await readSse(res, ({ event, data }) => {
+    if (event === 'error') out.errors.push(JSON.parse(data));
+    if (event || data === '[DONE]') return;
+    const chunk = JSON.parse(data);
+    if (chunk.gguf_mesh?.type) out.events.push(chunk.gguf_mesh);
+    const text = chunk.choices?.[0]?.text ?? '';
+    if (text) {
+      out.text += text;
+      onChunk(++out.chunks);
+    }
+  });
+  return out;
+}
+
+/** Reads a server-sent-events body to its end, one `{event?, data}` message at a time. */
+export async function readSse(res: Response, onMessage: (m: { event?: string; data: string }) => void): Promise<void> {
   const reader = res.body!.getReader();
   let buf = '';
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) return out;
+    if (done) return;
     buf += new TextDecoder().decode(value);
     let i: number;
     while ((i = buf.indexOf('\n\n')) >= 0) {
@@ -29,15 +45,7 @@ export async function streamCompletion(base: string, secret: string, body: Recor
       buf = buf.slice(i + 2);
       const event = /^event: (.*)$/m.exec(block)?.[1];
       const data = /^data: (.*)$/m.exec(block)?.[1] ?? '';
-      if (event === 'error') out.errors.push(JSON.parse(data));
-      if (event || data === '[DONE]') continue;
-      const chunk = JSON.parse(data);
-      if (chunk.gguf_mesh?.type) out.events.push(chunk.gguf_mesh);
-      const text = chunk.choices?.[0]?.text ?? '';
-      if (text) {
-        out.text += text;
-        onChunk(++out.chunks);
-      }
+      onMessage({ ...(event ? { event } : {}), data });
     }
   }
 }
