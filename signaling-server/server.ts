@@ -40,7 +40,10 @@ import type { Access, CredentialOptions, Grant } from './access.ts';
 import type { StagePolicy } from './stage-policy.ts';
 import type { ServerTls } from './tls.ts';
 
-export interface SignalingServerOptions extends CredentialOptions {
+/** what the server passes to its rooms as they are (room-registry.ts says what each means) */
+type RoomSettings = Pick<RoomRegistryOptions, 'repairTimeoutMs' | 'standby' | 'planner' | 'stagePolicy' | 'heartbeatMs' | 'heartbeatTimeoutMs' | 'stepTimeoutMs' | 'turn'>;
+
+export interface SignalingServerOptions extends CredentialOptions, RoomSettings {
   host?: string;
   port?: number;
   /** model paths or URLs, one room each */
@@ -59,22 +62,6 @@ export interface SignalingServerOptions extends CredentialOptions {
   sessionTtlMs?: number;
   /** STUN/TURN servers announced to every peer in welcome */
   iceServers?: IceServer[];
-  /** a route that loses a stage waits this long for a replacement (ms, default 30 s; 0 = no repair: sessions fail at once) */
-  repairTimeoutMs?: number;
-  /** spares load their standby shard ahead of time (default true) */
-  standby?: boolean;
-  /** 'memory' (default): in proportion to memory; 'speed': the planner that knows speed and round trips, where every peer reports a speed */
-  planner?: 'speed' | 'memory';
-  /** who may be a stage: a minimum stay and memory (stage-policy.ts; default: anyone, at once) */
-  stagePolicy?: StagePolicy;
-  /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
-  heartbeatMs?: number;
-  /** a peer silent this long is lost (ms, default 3.5 s) */
-  heartbeatTimeoutMs?: number;
-  /** a step unanswered this long makes the server probe the route's stages for a stalled one (ms, default 30 s) */
-  stepTimeoutMs?: number;
-  /** mint each peer a short-lived credential for the TURN servers in `iceServers` that name none (./turn.ts) */
-  turn?: { secret: string; ttlS: number };
   log?: (line: string) => void;
   /** HTTPS and WSS on the same port with this certificate (./tls.ts); absent: plain HTTP */
   tls?: ServerTls;
