@@ -9,11 +9,12 @@
 // --secret given, or a random one printed in the page URL). API keys may download the model
 // only when the operator says so (--api-downloads).
 
-import { createHash, randomBytes } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import { MeshError } from '../src/errors.ts';
 import { bearerOf, secretMatches } from '../src/transport/frame-server.ts';
 import type { Room } from './room.ts';
+import { newSecret } from './room-identity.ts';
 
 /** api: OpenAI API and own sessions · peer: joining and model bytes · admin: management · download: model bytes */
 export type Role = 'api' | 'peer' | 'admin' | 'download';
@@ -52,7 +53,7 @@ export class Access {
   ) {
     this.apiKeys = (opts.apiKeys ?? []).filter((k) => k.length > 0);
     this.separate = this.apiKeys.length > 0 || !!opts.adminSecret;
-    this.adminSecret = opts.adminSecret ?? opts.secret ?? randomBytes(18).toString('base64url');
+    this.adminSecret = opts.adminSecret ?? opts.secret ?? newSecret();
     this.apiRoles = new Set<Role>(opts.apiDownloads ? ['api', 'download'] : ['api']);
   }
 

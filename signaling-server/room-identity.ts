@@ -34,6 +34,17 @@ function readStore(file: string): Record<string, string> {
 }
 
 /**
+ * A fresh room or admin secret: 18 random bytes as base64url, drawn again when it would start
+ * with '-', which command-line parsers (ours, argparse) read as a flag after `--secret`.
+ */
+export function newSecret(): string {
+  for (;;) {
+    const s = randomBytes(18).toString('base64url');
+    if (!s.startsWith('-')) return s;
+  }
+}
+
+/**
  * The room's identity: with `secret` given, the id derived from it; without, the secret kept for
  * this model under the cache dir (made and kept the first time), and the id derived from that.
  */
@@ -42,7 +53,7 @@ export function roomIdentity(key: string, secret: string | undefined, store = jo
   const kept = readStore(store);
   let s = kept[key];
   if (typeof s !== 'string' || s.length < 16) {
-    s = randomBytes(18).toString('base64url');
+    s = newSecret();
     try {
       mkdirSync(dirname(store), { recursive: true });
       const tmp = `${store}.${process.pid}.tmp`;

@@ -57,16 +57,18 @@ export function findTorchPython(tried: string[] = candidates()): { python: strin
 
 /** The child's argument list for these options. */
 export function torchPeerArgs(o: TorchPeerOptions): string[] {
-  const a = ['-m', 'gguf_mesh_torch', 'join', '--join', o.joinUrl, '--secret', o.secret, '--memory', String(o.memoryBytes)];
-  if (o.layers) a.push('--layers', `${o.layers.start}-${o.layers.end}`);
-  if (o.listen) a.push('--listen', o.listen);
-  if (o.advertise) a.push('--advertise', o.advertise);
-  if (o.carrier) a.push('--carrier', o.carrier);
-  if (o.name) a.push('--name', o.name);
+  // `--flag=value`: argparse reads a separate value that starts with '-' (a base64url secret
+  // can) as another flag and refuses it.
+  const a = ['-m', 'gguf_mesh_torch', 'join', `--join=${o.joinUrl}`, `--secret=${o.secret}`, `--memory=${o.memoryBytes}`];
+  if (o.layers) a.push(`--layers=${o.layers.start}-${o.layers.end}`);
+  if (o.listen) a.push(`--listen=${o.listen}`);
+  if (o.advertise) a.push(`--advertise=${o.advertise}`);
+  if (o.carrier) a.push(`--carrier=${o.carrier}`);
+  if (o.name) a.push(`--name=${o.name}`);
   if (o.cacheDir === null) a.push('--no-cache');
-  else if (o.cacheDir) a.push('--cache-dir', o.cacheDir);
-  if (o.device) a.push('--device', o.device);
-  if (o.threads) a.push('--threads', String(o.threads));
+  else if (o.cacheDir) a.push(`--cache-dir=${o.cacheDir}`);
+  if (o.device) a.push(`--device=${o.device}`);
+  if (o.threads) a.push(`--threads=${o.threads}`);
   return a;
 }
 

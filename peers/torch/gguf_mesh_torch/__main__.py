@@ -61,7 +61,7 @@ def _sample(req: dict) -> dict:
     return {"tokens": tokens, "logprobs": logprobs, "draws": sampler.draws}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python3 -m gguf_mesh_torch", description="gguf-mesh's PyTorch peer")
     sub = ap.add_subparsers(dest="cmd", required=True)
     j = sub.add_parser("join", help="join a room as a native peer and serve the assigned layers")
@@ -91,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--type", type=int, required=True)
     d.add_argument("--n", type=int, required=True)
     sub.add_parser("sample", help="the sampler chain offline: JSON {settings, draws, steps: [{logits, history}], logprobs} on stdin, JSON {tokens, logprobs} out")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.cmd == "dequant":
             from .dequant import dequantize
