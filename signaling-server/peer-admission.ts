@@ -74,6 +74,13 @@ function browserPeerView(room: Room): BrowserPeerRoom {
   };
 }
 
+/** `text` cut to the 123 bytes a WebSocket close reason may carry (on a character boundary). */
+function closeReason(text: string): string {
+  let out = text;
+  while (Buffer.byteLength(out) > 123) out = out.slice(0, -1);
+  return out;
+}
+
 /**
  * Runs the challenge on a new peer socket of `room`, then serves the admitted peer's messages.
  * `origin`: where the peer reached this server (it reads a hosted model there).
@@ -88,8 +95,10 @@ export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger, origin
   let helloSeen = false;
   let stopWatching = (): void => undefined;
   const refuse = (code: string, message: string): void => {
+    room.log(`refused a peer socket: ${code}: ${message}`);
     ws.send(JSON.stringify({ t: 'error', code, message }));
-    ws.close(4401, code);
+    // the reason names why too: a peer that reads its messages late sees the close first
+    ws.close(4401, closeReason(`${code}: ${message}`));
   };
   const helloTimer = setTimeout(() => !peer && refuse('HELLO_TIMEOUT', `no hello within ${HELLO_TIMEOUT_MS / 1000} s`), HELLO_TIMEOUT_MS);
   helloTimer.unref();

@@ -129,8 +129,8 @@ export interface Session {
   principal: string | null;
   /** prompt tokens the client announced, for progress */
   promptLength: number | null;
-  /** called when the session fails or its route starts a repair (a step waiting to learn why) */
-  onFail: Set<() => void>;
+  /** called when the session fails or its route starts a repair, with the stage lost where known (a step waiting to learn why) */
+  onFail: Set<(stage?: number) => void>;
   /** the open body, for opening the session on a replacement stage */
   body: SessionOpenBody;
   /** every frame sent into stage 0, in order (what a new stage 0 replays, and what is sent again when the last stage never answered) */

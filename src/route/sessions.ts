@@ -342,7 +342,7 @@ export class SessionManager {
     const hit = [...this.sessions.values()].filter((s) => s.route.id === routeId && !isTerminal(s.life.state));
     for (const s of hit) {
       this.publish(s.life.sessionId, { type: 'stage_lost', sessionId: s.life.sessionId, routeId, stage, peerId: opts.peerId ?? s.peers[stage] ?? '?', cause: reason });
-      if (opts.repairing) for (const wake of [...s.onFail]) wake();
+      if (opts.repairing) for (const wake of [...s.onFail]) wake(stage);
     }
     if (opts.repairing) return;
     await Promise.all(hit.map((s) => this.fail(s, { code: 'STAGE_LOST', message: `stage ${stage} (${opts.peerId ?? s.peers[stage] ?? '?'}) left: ${reason}`, stage })));
@@ -459,7 +459,7 @@ export class SessionManager {
   private async fail(s: Session, failure: SessionFailure): Promise<void> {
     if (isTerminal(s.life.state)) return;
     s.life.fail(failure);
-    for (const wake of [...s.onFail]) wake();
+    for (const wake of [...s.onFail]) wake(failure.stage);
     this.opts.onChange?.(s.life.sessionId, 'failed');
     this.publish(s.life.sessionId, { type: 'error', sessionId: s.life.sessionId, code: failure.code, message: failure.message, ...(failure.stage !== undefined ? { stage: failure.stage } : {}) });
     this.publish(s.life.sessionId, { type: 'session_state', sessionId: s.life.sessionId, state: 'failed' });

@@ -41,13 +41,19 @@ export class DirectReturns {
    * with the chain's or a stage's error — or STAGE_LOST when `lost` is told of a lost stage
    * (the answer may then never come; the repair sends the step again).
    */
-  send(entry: FrameLink, f: Frame, lost: Set<() => void>, routeId: number): Promise<Frame> {
+  send(entry: FrameLink, f: Frame, lost: Set<(stage?: number) => void>, routeId: number): Promise<Frame> {
     const key = `${f.sessionId}:${f.position + f.nTokens}`;
     const sent = performance.now();
-    let onLost = (): void => undefined;
+    let onLost = (_stage?: number): void => undefined;
     const returned = new Promise<Frame>((resolve, reject) => {
       this.waiting.set(key, { resolve: (token) => resolve(withHopShares(token, performance.now() - sent)), reject });
-      onLost = () => reject(new MeshError('STAGE_LOST', `session ${f.sessionId}: a stage of route ${routeId} was lost during the step at position ${f.position}`));
+      // the stage named: the step's own error is what the client shows when no repair follows
+      onLost = (stage) =>
+        reject(
+          stage === undefined
+            ? new MeshError('STAGE_LOST', `session ${f.sessionId}: a stage of route ${routeId} was lost during the step at position ${f.position}`)
+            : new MeshError('STAGE_LOST', `session ${f.sessionId}: stage ${stage} of route ${routeId} was lost during the step at position ${f.position}`, { stage }),
+        );
       lost.add(onLost);
     });
     // the chain's answer is a Status (or, from a last stage with no way to us, the token itself)
