@@ -1,8 +1,8 @@
 """std::mt19937 (32-bit Mersenne Twister) and libstdc++'s uniform double over it, as
 docs/protocol.md specifies the last stage's draw: seeded with the session's `seed`, each draw
 is generate_canonical<double, 53> = (a + b * 2^32) / 2^64 of two 32-bit outputs — what
-llama.cpp's dist sampler and src/model/mt19937.ts draw. numpy's MT19937 seeds differently
-(SeedSequence) and makes doubles differently, so the generator is written out here."""
+llama.cpp's dist sampler and the TypeScript generator (src/model) draw. numpy's MT19937 seeds
+differently (SeedSequence) and makes doubles differently, so the generator is written out here."""
 
 from __future__ import annotations
 

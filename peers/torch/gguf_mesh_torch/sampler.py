@@ -1,7 +1,7 @@
 """The last stage's choice of the next token: llama.cpp's sampler chain as docs/protocol.md
-"A stage" specifies it and src/model/sampler.ts runs it, step for step and in f32 where they
-are: logit bias → repeat/frequency/presence penalties over the last `repeatLastN` tokens →
-greedy when temperature is 0, else top-k → top-p → min-p → temperature → one draw from
+"A stage" specifies it and the TypeScript sampler (src/model) runs it, step for step and in f32
+where they are: logit bias → repeat/frequency/presence penalties over the last `repeatLastN`
+tokens → greedy when temperature is 0, else top-k → top-p → min-p → temperature → one draw from
 std::mt19937 (mt19937.py). Candidates keep llama.cpp's order (id order until a step sorts
 them), because the draw walks them in that order; sums run in order (np.cumsum), not
 pairwise (np.sum), and exp/log are taken in f64 and rounded to f32 as the TypeScript stage
@@ -51,7 +51,7 @@ class Sampler:
         self.draws = draws
 
     def _check(self, logit_bias) -> list[tuple[int, float]]:
-        """The same checks and BAD_SAMPLER_OPTION messages as src/model/sampler.ts."""
+        """The same checks and BAD_SAMPLER_OPTION messages as the TypeScript sampler (src/model)."""
 
         def bad(what: str):
             raise MeshError("BAD_SAMPLER_OPTION", what)
