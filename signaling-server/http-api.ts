@@ -155,7 +155,7 @@ export class HttpApi {
 
   private route({ res, allowed, m }: Request): void {
     const r = this.registry.findRoute(Number(m[1]));
-    if (!r || !allowed.includes(r.room)) throw new MeshError('ROUTE_UNKNOWN', `no route ${m[1]}`);
+    if (!r || !allowed.some((room) => room === r.room)) throw new MeshError('ROUTE_UNKNOWN', `no route ${m[1]}`);
     sendJson(res, 200, r.summary());
   }
 
@@ -165,7 +165,7 @@ export class HttpApi {
     const sessions = this.registry.sessions;
     this.registry.checkOwner(sid, grant);
     const r = this.registry.findRoute(sessions.brief(sid).routeId);
-    if (!r || !allowed.includes(r.room)) throw new MeshError('AUTH_FAILED', `the credential does not open session ${sid}'s room`);
+    if (!r || !allowed.some((room) => room === r.room)) throw new MeshError('AUTH_FAILED', `the credential does not open session ${sid}'s room`);
     res.writeHead(200, SSE_HEAD);
     let unsubscribe: (() => void) | null = null;
     const end = (): void => {

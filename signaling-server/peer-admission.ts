@@ -11,7 +11,8 @@ import type { PeerHello, PeerMessage } from '../src/protocol/control.ts';
 import { secretMatches } from '../src/transport/frame-server.ts';
 import { handleBrowserPeerMessage } from './browser-peers.ts';
 import type { BrowserPeerRoom, RelayLedger } from './browser-peers.ts';
-import type { Peer, Room } from './room.ts';
+import type { Room } from './room.ts';
+import type { Peer } from './room-peer.ts';
 
 /** How long a new socket may take to prove the secret. */
 const HELLO_TIMEOUT_MS = 10_000;

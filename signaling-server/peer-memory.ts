@@ -5,7 +5,8 @@
 // given until it is left out: no plan–fail loop.
 
 import type { PeerToServer } from '../src/protocol/control.ts';
-import type { Peer, Room } from './room.ts';
+import type { RoomHost } from './room-host.ts';
+import type { Peer } from './room-peer.ts';
 
 /** Load failures that mean the shard did not fit (a lost device counts: a GPU reset, a killed GPU process, a phone reclaiming memory). */
 export const MEMORY_FAILURE_CODES: ReadonlySet<string> = new Set(['WEBGPU_OUT_OF_MEMORY', 'WEBGPU_DEVICE_LOST']);
@@ -41,7 +42,7 @@ export function lowerOffer(p: MemoryFacts, memoryBytes: unknown): boolean {
  * device is gone is lost like a peer that left (repaired, or the room replans); a loading one
  * reports load-failed, which replans.
  */
-export function memoryLowered(room: Room, peer: Peer, msg: Extract<PeerToServer, { t: 'memory' }>): void {
+export function memoryLowered(room: RoomHost, peer: Peer, msg: Extract<PeerToServer, { t: 'memory' }>): void {
   lowerOffer(peer, msg.memoryBytes);
   const r = room.route && room.route.status !== 'closed' && room.route.id === msg.routeId ? room.route : null;
   const st = r?.stages.find((s) => s.peerId === peer.id && s.stage === msg.stage);

@@ -8,7 +8,9 @@ import type { ShardRange } from '../src/gguf/types.ts';
 import type { SpotCheckReport } from '../src/protocol/control.ts';
 import { SpotChecker } from './spot-check.ts';
 import type { SpotCheckVerdict } from './spot-check.ts';
-import type { Peer, Room, Route } from './room.ts';
+import type { RoomHost } from './room-host.ts';
+import type { Peer } from './room-peer.ts';
+import type { Route } from './room-route.ts';
 
 export interface PublicRoomOptions {
   trustedSecret: string;
@@ -27,7 +29,7 @@ export class PublicRoom {
   private readonly watching = new Set<string>();
 
   constructor(
-    private readonly room: Room,
+    private readonly room: RoomHost,
     readonly opts: PublicRoomOptions,
   ) {
     this.checker = new SpotChecker(opts.tolerance, (v) => !v.ok && this.failed(v));

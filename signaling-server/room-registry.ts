@@ -25,7 +25,8 @@ import { FetchLog, PinnedFile } from './model-host.ts';
 import { Room } from './room.ts';
 import { iceServersMinting } from './turn.ts';
 import type { StagePolicy } from './stage-policy.ts';
-import type { Route, RoomOptions } from './room.ts';
+import type { RoomOptions } from './room.ts';
+import type { Route } from './room-route.ts';
 
 export interface RoomRegistryOptions extends CredentialOptions {
   /** one secret for every room (default: a random one per model, kept under the cache dir) */
@@ -219,7 +220,7 @@ export class RoomRegistry {
     if (f.type !== FrameType.SessionOpen) this.checkOwner(f.sessionId, grant);
     const r = this.findRoute(routeId);
     if (!r) throw new MeshError('ROUTE_UNKNOWN', `no route ${routeId}`);
-    if (!grant.rooms.includes(r.room)) throw new MeshError('AUTH_FAILED', `the credential does not open route ${routeId}'s room`);
+    if (!grant.rooms.some((room) => room === r.room)) throw new MeshError('AUTH_FAILED', `the credential does not open route ${routeId}'s room`);
   }
 
   /** SESSION_UNKNOWN unless the grant is the admin's or opened the session itself. */

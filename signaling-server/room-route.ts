@@ -1,16 +1,17 @@
 // A room's route: its stages (which peer serves which layers), its status — forming → loading
 // → ready ⇄ repairing, → degraded → closed — and what the session manager asks of it (the entry
 // link, each stage's link and peer, the repair under way, a stall probe). The room plans and
-// changes it (room.ts); the keeper repairs it (route-repair.ts).
+// changes it (room.ts); the keeper repairs it (route-repair.ts). A route sees its room only
+// through RouteOwner, so this module imports no room file.
 
 import { MeshError } from '../src/errors.ts';
 import type { ShardRange } from '../src/gguf/types.ts';
 import type { CandidatePair } from '../src/protocol/control.ts';
 import type { RouteHandle } from '../src/route/sessions.ts';
-import type { HopLink } from '../src/route/telemetry.ts';
+import type { HopLink, TelemetryEvent } from '../src/route/telemetry.ts';
 import type { FrameLink } from '../src/transport/link.ts';
-import type { Room } from './room.ts';
-import type { RepairState } from './route-repair.ts';
+import type { RepairState, Spare } from './repair-state.ts';
+import type { Peer } from './room-peer.ts';
 
 export type RouteStatus = 'forming' | 'loading' | 'ready' | 'repairing' | 'degraded' | 'closed';
 
@@ -29,6 +30,19 @@ export interface RouteStage {
   telemetry?: Record<string, unknown>;
 }
 
+/** What a route asks of the room that owns it (room.ts implements it). */
+export interface RouteOwner {
+  readonly id: string;
+  readonly model: { readonly id: string; readonly contextLength?: number };
+  readonly peers: ReadonlyMap<string, Peer>;
+  readonly keeper: { summary(): Spare[] };
+  log(line: string): void;
+  emit(e: TelemetryEvent): void;
+  /** asks every stage for its status; one that does not answer in time is lost (stalled) */
+  probeStages(r: Route): Promise<void>;
+  peerSummary(id: string): Record<string, unknown> | null;
+}
+
 export class Route implements RouteHandle {
   status: RouteStatus = 'forming';
   reason: string | null = null;
@@ -44,7 +58,7 @@ export class Route implements RouteHandle {
 
   constructor(
     readonly id: number,
-    readonly room: Room,
+    readonly room: RouteOwner,
     readonly stages: RouteStage[],
   ) {}
 

@@ -10,7 +10,6 @@ import type WebSocket from 'ws';
 import { MeshError } from '../src/errors.ts';
 import { shardBytes } from '../src/backends/shard.ts';
 import type { ShardRange } from '../src/gguf/types.ts';
-import type { GgufHeader } from '../src/gguf/types.ts';
 import type { PlannerPeer } from '../src/route/planner.ts';
 import { modelTraits, servable } from '../src/model/serve-capability.ts';
 import type { ModelTraits, Servable } from '../src/model/serve-capability.ts';
@@ -30,53 +29,16 @@ import { Route } from './room-route.ts';
 import { choosePlan } from './plan-choice.ts';
 import type { PlannerKind, SpeedFacts } from './plan-choice.ts';
 import { shardSources } from './shard-sources.ts';
+import type { Downstream, ModelArtifact, RoomHost } from './room-host.ts';
+import type { Peer } from './room-peer.ts';
 import { OPEN_POLICY, stageCandidates } from './stage-policy.ts';
 import type { StagePolicy } from './stage-policy.ts';
-import type { RepairState } from './route-repair.ts';
-
-export { Route } from './room-route.ts';
-export type { RouteStage, RouteStatus } from './room-route.ts';
 
 /** How long a stage may take to answer a status probe before a stalled step blames it (ms). */
 const STALL_PROBE_MS = 2_000;
 
 /** Replies from a peer's stage to the server (status, tokens, logits) are small: what reassembly may hold. */
 const PEER_REPLY_REASSEMBLY = { maxPendingBytes: 32 * 1024 * 1024, maxAgeMs: 30_000 };
-
-export interface Peer {
-  id: string;
-  hello: PeerHello;
-  ws: WebSocket;
-  /** frames to the peer's stage over its control socket */
-  control: WsLink;
-  joinedAt: number;
-  gone: boolean;
-  /** the origin the peer reached the server at (https://host:port), when known */
-  origin?: string;
-  /** refused its shard's bytes (hash mismatch), or failed a spot check: stays out of routes for this artifact */
-  excluded?: string;
-  /** asked to leave gracefully: takes no new stage or standby */
-  leaving?: boolean;
-  /** proved the trusted secret (public rooms: may serve the first and last stages) */
-  trusted?: boolean;
-  /** the control socket's round trip (ms), smoothed over heartbeats */
-  rttMs?: number;
-  /** bytes of the smallest shard that failed here for want of memory (peer-memory.ts) */
-  memoryFailedBytes?: number;
-}
-
-export interface ModelArtifact {
-  id: string;
-  /** local path, or the URL peers read */
-  location: string;
-  /** the artifact header: a split GGUF's parts joined, tensors at offsets into the parts concatenated */
-  header: GgufHeader;
-  nLayer: number;
-  /** files of the artifact (a split GGUF has several; peers derive their URLs from modelUrl's name) */
-  files: number;
-  /** the model's training context: no session declares more */
-  contextLength?: number;
-}
 
 export interface RoomOptions {
   minPeers: number;
@@ -106,7 +68,7 @@ export interface RoomOptions {
   stagePolicy?: StagePolicy;
 }
 
-export class Room {
+export class Room implements RoomHost {
   readonly peers = new Map<string, Peer>();
   /** the artifact's sha256 once its manifest is known: advertised units count only for it */
   artifactSha: string | null = null;
@@ -347,7 +309,7 @@ export class Room {
   }
 
   /** How a stage reaches peer `peerId` as its next stage: its listen address, and whether it answers data channels (tabs always do; a native node says so in its hello). */
-  downstreamOf(peerId: string | null, hello: PeerHello | undefined): { downstream: string | null; downstreamPeer: string | null; downstreamRtc: boolean } {
+  downstreamOf(peerId: string | null, hello: PeerHello | undefined): Downstream {
     return { downstream: hello?.listen ?? null, downstreamPeer: peerId, downstreamRtc: hello ? hello.rtc === true || !hello.listen : false };
   }
 

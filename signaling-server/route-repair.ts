@@ -13,10 +13,13 @@
 import { MeshError } from '../src/errors.ts';
 import type { ShardRange } from '../src/gguf/types.ts';
 import { shardBytes } from '../src/backends/shard.ts';
-import type { RouteRepair } from '../src/route/sessions.ts';
 import { plannedMemory } from './peer-memory.ts';
 import { shardSources } from './shard-sources.ts';
-import type { Peer, Room, Route } from './room.ts';
+import { RepairState } from './repair-state.ts';
+import type { Spare } from './repair-state.ts';
+import type { RoomHost } from './room-host.ts';
+import type { Peer } from './room-peer.ts';
+import type { Route } from './room-route.ts';
 
 export interface RepairOptions {
   /** how long a route may wait for a replacement before its sessions fail (ms; 0 = never repair) */
@@ -25,50 +28,6 @@ export interface RepairOptions {
   rewireTimeoutMs?: number;
   /** spares load their standby shard ahead of time (false: a replacement loads when it takes over) */
   standby?: boolean;
-}
-
-export interface Spare {
-  peerId: string;
-  /** the stage (of the route when the standby was given) whose shard it holds */
-  stage: number;
-  shard: ShardRange;
-  status: 'loading' | 'ready' | 'failed';
-}
-
-interface LostStage {
-  stage: number;
-  lostPeer: string;
-  cause: string;
-  /** the peer taking over, once one is chosen */
-  replacement: string | null;
-  warm: boolean;
-  /** graceful leave: the leaving peer serves until the replacement is ready */
-  graceful: boolean;
-  /** told when a leaving peer goes away before its hand-over is done: its steps in flight will not settle */
-  gone?: () => void;
-  phase: 'waiting' | 'loading' | 'rewiring' | 'done';
-}
-
-/** A route's repair: the lost stages, and the promise sessions wait on. */
-export class RepairState implements RouteRepair {
-  readonly lost = new Map<number, LostStage>();
-  readonly since = Date.now();
-  readonly done: Promise<void>;
-  resolve!: () => void;
-  reject!: (e: MeshError) => void;
-  timer: NodeJS.Timeout | null = null;
-
-  constructor() {
-    this.done = new Promise<void>((resolve, reject) => {
-      this.resolve = resolve;
-      this.reject = reject;
-    });
-    this.done.catch(() => undefined); // observed by the sessions that wait on it
-  }
-
-  get stages(): number[] {
-    return [...this.lost.keys()].sort((a, b) => a - b);
-  }
 }
 
 /** Who a peer is across reconnects: its name, else its listen address, else its id. */
@@ -86,7 +45,7 @@ export class RouteKeeper {
   private readonly rewiring = new Map<string, () => void>();
 
   constructor(
-    private readonly room: Room,
+    private readonly room: RoomHost,
     private readonly opts: RepairOptions,
   ) {}
 

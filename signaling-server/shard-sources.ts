@@ -4,12 +4,13 @@
 // itself and falls back to the server's model hosting, so a wrong guess costs only time.
 
 import type { ShardRange } from '../src/gguf/types.ts';
-import type { Peer, Room } from './room.ts';
+import type { RoomHost } from './room-host.ts';
+import type { Peer } from './room-peer.ts';
 
 const covers = (held: ShardRange | undefined, want: ShardRange): boolean => held !== undefined && held.start <= want.start && held.end >= want.end;
 
 /** Peers (not `loading` itself) holding `shard` verified, ready stages first. */
-export function shardSources(room: Room, loading: Peer, shard: ShardRange): string[] {
+export function shardSources(room: RoomHost, loading: Peer, shard: ShardRange): string[] {
   const route = room.route;
   const out: string[] = [];
   for (const p of room.peers.values()) {

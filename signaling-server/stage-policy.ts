@@ -6,7 +6,8 @@
 // it a ready replacement, and it chats like any client.
 
 import { plannedMemory } from './peer-memory.ts';
-import type { Peer, Room } from './room.ts';
+import type { RoomHost } from './room-host.ts';
+import type { Peer } from './room-peer.ts';
 
 export interface StagePolicy {
   /** a peer joins routes only after this long in the room (ms; 0 = at once) */
@@ -33,7 +34,7 @@ export function waitBeforeStage(policy: StagePolicy, c: StageCandidate, now = Da
 }
 
 /** Peers of `room` that may take a stage now; a replan is scheduled for when the next newcomer may. */
-export function stageCandidates(room: Room, policy: StagePolicy): Peer[] {
+export function stageCandidates(room: RoomHost, policy: StagePolicy): Peer[] {
   let next = Infinity;
   const out = [...room.peers.values()].filter((p) => {
     if (!room.keeper.eligible(p)) return false;
