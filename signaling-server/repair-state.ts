@@ -8,7 +8,8 @@ import type { RouteRepair } from '../src/route/session-types.ts';
 
 export interface Spare {
   peerId: string;
-  /** the stage (of the route when the standby was given) whose shard it holds */
+  /** the route and stage whose shard it holds (re-targeted when the route changes) */
+  routeId: number;
   stage: number;
   shard: ShardRange;
   status: 'loading' | 'ready' | 'failed';

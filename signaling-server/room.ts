@@ -104,8 +104,9 @@ export class Room implements RoomHost {
     return this.publicRoom?.opts.trustedSecret ?? null;
   }
 
-  /** Whether `p` may serve stage `stage` of `r` (a public room keeps its ends on trusted peers). */
+  /** Whether `p` may serve stage `stage` of `r`: the stage policy's memory floor, and a public room keeps its ends on trusted peers. */
   mayServeStage(p: Peer, r: Route, stage: number): boolean {
+    if (plannedMemory(p) < (this.opts.stagePolicy ?? OPEN_POLICY).minMemoryBytes) return false;
     return this.publicRoom?.mayServe(p, stage, r.stages.length) ?? true;
   }
 
@@ -235,7 +236,7 @@ export class Room implements RoomHost {
     if (msg.t === 'check') return this.publicRoom?.onReport(peer, msg);
     if (msg.t === 'leave') return this.peerLeaving(peer);
     if (msg.t === 'memory') return memoryLowered(this, peer, msg);
-    if (msg.t === 'standby-ready' || msg.t === 'standby-failed') return this.keeper.onStandby(peer, msg.t === 'standby-ready', msg.t === 'standby-failed' ? `${msg.code} ${msg.message}` : '');
+    if (msg.t === 'standby-ready' || msg.t === 'standby-failed') return this.keeper.onStandby(peer, msg.t === 'standby-ready', msg.t === 'standby-failed' ? `${msg.code} ${msg.message}` : '', msg);
     const r = this.route;
     if (!r || msg.routeId !== r.id) return;
     if (msg.t === 'rewired') return this.keeper.onRewired(peer, msg.routeId, msg.stage);

@@ -35,6 +35,8 @@ function identityOf(p: Peer): string {
   return p.hello.name ?? p.hello.listen ?? p.id;
 }
 
+const sameRange = (a: ShardRange, b: ShardRange): boolean => a.start === b.start && a.end === b.end;
+
 const BACKOFF_BASE_MS = 5_000;
 const BACKOFF_MAX_MS = 5 * 60_000;
 
@@ -89,6 +91,25 @@ export class RouteKeeper {
     return shardBytes(this.room.model.header, shard, this.room.model.nLayer) <= plannedMemory(p);
   }
 
+  /** Can `p` take stage `stage` of `r` (as its replacement, or as a standby)? A fixed `--layers` range must be the stage's; then memory and the room's stage rules. */
+  canTake(p: Peer, r: Route, stage: number): boolean {
+    const st = r.stages[stage];
+    if (!st || (p.hello.layers && !sameRange(p.hello.layers, st.shard))) return false;
+    return this.canServe(p, st.shard) && this.room.mayServeStage(p, r, stage);
+  }
+
+  /** `p`'s standby when it is for stage `stage` of `r` as the route stands now (not an older route's stage, not failed). */
+  private standbyFor(p: Peer, r: Route, stage: number): Spare | null {
+    const s = this.spares.get(p.id);
+    const st = r.stages[stage];
+    return s && st && s.status !== 'failed' && s.routeId === r.id && s.stage === stage && sameRange(s.shard, st.shard) ? s : null;
+  }
+
+  /** Standbys of `r` for stage `stage` (loading or ready). */
+  private sparesFor(r: Route, stage: number): number {
+    return [...this.spares.values()].filter((s) => s.stage === stage && s.status !== 'failed' && r.stages[stage] && sameRange(s.shard, r.stages[stage]!.shard)).length;
+  }
+
   /** Peers of the room serving no stage of `r` and taking over none. */
   private idlePeers(r: Route): Peer[] {
     const busy = new Set(r.stages.map((s) => s.peerId));
@@ -96,26 +117,39 @@ export class RouteKeeper {
     return [...this.room.peers.values()].filter((p) => !busy.has(p.id) && this.eligible(p));
   }
 
-  /** Gives every idle peer a standby shard: the one it asked for or holds, else the stage with the fewest spares. */
+  /**
+   * Gives every idle peer a standby shard for a stage of `r` it can take: the one it holds, else
+   * the stage with the fewest spares. Called after every change of the route (a new plan, a
+   * repair) and of the peers: a standby for a stage the route no longer has (or no longer has
+   * with that range), or one the peer may not take, is re-targeted; peers that now serve a
+   * stage, or may not be spares, are spares no more.
+   */
   assignStandbys(r: Route): void {
     if (!this.enabled || r.status !== 'ready' || this.opts.standby === false) return;
-    for (const p of this.idlePeers(r)) {
+    const idle = this.idlePeers(r);
+    const idleIds = new Set(idle.map((p) => p.id));
+    for (const id of [...this.spares.keys()]) if (!idleIds.has(id)) this.spares.delete(id);
+    for (const p of idle) {
       const current = this.spares.get(p.id);
-      if (current && current.status !== 'failed') continue;
-      const fits = r.stages.filter((st) => this.canServe(p, st.shard) && this.room.mayServeStage(p, r, st.stage));
-      if (fits.length === 0) continue;
-      const count = (stage: number): number => [...this.spares.values()].filter((s) => s.stage === stage && s.status !== 'failed').length;
+      if (current && this.standbyFor(p, r, current.stage) && this.canTake(p, r, current.stage)) continue;
+      this.spares.delete(p.id);
+      const fits = r.stages.filter((st) => this.canTake(p, r, st.stage));
+      if (fits.length === 0) {
+        if (current) this.room.log(`peer ${p.id}: no longer a spare (its standby ${current.shard.start}-${current.shard.end} is no stage of route ${r.id} it can take)`);
+        continue;
+      }
       const wanted = p.hello.layers ?? this.room.heldRangeOf(p);
-      const pick = fits.find((st) => wanted && st.shard.start === wanted.start && st.shard.end === wanted.end) ?? [...fits].sort((a, b) => count(a.stage) - count(b.stage) || b.stage - a.stage)[0]!;
-      this.spares.set(p.id, { peerId: p.id, stage: pick.stage, shard: { ...pick.shard }, status: 'loading' });
-      this.room.log(`peer ${p.id}: spare for stage ${pick.stage} (layers ${pick.shard.start}-${pick.shard.end}), loading its standby shard`);
+      const pick = fits.find((st) => wanted && sameRange(st.shard, wanted)) ?? [...fits].sort((a, b) => this.sparesFor(r, a.stage) - this.sparesFor(r, b.stage) || b.stage - a.stage)[0]!;
+      this.spares.set(p.id, { peerId: p.id, routeId: r.id, stage: pick.stage, shard: { ...pick.shard }, status: 'loading' });
+      this.room.log(`peer ${p.id}: spare for stage ${pick.stage} of route ${r.id} (layers ${pick.shard.start}-${pick.shard.end}), loading its standby shard`);
       this.room.send(p, { t: 'standby', routeId: r.id, stage: pick.stage, shard: { ...pick.shard }, nLayer: this.room.model.nLayer, modelUrl: this.room.modelUrlFor(p), sources: shardSources(this.room, p, pick.shard) });
     }
   }
 
-  onStandby(p: Peer, ok: boolean, detail: string): void {
+  /** A spare's standby load ended; a report for an earlier standby (of another route or stage: since re-targeted) is stale. */
+  onStandby(p: Peer, ok: boolean, detail: string, of: { routeId: number; stage: number }): void {
     const s = this.spares.get(p.id);
-    if (!s) return;
+    if (!s || s.routeId !== of.routeId || s.stage !== of.stage) return;
     s.status = ok ? 'ready' : 'failed';
     this.room.log(`peer ${p.id}: standby shard ${s.shard.start}-${s.shard.end} ${ok ? 'ready' : `failed: ${detail}`}`);
     if (!ok) this.penalise(p, `standby load failed: ${detail}`);
@@ -179,20 +213,19 @@ export class RouteKeeper {
     for (const l of rep.lost.values()) {
       if (l.replacement) continue;
       const shard = r.stages[l.stage]!.shard;
-      const idle = this.idlePeers(r).filter((p) => this.canServe(p, shard) && this.room.mayServeStage(p, r, l.stage));
-      const same = (p: Peer): boolean => {
-        const s = this.spares.get(p.id);
-        return !!s && s.shard.start === shard.start && s.shard.end === shard.end;
-      };
+      const able = this.idlePeers(r).filter((p) => this.canTake(p, r, l.stage));
+      const standby = (p: Peer): Spare | null => this.standbyFor(p, r, l.stage);
       // a peer that rejoined (its control socket dropped) still holding this shard verified loads nothing
       const holds = (p: Peer): boolean => {
         const h = this.room.heldRangeOf(p);
         return !!h && h.start <= shard.start && h.end >= shard.end;
       };
-      const pick = idle.find((p) => same(p) && this.spares.get(p.id)!.status === 'ready') ?? idle.find(holds) ?? idle.find(same) ?? idle.find((p) => !this.spares.has(p.id)) ?? idle[0];
+      // a spare of another stage goes last, taken from the stage with the most spares
+      const othersFirst = able.filter((p) => this.spares.has(p.id)).sort((a, b) => this.sparesFor(r, this.spares.get(b.id)!.stage) - this.sparesFor(r, this.spares.get(a.id)!.stage));
+      const pick = able.find((p) => standby(p)?.status === 'ready') ?? able.find(holds) ?? able.find((p) => standby(p) !== null) ?? able.find((p) => !this.spares.has(p.id)) ?? othersFirst[0];
       if (!pick) continue;
       l.replacement = pick.id;
-      l.warm = same(pick) && this.spares.get(pick.id)!.status === 'ready';
+      l.warm = standby(pick)?.status === 'ready';
       l.phase = 'loading';
       this.spares.delete(pick.id);
       this.room.log(`route ${r.id}: stage ${l.stage} goes to ${pick.id} (${l.warm ? 'warm spare' : 'cold: it loads now'})`);
@@ -326,6 +359,7 @@ export class RouteKeeper {
 
   /** The spares, for /v1/routes and the page. */
   summary(): Spare[] {
-    return [...this.spares.values()].map((s) => ({ ...s, shard: { ...s.shard } }));
+    // a new route's spares are the ones re-targeted to it once it is ready
+    return [...this.spares.values()].filter((s) => s.routeId === this.room.route?.id).map((s) => ({ ...s, shard: { ...s.shard } }));
   }
 }
