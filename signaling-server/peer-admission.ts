@@ -33,12 +33,15 @@ export const DEFAULT_LIVENESS: Liveness = { heartbeatMs: 500, heartbeatTimeoutMs
  */
 function watchLiveness(room: Room, peer: Peer, ws: WebSocket, l: Liveness): () => void {
   let lastPong = Date.now();
-  let pingAt = 0;
-  ws.on('pong', () => {
+  ws.on('pong', (data: Buffer) => {
     lastPong = Date.now();
-    // the planner's link estimate: the control socket's round trip, smoothed
-    if (pingAt > 0) peer.rttMs = peer.rttMs === undefined ? lastPong - pingAt : 0.7 * peer.rttMs + 0.3 * (lastPong - pingAt);
-    pingAt = 0;
+    // the planner's link estimate: the control socket's round trip, smoothed. Each ping carries
+    // its send time and the pong echoes it (RFC 6455), so a round trip longer than the ping
+    // interval is measured whole, not against the latest ping
+    const sentAt = Number(data.toString());
+    if (!(sentAt > 0) || sentAt > lastPong) return;
+    const rtt = lastPong - sentAt;
+    peer.rttMs = peer.rttMs === undefined ? rtt : 0.7 * peer.rttMs + 0.3 * rtt;
   });
   const timer = setInterval(() => {
     const silent = Date.now() - lastPong;
@@ -48,10 +51,7 @@ function watchLiveness(room: Room, peer: Peer, ws: WebSocket, l: Liveness): () =
       ws.terminate();
       return;
     }
-    if (ws.readyState === ws.OPEN) {
-      pingAt = Date.now();
-      ws.ping();
-    }
+    if (ws.readyState === ws.OPEN) ws.ping(String(Date.now()));
   }, l.heartbeatMs);
   timer.unref();
   return () => clearInterval(timer);

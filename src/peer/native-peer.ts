@@ -181,9 +181,15 @@ async function connect(p: PeerShared): Promise<Connection> {
   let relay: RelayLink | null = null;
   // the control socket opens after the calibration (below): the hello carries its speed
   let control: WebSocket | null = null;
-  const send = later((m: PeerToServer): void => {
-    if (control?.readyState === WebSocket.OPEN) control.send(JSON.stringify(m));
+  // the socket is read when the message is sent, not when a test's link delay lets it go: a
+  // message from before the socket opened (the calibration's load progress) must not arrive
+  // after it opened, ahead of the hello
+  const sendLater = later((ws: WebSocket, text: string): void => {
+    if (ws.readyState === WebSocket.OPEN) ws.send(text);
   }, delay);
+  const send = (m: PeerToServer): void => {
+    if (control?.readyState === WebSocket.OPEN) sendLater(control, JSON.stringify(m));
+  };
   const env: NativeStageEnv = {
     backend: opts.backend, memoryBytes: opts.memoryBytes, carrier: opts.carrier ?? 'ws', cacheDir: p.cacheDir, base, secret: opts.secret, model, send, log,
     ...(opts.threads ? { threads: opts.threads } : {}),
