@@ -80,7 +80,7 @@ async function decodeBothWays(stages: CpuBackend[], prompts: number[][], steps: 
     for (const [s, st] of stages.entries()) {
       const ref: ForwardResult[] = [];
       for (const [j, i] of active.entries()) ref.push(await st.forward(`ref-${i}`, refIn[j]!, positions[j]!));
-      const bat = await st.forwardBatch(active.map((i, j) => ({ sessionId: `bat-${i}`, input: batIn[j]!, position: positions[j]! })));
+      const bat = await st.forwardBatch(active.map((i, j) => ({ sessionId: `bat-${i}`, input: batIn[j]!, position: positions[j]!, outDtype: 'f32' as const })));
       expect(bat).toHaveLength(active.length);
       for (const [j, i] of active.entries()) {
         expect(firstBitDifference(values(ref[j]!), values(bat[j]!)), `stage ${s}, session ${i}, position ${positions[j]}`).toBe(-1);
@@ -150,14 +150,14 @@ describe('forwardBatch on the CPU engine', () => {
       expect(b.sessionStats('a').position).toBe(3);
       expect(b.sessionStats('full').position).toBe(4);
     };
-    await refuse([{ sessionId: 'a', input: tok(5), position: 3 }, { sessionId: 'full', input: tok(5), position: 3 }], 'POSITION_MISMATCH');
-    await refuse([{ sessionId: 'a', input: tok(5), position: 3 }, { sessionId: 'full', input: tok(5), position: 4 }], 'CONTEXT_FULL');
-    await refuse([{ sessionId: 'a', input: tok(5), position: 3 }, { sessionId: 'a', input: tok(6), position: 3 }], 'BAD_STAGE_INPUT');
-    await refuse([{ sessionId: 'a', input: { kind: 'tokens', tokens: Int32Array.of(5, 6) }, position: 3 }], 'BAD_STAGE_INPUT');
+    await refuse([{ sessionId: 'a', input: tok(5), position: 3, outDtype: 'f32' }, { sessionId: 'full', input: tok(5), position: 3, outDtype: 'f32' }], 'POSITION_MISMATCH');
+    await refuse([{ sessionId: 'a', input: tok(5), position: 3, outDtype: 'f32' }, { sessionId: 'full', input: tok(5), position: 4, outDtype: 'f32' }], 'CONTEXT_FULL');
+    await refuse([{ sessionId: 'a', input: tok(5), position: 3, outDtype: 'f32' }, { sessionId: 'a', input: tok(6), position: 3, outDtype: 'f32' }], 'BAD_STAGE_INPUT');
+    await refuse([{ sessionId: 'a', input: { kind: 'tokens', tokens: Int32Array.of(5, 6) }, position: 3, outDtype: 'f32' }], 'BAD_STAGE_INPUT');
     // after the refusals the session decodes as one that never saw them
     await b.openSession('fresh', { contextLength: 16 });
     await b.forward('fresh', { kind: 'tokens', tokens: Int32Array.of(1, 2, 3) }, 0);
-    const [again] = await b.forwardBatch([{ sessionId: 'a', input: tok(5), position: 3 }]);
+    const [again] = await b.forwardBatch([{ sessionId: 'a', input: tok(5), position: 3, outDtype: 'f32' }]);
     const alone = await b.forward('fresh', tok(5), 3);
     expect(firstBitDifference(values(again!), values(alone))).toBe(-1);
   }, 60_000);

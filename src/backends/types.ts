@@ -49,6 +49,8 @@ export interface BatchStep {
   sessionId: string;
   input: StageInput | HiddenRows;
   position: number;
+  /** hidden states out as rows in this dtype, where the backend answers rows (as forwardRows) */
+  outDtype: 'f16' | 'f32';
 }
 
 export interface SessionOptions {
@@ -105,7 +107,7 @@ export interface StageBackend {
    * step's own `forward` (or `forwardRows` where the backend has it). A failure changes no
    * session, so the caller may run the steps one by one instead.
    */
-  forwardBatch?(steps: readonly BatchStep[], outDtype: 'f16' | 'f32'): Promise<Array<ForwardResult | RowsForwardResult>>;
+  forwardBatch?(steps: readonly BatchStep[]): Promise<Array<ForwardResult | RowsForwardResult>>;
   sessionStats(sessionId: string): SessionStats;
   /**
    * Optional: resolves with why the backend's device was lost (a GPU reset, a crashed GPU
