@@ -8,13 +8,11 @@
 // batch counters (GET /v1/status) are reported per level. Goal: at 32 sessions ≥ 5× one's.
 import { readHeader } from '../src/gguf/parse.ts';
 import { finishLoad, goal, machineLoad } from './lib/goals.ts';
-import { numberArg, shapeFrom, startServeRoute } from './lib/serve-route.ts';
+import { WORDS, numberArg, round, shapeFrom, startServeRoute } from './lib/serve-route.ts';
 import type { ServeRoute } from './lib/serve-route.ts';
 import { readSseJson } from './lib/sse.ts';
 import { killAllCli } from './processes.ts';
 
-const round = (x: number, d = 1): number => Math.round(x * 10 ** d) / 10 ** d;
-const WORDS = 'the little bird saw a big red ball near the old tree and wanted to play with it all day long'.split(' ');
 
 interface Stream {
   firstTokenAt: number;

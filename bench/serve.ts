@@ -8,12 +8,10 @@
 // concurrent sessions, batched on each stage. Goal: at 32 ≥ 5× one session's.
 import { batchedDecode } from './batch.ts';
 import { goal } from './lib/goals.ts';
-import { numberArg, startServeRoute, shapeFrom } from './lib/serve-route.ts';
+import { WORDS, numberArg, round, startServeRoute, shapeFrom } from './lib/serve-route.ts';
 import { readSseJson } from './lib/sse.ts';
 import { killAllCli } from './processes.ts';
 
-const round = (x: number, d = 1): number => Math.round(x * 10 ** d) / 10 ** d;
-const WORDS = 'the little bird saw a big red ball near the old tree and wanted to play with it all day long'.split(' ');
 
 interface Turn {
   turn: number;

@@ -5,6 +5,10 @@ import { join } from 'node:path';
 import { makeModelFile } from '../../src/model/synthetic-model.ts';
 import { spawnCli } from '../processes.ts';
 
+export const round = (x: number, d = 1): number => Math.round(x * 10 ** d) / 10 ** d;
+/** words the benches' prompts are made of */
+export const WORDS = 'the little bird saw a big red ball near the old tree and wanted to play with it all day long'.split(' ');
+
 export interface ModelShape {
   layers: number;
   embd: number;
