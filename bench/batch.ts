@@ -50,7 +50,7 @@ export interface BatchLevel {
   wallMs: number;
   aggregateTokS: number;
   perSessionTokS: number;
-  /** per stage: batches run and the steps in them during this level, and the largest */
+  /** per stage: batches run and the steps in them during this level; `largest`: the largest batch since the stage loaded */
   stageBatches: Array<{ batches: number; steps: number; largest: number }>;
 }
 
