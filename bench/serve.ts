@@ -4,18 +4,14 @@
 // tokens, greedy), streamed, run twice in the same processes — with KV reuse across turns
 // (cache_prompt, the default) and without (cache_prompt: false) — reporting each turn's time to
 // first token and the tokens it prefilled. Goal (issue 22): turn-5 TTFT with reuse ≤ 1.2× turn 1's.
-import { existsSync, mkdirSync } from 'node:fs';
-import { join } from 'node:path';
-import { makeModelFile } from '../src/model/synthetic-model.ts';
-import { killAllCli, spawnCli } from './processes.ts';
+// Then, in the same processes, part (b) (./batch.ts): aggregate decode tok/s at 1, 8 and 32
+// concurrent sessions, batched on each stage. Goal: at 32 ≥ 5× one session's.
+import { batchedDecode } from './batch.ts';
+import { goal } from './lib/goals.ts';
+import { WORDS, numberArg, round, startServeRoute, shapeFrom } from './lib/serve-route.ts';
+import { readSseJson } from './lib/sse.ts';
+import { killAllCli } from './processes.ts';
 
-function arg(args: string[], name: string, fallback: number): number {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 ? Number(args[i + 1]) : fallback;
-}
-
-const round = (x: number, d = 1): number => Math.round(x * 10 ** d) / 10 ** d;
-const WORDS = 'the little bird saw a big red ball near the old tree and wanted to play with it all day long'.split(' ');
 
 interface Turn {
   turn: number;
@@ -32,33 +28,18 @@ interface Turn {
 async function ask(base: string, secret: string, body: Record<string, unknown>): Promise<{ ttftMs: number; serverPrefillMs: number; text: string; usage: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens: number } } }> {
   const t0 = performance.now();
   const res = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { authorization: `Bearer ${secret}`, 'content-type': 'application/json' }, body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }) });
-  if (!res.ok) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
   let ttftMs = -1;
   let serverPrefillMs = -1;
   let text = '';
-  let usage = null;
-  let buf = '';
-  const reader = res.body!.getReader();
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buf += new TextDecoder().decode(value);
-    let i: number;
-    while ((i = buf.indexOf('\n\n')) >= 0) {
-      const block = buf.slice(0, i);
-      const data = /^data: (.*)$/m.exec(block)?.[1] ?? '';
-      buf = buf.slice(i + 2);
-      if (/^event: error$/m.test(block)) throw new Error(`the stream failed: ${data}`);
-      if (!data || data === '[DONE]') continue;
-      const c = JSON.parse(data);
-      const piece = c.choices?.[0]?.delta?.content;
-      // the first token: a content chunk, or the end (a reply whose first token was EOG or has no text)
-      if ((piece || c.choices?.[0]?.finish_reason) && ttftMs < 0) ttftMs = performance.now() - t0;
-      if (c.gguf_mesh?.type === 'session_summary') serverPrefillMs = c.gguf_mesh.timeToFirstTokenMs;
-      text += piece ?? '';
-      if (c.usage) usage = c.usage;
-    }
-  }
+  let usage: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens: number } } | null = null;
+  await readSseJson(res, (c) => {
+    const piece = c.choices?.[0]?.delta?.content;
+    // the first token: a content chunk, or the end (a reply whose first token was EOG or has no text)
+    if ((piece || c.choices?.[0]?.finish_reason) && ttftMs < 0) ttftMs = performance.now() - t0;
+    if (c.gguf_mesh?.type === 'session_summary') serverPrefillMs = c.gguf_mesh.timeToFirstTokenMs;
+    text += piece ?? '';
+    if (c.usage) usage = c.usage;
+  });
   if (!usage) throw new Error('the stream ended without usage');
   return { ttftMs, serverPrefillMs, text, usage };
 }
@@ -77,35 +58,20 @@ async function conversation(base: string, secret: string, model: string, turns: 
 }
 
 export async function run(args: string[]): Promise<unknown> {
-  const shape = { layers: arg(args, 'layers', 8), embd: arg(args, 'embd', 512), ffn: arg(args, 'ffn', 1536), vocab: arg(args, 'vocab', 4096), heads: 8 };
-  const turns = arg(args, 'turns', 5);
-  const words = arg(args, 'words', 48);
-  const reply = arg(args, 'reply', 24);
-  const dir = join(process.cwd(), '.cache');
-  mkdirSync(dir, { recursive: true });
-  const path = join(dir, `bench-serve-${shape.layers}x${shape.embd}x${shape.ffn}x${shape.vocab}.gguf`);
-  if (!existsSync(path)) await makeModelFile(path, { arch: 'llama', ...shape, ctx: 4096, type: 'f32', seed: 7 });
+  const shape = shapeFrom(args);
+  const turns = numberArg(args, 'turns', 5);
+  const words = numberArg(args, 'words', 48);
+  const reply = numberArg(args, 'reply', 24);
   try {
-    const serve = spawnCli(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', path, '--min-peers', '2']);
-    const [, joinUrl] = await serve.waitFor(/join:\s+(\S+)/);
-    const [, secret] = await serve.waitFor(/secret:\s+(\S+)/);
-    const base = new URL(joinUrl!).origin;
-    const half = Math.round(shape.layers / 2);
-    for (const [i, layers] of [`0-${half}`, `${half}-${shape.layers}`].entries()) {
-      await spawnCli(['node', '--join', joinUrl!, '--no-cache', '--memory', '2GiB', '--name', `s${i}`, '--layers', layers]).waitFor(/joined room/);
-    }
-    const models = (await (await fetch(`${base}/v1/models`, { headers: { authorization: `Bearer ${secret}` } })).json()) as { data: Array<{ id: string }> };
-    const model = models.data[0]!.id;
-    for (let i = 0; i < 600; i++) {
-      const m = (await (await fetch(`${base}/v1/models`, { headers: { authorization: `Bearer ${secret}` } })).json()) as { data: Array<{ route_status: string }> };
-      if (m.data[0]!.route_status === 'ready') break;
-      await new Promise((r) => setTimeout(r, 200));
-    }
+    const route = await startServeRoute(shape);
+    const { base, secret, model, path } = route;
     await conversation(base, secret, model, 1, 8, 2, false, 99); // warm-up: shaders of nothing, JIT and sockets
     // each run its own words, so the reuse run cannot match the other's kept sessions
     const without = await conversation(base, secret, model, turns, words, reply, false, 1);
     const withReuse = await conversation(base, secret, model, turns, words, reply, true, 2);
     const at = (r: Turn[], t: number): Turn => r[Math.min(t, r.length) - 1]!;
+    // part (b), in the same processes: aggregate decode at 1, 8 and 32 concurrent sessions
+    const batched = await batchedDecode(route);
     return {
       bench: 'serve',
       model: { ...shape, path },
@@ -125,7 +91,8 @@ export async function run(args: string[]): Promise<unknown> {
         turn5SpeedupFromReuse: round(at(without, 5).ttftMs / at(withReuse, 5).ttftMs, 2),
         goal: 'turn5OverTurn1WithReuse ≤ 1.2',
       },
-      batchedDecode: 'not built (issue 22 part 6): concurrent sessions still take one forward pass each',
+      batchedDecode: { levels: batched.levels, ratio: batched.ratio },
+      goals: [goal('turn-5 TTFT with reuse / turn 1', at(withReuse, 5).ttftMs / at(withReuse, 1).ttftMs, 'max', 1.2), batched.goal],
     };
   } finally {
     killAllCli();

@@ -12,7 +12,7 @@ import type { CpuStageModel, CpuWorkerApi, CpuWorkerInfo } from '../src/backends
 import { sharedMemoryAvailable } from '../src/backends/cpu/wasm-arena.ts';
 import { relaxedSimdAvailable } from '../src/backends/cpu/wasm-asm.ts';
 import { wireCall } from '../src/backends/wire.ts';
-import type { StageInput } from '../src/backends/types.ts';
+import type { BatchStep, StageInput } from '../src/backends/types.ts';
 import { MeshError } from '../src/errors.ts';
 
 /** kernel threads from Blob URLs (classic workers; the pool's worker script is self-contained) */
@@ -63,6 +63,15 @@ const api: CpuWorkerApi = {
     if (!r.ok) return r;
     const out = r.value.result.output;
     return Comlink.transfer(r, [(out.kind === 'logits' ? out.logits : out.hidden).buffer as ArrayBuffer]);
+  },
+  forwardBatch: async (steps: BatchStep[]) => {
+    const r = await wireCall(async () => {
+      const results = await current().forwardBatch(steps);
+      return { results, stats: steps.map((s) => current().sessionStats(s.sessionId)) };
+    }, 'CPU_WORKER_FAILED');
+    if (!r.ok) return r;
+    const buffers = r.value.results.map(({ output: out }) => (out.kind === 'logits' ? out.logits : out.hidden).buffer as ArrayBuffer);
+    return Comlink.transfer(r, [...new Set(buffers)]);
   },
   dispose: () =>
     wireCall(async () => {

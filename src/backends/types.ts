@@ -44,6 +44,15 @@ export interface ForwardResult {
   computeMs: number;
 }
 
+/** One session's decode step in a batch (`forwardBatch`): one token (first stage) or one hidden row. */
+export interface BatchStep {
+  sessionId: string;
+  input: StageInput | HiddenRows;
+  position: number;
+  /** hidden states out as rows in this dtype, where the backend answers rows (as forwardRows) */
+  outDtype: 'f16' | 'f32';
+}
+
 export interface SessionOptions {
   /** maximum positions the session's KV cache holds */
   contextLength: number;
@@ -92,6 +101,13 @@ export interface StageBackend {
    * service then hands frame payloads through without decoding them in JS.
    */
   forwardRows?(sessionId: string, input: StageInput | HiddenRows, position: number, outDtype: 'f16' | 'f32'): Promise<RowsForwardResult>;
+  /**
+   * Optional: one-token steps of distinct sessions run as one pass (the weights read once for
+   * all of them), each against its own session's KV: every result equal, bit for bit, to that
+   * step's own `forward` (or `forwardRows` where the backend has it). A failure changes no
+   * session, so the caller may run the steps one by one instead.
+   */
+  forwardBatch?(steps: readonly BatchStep[]): Promise<Array<ForwardResult | RowsForwardResult>>;
   sessionStats(sessionId: string): SessionStats;
   /**
    * Optional: resolves with why the backend's device was lost (a GPU reset, a crashed GPU

@@ -5,28 +5,58 @@
 // waits for at most the chunk already running. A session that just opened is expected: for a
 // moment other sessions' chunks wait for its first frame, which is on its way. Cancelling a
 // session drops its queued jobs at once and waits only for the one in flight.
+//
+// Batching: a decode job may carry a step the stage's backend can run together with other
+// sessions' (`Batcher`). When such a job's turn comes, the decode jobs of other sessions that
+// are waiting with it (up to `max`) join it and the batcher runs them as one pass — the frames
+// that reached the stage while the last job ran, so a batch needs no wait of its own. Each job
+// still gets its own result and its own wait; a batch that fails changed nothing (the
+// batcher's contract), and its jobs then run one by one, each meeting its own error.
 
 import { MeshError } from '../errors.ts';
 
 export type JobKind = 'decode' | 'prefill';
 
+/** Runs several sessions' steps as one pass: one result per step, in order; a rejection means no step ran. */
+export interface Batcher<S> {
+  run(steps: S[]): Promise<unknown[]>;
+  /** most steps in one batch */
+  max: number;
+}
+
+/** How much batching happened, for the stage's status. */
+export interface BatchCounters {
+  /** batches of two or more steps that ran */
+  batches: number;
+  /** steps that ran in them */
+  steps: number;
+  /** the most steps one batch held */
+  largest: number;
+  /** batches that failed and ran their steps one by one */
+  fallbacks: number;
+}
+
 /** Runs `f` after the I/O already pending (Node's setImmediate; a zero timeout in browsers). */
 const yieldToIo: (f: () => void) => void = typeof setImmediate === 'function' ? (f) => void setImmediate(f) : (f) => void setTimeout(f, 0);
 
-interface Job {
+interface Job<S> {
   session: string;
   run: () => Promise<unknown>;
+  /** what a batcher takes for this job, when it may join a batch */
+  step: S | undefined;
   /** called with the job's result and the ms it waited for its turn */
   done: (value: unknown, waitedMs: number) => void;
   reject: (e: unknown) => void;
   queuedAt: number;
 }
 
-export class ComputeQueue {
-  private readonly decodes: Job[] = [];
+export class ComputeQueue<S = never> {
+  private readonly decodes: Job<S>[] = [];
   /** prefill chunks per session, sessions in turn order */
-  private readonly prefills = new Map<string, Job[]>();
-  private running: Job | null = null;
+  private readonly prefills = new Map<string, Job<S>[]>();
+  /** the job (or batch of jobs) computing now */
+  private running: Job<S>[] | null = null;
+  readonly batching: BatchCounters = { batches: 0, steps: 0, largest: 0, fallbacks: 0 };
   private scheduled = false;
   /** when each session's last job started (performance.now()) */
   private readonly lastServed = new Map<string, number>();
@@ -35,6 +65,8 @@ export class ComputeQueue {
   /** expected sessions whose first frame came: their next prefill job goes before the others */
   private readonly favored = new Set<string>();
   private idle: Array<() => void> = [];
+
+  constructor(private readonly batcher: Batcher<S> | null = null) {}
 
   /** Jobs waiting (not the one running). */
   get waiting(): number {
@@ -50,11 +82,15 @@ export class ComputeQueue {
     (t as { unref?: () => void }).unref?.();
   }
 
-  /** Runs `job` for `session` when its turn comes; resolves with its result and how long it waited (ms). */
-  run<T>(session: string, kind: JobKind, job: () => Promise<T>): Promise<{ value: T; waitedMs: number }> {
+  /**
+   * Runs `job` for `session` when its turn comes; resolves with its result and how long it waited
+   * (ms). A decode job with a `step` may run in a batch instead: its result is then the batcher's
+   * answer for the step, which must be what `job` would have given.
+   */
+  run<T>(session: string, kind: JobKind, job: () => Promise<T>, step?: S): Promise<{ value: T; waitedMs: number }> {
     if (this.expected.delete(session)) this.favored.add(session);
     return new Promise((resolve, reject) => {
-      const entry: Job = { session, run: job, done: (value, waitedMs) => resolve({ value: value as T, waitedMs }), reject, queuedAt: performance.now() };
+      const entry: Job<S> = { session, run: job, step: kind === 'decode' ? step : undefined, done: (value, waitedMs) => resolve({ value: value as T, waitedMs }), reject, queuedAt: performance.now() };
       if (kind === 'decode') this.decodes.push(entry);
       else {
         let q = this.prefills.get(session);
@@ -75,10 +111,10 @@ export class ComputeQueue {
     this.expected.delete(session);
     this.favored.delete(session);
     this.lastServed.delete(session);
-    while (this.running?.session === session) await new Promise<void>((r) => this.idle.push(r));
+    while (this.running?.some((j) => j.session === session)) await new Promise<void>((r) => this.idle.push(r));
   }
 
-  private next(): Job | undefined {
+  private next(): Job<S> | undefined {
     const d = this.decodes.shift();
     if (d) return d;
     const now = performance.now();
@@ -95,18 +131,51 @@ export class ComputeQueue {
     return j;
   }
 
+  /** `first` and the waiting decode steps of other sessions that may join it, up to the batcher's max */
+  private group(first: Job<S>): Job<S>[] {
+    const group = [first];
+    if (!this.batcher || first.step === undefined) return group;
+    const sessions = new Set([first.session]);
+    for (let i = 0; i < this.decodes.length && group.length < this.batcher.max; ) {
+      const j = this.decodes[i]!;
+      if (j.step === undefined || sessions.has(j.session)) i++;
+      else {
+        group.push(...this.decodes.splice(i, 1));
+        sessions.add(j.session);
+      }
+    }
+    return group;
+  }
+
   private pump(): void {
     if (this.running) return;
     const job = this.next();
     if (!job) return;
-    this.running = job;
-    this.lastServed.set(job.session, performance.now());
-    const waited = performance.now() - job.queuedAt;
-    void job.run().then((v) => job.done(v, waited), job.reject).finally(() => {
+    const group = this.group(job);
+    this.running = group;
+    const started = performance.now();
+    for (const j of group) this.lastServed.set(j.session, started);
+    void this.runGroup(group, started).finally(() => {
       this.running = null;
       for (const wake of this.idle.splice(0)) wake();
       this.schedule();
     });
+  }
+
+  private async runGroup(group: Job<S>[], started: number): Promise<void> {
+    if (group.length > 1) {
+      const values = await this.batcher!.run(group.map((j) => j.step!)).catch(() => null);
+      if (values) {
+        this.batching.batches++;
+        this.batching.steps += group.length;
+        this.batching.largest = Math.max(this.batching.largest, group.length);
+        group.forEach((j, i) => j.done(values[i], started - j.queuedAt));
+        return;
+      }
+      this.batching.fallbacks++;
+    }
+    // alone (or a failed batch's steps, one by one): each job meets its own result or error
+    for (const j of group) await j.run().then((v) => j.done(v, started - j.queuedAt), j.reject);
   }
 
   /**

@@ -63,7 +63,7 @@ export class SpotCheck {
    * queued job, after this stage's work; the last row they give is reported. A check that fails
    * ends checking for that session, never the session.
    */
-  expected(queue: ComputeQueue, out: Frame, rows: () => Float32Array): void {
+  expected<S>(queue: ComputeQueue<S>, out: Frame, rows: () => Float32Array): void {
     const sid = out.sessionId;
     const b = this.opts.backend;
     if (!b || !this.sampled.has(sid)) return;

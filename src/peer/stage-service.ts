@@ -17,7 +17,7 @@
 // `chunkTokens` tokens in chunks, so one long prefill cannot hold the stage; a closed session's queued chunks go at once.
 
 import { MeshError } from '../errors.ts';
-import type { ForwardResult, HiddenRows, RowsForwardResult, StageBackend, StageInput, ShardRange } from '../backends/types.ts';
+import type { HiddenRows, StageBackend, StageInput, ShardRange } from '../backends/types.ts';
 import { argmax, tokenLogprob } from '../model/sampler.ts';
 import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
@@ -28,10 +28,12 @@ import type { FrameLink } from '../transport/link.ts';
 import type { StageTiming } from '../route/telemetry.ts';
 import { parseResend, parseRewind, parseSessionOpen, parseStatusQuery } from '../protocol/session.ts';
 import type { SamplerSettings, StatusQuery } from '../protocol/session.ts';
-import { ComputeQueue } from './compute-queue.ts';
 import { ReplayLog, rowHashes } from './replay-log.ts';
+import type { BatchCounters } from './compute-queue.ts';
 import type { SpotCheck } from './spot-check.ts';
 import { frameChunk, hiddenRowsOf, inputSlice } from './stage-input.ts';
+import { stageForward, stageQueue } from './stage-forward.ts';
+import type { StageQueue } from './stage-forward.ts';
 
 /** Picks a token from the logits; history: the session's tokens at positions [0, p) (for penalties). */
 export type TokenSampler = (logits: Float32Array, history: readonly number[]) => number;
@@ -45,6 +47,8 @@ export interface StageStatus {
   shard: ShardRange;
   backend: string;
   sessions: Array<{ sessionId: string; position: number; kvBytes: number; processedTokens: number[] }>;
+  /** decode steps of several sessions run as one pass (./stage-forward.ts) */
+  batching: BatchCounters;
 }
 
 export interface StageServiceOptions {
@@ -119,11 +123,12 @@ export class StageService {
   /** tokens this (last) stage sent one-way to the session's owner (ReturnDirect) */
   tokensReturned = 0;
 
-  private readonly queue = new ComputeQueue();
+  private readonly queue: StageQueue;
   private readonly limits: typeof STAGE_LIMITS;
   private sweeper: ReturnType<typeof setInterval> | null = null;
 
   constructor(private readonly opts: StageServiceOptions) {
+    this.queue = stageQueue(opts.backend);
     this.limits = {
       chunkTokens: opts.chunkTokens ?? STAGE_LIMITS.chunkTokens,
       maxFrameTokens: opts.maxFrameTokens ?? STAGE_LIMITS.maxFrameTokens,
@@ -366,18 +371,10 @@ export class StageService {
     return reply!;
   }
 
-  /** The backend's step: rows straight through where it takes them, decoded f32 otherwise. */
-  private forward(f: Frame, s: StageSession, input: Input): Promise<ForwardResult | RowsForwardResult> {
-    const backend = this.opts.backend;
-    if (backend.forwardRows) return backend.forwardRows(f.sessionId, input, f.position, s.hiddenDtype === DType.F32 ? 'f32' : 'f16');
-    if (input.kind === 'rows') throw new MeshError('BAD_STAGE_INPUT', 'internal: encoded rows for a backend that takes f32');
-    return backend.forward(f.sessionId, input, f.position);
-  }
-
   private async computeStep(f: Frame, s: StageSession, input: Input, step: StepCost): Promise<Frame> {
     if (s.pipelineError) throw s.pipelineError;
     if (!this.sessions.has(f.sessionId)) throw new MeshError('SESSION_CLOSED', `session ${f.sessionId} was closed on stage ${this.opts.stage}`);
-    const turn = await this.queue.run(f.sessionId, f.nTokens === 1 ? 'decode' : 'prefill', () => this.forward(f, s, input));
+    const turn = await stageForward(this.queue, this.opts.backend, f, input, s.hiddenDtype === DType.F32 ? 'f32' : 'f16');
     const { output, computeMs } = turn.value;
     step.queueMs += turn.waitedMs;
     // after the forward: a refused frame leaves no trace
@@ -483,6 +480,7 @@ export class StageService {
       shard: this.opts.shard,
       backend: this.opts.backend.kind,
       sessions: [...this.sessions.keys()].map((id) => ({ sessionId: id, ...this.opts.backend.sessionStats(id) })),
+      batching: { ...this.queue.batching },
     };
   }
 

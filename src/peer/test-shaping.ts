@@ -22,11 +22,22 @@ export function slowedBackend(backend: StageBackend, factor: number): StageBacke
   const forwardRows = backend.forwardRows?.bind(backend);
   const forward = (...a: Parameters<StageBackend['forward']>): ReturnType<StageBackend['forward']> => slow(backend.forward(...a));
   const rows = forwardRows && ((...a: Parameters<NonNullable<StageBackend['forwardRows']>>): ReturnType<NonNullable<StageBackend['forwardRows']>> => slow(forwardRows(...a)));
+  // a batched pass is slowed as a whole, as one pass of a slower device
+  const forwardBatch = backend.forwardBatch?.bind(backend);
+  const batch =
+    forwardBatch &&
+    (async (...a: Parameters<NonNullable<StageBackend['forwardBatch']>>): ReturnType<NonNullable<StageBackend['forwardBatch']>> => {
+      const rs = await forwardBatch(...a);
+      const ms = rs[0]?.computeMs ?? 0;
+      await sleep(ms * (factor - 1));
+      return rs.map((r) => ({ ...r, computeMs: r.computeMs * factor }));
+    });
   // everything else is the backend's own, called on it (its fields stay its own)
   return new Proxy(backend, {
     get(target, key) {
       if (key === 'forward') return forward;
       if (key === 'forwardRows') return rows;
+      if (key === 'forwardBatch') return batch;
       const v = Reflect.get(target, key, target) as unknown;
       return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
     },

@@ -156,10 +156,10 @@ export async function roomEventsUntilReady(s: ServeInfo): Promise<any[]> {
   return [...text.matchAll(/^data: (.*)$/gm)].map((m) => JSON.parse(m[1]!));
 }
 
-/** `serve` with `--min-peers names.length` and one `node` per name joined, the route ready. */
-export async function serveWithNodes(model: string, names: readonly string[]): Promise<ServeInfo> {
+/** `serve` with `--min-peers names.length` and one `node` per name joined (with `nodeArgs`), the route ready. */
+export async function serveWithNodes(model: string, names: readonly string[], nodeArgs: readonly string[] = []): Promise<ServeInfo> {
   const serve = await spawnServe(model, ['--min-peers', String(names.length)]);
-  for (const name of names) await spawnMesh(['node', '--join', serve.joinUrl, '--name', name, '--no-cache']).waitFor(/joined room/);
+  for (const name of names) await spawnMesh(['node', '--join', serve.joinUrl, '--name', name, '--no-cache', ...nodeArgs]).waitFor(/joined room/);
   await waitForRoute(serve, 'ready');
   return serve;
 }

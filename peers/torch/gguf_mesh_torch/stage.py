@@ -291,6 +291,8 @@ class StageService:
             "shard": self.shard,
             "backend": self.engine.kind,
             "sessions": [{"sessionId": sid, **self.engine.session_stats(sid)} for sid in self.sessions],
+            # this peer runs every step on its own (no batched decode): nothing to count
+            "batching": {"batches": 0, "steps": 0, "largest": 0, "fallbacks": 0},
         }
 
     async def release_all(self) -> None:

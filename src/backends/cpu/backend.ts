@@ -7,8 +7,9 @@ import { configFromHeader, loadRopeFreqFactors } from '../../model/config.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { shardHasEmbedding, shardHasHead, validateShard } from '../shard.ts';
 import { checkTruncate } from '../types.ts';
-import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput, StageOutput } from '../types.ts';
-import { MAX_BATCH, embed, forwardLayers, lastLogits } from './forward.ts';
+import type { BatchStep, ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput, StageOutput } from '../types.ts';
+import { forwardSessions } from './batch-forward.ts';
+import { MAX_BATCH, embed, forwardLayers, lastLogits, rowLogits } from './forward.ts';
 import { KvCache } from './kv-cache.ts';
 import type { WorkerFactory } from './compute-pool.ts';
 import { RecurrentState } from './recurrent-state.ts';
@@ -106,44 +107,14 @@ export class CpuBackend implements StageBackend {
     checkTruncate(sessionId, position, kv.length);
     // recurrent state first (within its chunk, to its checkpoint or to 0, else POSITION_MISMATCH,
     // changing nothing), then the keys and values
-    kv.recurrent?.rewind(sessionId, position);
-    kv.truncate(position);
+    this.rewind(sessionId, kv, position);
   }
 
   async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
     const { config, shard, weights } = this.model();
-    const kv = this.session(sessionId);
-    if (position !== kv.length) {
-      throw new MeshError('POSITION_MISMATCH', `session ${sessionId} is at position ${kv.length}, forward was asked for position ${position}`, {
-        expected: kv.length,
-        got: position,
-      });
-    }
+    const kv = this.atPosition(sessionId, position);
     const started = performance.now();
-    let x: Float32Array; // residual stream [n × nEmbd]
-    let n: number;
-    if (input.kind === 'tokens') {
-      if (!shardHasEmbedding(shard)) {
-        throw new MeshError('BAD_STAGE_INPUT', `shard [${shard.start}, ${shard.end}) takes hidden states, not token ids`);
-      }
-      n = input.tokens.length;
-      for (const t of input.tokens) {
-        if (!Number.isInteger(t) || t < 0 || t >= config.nVocab) {
-          throw new MeshError('BAD_TOKEN', `token id ${t} is outside the vocabulary [0, ${config.nVocab})`);
-        }
-      }
-      if (n > 0) x = embed(weights.tokenEmbd!, input.tokens, config.nEmbd, config.embedScale);
-      else x = new Float32Array(0);
-    } else {
-      if (shardHasEmbedding(shard)) {
-        throw new MeshError('BAD_STAGE_INPUT', `shard [${shard.start}, ${shard.end}) starts at layer 0 and takes token ids`);
-      }
-      n = input.nTokens;
-      if (input.hidden.length !== n * config.nEmbd) {
-        throw new MeshError('BAD_STAGE_INPUT', `hidden states hold ${input.hidden.length} floats, expected ${n} × ${config.nEmbd}`);
-      }
-      x = input.hidden.slice();
-    }
+    const { x, n } = this.residual(input); // the residual stream [n × nEmbd]
     if (n === 0) throw new MeshError('BAD_STAGE_INPUT', 'forward needs at least one token');
 
     try {
@@ -151,8 +122,7 @@ export class CpuBackend implements StageBackend {
     } catch (e) {
       // a forward that failed part-way (maybe after some of its batches) must not leave some
       // layers' recurrent state or keys advanced: back to where it started
-      kv.recurrent?.rewind(sessionId, position);
-      kv.truncate(position);
+      this.rewind(sessionId, kv, position);
       throw e;
     }
 
@@ -160,6 +130,40 @@ export class CpuBackend implements StageBackend {
       ? { kind: 'logits', logits: lastLogits(config, weights, x, n) }
       : { kind: 'hidden', hidden: x, nTokens: n };
     return { output, computeMs: performance.now() - started };
+  }
+
+  /**
+   * One-token steps of distinct sessions as one pass (./batch-forward.ts): each result the same
+   * bit for bit as that step's own `forward`; every step is checked before any computes, and a
+   * failure part-way rewinds every session to where it was. computeMs: the whole pass's.
+   */
+  async forwardBatch(steps: readonly BatchStep[]): Promise<ForwardResult[]> {
+    const { config, shard, weights } = this.model();
+    if (new Set(steps.map((s) => s.sessionId)).size !== steps.length) throw new MeshError('BAD_STAGE_INPUT', 'a batch holds one step per session');
+    const kvs = steps.map((s) => this.atPosition(s.sessionId, s.position));
+    const started = performance.now();
+    const x = new Float32Array(steps.length * config.nEmbd); // [B × nEmbd], row i = step i
+    steps.forEach((s, i) => {
+      if (s.input.kind === 'rows') throw new MeshError('BAD_STAGE_INPUT', 'internal: encoded rows for a backend that takes f32');
+      const r = this.residual(s.input);
+      if (r.n !== 1) throw new MeshError('BAD_STAGE_INPUT', `a batched step is one token, session ${s.sessionId} sent ${r.n}`);
+      x.set(r.x, i * config.nEmbd);
+    });
+    const outputs: StageOutput[] = [];
+    for (let b0 = 0; b0 < steps.length; b0 += MAX_BATCH) {
+      const b1 = Math.min(steps.length, b0 + MAX_BATCH);
+      const rows = x.subarray(b0 * config.nEmbd, b1 * config.nEmbd);
+      try {
+        forwardSessions(config, weights, kvs.slice(b0, b1), rows);
+      } catch (e) {
+        steps.forEach((s, i) => this.rewind(s.sessionId, kvs[i]!, s.position));
+        throw e;
+      }
+      if (shardHasHead(shard, config.nLayer)) for (const logits of rowLogits(config, weights, rows, b1 - b0)) outputs.push({ kind: 'logits', logits });
+      else for (let i = 0; i < b1 - b0; i++) outputs.push({ kind: 'hidden', hidden: rows.slice(i * config.nEmbd, (i + 1) * config.nEmbd), nTokens: 1 });
+    }
+    const computeMs = performance.now() - started;
+    return outputs.map((output) => ({ output, computeMs }));
   }
 
   sessionStats(sessionId: string): SessionStats {
@@ -188,5 +192,48 @@ export class CpuBackend implements StageBackend {
     const kv = this.sessions.get(sessionId);
     if (!kv) throw new MeshError('SESSION_UNKNOWN', `no session ${sessionId} on this stage`);
     return kv;
+  }
+
+  /** the session's cache, which must be at `position` (never a silent recompute) */
+  private atPosition(sessionId: string, position: number): KvCache {
+    const kv = this.session(sessionId);
+    if (position !== kv.length) {
+      throw new MeshError('POSITION_MISMATCH', `session ${sessionId} is at position ${kv.length}, forward was asked for position ${position}`, {
+        expected: kv.length,
+        got: position,
+      });
+    }
+    return kv;
+  }
+
+  /** back to `position` after a failed forward: recurrent state (to its checkpoint), keys and values */
+  private rewind(sessionId: string, kv: KvCache, position: number): void {
+    kv.recurrent?.rewind(sessionId, position);
+    kv.truncate(position);
+  }
+
+  /** The input as the residual stream's first rows [n × nEmbd]: token embeddings (first stage) or a copy of the hidden states. */
+  private residual(input: StageInput): { x: Float32Array; n: number } {
+    const { config, shard, weights } = this.model();
+    if (input.kind === 'tokens') {
+      if (!shardHasEmbedding(shard)) {
+        throw new MeshError('BAD_STAGE_INPUT', `shard [${shard.start}, ${shard.end}) takes hidden states, not token ids`);
+      }
+      for (const t of input.tokens) {
+        if (!Number.isInteger(t) || t < 0 || t >= config.nVocab) {
+          throw new MeshError('BAD_TOKEN', `token id ${t} is outside the vocabulary [0, ${config.nVocab})`);
+        }
+      }
+      const n = input.tokens.length;
+      return { x: n > 0 ? embed(weights.tokenEmbd!, input.tokens, config.nEmbd, config.embedScale) : new Float32Array(0), n };
+    }
+    if (shardHasEmbedding(shard)) {
+      throw new MeshError('BAD_STAGE_INPUT', `shard [${shard.start}, ${shard.end}) starts at layer 0 and takes token ids`);
+    }
+    const n = input.nTokens;
+    if (input.hidden.length !== n * config.nEmbd) {
+      throw new MeshError('BAD_STAGE_INPUT', `hidden states hold ${input.hidden.length} floats, expected ${n} × ${config.nEmbd}`);
+    }
+    return { x: input.hidden.slice(), n };
   }
 }

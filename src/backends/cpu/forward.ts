@@ -18,7 +18,7 @@ import type { WasmArena } from './wasm-arena.ts';
 import type { LayerWeights, Matrix, ShardWeights } from './weights.ts';
 
 /** Per-call activation buffers for nTokens tokens: views into the arena, and their byte offsets. */
-interface Scratch {
+export interface Scratch {
   xb: Float32Array; // [n × nEmbd] normed input of a block
   q: Float32Array; // [n × nHead·headDim]
   k: Float32Array; // [n × nHeadKv·headDim] this batch's keys, before they enter the cache
@@ -41,9 +41,10 @@ function denseFfRows(weights: ShardWeights): number {
 
 /**
  * Reserves everything a forward of n tokens needs from the arena before taking views (growing an
- * unshared memory detaches older views): the kernels' staging, then one region for the scratch.
+ * unshared memory detaches older views): the kernels' staging, then one region for the scratch
+ * (with `scoresBytes` of attention scores: ./attention.ts attentionScratchBytes).
  */
-function scratchFor(cfg: ModelConfig, weights: ShardWeights, arena: WasmArena, n: number, pos: number): Scratch {
+export function scratchFor(cfg: ModelConfig, weights: ShardWeights, arena: WasmArena, n: number, scoresBytes: number): Scratch {
   const qDim = cfg.nHead * cfg.headDim;
   const kvDim = cfg.nHeadKv * cfg.headDim;
   const nFf = denseFfRows(weights);
@@ -51,7 +52,6 @@ function scratchFor(cfg: ModelConfig, weights: ShardWeights, arena: WasmArena, n
   arena.staging(weights.staging(n));
   const sizes = { xb: n * cfg.nEmbd, q: n * qDim, k: n * kvDim, v: n * kvDim, att: n * qDim, out: n * cfg.nEmbd, gate: n * nFf, up: n * nFf };
   const floats = Object.values(sizes).reduce((a, b) => a + Math.ceil(b / 4) * 4, 0);
-  const scoresBytes = attentionScratchBytes(cfg, n, pos);
   const region = arena.alloc(floats * 4 + scoresBytes);
   let at = region;
   const take = (len: number): Float32Array => {
@@ -87,20 +87,51 @@ export function forwardLayers(cfg: ModelConfig, weights: ShardWeights, kv: KvCac
   kv.recurrent?.beginForward(kv.length);
   for (let t0 = 0; t0 < n; t0 += MAX_BATCH) {
     const m = Math.min(MAX_BATCH, n - t0);
-    forwardBatch(cfg, weights, kv, x.subarray(t0 * cfg.nEmbd, (t0 + m) * cfg.nEmbd), m);
+    forwardChunk(cfg, weights, kv, x.subarray(t0 * cfg.nEmbd, (t0 + m) * cfg.nEmbd), m);
   }
 }
 
-function forwardBatch(cfg: ModelConfig, weights: ShardWeights, kv: KvCache, x: Float32Array, n: number): void {
+/**
+ * Where a forward's rows sit in the sessions: n consecutive positions of one session (here), or
+ * one position each of several sessions (./batch-forward.ts). It rotates queries and keys by
+ * their positions, puts the keys and values into their caches and attends: s.att from s.q.
+ */
+export interface RowPlacement {
+  attend(cfg: ModelConfig, l: number, il: number, s: Scratch): void;
+}
+
+/** n consecutive positions of one session from `pos` */
+function sessionRows(kv: KvCache, pos: number, n: number): RowPlacement {
+  return {
+    attend(cfg, l, il, s) {
+      const { nHead, nHeadKv, headDim } = cfg;
+      // rotary position embedding of queries and keys (the layer's settings: sliding-window layers
+      // and long Phi-3 sessions have their own)
+      const ropeCfg = ropeFor(cfg, il, kv.contextLength);
+      rope(s.q, n, nHead, headDim, pos, ropeCfg, s.ropeCache);
+      rope(s.k, n, nHeadKv, headDim, pos, ropeCfg, s.ropeCache);
+      // gemma3, phi3: queries scaled before attention, scores not scaled again
+      if (cfg.queryScale !== null) scaleInPlace(s.q, cfg.queryScale);
+      // keys and values join the cache; scores → causal (sliding-window) softmax → weighted sum of
+      // values, over it
+      kv.write(l, pos, s.k, s.v, n);
+      const window = cfg.swaLayers[il] ? cfg.slidingWindow : 0;
+      attendCached(kv, l, cfg, s.q.byteOffset, s.att.byteOffset, n, pos, s.scores, cfg.queryScale === null ? undefined : 1, window);
+    },
+  };
+}
+
+function forwardChunk(cfg: ModelConfig, weights: ShardWeights, kv: KvCache, x: Float32Array, n: number): void {
   const pos = kv.length;
   kv.reserve(n);
-  const s = scratchFor(cfg, weights, kv.arena, n, pos);
+  const s = scratchFor(cfg, weights, kv.arena, n, attentionScratchBytes(cfg, n, pos));
+  const rows = sessionRows(kv, pos, n);
   try {
     for (let l = 0; l < weights.layers.length; l++) {
       const w = weights.layers[l]!;
       // Qwen3.5 blocks (Gated DeltaNet or gated attention) have their own token mixer
       if ('mixer' in w) forwardHybridLayer(cfg, w, kv, l, weights.layerStart + l, x, n, pos, s);
-      else forwardLayer(cfg, w, kv, l, weights.layerStart + l, x, n, pos, s);
+      else forwardLayer(cfg, w, rows, kv.arena, l, weights.layerStart + l, x, n, s);
       kv.processedTokens[l]! += n;
     }
   } finally {
@@ -109,17 +140,8 @@ function forwardBatch(cfg: ModelConfig, weights: ShardWeights, kv: KvCache, x: F
   kv.length = pos + n;
 }
 
-function forwardLayer(
-  cfg: ModelConfig,
-  w: LayerWeights,
-  kv: KvCache,
-  l: number,
-  il: number,
-  x: Float32Array,
-  n: number,
-  pos: number,
-  s: Scratch,
-): void {
+/** One (attention) layer over the n rows of x, in place; `rows` says whose positions they are. */
+export function forwardLayer(cfg: ModelConfig, w: LayerWeights, rows: RowPlacement, arena: WasmArena, l: number, il: number, x: Float32Array, n: number, s: Scratch): void {
   const { nEmbd, nHead, nHeadKv, headDim, rmsEps } = cfg;
   const kvDim = nHeadKv * headDim;
   const { k, v } = s;
@@ -136,18 +158,7 @@ function forwardLayer(
   // per-head RMSNorm of queries and keys (qwen3, gemma3)
   if (w.qNorm) rmsnorm(s.q, s.q, w.qNorm, n * nHead, headDim, rmsEps);
   if (w.kNorm) rmsnorm(k, k, w.kNorm, n * nHeadKv, headDim, rmsEps);
-  // rotary position embedding of queries and keys (the layer's settings: sliding-window layers
-  // and long Phi-3 sessions have their own)
-  const ropeCfg = ropeFor(cfg, il, kv.contextLength);
-  rope(s.q, n, nHead, headDim, pos, ropeCfg, s.ropeCache);
-  rope(k, n, nHeadKv, headDim, pos, ropeCfg, s.ropeCache);
-  // gemma3, phi3: queries scaled before attention, scores not scaled again
-  if (cfg.queryScale !== null) scaleInPlace(s.q, cfg.queryScale);
-  // keys and values join the cache; scores → causal (sliding-window) softmax → weighted sum of
-  // values, over it
-  kv.write(l, pos, k, v, n);
-  const window = cfg.swaLayers[il] ? cfg.slidingWindow : 0;
-  attendCached(kv, l, cfg, s.q.byteOffset, s.att.byteOffset, n, pos, s.scores, cfg.queryScale === null ? undefined : 1, window);
+  rows.attend(cfg, l, il, s);
   // output projection (and its post-norm, gemma3)
   w.wo.matmul(s.out, s.att, n);
   if (w.attnPostNorm) rmsnorm(s.out, s.out, w.attnPostNorm, n, nEmbd, rmsEps);
@@ -156,7 +167,7 @@ function forwardLayer(
 
   // feed-forward norm, feed-forward
   rmsnorm(s.xb, x, w.ffnNorm, n, nEmbd, rmsEps);
-  feedForward(cfg, w.ffn, kv, n, s);
+  feedForward(cfg, w.ffn, arena, n, s);
   // post-norm (gemma3)
   if (w.ffnPostNorm) rmsnorm(s.out, s.out, w.ffnPostNorm, n, nEmbd, rmsEps);
   // residual
@@ -172,12 +183,12 @@ function forwardHybridLayer(cfg: ModelConfig, w: HybridLayerWeights, kv: KvCache
   hybridMixer(cfg, w.mixer, kv, l, il, n, pos, s);
   addInPlace(x, s.out);
   rmsnorm(s.xb, x, w.ffnNorm, n, cfg.nEmbd, cfg.rmsEps);
-  feedForward(cfg, w.ffn, kv, n, s);
+  feedForward(cfg, w.ffn, kv.arena, n, s);
   addInPlace(x, s.out);
 }
 
 /** s.out = the feed-forward of s.xb: dense, or a mixture of experts (only the routed experts' matrices are read). */
-function feedForward(cfg: ModelConfig, ffn: DenseFfn | MoeFfn, kv: KvCache, n: number, s: Scratch): void {
+function feedForward(cfg: ModelConfig, ffn: DenseFfn | MoeFfn, arena: WasmArena, n: number, s: Scratch): void {
   if (ffn.kind === 'moe') {
     moeFfn(ffn, cfg.moe!, cfg.ffnActivation, s.out, s.xb, n);
     return;
@@ -189,18 +200,26 @@ function feedForward(cfg: ModelConfig, ffn: DenseFfn | MoeFfn, kv: KvCache, n: n
   ffn.wGate.matmul(gate, s.xb, n);
   ffn.wUp.matmul(up, s.xb, n);
   if (cfg.ffnActivation === 'gelu') geglu(gate, gate, up);
-  else swigluInArena(kv.arena, gate, up);
+  else if (rows % 4 === 0) swigluInArena(arena, gate, up);
+  // the kernel takes fours and JS the rest: row by row, so a row's result does not depend on its batch
+  else for (let t = 0; t < n; t++) swigluInArena(arena, gate.subarray(t * rows, (t + 1) * rows), up.subarray(t * rows, (t + 1) * rows));
   ffn.wDown.matmul(s.out, gate, n);
 }
 
 /** Logits of the last token: output norm, then the head. x: [n × nEmbd]; returns [nVocab] */
 export function lastLogits(cfg: ModelConfig, weights: ShardWeights, x: Float32Array, n: number): Float32Array {
-  const last = new Float32Array(cfg.nEmbd); // [nEmbd]
-  rmsnorm(last, x.subarray((n - 1) * cfg.nEmbd, n * cfg.nEmbd), weights.outputNorm!, 1, cfg.nEmbd, cfg.rmsEps);
-  const logits = new Float32Array(cfg.nVocab); // [nVocab]
-  weights.output!.matmul(logits, last, 1);
-  // gemma: logits = c · tanh(logits / c)
+  return rowLogits(cfg, weights, x.subarray((n - 1) * cfg.nEmbd, n * cfg.nEmbd), 1)[0]!;
+}
+
+/** Logits of each row of x (the output norm, then the head over all B rows at once): B arrays of [nVocab]. x: [B × nEmbd] */
+export function rowLogits(cfg: ModelConfig, weights: ShardWeights, x: Float32Array, B: number): Float32Array[] {
+  const normed = new Float32Array(B * cfg.nEmbd);
+  rmsnorm(normed, x, weights.outputNorm!, B, cfg.nEmbd, cfg.rmsEps);
+  const logits = new Float32Array(B * cfg.nVocab); // [B × nVocab]
+  weights.output!.matmul(logits, normed, B);
   const c = cfg.finalLogitSoftcap;
+  // gemma: logits = c · tanh(logits / c)
   if (c > 0) for (let i = 0; i < logits.length; i++) logits[i] = Math.fround(Math.fround(Math.tanh(Math.fround(logits[i]! * Math.fround(1 / c)))) * c);
-  return logits;
+  if (B === 1) return [logits];
+  return Array.from({ length: B }, (_, i) => logits.slice(i * cfg.nVocab, (i + 1) * cfg.nVocab));
 }

@@ -9,7 +9,7 @@ import { MeshError } from '../../errors.ts';
 import type { GgufHeader, TensorInfo, TensorSource } from '../../gguf/types.ts';
 import { configFromHeader } from '../../model/config.ts';
 import { shardTensors, validateShard } from '../shard.ts';
-import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
+import type { BatchStep, ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
 import { fromWire } from '../wire.ts';
 import type { WireResult } from '../wire.ts';
 
@@ -35,6 +35,7 @@ export interface CpuWorkerApi {
   releaseSession(sessionId: string): Promise<WireResult<void>>;
   truncateSession(sessionId: string, position: number): Promise<WireResult<SessionStats>>;
   forward(sessionId: string, input: StageInput, position: number): Promise<WireResult<{ result: ForwardResult; stats: SessionStats }>>;
+  forwardBatch(steps: BatchStep[]): Promise<WireResult<{ results: ForwardResult[]; stats: SessionStats[] }>>;
   dispose(): Promise<WireResult<void>>;
 }
 
@@ -121,6 +122,13 @@ export class CpuWorkerBackend implements StageBackend {
     const { result, stats } = await this.call(this.remote.forward(sessionId, input, position));
     this.stats.set(sessionId, stats);
     return result;
+  }
+
+  /** the engine's forwardBatch in the worker (./batch-forward.ts): each step's result its own forward's */
+  async forwardBatch(steps: readonly BatchStep[]): Promise<ForwardResult[]> {
+    const { results, stats } = await this.call(this.remote.forwardBatch([...steps]));
+    steps.forEach((s, i) => this.stats.set(s.sessionId, stats[i]!));
+    return results;
   }
 
   sessionStats(sessionId: string): SessionStats {
