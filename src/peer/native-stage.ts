@@ -34,8 +34,10 @@ export async function nodeWebGpuBackend(): Promise<WebGpuBackend> {
 async function makeBackend(kind: BackendKind, wholeModel: boolean, memoryBytes: number, threads: number | undefined): Promise<StageBackend> {
   if (kind === 'webgpu') return nodeWebGpuBackend();
   if (kind === 'cpu') {
-    const { createNodeCpuBackend } = await import('../backends/cpu/node-threads.ts');
-    return createNodeCpuBackend(threads ? { threads } : {});
+    // in a worker thread: a load or a prefill chunk takes seconds on a real model, and this
+    // thread must answer the server's heartbeat and read frames meanwhile
+    const { cpuBackendInThread } = await import('../../workers/cpu-stage-thread.ts');
+    return cpuBackendInThread(threads ? { threads } : {});
   }
   // llama.cpp: the whole model from its own file (any architecture llama.cpp loads), a layer range from a shard GGUF
   if (!wholeModel) {

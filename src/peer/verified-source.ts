@@ -11,7 +11,8 @@
 import { mkdir, readFile, rename, unlink, writeFile, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { MeshError } from '../errors.ts';
-import { verifyTensor } from '../gguf/manifest.ts';
+// hashing off this thread (SubtleCrypto): a shard of gigabytes must not hold up the heartbeat
+import { verifyTensorBytes } from '../gguf/verify.ts';
 import type { Manifest } from '../gguf/verify.ts';
 import type { GgufHeader, TensorInfo, TensorSource } from '../gguf/types.ts';
 
@@ -69,12 +70,12 @@ export class VerifiedSource implements TensorSource {
     for (const t of missing) {
       let bytes = fetched.get(t.name)!;
       try {
-        verifyTensor(this.opts.manifest, t.name, bytes);
+        await verifyTensorBytes(this.opts.manifest, t.name, bytes);
       } catch (e) {
         if (!(e instanceof MeshError) || e.code !== 'TENSOR_HASH_MISMATCH') throw e;
         this.opts.log?.(`${e.message}; fetching it once more`);
         bytes = (await this.fetch([t])).get(t.name)!;
-        verifyTensor(this.opts.manifest, t.name, bytes); // a second mismatch refuses the shard
+        await verifyTensorBytes(this.opts.manifest, t.name, bytes); // a second mismatch refuses the shard
       }
       out.set(t.name, bytes);
       await this.toCache(t.name, bytes);
@@ -103,7 +104,7 @@ export class VerifiedSource implements TensorSource {
       return null;
     }
     try {
-      verifyTensor(this.opts.manifest, name, bytes);
+      await verifyTensorBytes(this.opts.manifest, name, bytes);
     } catch {
       this.opts.log?.(`cached tensor '${name}' failed verification; dropping it`);
       await unlink(fileOf(this.dir, name)).catch(() => undefined);

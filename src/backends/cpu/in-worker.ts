@@ -6,7 +6,7 @@
 
 import * as Comlink from 'comlink';
 import { MeshError } from '../../errors.ts';
-import type { GgufHeader, TensorInfo, TensorSource } from '../../gguf/types.ts';
+import type { GgufHeader, TensorSource } from '../../gguf/types.ts';
 import { configFromHeader } from '../../model/config.ts';
 import { shardTensors, validateShard } from '../shard.ts';
 import type { BatchStep, ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
@@ -39,25 +39,6 @@ export interface CpuWorkerApi {
   dispose(): Promise<WireResult<void>>;
 }
 
-/** A TensorSource over tensors already in memory (the worker's side of CpuStageModel). */
-export function memorySource(model: CpuStageModel): TensorSource {
-  const bytes = new Map(model.tensors.map((t) => [t.name, t.bytes]));
-  return {
-    header: model.header,
-    location: model.location,
-    async read(infos: readonly TensorInfo[]) {
-      const out = new Map<string, Uint8Array>();
-      for (const t of infos) {
-        const b = bytes.get(t.name);
-        if (!b) throw new MeshError('TENSOR_MISSING', `${model.location}: tensor ${t.name} was not handed to the CPU worker`);
-        out.set(t.name, b);
-      }
-      return out;
-    },
-    close: async () => undefined,
-  };
-}
-
 export class CpuWorkerBackend implements StageBackend {
   readonly kind = 'cpu' as const;
   private readonly stats = new Map<string, SessionStats>();
@@ -66,9 +47,19 @@ export class CpuWorkerBackend implements StageBackend {
 
   private constructor(
     private readonly remote: Comlink.Remote<CpuWorkerApi>,
-    private readonly worker: Worker,
+    private readonly stop: () => unknown,
     private readonly died: Promise<never>,
   ) {}
+
+  /**
+   * A backend computing behind `endpoint` (a page's module worker, a node's worker thread);
+   * `died` rejects with CPU_WORKER_FAILED when that worker fails, and every call in flight and
+   * after fails with it instead of hanging; `stop` ends the worker.
+   */
+  static over(endpoint: Comlink.Endpoint, died: Promise<never>, stop: () => unknown): CpuWorkerBackend {
+    died.catch(() => {}); // observed through `call`
+    return new CpuWorkerBackend(Comlink.wrap<CpuWorkerApi>(endpoint), stop, died);
+  }
 
   /**
    * A backend computing in `worker`, a module worker started from workers/cpu-stage.worker.ts
@@ -84,8 +75,7 @@ export class CpuWorkerBackend implements StageBackend {
       });
       worker.addEventListener('messageerror', () => fail('a message could not be deserialised'));
     });
-    died.catch(() => {}); // observed through `call`
-    return new CpuWorkerBackend(Comlink.wrap<CpuWorkerApi>(worker), worker, died);
+    return CpuWorkerBackend.over(worker, died, () => worker.terminate());
   }
 
   /** threads and kernels the worker computes with (after load) */
@@ -145,7 +135,7 @@ export class CpuWorkerBackend implements StageBackend {
     } finally {
       this.stats.clear();
       this.remote[Comlink.releaseProxy]();
-      this.worker.terminate();
+      this.stop();
     }
   }
 
