@@ -1,4 +1,5 @@
-// `npm run bench -- wan [--layers 6 --embd 512 --ffn 1536 --vocab 2048 --decode 12 --rounds 3 --prefill 64] [--no-cases] [--no-sweep]`
+// `npm run bench -- wan [--layers 6 --embd 512 --ffn 1536 --vocab 2048 --decode 12 --rounds 3 --prefill 64] [--no-cases] [--no-sweep]
+//   [--pipeline-tokens 512 --pipeline-chunk 64 --pipeline-slow 10 --pipeline-delay 0 | --no-pipeline]`
 // Routes of real `serve` + `node` processes on loopback, slow and far peers made with the nodes'
 // test-only shaping (peer/test-shaping.ts: the kernel here has no netem): decode ms/token and
 // prefill tok/s (the one-way token path; the climbing path's ms/token beside it) beside the model's prediction (route/speed-planner.ts predictStepMs: Σ compute
@@ -6,7 +7,9 @@
 //  - planner cases: 3 nodes, one 4× slower (slow-peer) or 40 ms of round trip away (far-peer);
 //    the memory split (serve --planner memory) against the planner that knows speed and links
 //    (goal ≥ 1.5×);
-//  - the RTT sweep: 2 and 3 stages with every node's round trip raised by 0, 10, 40, 100 ms.
+//  - the RTT sweep: 2 and 3 stages with every node's round trip raised by 0, 10, 40, 100 ms;
+//  - pipelined prefill: a 512-token prompt over 3 stages, pipelined against stage by stage in the
+//    same run (bench/wan-prefill.ts; goal ≥ 2×), the nodes slowed so their compute dominates.
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import { InProcessChain } from '../src/route/generation.ts';
@@ -17,6 +20,7 @@ import { headLayers } from '../signaling-server/plan-choice.ts';
 import { argmax } from '../src/model/sampler.ts';
 import { killAllCli, spawnCli } from './processes.ts';
 import { arg, benchModel } from './route.ts';
+import { prefillComparison } from './wan-prefill.ts';
 
 const round = (x: number, d = 2): number => Math.round(x * 10 ** d) / 10 ** d;
 
@@ -104,7 +108,10 @@ export async function run(args: string[]): Promise<unknown> {
       }
     }
   }
-  return { model: { path, ...shape }, single_process_decode_ms_per_token: round(best), cases, rtt_sweep: sweep };
+  const pipelinedPrefill = args.includes('--no-pipeline')
+    ? null
+    : await prefillComparison(path, shape.vocab, { tokens: arg(args, 'pipeline-tokens', 512), chunk: arg(args, 'pipeline-chunk', 64), slow: arg(args, 'pipeline-slow', 10), delayMs: arg(args, 'pipeline-delay', 0), rounds });
+  return { model: { path, ...shape }, single_process_decode_ms_per_token: round(best), cases, rtt_sweep: sweep, pipelined_prefill: pipelinedPrefill };
 }
 
 /** One route of real processes: serve with `planner`, one node per shape, then prefill and decode through the server. */

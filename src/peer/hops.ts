@@ -198,6 +198,10 @@ class FailoverLink implements FrameLink {
     return this.current.remote;
   }
 
+  get ordered(): boolean {
+    return this.current.ordered === true;
+  }
+
   request(frame: Parameters<FrameLink['request']>[0]): ReturnType<FrameLink['request']> {
     return this.current.request(frame);
   }

@@ -13,6 +13,8 @@ import type { RelayReply, RelayRequest } from '../protocol/control.ts';
 
 /** A FrameLink to peer `to` through the server. Replies arrive via `deliver`. */
 export class RelayLink implements FrameLink {
+  /** the server passes frames on in order, over the next stage's control socket */
+  readonly ordered = true;
   onClose?: (reason: MeshError) => void;
   readonly counters = { frames: 0, bytes: 0 };
   private nextId = 1;

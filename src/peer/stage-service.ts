@@ -402,10 +402,10 @@ export class StageService {
       s.timing.bytesOut += HEADER_BYTES + out.payload.byteLength;
       step.bytesOut += HEADER_BYTES + out.payload.byteLength;
       const sent = performance.now();
-      if (!sampleNow && !(f.flags & FrameFlag.WantLogits)) {
+      if (!sampleNow && !(f.flags & FrameFlag.WantLogits) && next.ordered === true) {
         // a prefill chunk nobody waits on: pass it on and answer at once, so this stage
-        // computes the next chunk while the next stage computes this one (frames on a link
-        // stay in order; a failure surfaces on this session's next frame)
+        // computes the next chunk while the next stage computes this one (frames on an ordered
+        // link stay in order; a failure surfaces on this session's next frame)
         void next.request(out).then(
           () => undefined,
           (e) => (s.pipelineError ??= this.downstreamError(e, next)),

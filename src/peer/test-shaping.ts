@@ -62,6 +62,10 @@ export function delayedLink(link: FrameLink, ms: number): FrameLink {
     get remote() {
       return link.remote;
     },
+    // (timers of one delay fire in the order they were set)
+    get ordered() {
+      return link.ordered;
+    },
     async request(f: Frame) {
       await sleep(ms);
       const reply = await link.request(f);

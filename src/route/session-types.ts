@@ -10,6 +10,7 @@ import { decodeJson } from '../protocol/payload.ts';
 import type { SessionOpenBody } from '../protocol/session.ts';
 import type { FrameLink } from '../transport/link.ts';
 import type { HistoryEntry } from './repair.ts';
+import type { PrefillPipeline } from './prefill-pipeline.ts';
 import type { SessionFailure, SessionLifecycle, SessionState } from './session-state.ts';
 import type { HopLink, HopTelemetry } from './telemetry.ts';
 
@@ -153,6 +154,8 @@ export interface Session {
   onPark: Set<() => void>;
   /** kept idle for reuse (KV reuse across requests): counted by no client's session limit until a request continues it */
   kept?: boolean;
+  /** prefill chunks sent on without waiting, and their answers (prefill-pipeline.ts) */
+  pipe: PrefillPipeline;
 }
 
 /** Step errors that a stage leaving causes downstream of the news: the hop to it broke, or a stage before it already dropped the session. */
@@ -185,7 +188,21 @@ export function quiet(s: Session): Promise<void> {
     };
     if (s.parked) return resolve();
     s.onPark.add(done);
-    void s.lock.then(done, done);
+    // pipelined prefill chunks still computing on stage 0 count as in flight
+    void s.lock.then(() => s.pipe.idle()).then(done, done);
+  });
+}
+
+/** Resolves when `s` fails or after `ms`, whichever is first. */
+export function failureWithin(s: Session, ms: number): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const done = (): void => {
+      clearTimeout(timer);
+      s.onFail.delete(done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    s.onFail.add(done);
   });
 }
 

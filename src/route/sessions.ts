@@ -16,6 +16,7 @@ import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, jsonFrame, repairFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
 import { DirectReturns } from './token-return.ts';
+import { PrefillPipeline } from './prefill-pipeline.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
 import { parseRewind, parseSessionOpen } from '../protocol/session.ts';
@@ -24,7 +25,7 @@ import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
 import { hopTelemetry } from './telemetry.ts';
 import { historyBefore, reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
 import type { HistoryEntry, RebuildResult } from './repair.ts';
-import { checkSessionLimits, DEFAULT_STATUS_TIMEOUT_MS, stageStatuses, DEFAULT_STEP_TIMEOUT_MS, EVENT_BUFFER, failureError, FINISHED_EVENTS, LOSS_NEWS_GRACE_MS, LOSS_SYMPTOMS, MAX_REPAIR_ATTEMPTS, quiet, SESSION_LIMITS, withTimeout } from './session-types.ts';
+import { checkSessionLimits, failureWithin, DEFAULT_STATUS_TIMEOUT_MS, stageStatuses, DEFAULT_STEP_TIMEOUT_MS, EVENT_BUFFER, failureError, FINISHED_EVENTS, LOSS_NEWS_GRACE_MS, LOSS_SYMPTOMS, MAX_REPAIR_ATTEMPTS, quiet, SESSION_LIMITS, withTimeout } from './session-types.ts';
 import type { RouteHandle, RouteRepair, Session, SessionInfo, SessionManagerOptions } from './session-types.ts';
 
 export { SESSION_LIMITS } from './session-types.ts';
@@ -107,7 +108,7 @@ export class SessionManager {
     await route.repair?.()?.done;
     const s: Session = {
       life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, principal, promptLength: body.promptLength ?? null, onFail: new Set(),
-      body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0, parked: false, onPark: new Set(),
+      body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0, parked: false, onPark: new Set(), pipe: new PrefillPipeline(),
     };
     this.sessions.set(sessionId, s);
     this.prune();
@@ -147,7 +148,8 @@ export class SessionManager {
     s.history.push({ type: f.type as HistoryEntry['type'], position: f.position, tokens: decodeI32(f.payload), flags: f.flags });
     let reply: Frame;
     try {
-      reply = await this.locked(s, () => this.deliver(s, f));
+      // a chunk nobody waits on goes on at once (prefill-pipeline.ts); its failure meets the next waiting step
+      reply = await this.locked(s, async () => (PrefillPipeline.takes(f, s.route) ? s.pipe.send(s.route, s.peers, f) : this.deliver(s, f)));
     } catch (e) {
       const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
       const stage = typeof err.details?.stage === 'number' ? err.details.stage : 0;
@@ -191,13 +193,13 @@ export class SessionManager {
           const reply = await this.rebuild(s);
           if (reply) return reply; // f was the last frame the route had not answered
         }
-        return await this.answerOf(s, this.send(s, f));
+        return await this.answerOf(s, s.pipe.after(() => this.send(s, f)));
       } catch (e) {
         const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
         if (!LOSS_SYMPTOMS.has(err.code)) throw err;
         // a repair under way, or one that already finished (a warm spare can be faster than the step's error)
         const repairing = (): boolean => !!s.route.repair?.() || replacedStages(s.peers, s.route.stagePeers()).length > 0;
-        if (!s.life.failure && !repairing()) await this.failureWithin(s, LOSS_NEWS_GRACE_MS);
+        if (!s.life.failure && !repairing()) await failureWithin(s, LOSS_NEWS_GRACE_MS);
         if (s.life.failure) throw failureError(s.life.failure);
         if (!repairing() || attempt >= MAX_REPAIR_ATTEMPTS) throw err;
       }
@@ -221,7 +223,7 @@ export class SessionManager {
   }
 
   /** A step's reply; when none comes within the step deadline, the route looks for a stalled stage (and keeps waiting when it finds none). */
-  private async answerOf(s: Session, reply: Promise<Frame>): Promise<Frame> {
+  private async answerOf<T>(s: Session, reply: Promise<T>): Promise<T> {
     const ms = this.opts.stepTimeoutMs ?? DEFAULT_STEP_TIMEOUT_MS;
     const settled = reply.then((v) => ({ v }), (e: unknown) => ({ e }));
     for (;;) {
@@ -269,6 +271,7 @@ export class SessionManager {
   private async rebuildNow(s: Session): Promise<Frame | null> {
     const since = s.repairSeen?.since ?? Date.now();
     const routePeers = s.route.stagePeers();
+    s.pipe.reset(); // the replay below sends every unconfirmed chunk again
     const result: RebuildResult = await rebuildSession(
       { sessionId: s.life.sessionId, routeId: s.route.id, body: s.body, history: s.history, confirmedEntries: s.confirmedEntries, confirmedPosition: s.confirmedPosition, confirmedDraws: s.confirmedDraws, peers: s.peers },
       s.route.stageLinks(),
@@ -301,6 +304,7 @@ export class SessionManager {
     const body: RewindBody = { ...parseRewind(decodeJson(f.payload)), draws: 0 };
     const links = s.route.stageLinks();
     try {
+      await this.answerOf(s, s.pipe.drain()); // the pipelined chunks before it went well
       await Promise.all(links.map((l, i) => (l ? l.request(repairFrame(FrameType.Rewind, { routeId: s.route.id, sessionId: f.sessionId }, f.position, body)) : Promise.reject(new MeshError('STAGE_UNREACHABLE', `stage ${i} has no peer`, { stage: i })))));
     } catch (e) {
       const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
@@ -441,19 +445,6 @@ export class SessionManager {
     s.confirmedEntries = 0;
     const buf = this.buffers.get(s.life.sessionId);
     if (buf && buf.length > FINISHED_EVENTS) buf.splice(0, buf.length - FINISHED_EVENTS);
-  }
-
-  /** Resolves when `s` fails or after `ms`, whichever is first. */
-  private failureWithin(s: Session, ms: number): Promise<void> {
-    return new Promise<void>((resolve) => {
-      const done = (): void => {
-        clearTimeout(timer);
-        s.onFail.delete(done);
-        resolve();
-      };
-      const timer = setTimeout(done, ms);
-      s.onFail.add(done);
-    });
   }
 
   private async fail(s: Session, failure: SessionFailure): Promise<void> {

@@ -12,6 +12,13 @@ export interface FrameLink {
   readonly remote: string;
   request(frame: Frame): Promise<Frame>;
   close(): Promise<void>;
+  /**
+   * true where frames sent one after another are handled in that order (one connection, one
+   * lane per session): a sender may then send a session's next frame before the last one is
+   * answered (pipelined prefill). HTTP requests may overtake each other; a LocalLink runs
+   * frames side by side.
+   */
+  readonly ordered?: boolean;
   /** called once when the carrier drops (not after close()) */
   onClose?: ((reason: MeshError) => void) | undefined;
 }

@@ -96,6 +96,8 @@ function frameReader(pipe: MessagePipe, counters: PipeCounters, onFrame: (f: Fra
 
 /** The requesting side of a pipe: request() sends a frame and awaits the reply with its sequence number. */
 export class PipeLink implements FrameLink {
+  /** an ordered data channel, one lane per session on the serving side */
+  readonly ordered = true;
   onClose?: (reason: MeshError) => void;
   readonly counters = newCounters();
   private pending = new PendingReplies();

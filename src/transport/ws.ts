@@ -36,6 +36,8 @@ function sendFrame(ws: WebSocket, frame: Frame, fragmenter: Fragmenter | null): 
 
 /** The requesting side of a WebSocket: request() sends a frame and awaits the reply with its sequence number. */
 export class WsLink implements FrameLink {
+  /** one socket, one lane per session on the serving side */
+  readonly ordered = true;
   onClose?: (reason: MeshError) => void;
   private pending = new PendingReplies();
   private reassembler: Reassembler;
