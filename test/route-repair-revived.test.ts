@@ -6,7 +6,7 @@
 // stage's upstream is the spare now), so the streamed text is exactly the uninterrupted run's.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { stories260K } from './support/models.ts';
-import { getJson, killAll, spawnMesh, spawnServe } from './support/mesh.ts';
+import { currentRoute, getJson, killAll, spawnMesh, spawnServe } from './support/mesh.ts';
 import type { MeshProcess, ServeInfo } from './support/mesh.ts';
 import { streamCompletion } from './support/sse.ts';
 import type { Streamed } from './support/sse.ts';
@@ -22,10 +22,7 @@ function spawnNode(layers: string, name: string): MeshProcess {
   return proc;
 }
 
-async function route(): Promise<any> {
-  const room = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}`, serve.secret)).body;
-  return room.route ? (await getJson(`${serve.base}/v1/routes/${room.route.id}`, serve.secret)).body : null;
-}
+const route = (): Promise<any> => currentRoute(serve);
 
 async function until<T>(what: string, probe: () => Promise<T | null | undefined | false>, timeoutMs = 60_000): Promise<T> {
   const deadline = Date.now() + timeoutMs;
