@@ -1,7 +1,7 @@
 // A stopped stage that comes back after its repair (real serve and node processes over real
 // sockets): the middle stage of a 3-stage CPU route is SIGSTOP'd mid-stream until the server
-// declares it lost and a warm spare has taken its stage, then SIGCONT'd while the stream goes
-// on. The revived process still holds frames buffered in its sockets from before; whatever of
+// declares it lost — the overdue step's status probe finds it, long before its heartbeat
+// would — and a warm spare has taken its stage, then SIGCONT'd while the stream goes on. The revived process still holds frames buffered in its sockets from before; whatever of
 // them it computes and sends on to its old next stage is refused there (NOT_UPSTREAM: the next
 // stage's upstream is the spare now), so the streamed text is exactly the uninterrupted run's.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -46,7 +46,8 @@ async function nodeStatus(listen: string): Promise<any> {
 }
 
 beforeAll(async () => {
-  serve = await spawnServe(await stories260K(), ['--min-peers', '3', '--heartbeat', '500', '--heartbeat-timeout', '2500', '--repair-timeout', '8000']);
+  // a heartbeat timeout too long to matter: the step deadline's status probe finds the stopped stage
+  serve = await spawnServe(await stories260K(), ['--min-peers', '3', '--heartbeat', '500', '--heartbeat-timeout', '20000', '--repair-timeout', '8000']);
   for (const [i, layers] of STAGES.entries()) await spawnNode(layers, `s${i}`).waitFor(/joined room/);
   spawnNode(STAGES[1]!, 'spare');
   await until('a ready route with a ready spare for stage 1', async () => {
@@ -88,6 +89,7 @@ describe('a stopped stage revived after its repair', () => {
     const { chunks: atRevival, replacement } = await revived!;
     expect(out.errors, JSON.stringify(out.errors)).toEqual([]);
     expect(out.text).toBe(reference);
+    expect(out.events.find((e) => e.type === 'stage_lost')?.cause).toMatch(/stalled: no answer to a status probe/);
     const repaired = out.events.filter((e) => e.type === 'route_repaired');
     expect(repaired.length, JSON.stringify(out.events.map((e) => e.type))).toBeGreaterThanOrEqual(1);
     // the revived process woke while tokens were still streaming
