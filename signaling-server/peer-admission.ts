@@ -35,7 +35,7 @@ function watchLiveness(room: Room, peer: Peer, ws: WebSocket, l: Liveness): () =
   let lastPong = Date.now();
   let pingAt = 0;
   ws.on('pong', () => {
-    lastPong = Date.now();
+    lastPong = peer.lastPongAt = Date.now();
     // the planner's link estimate: the control socket's round trip, smoothed
     if (pingAt > 0) peer.rttMs = peer.rttMs === undefined ? lastPong - pingAt : 0.7 * peer.rttMs + 0.3 * (lastPong - pingAt);
     pingAt = 0;

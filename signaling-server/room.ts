@@ -220,27 +220,33 @@ export class Room implements RoomHost {
   /**
    * Asks every stage of `r` for its status at once; one that does not answer in time is lost
    * (stalled). A live peer answers a Status at once, however busy its compute (the answer skips
-   * the compute queue): only a stopped process, a frozen tab or a cut link misses it. A probe
-   * whose own timer fired late (this server's event loop was held up) blames nobody.
+   * the compute queue): only a stopped process, a frozen tab or a cut link misses it. A slow
+   * control link gets longer (a few of its round trips), a peer that answered a heartbeat ping
+   * meanwhile is alive (its answer is queued behind other frames), and a probe whose own timer
+   * fired late (this server's event loop was held up) blames nobody.
    */
   async probeStages(r: Route): Promise<void> {
     const started = performance.now();
-    const answered = await Promise.all(
+    const startedAt = Date.now();
+    const late = await Promise.all(
       r.stages.map(async (st) => {
         const p = this.peers.get(st.peerId);
         if (!p || p.gone) return null;
+        const ms = Math.max(STALL_PROBE_MS, 4 * (p.rttMs ?? 0));
+        const t0 = performance.now();
         const ok = await Promise.race([
           p.control.request(makeFrame({ type: FrameType.Status })).then(() => true, () => true),
-          new Promise<boolean>((resolve) => setTimeout(() => resolve(false), STALL_PROBE_MS).unref()),
+          new Promise<boolean>((resolve) => setTimeout(() => resolve(false), ms).unref()),
         ]);
-        return ok ? null : p;
+        if (ok || (p.lastPongAt ?? 0) >= startedAt) return null;
+        return performance.now() - t0 > ms + STALL_PROBE_SLACK_MS ? 'busy' : { p, ms };
       }),
     );
-    if (performance.now() - started > STALL_PROBE_MS + STALL_PROBE_SLACK_MS) return this.log(`route ${r.id}: a stall probe took ${Math.round(performance.now() - started)} ms (this server was busy); nobody blamed`);
-    for (const p of answered) {
-      if (!p || p.gone) continue;
-      this.peerGone(p, `stalled: no answer to a status probe within ${STALL_PROBE_MS} ms`);
-      p.ws.terminate();
+    if (late.includes('busy')) return this.log(`route ${r.id}: a stall probe took ${Math.round(performance.now() - started)} ms (this server was busy); nobody blamed`);
+    for (const x of late) {
+      if (!x || x === 'busy' || x.p.gone) continue;
+      this.peerGone(x.p, `stalled: no answer to a status probe within ${Math.round(x.ms)} ms`);
+      x.p.ws.terminate();
     }
   }
 
