@@ -34,7 +34,7 @@ export const DEFAULT_LIVENESS: Liveness = { heartbeatMs: 500, heartbeatTimeoutMs
 function watchLiveness(room: Room, peer: Peer, ws: WebSocket, l: Liveness): () => void {
   let lastPong = Date.now();
   ws.on('pong', (data: Buffer) => {
-    lastPong = Date.now();
+    lastPong = peer.lastPongAt = Date.now();
     // the planner's link estimate: the control socket's round trip, smoothed. Each ping carries
     // its send time and the pong echoes it (RFC 6455), so a round trip longer than the ping
     // interval is measured whole, not against the latest ping

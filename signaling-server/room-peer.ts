@@ -24,6 +24,8 @@ export interface Peer {
   trusted?: boolean;
   /** the control socket's round trip (ms), smoothed over heartbeats */
   rttMs?: number;
+  /** Date.now() of the last heartbeat pong: a peer that answers pings is not stopped */
+  lastPongAt?: number;
   /** bytes of the smallest shard that failed here for want of memory (peer-memory.ts) */
   memoryFailedBytes?: number;
 }

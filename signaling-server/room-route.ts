@@ -51,6 +51,8 @@ export class Route implements RouteHandle {
   readonly createdAt = Date.now();
   /** the repair under way (route-repair.ts), if a stage lost its peer */
   repairState: RepairState | null = null;
+  /** the stall probe in flight, shared by every session whose step is overdue */
+  private probing: Promise<void> | null = null;
 
   get contextLimit(): number | undefined {
     return this.room.model.contextLength;
@@ -101,9 +103,10 @@ export class Route implements RouteHandle {
     return this.status === 'repairing' ? this.repairState : null;
   }
 
-  /** A step went unanswered: a stage that does not answer a status probe in time is treated as lost. */
-  async suspectStall(): Promise<void> {
-    await this.room.probeStages(this);
+  /** A step went unanswered: a stage that does not answer a status probe in time is treated as lost (one probe at a time, however many sessions wait). */
+  suspectStall(): Promise<void> {
+    this.probing ??= this.room.probeStages(this).finally(() => (this.probing = null));
+    return this.probing;
   }
 
   /** How each hop is carried, from the stages' own reports (a native node without WebRTC reports none: ws to a listen address, else the relay). */

@@ -34,8 +34,10 @@ import type { Peer } from './room-peer.ts';
 import { OPEN_POLICY, stageCandidates } from './stage-policy.ts';
 import type { StagePolicy } from './stage-policy.ts';
 
-/** How long a stage may take to answer a status probe before a stalled step blames it (ms). */
-const STALL_PROBE_MS = 2_000;
+/** How long a stage may take to answer a status probe before a stalled step blames it (ms): a live peer answers in milliseconds. */
+const STALL_PROBE_MS = 1_500;
+/** How late the probe's own timer may fire before the probe counts as this server's stall, not a stage's (ms). */
+const STALL_PROBE_SLACK_MS = 500;
 
 /** Replies from a peer's stage to the server (status, tokens, logits) are small: what reassembly may hold. */
 const PEER_REPLY_REASSEMBLY = { maxPendingBytes: 32 * 1024 * 1024, maxAgeMs: 30_000 };
@@ -215,19 +217,36 @@ export class Room implements RoomHost {
     if (p) this.send(p, { t: 'leave-ok', moved });
   }
 
-  /** Asks every stage of `r` for its status; the first that does not answer in time is lost (stalled). */
+  /**
+   * Asks every stage of `r` for its status at once; one that does not answer in time is lost
+   * (stalled). A live peer answers a Status at once, however busy its compute (the answer skips
+   * the compute queue): only a stopped process, a frozen tab or a cut link misses it. A slow
+   * control link gets longer (a few of its round trips), a peer that answered a heartbeat ping
+   * meanwhile is alive (its answer is queued behind other frames), and a probe whose own timer
+   * fired late (this server's event loop was held up) blames nobody.
+   */
   async probeStages(r: Route): Promise<void> {
-    for (const st of r.stages) {
-      const p = this.peers.get(st.peerId);
-      if (!p || p.gone) continue;
-      const ok = await Promise.race([
-        p.control.request(makeFrame({ type: FrameType.Status })).then(() => true, () => true),
-        new Promise<boolean>((resolve) => setTimeout(() => resolve(false), STALL_PROBE_MS).unref()),
-      ]);
-      if (ok) continue;
-      this.peerGone(p, `stalled: no answer to a status probe within ${STALL_PROBE_MS} ms`);
-      p.ws.terminate();
-      return;
+    const started = performance.now();
+    const startedAt = Date.now();
+    const late = await Promise.all(
+      r.stages.map(async (st) => {
+        const p = this.peers.get(st.peerId);
+        if (!p || p.gone) return null;
+        const ms = Math.max(STALL_PROBE_MS, 4 * (p.rttMs ?? 0));
+        const t0 = performance.now();
+        const ok = await Promise.race([
+          p.control.request(makeFrame({ type: FrameType.Status })).then(() => true, () => true),
+          new Promise<boolean>((resolve) => setTimeout(() => resolve(false), ms).unref()),
+        ]);
+        if (ok || (p.lastPongAt ?? 0) >= startedAt) return null;
+        return performance.now() - t0 > ms + STALL_PROBE_SLACK_MS ? 'busy' : { p, ms };
+      }),
+    );
+    if (late.includes('busy')) return this.log(`route ${r.id}: a stall probe took ${Math.round(performance.now() - started)} ms (this server was busy); nobody blamed`);
+    for (const x of late) {
+      if (!x || x === 'busy' || x.p.gone) continue;
+      this.peerGone(x.p, `stalled: no answer to a status probe within ${Math.round(x.ms)} ms`);
+      x.p.ws.terminate();
     }
   }
 

@@ -182,6 +182,7 @@ const PEER = {
   MODEL_FETCH_FAILED: { status: 500, meaning: "downloading the model's file from the server failed" },
   RELAY_FAILED: { status: 500, meaning: 'a frame relayed through the server got no answer' },
   RELAY_REFUSED: { status: 500, meaning: 'the server refuses to relay this frame between these peers' },
+  NOT_UPSTREAM: { status: 409, meaning: "a stage refused a frame from a peer that is not its current previous stage (a stale peer after a repair)" },
   TENSOR_NOT_IN_SLICE: { status: 500, meaning: "a tensor was asked for outside the peer's verified slice" },
   CACHE_INCOMPLETE: { status: 500, meaning: 'a shard unit was stored without all its tensors' },
   UNKNOWN_UNIT: { status: 500, meaning: 'the artifact has no shard unit of this name' },

@@ -215,12 +215,23 @@ async function httpProbes(httpUrl: string, wsUrl: string, secret: string): Promi
   out['POST prefill'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}/prefill`, { method: 'POST', headers: auth, body: encodeFrame(tokensFrame(FrameType.Prefill, at(6, sid), 0, STORIES_PROMPT_TOKENS, FrameFlag.Sample)) }));
   out['POST decode at 9'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}/decode`, { method: 'POST', headers: auth, body: encodeFrame(tokensFrame(FrameType.Decode, at(7, sid), 9, [432])) }));
   out['DELETE'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}`, { method: 'DELETE', headers: auth }));
-  const status = (await (await fetch(`${httpUrl}/v1/status`, { headers: auth })).json()) as Record<string, unknown>;
+  // a peer naming itself (x-mesh-peer) that is not this stage's upstream (stage 0 has none): refused
+  const stranger = { ...auth, 'x-mesh-peer': 'peer-x', 'content-type': 'application/octet-stream' };
+  out['POST hidden from a peer not upstream'] = await frameAnswer(await fetch(`${httpUrl}/v1/sessions/${sid}/decode`, { method: 'POST', headers: stranger, body: encodeFrame(hiddenFrame(at(8, sid), 5, new Float32Array(8), 1, DType.F32)) }));
+  const status = (await (await fetch(`${httpUrl}/v1/status`, { headers: auth })).json()) as Record<string, any>;
+  const fence = status.fence;
   out['node status'] = { keys: Object.keys(status).sort(), backend: typeof status.backend, stage: status.stage, shard: status.shard, sessions: status.sessions };
+  out['fence status'] = { upstream: fence?.upstream, rewired: fence?.rewired, refused: fence?.refused, from: fence?.lastRefused?.from, type: fence?.lastRefused?.type, position: fence?.lastRefused?.position };
   out['status, wrong secret'] = (await fetch(`${httpUrl}/v1/status`, { headers: { authorization: 'Bearer wrong' } })).status;
   out['unknown path'] = (await fetch(`${httpUrl}/v1/nothing`, { headers: auth })).status;
   out['upgrade, wrong secret'] = await new Promise((resolve) => {
     const ws = new WebSocket(wsUrl, { headers: { authorization: 'Bearer wrong' } });
+    ws.once('unexpected-response', (_req, res) => resolve(res.statusCode));
+    ws.once('open', () => resolve('open'));
+    ws.once('error', () => undefined);
+  });
+  out['upgrade, a malformed peer id'] = await new Promise((resolve) => {
+    const ws = new WebSocket(wsUrl, { headers: { ...auth, 'x-mesh-peer': 'p'.repeat(65) } });
     ws.once('unexpected-response', (_req, res) => resolve(res.statusCode));
     ws.once('open', () => resolve('open'));
     ws.once('error', () => undefined);
@@ -336,10 +347,13 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'POST prefill': { http: 200, token: 432, position: 5, seq: 6 },
       'POST decode at 9': { http: 409, ...stageErr(7, 'POSITION_MISMATCH', { expected: 5, got: 9 }) },
       DELETE: { http: 200, status: { stage: 0, state: 'closed' }, seq: 0 },
-      'node status': { keys: ['backend', 'batching', 'memoryBytes', 'peerId', 'routeId', 'sessions', 'shard', 'stage'], backend: 'string', stage: 0, shard, sessions: [] },
+      'POST hidden from a peer not upstream': { http: 409, error: 'NOT_UPSTREAM', details: { from: 'peer-x', expected: null }, seq: 8, reply: true },
+      'node status': { keys: ['backend', 'batching', 'fence', 'memoryBytes', 'peerId', 'routeId', 'sessions', 'shard', 'stage'], backend: 'string', stage: 0, shard, sessions: [] },
+      'fence status': { upstream: null, rewired: false, refused: 1, from: 'peer-x', type: 'Hidden', position: 5 },
       'status, wrong secret': 401,
       'unknown path': 404,
       'upgrade, wrong secret': 401,
+      'upgrade, a malformed peer id': 400,
     });
   });
 });

@@ -81,7 +81,7 @@ function expectRepaired(out: Streamed, sampling: object, stage: number): void {
 }
 
 beforeAll(async () => {
-  serve = await spawnServe(await stories260K(), ['--min-peers', '3', '--heartbeat', '500', '--heartbeat-timeout', '2500', '--repair-timeout', '8000']);
+  serve = await spawnServe(await stories260K(), ['--min-peers', '3', '--heartbeat', '500', '--heartbeat-timeout', '2500', '--repair-timeout', '8000', '--step-timeout', '30000']); // the heartbeat finds a stopped stage here; the step-deadline probe has route-repair-revived.test.ts
   for (const layers of STAGES) await spawnNode(layers).proc.waitFor(/joined room/);
   for (const layers of STAGES) spawnNode(layers); // one spare per stage
   await readyWithSpares();

@@ -99,7 +99,7 @@ async function backends(): Promise<string[]> {
 let greedyText: string;
 
 beforeAll(async () => {
-  serve = await spawnServe(await stories260K(), ['--min-peers', '3', '--heartbeat', '500', '--heartbeat-timeout', '2500', '--repair-timeout', '20000']);
+  serve = await spawnServe(await stories260K(), ['--min-peers', '3', '--heartbeat', '500', '--heartbeat-timeout', '2500', '--repair-timeout', '20000', '--step-timeout', '30000']); // the heartbeat finds a stopped stage here; the step-deadline probe has route-repair-revived.test.ts
   // the route: torch → cpu → torch (one at a time, so the planner sees each one's --layers)
   for (const [backend, layers] of [['torch', STAGES[0]], ['cpu', STAGES[1]], ['torch', STAGES[2]]] as const) await spawnNode(backend, layers!).proc.waitFor(/joined room/, 120_000);
   // the spares: a CPU node for the first stage, torch peers for the other two

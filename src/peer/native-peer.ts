@@ -32,6 +32,7 @@ import type { ReconnectOptions } from './reconnect.ts';
 import type { FrameHandler } from '../transport/link.ts';
 import { RelayLink } from './relay-link.ts';
 import type { StageService } from './stage-service.ts';
+import { UpstreamFence } from './upstream-fence.ts';
 import { heldUnits } from './verified-source.ts';
 
 export type { BackendKind } from './native-stage.ts';
@@ -168,6 +169,8 @@ interface PeerShared {
   adapter: HelloOffer['adapter'];
   /** test only: the link delay every frame and control message waits (ms; test-shaping.ts) */
   delay: number;
+  /** which peer may send this node's stage hidden states over its listen address */
+  fence: UpstreamFence;
   log: (line: string) => void;
 }
 
@@ -215,6 +218,12 @@ async function connect(p: PeerShared): Promise<Connection> {
     onAssign: (a) => {
       rtc?.released();
       rtc?.setUpstream(a.upstreamPeer ?? null);
+      p.fence.assigned(a.upstreamPeer ?? null);
+    },
+    // a repair replaced the previous stage: only its frames (and data channel) are served now
+    onUpstream: (peerId) => {
+      rtc?.setUpstream(peerId);
+      p.fence.moved(peerId);
     },
     // the room's route summary shows this stage's hop and its candidate pairs
     onReady: (a, _load, link) => rtc?.serving(a.routeId, a.stage, link.hop?.kind ?? 'none', link.hop?.candidatePair ?? null),
@@ -283,18 +292,23 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   // frames reach whichever connection's core serves now; the listen address stays across reconnections
   const delay = opts.testLinkDelayMs ?? 0;
   const handler: FrameHandler = delayedHandler((f) => (state.current ? state.current.core.handle(f) : Promise.reject(new MeshError('STAGE_NOT_LOADED', 'this peer is not in a room'))), delay);
+  const fence = new UpstreamFence(log);
   const server = await startFrameServer({
     host: opts.listenHost ?? '127.0.0.1',
     port: opts.listenPort ?? 0,
     secret: opts.secret,
-    handler,
+    // frames over the listen address: only the current upstream's hidden states (upstream-fence.ts)
+    handler: (f, origin) => {
+      fence.admit(f, origin);
+      return handler(f);
+    },
     status: () => {
       const core = state.current?.core;
-      return { peerId: core?.peerId ?? null, backend: opts.backend, memoryBytes: opts.memoryBytes, routeId: core?.routeId ?? null, ...(core?.service ? core.service.status() : {}) };
+      return { peerId: core?.peerId ?? null, backend: opts.backend, memoryBytes: opts.memoryBytes, routeId: core?.routeId ?? null, ...(core?.service ? core.service.status() : {}), fence: fence.status() };
     },
   });
   const shared: PeerShared = {
-    opts, base, roomId, cacheDir, server, log, delay,
+    opts, base, roomId, cacheDir, server, log, delay, fence,
     rtc: null,
     send: () => undefined,
     adapter: adapter ? { ...adapter } : undefined,

@@ -1,7 +1,8 @@
 // Loading an assigned stage in a native node: a backend (cpu, llama.cpp — the whole model, or a
 // layer range through a shard GGUF — or WebGPU on Dawn), the shard's bytes (only its byte
 // ranges, verified and cached by artifact sha256; llama.cpp's whole model: a whole local copy),
-// and the link to the next stage — WebSocket or binary HTTP to its listen address; to a tab (no
+// and the link to the next stage — WebSocket or binary HTTP to its listen address, naming this
+// peer (x-mesh-peer: the next stage serves only its current upstream); to a tab (no
 // listen address) a WebRTC data channel (native-rtc.ts); the server relay when WebRTC is off or
 // opens no channel, or the listen address cannot be reached from here.
 
@@ -14,6 +15,7 @@ import { openArtifactReader, openTensorSource, tensorSourceOver } from '../gguf/
 import { artifactFiles } from '../gguf/split.ts';
 import type { TensorSource } from '../gguf/types.ts';
 import type { CandidatePair, HopKind, PeerToServer } from '../protocol/control.ts';
+import { PEER_HEADER } from '../transport/frame-server.ts';
 import { HttpLink } from '../transport/http.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { WsLink } from '../transport/ws.ts';
@@ -130,7 +132,9 @@ const relayed = (link: RelayLink): NextHop => ({ link, kind: 'relay', candidateP
  * channel, else the relay; to a native node its listen address, the relay when out of reach.
  */
 async function connectNext(a: NextStage, env: NativeStageEnv): Promise<NextHop> {
-  const auth = { authorization: `Bearer ${env.secret}` };
+  // the next stage serves hidden states only from its current upstream: say who sends them
+  const peerId = env.peerId();
+  const auth = { authorization: `Bearer ${env.secret}`, ...(peerId ? { [PEER_HEADER]: peerId } : {}) };
   if (!a.downstream) {
     if (!a.downstreamPeer) return { link: null, kind: 'none', candidatePair: null };
     const rtc = env.rtc();

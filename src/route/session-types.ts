@@ -161,8 +161,13 @@ export interface Session {
 /** Step errors that a stage leaving causes downstream of the news: the hop to it broke, or a stage before it already dropped the session. */
 export const LOSS_SYMPTOMS = new Set(['STAGE_UNREACHABLE', 'SESSION_UNKNOWN', 'LINK_CLOSED', 'LINK_FAILED', 'STAGE_STALLED', 'STAGE_LOST', 'ROUTE_NOT_READY']);
 
-/** A step unanswered this long makes the route look for a stalled stage (ms); liveness heartbeats usually find it first. */
-export const DEFAULT_STEP_TIMEOUT_MS = 30_000;
+/**
+ * A step unanswered this long makes the route look for a stalled stage (ms): it probes its
+ * stages with a Status each, which a live stage answers at once however long its compute runs,
+ * so a short deadline costs a few small frames per overdue step and no false alarm; a stopped
+ * stage is found here before its heartbeat times out.
+ */
+export const DEFAULT_STEP_TIMEOUT_MS = 1_000;
 /** How long a status query waits for each stage (ms): a stalled stage must not stall the answer. */
 export const DEFAULT_STATUS_TIMEOUT_MS = 1_000;
 /** Repairs one step may wait through before its error stands. */

@@ -1,6 +1,9 @@
 // The listening side of a native peer: one node:http server that answers the binary HTTP
 // session paths, `GET /v1/status`, and WebSocket frame links at `/v1/frames`. Every request
 // must carry the room secret (`Authorization: Bearer <secret>`), compared in constant time.
+// A peer sending its stage's hidden states declares its id (`x-mesh-peer`) on the upgrade or
+// request; the handler hears it with every frame (FrameOrigin), so the stage can refuse a peer
+// that is no longer its upstream (peer/upstream-fence.ts).
 
 import { createServer, STATUS_CODES } from 'node:http';
 import type { IncomingMessage, Server } from 'node:http';
@@ -12,10 +15,13 @@ import type WebSocket from 'ws';
 import { httpStatusFor, MeshError } from '../errors.ts';
 import type { ErrorCode } from '../errors.ts';
 import { handleFrameHttp, sendError, sendJson } from './http.ts';
-import type { FrameHandler } from './link.ts';
+import type { FrameHandler, FrameOrigin } from './link.ts';
 import { serveFrames } from './ws.ts';
 
 export const FRAMES_PATH = '/v1/frames';
+/** The header a sending peer names itself in (the same one the server's model hosting reads). */
+export const PEER_HEADER = 'x-mesh-peer';
+const MAX_PEER_ID = 64;
 
 /** Constant-time comparison of a presented secret with the expected one. */
 export function secretMatches(presented: string | undefined, expected: string): boolean {
@@ -31,10 +37,20 @@ export function bearerOf(req: IncomingMessage): string | undefined {
   return m ? m[1]!.trim() : undefined;
 }
 
+/** The peer a request declares itself to be; BAD_REQUEST when the header is malformed. */
+export function originOf(req: IncomingMessage): FrameOrigin {
+  const h = req.headers[PEER_HEADER];
+  if (h === undefined) return { peer: null };
+  const id = Array.isArray(h) ? null : h.trim();
+  if (!id || id.length > MAX_PEER_ID) throw new MeshError('BAD_REQUEST', `${PEER_HEADER}: expected one peer id of 1 to ${MAX_PEER_ID} characters`, { field: PEER_HEADER });
+  return { peer: id };
+}
+
 export interface FrameServerOptions {
   host: string;
   port: number;
   secret: string;
+  /** answers every frame; `origin` names the peer the connection declared */
   handler: FrameHandler;
   /** body of GET /v1/status */
   status: () => unknown;
@@ -60,7 +76,8 @@ export async function startFrameServer(opts: FrameServerOptions): Promise<FrameS
         if (!secretMatches(bearerOf(req), opts.secret)) throw new MeshError('AUTH_FAILED', 'missing or wrong room secret (Authorization: Bearer <secret>)');
         const path = new URL(req.url ?? '/', 'http://x').pathname;
         if (req.method === 'GET' && path === '/v1/status') return sendJson(res, 200, opts.status());
-        if (await handleFrameHttp(req, res, opts.handler)) return;
+        const origin = originOf(req);
+        if (await handleFrameHttp(req, res, (f) => opts.handler(f, origin))) return;
         throw new MeshError('NOT_FOUND', `${req.method} ${path} is not served here`);
       } catch (e) {
         if (!res.headersSent) sendError(res, e);
@@ -74,10 +91,17 @@ export async function startFrameServer(opts: FrameServerOptions): Promise<FrameS
       refuseUpgrade(socket, path !== FRAMES_PATH ? 'NOT_FOUND' : 'AUTH_FAILED');
       return;
     }
+    let origin: FrameOrigin;
+    try {
+      origin = originOf(req);
+    } catch {
+      refuseUpgrade(socket, 'BAD_REQUEST');
+      return;
+    }
     wss.handleUpgrade(req, socket, head, (ws) => {
       connections.add(ws);
       ws.on('close', () => connections.delete(ws));
-      serveFrames(ws, opts.handler, { ...(opts.messageLimit ? { messageLimit: opts.messageLimit } : {}) });
+      serveFrames(ws, (f) => opts.handler(f, origin), { ...(opts.messageLimit ? { messageLimit: opts.messageLimit } : {}) });
     });
   });
   await new Promise<void>((resolve, reject) => {

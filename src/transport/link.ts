@@ -23,7 +23,17 @@ export interface FrameLink {
   onClose?: ((reason: MeshError) => void) | undefined;
 }
 
-export type FrameHandler = (frame: Frame) => Promise<Frame>;
+/**
+ * Where a frame came in, as the carrier knows it: `peer` is the peer id the sending connection
+ * declared (`x-mesh-peer` on its WebSocket upgrade or HTTP request), null when it declared none
+ * (the signaling server's entry link, an older peer). Absent: not from a listening carrier (the
+ * control socket, an in-process link).
+ */
+export interface FrameOrigin {
+  peer: string | null;
+}
+
+export type FrameHandler = (frame: Frame, origin?: FrameOrigin) => Promise<Frame>;
 
 /** Rejects when the reply is an Error frame; otherwise returns it. */
 export function unwrapReply(reply: Frame): Frame {

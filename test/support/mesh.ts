@@ -121,6 +121,12 @@ export async function getJson<T = any>(url: string, secret: string): Promise<{ s
   return { status: res.status, body: (await res.json()) as T };
 }
 
+/** The room's current route as `GET /v1/routes/{id}` describes it (stages, spares, status), or null before one is planned. */
+export async function currentRoute(s: ServeInfo): Promise<any> {
+  const room = (await getJson(`${s.base}/v1/rooms/${s.roomId}`, s.secret)).body;
+  return room.route ? (await getJson(`${s.base}/v1/routes/${room.route.id}`, s.secret)).body : null;
+}
+
 /** Polls until the room's route reaches `status`. */
 export async function waitForRoute(s: ServeInfo, status: string, timeoutMs = 60_000): Promise<any> {
   const deadline = Date.now() + timeoutMs;

@@ -48,6 +48,11 @@ class _Pending:
         self.waiting.clear()
 
 
+def auth_headers(secret: str, peer_id: str | None) -> dict:
+    """The room secret, and this peer's id: the next stage serves hidden states only from its current upstream (x-mesh-peer)."""
+    return {"Authorization": f"Bearer {secret}", **({"x-mesh-peer": peer_id} if peer_id else {})}
+
+
 class WsLink:
     def __init__(self, ws: WebSocket):
         self.ws, self.remote = ws, ws.remote
@@ -56,8 +61,8 @@ class WsLink:
         self.reader = asyncio.ensure_future(self._read())
 
     @staticmethod
-    async def open(url: str, secret: str, timeout: float = 5.0) -> "WsLink":
-        return WsLink(await connect(url, {"Authorization": f"Bearer {secret}"}, timeout))
+    async def open(url: str, secret: str, timeout: float = 5.0, peer_id: str | None = None) -> "WsLink":
+        return WsLink(await connect(url, auth_headers(secret, peer_id), timeout))
 
     async def _read(self) -> None:
         reasm = Reassembler()
@@ -105,8 +110,8 @@ class WsLink:
 class HttpLink:
     """Binary HTTP to a node (POST/DELETE /v1/sessions/…), one request at a time in order."""
 
-    def __init__(self, base: str, secret: str):
-        self.remote, self.secret = base.rstrip("/"), secret
+    def __init__(self, base: str, secret: str, peer_id: str | None = None):
+        self.remote, self.secret, self.peer_id = base.rstrip("/"), secret, peer_id
         self.queue: asyncio.Lock = asyncio.Lock()
         self.closed: MeshError | None = None
 
@@ -120,7 +125,7 @@ class HttpLink:
             method, body = "DELETE", None
         elif frame.type != fr.SESSION_OPEN:
             raise MeshError("FRAME_BAD_TYPE", f"frame type: {fr.TYPE_NAMES[frame.type]} has no HTTP endpoint", {"field": "type"})
-        req = urllib.request.Request(url, data=body, method=method, headers={"Authorization": f"Bearer {self.secret}", "Content-Type": "application/octet-stream"})
+        req = urllib.request.Request(url, data=body, method=method, headers={**auth_headers(self.secret, self.peer_id), "Content-Type": "application/octet-stream"})
         try:
             with urllib.request.urlopen(req, timeout=600) as res:
                 data = res.read()

@@ -31,6 +31,7 @@ from .dequant import SUPPORTED
 from .engine import TensorStore, TorchStage
 from .errors import MeshError
 from .frames import Frame
+from .fence import UpstreamFence
 from .links import HttpLink, RelayLink, WsLink
 from .loader import ProgressGate, ShardCache, load_shard
 from .serve import FrameServer, serve_frames
@@ -102,6 +103,8 @@ class Peer:
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch")
         self.control = None
         self.joined = asyncio.get_running_loop().create_future()
+        # hidden states over the listen address only from the current previous stage
+        self.fence = UpstreamFence(log)
 
     # ---- frames for this peer's stage ----
 
@@ -111,7 +114,7 @@ class Peer:
         return await self.service.handle(f)
 
     def node_status(self) -> dict:
-        return {"peerId": self.peer_id, "backend": "torch", "memoryBytes": self.memory, "routeId": self.route_id, **(self.service.status() if self.service else {})}
+        return {"peerId": self.peer_id, "backend": "torch", "memoryBytes": self.memory, "routeId": self.route_id, **(self.service.status() if self.service else {}), "fence": self.fence.status()}
 
     # ---- control messages ----
 
@@ -219,6 +222,7 @@ class Peer:
         seq = self.load_seq
         self.route_id = a["routeId"]
         self.assigned, self.pending_rewire = a, None
+        self.fence.assigned(a.get("upstreamPeer"))
         t0 = time.perf_counter()
         shard = a["shard"]
         routed = {"routeId": a["routeId"], "stage": a["stage"]}
@@ -257,8 +261,10 @@ class Peer:
 
     async def rewire(self, m: dict) -> None:
         """A repair replaced a neighbour: link to the new next stage (steps in flight on the old
-        link fail, and the server sends them again); a new previous stage needs nothing here."""
+        link fail, and the server sends them again) and/or take hidden states from a new previous one."""
         a = self.assigned
+        if "upstreamPeer" in m and a is not None and a["routeId"] == m.get("routeId") and a["stage"] == m.get("stage"):
+            self.fence.moved(m["upstreamPeer"])
         served = self.service is not None and a is not None and a["routeId"] == m.get("routeId") and a["stage"] == m.get("stage")
         if not served:
             if a is not None and a["routeId"] == m.get("routeId") and a["stage"] == m.get("stage"):
@@ -295,8 +301,8 @@ class Peer:
             if self.args.carrier == "http":
                 base = re.sub(r"/v1/frames$", "", re.sub(r"^ws", "http", down))
                 await asyncio.to_thread(get_json, f"{base}/v1/status", self.secret)
-                return HttpLink(base, self.secret)
-            return await WsLink.open(down, self.secret)
+                return HttpLink(base, self.secret, self.peer_id)
+            return await WsLink.open(down, self.secret, peer_id=self.peer_id)
         except MeshError as e:
             if not peer:
                 raise
@@ -311,7 +317,7 @@ class Peer:
         self.manifest = get_json(f"{self.base}/v1/models/{quote(model_id, safe='')}/manifest", self.secret)
         if self.manifest.get("schema_version") != 1:
             raise MeshError("BAD_MANIFEST", f"manifest schema_version {self.manifest.get('schema_version')} is not supported (expected 1)")
-        server = FrameServer(self.secret, self.handle, self.node_status)
+        server = FrameServer(self.secret, self.handle, self.node_status, self.fence.admit)
         host, _, port = self.args.listen.rpartition(":")
         await server.start(host.strip("[]") or "127.0.0.1", int(port))
         listen = self.args.advertise or server.ws_url

@@ -25,7 +25,7 @@ MAX_BODY = fr.HEADER_BYTES + fr.MAX_PAYLOAD_BYTES
 
 # HTTP status of each code (docs/errors.md); codes not named here are 500
 _STATUS = {"AUTH_FAILED": 401, "NOT_FOUND": 404, "SESSION_UNKNOWN": 404, "ROUTE_UNKNOWN": 404, "BAD_REQUEST": 400, "BODY_TOO_LARGE": 413}
-for _c in ("SESSION_EXISTS", "POSITION_MISMATCH", "CONTEXT_FULL", "SESSION_BAD_STATE", "SESSION_CLOSED", "SESSION_FAILED"):
+for _c in ("NOT_UPSTREAM", "SESSION_EXISTS", "POSITION_MISMATCH", "CONTEXT_FULL", "SESSION_BAD_STATE", "SESSION_CLOSED", "SESSION_FAILED"):
     _STATUS[_c] = 409
 for _c in ("LINK_CLOSED", "LINK_FAILED", "STAGE_FAILED", "STAGE_UNREACHABLE"):
     _STATUS[_c] = 502
@@ -94,10 +94,25 @@ async def serve_frames(ws: WebSocket, handler: Handler, on_text: Callable[[str],
         task.cancel()
 
 
+PEER_HEADER = "x-mesh-peer"
+MAX_PEER_ID = 64
+
+
+def declared_peer(headers: dict) -> str | None:
+    """The peer a request names itself (x-mesh-peer), None when it names none; BAD_REQUEST when malformed."""
+    if PEER_HEADER not in headers:
+        return None
+    peer = headers[PEER_HEADER].strip()
+    if not peer or len(peer) > MAX_PEER_ID:
+        raise MeshError("BAD_REQUEST", f"{PEER_HEADER}: expected one peer id of 1 to {MAX_PEER_ID} characters", {"field": PEER_HEADER})
+    return peer
+
+
 class FrameServer:
-    def __init__(self, secret: str, handler: Handler, status: Callable[[], dict]):
+    def __init__(self, secret: str, handler: Handler, status: Callable[[], dict], admit: Callable[[Frame, str | None], None] | None = None):
+        """`admit(frame, declared peer)` raises to refuse a frame (the upstream fence, fence.py)."""
         self.secret_hash = hashlib.sha256(secret.encode()).digest()
-        self.handler, self.status = handler, status
+        self.handler, self.status, self.admit = handler, status, admit
         self.server: asyncio.base_events.Server | None = None
         self.connections: set[WebSocket] = set()
         self.url = self.ws_url = ""
@@ -155,10 +170,25 @@ class FrameServer:
             raise MeshError("BODY_TOO_LARGE", f"a {n}-byte body exceeds {MAX_BODY}")
         return await reader.readexactly(n) if n else b""
 
+    def _from(self, peer: str | None) -> Handler:
+        """The handler for frames over a connection that declared `peer`."""
+
+        async def handle(f: Frame) -> Frame:
+            if self.admit:
+                self.admit(f, peer)
+            return await self.handler(f)
+
+        return handle
+
     async def _upgrade(self, reader, writer, path: str, headers: dict) -> None:
         code = None if path == "/v1/frames" else "NOT_FOUND"
         if code is None and not self._authorised(headers):
             code = "AUTH_FAILED"
+        peer = None
+        try:
+            peer = declared_peer(headers)
+        except MeshError as e:
+            code = code or e.code
         if code or "sec-websocket-key" not in headers:
             status = http_status(code or "BAD_REQUEST")
             writer.write(f"HTTP/1.1 {status} Refused\r\nconnection: close\r\ncontent-length: 0\r\n\r\n".encode())
@@ -169,7 +199,7 @@ class FrameServer:
         ws = WebSocket(reader, writer, client=False, remote="upstream")
         self.connections.add(ws)
         try:
-            await serve_frames(ws, self.handler)
+            await serve_frames(ws, self._from(peer))
         finally:
             self.connections.discard(ws)
 
@@ -185,15 +215,19 @@ class FrameServer:
         if not m:
             return json_answer(404, {"error": {"code": "NOT_FOUND", "message": f"{method} {path} is not served here"}})
         sid, step = m.group(1), m.group(2)
+        try:
+            handler = self._from(declared_peer(headers))
+        except MeshError as e:
+            return json_answer(400, {"error": e.to_body()})
         if method == "GET" and step is None:
-            reply = await answer(self.handler, Frame(type=fr.STATUS, session_id=sid))
+            reply = await answer(handler, Frame(type=fr.STATUS, session_id=sid))
             if reply.type == fr.ERROR:
                 b = fr.decode_json(reply)
                 return json_answer(http_status(b["code"]), {"error": b})
             return json_answer(200, fr.decode_json(reply) if reply.dtype == fr.JSON else {})
         try:
             if method == "DELETE" and step is None:
-                reply = await answer(self.handler, Frame(type=fr.SESSION_CLOSE, session_id=sid))
+                reply = await answer(handler, Frame(type=fr.SESSION_CLOSE, session_id=sid))
             else:
                 allowed = {(None, "POST"): (fr.SESSION_OPEN,), ("prefill", "POST"): (fr.PREFILL, fr.HIDDEN), ("decode", "POST"): (fr.DECODE, fr.HIDDEN)}.get((step, method))
                 if allowed is None:
@@ -203,7 +237,7 @@ class FrameServer:
                     raise MeshError("FRAME_SESSION_MISMATCH", f"frame session id: the path names {sid}, the frame {f.session_id}", {"field": "session id"})
                 if f.type not in allowed:
                     raise MeshError("FRAME_BAD_TYPE", f"frame type: {fr.TYPE_NAMES[f.type]} is not accepted at {path}", {"field": "type"})
-                reply = await answer(self.handler, f.with_(received_at=time.perf_counter()))
+                reply = await answer(handler, f.with_(received_at=time.perf_counter()))
         except MeshError as e:
             reply = error_reply(None, e)
         status = http_status(fr.decode_json(reply)["code"]) if reply.type == fr.ERROR else 200

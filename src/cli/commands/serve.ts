@@ -11,6 +11,7 @@ import type { SignalingServerOptions } from '../../../signaling-server/server.ts
 import { startServerWithApp } from '../../../signaling-server/static.ts';
 import type { WebAppMode } from '../../../signaling-server/static.ts';
 import { modelsToServe } from '../../model/default-model.ts';
+import { DEFAULT_STEP_TIMEOUT_MS } from '../../route/session-types.ts';
 import { parseIceServer } from '../../protocol/control.ts';
 import type { IceServer } from '../../protocol/control.ts';
 import { chooseTls, isLoopbackHost, localCaTls, machineNames, operatorTls } from '../../../signaling-server/tls.ts';
@@ -82,7 +83,7 @@ export const command: Command = {
     'heartbeat-timeout': { type: 'string', description: 'a peer that answers no ping for this long is lost (ms)', default: '3500', valueName: '<ms>' },
     planner: { type: 'string', description: 'how routes are planned: in proportion to memory (memory), or by measured speed and round trips where every peer reports one (speed: nodes then measure themselves on one layer as they join)', default: 'memory', valueName: '<memory|speed>' },
     standby: { type: 'string', description: 'spares load the shard they would take over ahead of time (on), or only when they take it over (off)', default: 'on', valueName: '<on|off>' },
-    'step-timeout': { type: 'string', description: 'a step unanswered this long makes the server look for a stalled stage (ms)', default: '30000', valueName: '<ms>' },
+    'step-timeout': { type: 'string', description: 'a step unanswered this long makes the server probe its stages for a stalled one (ms; a live stage answers the probe at once)', default: '1000', valueName: '<ms>' },
     quiet: { type: 'boolean', description: 'print only the join URLs, not room events' },
     ui: { type: 'string', description: 'the web app: dist (the production build, made on install and rebuilt when sources changed), dev (vite from the sources with HMR, 127.0.0.1 only), or off', default: 'dist', valueName: '<mode>' },
   },
@@ -126,7 +127,7 @@ export const command: Command = {
       standby: standbyOption(stringOption(args, 'standby')),
       planner: plannerOption(stringOption(args, 'planner')),
       stagePolicy: { minStayMs: intOption(args, 'stage-min-stay', 0), minMemoryBytes: sizeOption(args, 'stage-min-memory') },
-      stepTimeoutMs: intOption(args, 'step-timeout', 30_000),
+      stepTimeoutMs: intOption(args, 'step-timeout', DEFAULT_STEP_TIMEOUT_MS),
       ...(iceServers.length ? { iceServers } : {}),
       ...(turnSecret ? { turn: { secret: turnSecret, ttlS: intOption(args, 'turn-ttl', 3600) } } : {}),
       ...(tls ? { tls } : {}),
