@@ -129,6 +129,24 @@ export function scaleMinK4(j: number, q: Uint8Array, at: number): [number, numbe
 }
 
 /**
+ * For l = round(iscale·x) clamped to [−nmax, nmax) over n values: Σ w·x·l and Σ w·l² with
+ * w = x², in ggml's f32 steps; writes l + offset to L from lo when `out` is given.
+ */
+function weightedFit(n: number, nmax: number, x: Float32Array, xo: number, iscale: number, out?: { L: Int8Array; lo: number; offset: number }): [number, number] {
+  let sumlx = 0;
+  let suml2 = 0;
+  for (let i = 0; i < n; i++) {
+    const xi = x[xo + i]!;
+    const l = Math.max(-nmax, Math.min(nmax - 1, nearestInt(fr(iscale * xi))));
+    if (out) out.L[out.lo + i] = l + out.offset;
+    const w = fr(xi * xi);
+    sumlx = fr(sumlx + fr(fr(w * xi) * l));
+    suml2 = fr(suml2 + fr(fr(w * l) * l));
+  }
+  return [sumlx, suml2];
+}
+
+/**
  * ggml's make_qx_quants with rmse_type 1 (weights x²) and no importance weights: symmetric
  * quantisation of n values to L = q + nmax in [0, 2·nmax), trying 19 candidate scales.
  * Returns the scale.
@@ -139,31 +157,13 @@ export function makeQxQuants(n: number, nmax: number, x: Float32Array, xo: numbe
     for (let i = 0; i < n; i++) L[lo + i] = 0;
     return 0;
   }
-  let iscale = fr(-nmax / max);
-  let sumlx = 0;
-  let suml2 = 0;
-  for (let i = 0; i < n; i++) {
-    const xi = x[xo + i]!;
-    const l = Math.max(-nmax, Math.min(nmax - 1, nearestInt(fr(iscale * xi))));
-    L[lo + i] = l + nmax;
-    const w = fr(xi * xi);
-    sumlx = fr(sumlx + fr(fr(w * xi) * l));
-    suml2 = fr(suml2 + fr(fr(w * l) * l));
-  }
+  let [sumlx, suml2] = weightedFit(n, nmax, x, xo, fr(-nmax / max), { L, lo, offset: nmax });
   let scale = suml2 ? fr(sumlx / suml2) : 0;
   let best = fr(scale * sumlx);
   for (let is = -9; is <= 9; is++) {
     if (is === 0) continue;
-    iscale = fr(-fr(nmax + fr(fr(0.1) * is)) / max);
-    sumlx = 0;
-    suml2 = 0;
-    for (let i = 0; i < n; i++) {
-      const xi = x[xo + i]!;
-      const l = Math.max(-nmax, Math.min(nmax - 1, nearestInt(fr(iscale * xi))));
-      const w = fr(xi * xi);
-      sumlx = fr(sumlx + fr(fr(w * xi) * l));
-      suml2 = fr(suml2 + fr(fr(w * l) * l));
-    }
+    const iscale = fr(-fr(nmax + fr(fr(0.1) * is)) / max);
+    [sumlx, suml2] = weightedFit(n, nmax, x, xo, iscale);
     if (suml2 > 0 && fr(sumlx * sumlx) > fr(best * suml2)) {
       for (let i = 0; i < n; i++) {
         const l = nearestInt(fr(iscale * x[xo + i]!));
@@ -176,7 +176,6 @@ export function makeQxQuants(n: number, nmax: number, x: Float32Array, xo: numbe
   return scale;
 }
 
-
 /**
  * ggml's make_q3_quants with do_rmse (weights x²): symmetric quantisation of n values to
  * L = q + nmax in [0, 2·nmax), refined by up to five passes of single-value moves. Returns the scale.
@@ -187,17 +186,7 @@ export function makeQ3Quants(n: number, nmax: number, x: Float32Array, xo: numbe
     for (let i = 0; i < n; i++) L[lo + i] = 0;
     return 0;
   }
-  const iscale = fr(-nmax / max);
-  let sumlx = 0;
-  let suml2 = 0;
-  for (let i = 0; i < n; i++) {
-    const xi = x[xo + i]!;
-    const l = Math.max(-nmax, Math.min(nmax - 1, nearestInt(fr(iscale * xi))));
-    L[lo + i] = l;
-    const w = fr(xi * xi);
-    sumlx = fr(sumlx + fr(fr(w * xi) * l));
-    suml2 = fr(suml2 + fr(fr(w * l) * l));
-  }
+  let [sumlx, suml2] = weightedFit(n, nmax, x, xo, fr(-nmax / max), { L, lo, offset: 0 });
   for (let itry = 0; itry < 5; itry++) {
     let changed = 0;
     for (let i = 0; i < n; i++) {
