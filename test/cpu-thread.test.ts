@@ -8,7 +8,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { createNodeCpuBackend } from '../src/backends/cpu/node-threads.ts';
 import type { StageBackend } from '../src/backends/types.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
-import { cpuBackendInThread } from '../workers/cpu-stage-thread.ts';
+import { cpuBackendInThread } from '../workers/stage-thread.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
 const opened: StageBackend[] = [];
