@@ -4,12 +4,14 @@
 // llama.cpp source node-llama-cpp@3.21.1 bundles (llama/gitRelease.bundle); change them
 // together with that pin.
 //
-// Calls are synchronous: llama_decode blocks the JS thread while it computes.
+// Calls are synchronous: llama_decode blocks the JS thread while it computes (a node runs its
+// llama.cpp stages in a worker thread for that, workers/stage-thread.ts).
 
 import { existsSync, readdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { basename, dirname, join } from 'node:path';
+import { isMainThread } from 'node:worker_threads';
 import { MeshError } from '../../errors.ts';
 
 type Koffi = typeof import('koffi');
@@ -194,6 +196,9 @@ function declareFunctions(libs: { llama: Library; ggml: Library; ggmlBase: Libra
 
 }
 
+/** The calls during which llama.cpp logs (loads, contexts, decode errors, frees). */
+const LOGGING_CALLS = ['backend_init', 'load_all', 'model_load', 'model_free', 'init_from_model', 'free', 'decode'];
+
 async function bind(): Promise<Bindings> {
   if (bindings) return bindings;
   const mod = (await import('koffi')) as unknown as Koffi & { default?: Koffi };
@@ -220,7 +225,23 @@ async function bind(): Promise<Bindings> {
     if (process.env.GGUF_MESH_LLAMA_LOG) process.stderr.write(text);
   }, koffi.pointer(LogCallback));
 
-  fn.log_set!(logCb, null);
+  // llama.cpp's logger is one for the process, and a stage may run in a worker thread
+  // (workers/stage-thread.ts) beside others: each call that logs points it at this thread's
+  // callback first, and a worker thread points it back at llama.cpp's own afterwards, so a
+  // thread that has ended never leaves its callback for another thread's calls (koffi aborts
+  // the process there). Two threads in such calls at once may lose each other's lines.
+  const logSet = fn.log_set!;
+  for (const name of LOGGING_CALLS) {
+    const call = fn[name]!;
+    fn[name] = (...args: unknown[]) => {
+      logSet(logCb, null);
+      try {
+        return call(...args);
+      } finally {
+        if (!isMainThread) logSet(null, null);
+      }
+    };
+  }
   fn.backend_init!();
   // node-llama-cpp may have loaded the backends into this process already
   if (Number(fn.dev_count!()) === 0) fn.load_all!(binsDir);
