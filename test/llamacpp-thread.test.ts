@@ -92,6 +92,16 @@ describe('the llama.cpp stages in a worker thread', () => {
     expect(worker.first.forwardBatch).toBeUndefined();
   }, 300_000);
 
+  it("fails a load with the source's own code when a read fails (a shard whose bytes fail verification)", async () => {
+    const source = kept(await openTensorSource(await stories260K()));
+    const refusing: TensorSource = { ...source, read: async () => Promise.reject(new MeshError('TENSOR_HASH_MISMATCH', "tensor 'blk.0.attn_q.weight': not the manifest's bytes")), close: async () => undefined };
+    const backend = kept(stageBackendInThread('llamacpp-range', OPTIONS));
+    expect((await codeOf(backend.load(refusing, { start: 0, end: 3 }))).code).toBe('TENSOR_HASH_MISMATCH');
+    // the thread lives on, and loads the shard when its bytes are right
+    await backend.load(source, { start: 0, end: 3 });
+    expect(backend.info?.weightBytes).toBeGreaterThan(0);
+  }, 120_000);
+
   it('fails every call with LLAMACPP_THREAD_FAILED once its thread has died, instead of hanging', async () => {
     const source = kept(await openTensorSource(await stories260K()));
     const { backend, worker } = stageThread('llamacpp-range', OPTIONS);

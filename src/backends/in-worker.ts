@@ -11,7 +11,7 @@ import type { ErrorCode } from '../error-codes.ts';
 import { MeshError } from '../errors.ts';
 import type { TensorInfo, TensorSource } from '../gguf/types.ts';
 import type { BatchStep, ForwardResult, HiddenRows, RowsForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from './types.ts';
-import { fromWire } from './wire.ts';
+import { fromWire, wireCall } from './wire.ts';
 import type { WireResult } from './wire.ts';
 import type { StageWorkerApi, TensorReader } from './worker-api.ts';
 
@@ -26,12 +26,12 @@ export interface WorkerEngineSpec {
   forwardBatch: boolean;
 }
 
-/** `source`'s reads for the worker, each answer's buffers transferred. */
-function readerOver(source: TensorSource): TensorReader {
+/** `source`'s reads for the worker, each answer's buffers transferred (a failure keeps its code: TENSOR_HASH_MISMATCH, …). */
+function readerOver(source: TensorSource, failCode: ErrorCode): TensorReader {
   return Comlink.proxy({
     async read(infos: TensorInfo[]) {
-      const bytes = await source.read(infos);
-      return Comlink.transfer(bytes, [...new Set([...bytes.values()].map((b) => b.buffer as ArrayBuffer))]);
+      const r = await wireCall(() => source.read(infos), failCode);
+      return r.ok ? Comlink.transfer(r, [...new Set([...r.value.values()].map((b) => b.buffer as ArrayBuffer))]) : r;
     },
   });
 }
@@ -44,6 +44,7 @@ export class WorkerStageBackend<I> implements StageBackend {
   private loadedInfo: I | null = null;
   private disposed = false;
   private dead: MeshError | null = null;
+  private readonly failCode: ErrorCode;
 
   private constructor(
     private readonly remote: Comlink.Remote<StageWorkerApi<I>>,
@@ -52,6 +53,7 @@ export class WorkerStageBackend<I> implements StageBackend {
     spec: WorkerEngineSpec,
   ) {
     this.kind = spec.kind;
+    this.failCode = spec.failCode;
     died.catch((e: MeshError) => (this.dead = e)); // and observed through `call`
     if (spec.forwardRows) this.forwardRows = (sessionId, input, position, outDtype) => this.rows(sessionId, input, position, outDtype);
     if (spec.forwardBatch) this.forwardBatch = (steps) => this.batch(steps);
@@ -74,7 +76,7 @@ export class WorkerStageBackend<I> implements StageBackend {
   async load(source: TensorSource, shard: ShardRange): Promise<void> {
     if (this.loadedInfo) throw new MeshError('ALREADY_LOADED', 'this backend already holds a shard; dispose it first');
     const model = { header: source.header, location: source.location, shard: { ...shard } };
-    this.loadedInfo = await this.call(this.remote.load(model, readerOver(source)));
+    this.loadedInfo = await this.call(this.remote.load(model, readerOver(source, this.failCode)));
   }
 
   async openSession(sessionId: string, options: SessionOptions): Promise<void> {

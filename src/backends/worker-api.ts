@@ -9,12 +9,12 @@ import type { ErrorCode } from '../error-codes.ts';
 import { MeshError } from '../errors.ts';
 import type { GgufHeader, TensorInfo, TensorSource } from '../gguf/types.ts';
 import type { BatchStep, ForwardResult, HiddenRows, RowsForwardResult, SessionStats, ShardRange, StageBackend, StageInput } from './types.ts';
-import { wireCall } from './wire.ts';
+import { fromWire, wireCall } from './wire.ts';
 import type { WireResult } from './wire.ts';
 
-/** The parent's TensorSource, reached from the worker: reads answer with their buffers transferred. */
+/** The parent's TensorSource, reached from the worker: reads answer with their buffers transferred, failures with their codes. */
 export interface TensorReader {
-  read(tensors: TensorInfo[]): Promise<Map<string, Uint8Array>>;
+  read(tensors: TensorInfo[]): Promise<WireResult<Map<string, Uint8Array>>>;
 }
 
 /** what the worker loads: the parent's source (its header and location; its reads come as their own argument, a comlink proxy) and the shard */
@@ -46,7 +46,7 @@ function outputBuffer({ output }: Output): ArrayBuffer {
 
 /** The parent's source as the worker's engine reads it (closing it is the parent's business). */
 function remoteSource(model: StageWorkerModel, reader: TensorReader): TensorSource {
-  return { header: model.header, location: model.location, read: (infos) => reader.read([...infos]), close: async () => undefined };
+  return { header: model.header, location: model.location, read: async (infos) => fromWire(await reader.read([...infos])), close: async () => undefined };
 }
 
 /**
