@@ -1,4 +1,4 @@
-// A native node's CPU engine runs in a worker thread (workers/cpu-stage-thread.ts) so that the
+// A native node's CPU engine runs in a worker thread (workers/stage-thread.ts) so that the
 // node's own thread stays free while a shard loads or a long prefill computes: there it answers
 // the server's heartbeat (a node that misses it for 3.5 s is declared lost) and reads frames. Here
 // a prefill long enough to take a while runs in the thread while this thread's timers are
