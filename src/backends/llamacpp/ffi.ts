@@ -4,8 +4,7 @@
 // llama.cpp source node-llama-cpp@3.21.1 bundles (llama/gitRelease.bundle); change them
 // together with that pin.
 //
-// Calls are synchronous: llama_decode blocks the JS thread while it computes (a node runs its
-// llama.cpp stages in a worker thread for that, workers/stage-thread.ts).
+// Calls are synchronous: llama_decode blocks the JS thread (a node's stages run in a worker thread).
 
 import { existsSync, readdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -193,10 +192,9 @@ function declareFunctions(libs: { llama: Library; ggml: Library; ggmlBase: Libra
     fp32_to_fp16_row: ggmlBase.func('void ggml_fp32_to_fp16_row(const void *x, void *y, int64_t n)') as Fn,
     type_traits: ggmlBase.func('void *ggml_get_type_traits(int type)') as Fn,
   };
-
 }
 
-/** The calls during which llama.cpp logs (loads, contexts, decode errors, frees). */
+/** the calls during which llama.cpp logs (loads, contexts, decode errors, frees) */
 const LOGGING_CALLS = ['backend_init', 'load_all', 'model_load', 'model_free', 'init_from_model', 'free', 'decode'];
 
 async function bind(): Promise<Bindings> {
@@ -225,20 +223,17 @@ async function bind(): Promise<Bindings> {
     if (process.env.GGUF_MESH_LLAMA_LOG) process.stderr.write(text);
   }, koffi.pointer(LogCallback));
 
-  // llama.cpp's logger is one for the process, and a stage may run in a worker thread
-  // (workers/stage-thread.ts) beside others: each call that logs points it at this thread's
-  // callback first, and a worker thread points it back at llama.cpp's own afterwards, so a
-  // thread that has ended never leaves its callback for another thread's calls (koffi aborts
-  // the process there). Two threads in such calls at once may lose each other's lines.
-  const logSet = fn.log_set!;
+  // llama.cpp's logger is one per process, and stages may run in worker threads: each call that
+  // logs points it at this thread's callback, and a worker thread resets it afterwards, so an
+  // ended thread's callback is never called (koffi aborts). Concurrent such calls may swap lines.
   for (const name of LOGGING_CALLS) {
     const call = fn[name]!;
     fn[name] = (...args: unknown[]) => {
-      logSet(logCb, null);
+      fn.log_set!(logCb, null);
       try {
         return call(...args);
       } finally {
-        if (!isMainThread) logSet(null, null);
+        if (!isMainThread) fn.log_set!(null, null);
       }
     };
   }
