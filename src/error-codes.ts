@@ -108,6 +108,7 @@ const BACKENDS = {
   LLAMACPP_CONTEXT_FAILED: { status: 500, meaning: 'llama.cpp could not create a context' },
   LLAMACPP_DECODE_FAILED: { status: 500, meaning: 'llama_decode returned an error' },
   LLAMACPP_NO_OUTPUT: { status: 500, meaning: "llama.cpp returned no logits, or its graph has no layer output to read a range's hidden states from" },
+  LLAMACPP_THREAD_FAILED: { status: 500, meaning: "the worker thread running a node's llama.cpp stage died or could not start, or threw an error that was not a MeshError" },
   LLAMACPP_SHARD_METADATA: { status: 500, meaning: "a shard GGUF cannot be written: the header lacks its metadata's GGUF types, nests arrays, or has a per-layer array of another length" },
   // 503, not 409: the request is sound and the session's own state is fine; the stage is at
   // capacity until other sessions close (or its --memory is too small), so it is ours, and a retry may succeed

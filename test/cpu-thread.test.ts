@@ -1,4 +1,4 @@
-// A native node's CPU engine runs in a worker thread (workers/cpu-stage-thread.ts) so that the
+// A native node's CPU engine runs in a worker thread (workers/stage-thread.ts) so that the
 // node's own thread stays free while a shard loads or a long prefill computes: there it answers
 // the server's heartbeat (a node that misses it for 3.5 s is declared lost) and reads frames. Here
 // a prefill long enough to take a while runs in the thread while this thread's timers are
@@ -8,31 +8,12 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { createNodeCpuBackend } from '../src/backends/cpu/node-threads.ts';
 import type { StageBackend } from '../src/backends/types.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
-import { cpuBackendInThread } from '../workers/cpu-stage-thread.ts';
+import { cpuBackendInThread } from '../workers/stage-thread.ts';
+import { longestStall } from './support/stall.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
 const opened: StageBackend[] = [];
 afterAll(async () => Promise.all(opened.map((b) => b.dispose())));
-
-/** The longest gap between 5 ms timer ticks of this thread while `work` runs, and its result. */
-async function longestStall<T>(work: () => Promise<T>): Promise<{ stallMs: number; ms: number; value: T }> {
-  let last = performance.now();
-  let stallMs = 0;
-  const tick = setInterval(() => {
-    const now = performance.now();
-    stallMs = Math.max(stallMs, now - last);
-    last = now;
-  }, 5);
-  const t0 = performance.now();
-  try {
-    const value = await work();
-    const ms = performance.now() - t0;
-    await new Promise((r) => setTimeout(r, 20)); // the tick that ends a stall records it
-    return { stallMs, ms, value };
-  } finally {
-    clearInterval(tick);
-  }
-}
 
 describe('the CPU engine in a worker thread', () => {
   it('keeps this thread responsive through a long prefill, with the in-thread engine\'s logits', async () => {

@@ -1,5 +1,5 @@
 // The dedicated module worker that runs the CPU engine for a page (a tab without WebGPU). The
-// page talks to it through comlink (src/backends/cpu/in-worker.ts; the API is
+// page talks to it through comlink (src/backends/in-worker.ts; the API is
 // src/backends/cpu/worker-api.ts). Where the page is cross-origin isolated, the engine's
 // kernels also run on worker threads of their own (Blob URL workers over a shared memory);
 // otherwise on this one.

@@ -1,6 +1,6 @@
 // Errors and results as they cross a worker boundary (comlink): plain {name, code, message,
 // details}, made MeshErrors again on the other side, so codes survive the thread hop. The
-// WebGPU and CPU stage workers both answer every call with a WireResult.
+// WebGPU worker and every stage worker (worker-api.ts) answer every call with a WireResult.
 
 import { MeshError } from '../errors.ts';
 import type { ErrorCode } from '../error-codes.ts';

@@ -35,19 +35,13 @@ export async function nodeWebGpuBackend(): Promise<WebGpuBackend> {
 
 async function makeBackend(kind: BackendKind, wholeModel: boolean, memoryBytes: number, threads: number | undefined): Promise<StageBackend> {
   if (kind === 'webgpu') return nodeWebGpuBackend();
-  if (kind === 'cpu') {
-    // in a worker thread: a load or a prefill chunk takes seconds on a real model, and this
-    // thread must answer the server's heartbeat and read frames meanwhile
-    const { cpuBackendInThread } = await import('../../workers/cpu-stage-thread.ts');
-    return cpuBackendInThread(threads ? { threads } : {});
-  }
+  // in a worker thread: a load or a prefill chunk takes seconds on a real model, and this
+  // thread must answer the server's heartbeat and read frames meanwhile
+  const { stageBackendInThread } = await import('../../workers/stage-thread.ts');
+  if (kind === 'cpu') return stageBackendInThread('cpu', threads ? { threads } : {});
   // llama.cpp: the whole model from its own file (any architecture llama.cpp loads), a layer range from a shard GGUF
-  if (!wholeModel) {
-    const { LlamaCppRangeStage } = await import('../backends/llamacpp/range-stage.ts');
-    return new LlamaCppRangeStage({ kvType: 'f32', flashAttention: false, memoryBytes });
-  }
-  const { LlamaCppStage } = await import('../backends/llamacpp/stage.ts');
-  return new LlamaCppStage({ kvType: 'f32', flashAttention: false });
+  if (!wholeModel) return stageBackendInThread('llamacpp-range', { kvType: 'f32', flashAttention: false, memoryBytes });
+  return stageBackendInThread('llamacpp', { kvType: 'f32', flashAttention: false });
 }
 
 /** A binary-HTTP link to the node whose frames WebSocket is `wsUrl`, checked with GET /v1/status. */

@@ -4,12 +4,13 @@
 // llama.cpp source node-llama-cpp@3.21.1 bundles (llama/gitRelease.bundle); change them
 // together with that pin.
 //
-// Calls are synchronous: llama_decode blocks the JS thread while it computes.
+// Calls are synchronous: llama_decode blocks the JS thread (a node's stages run in a worker thread).
 
 import { existsSync, readdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import { availableParallelism } from 'node:os';
 import { basename, dirname, join } from 'node:path';
+import { isMainThread } from 'node:worker_threads';
 import { MeshError } from '../../errors.ts';
 
 type Koffi = typeof import('koffi');
@@ -191,8 +192,10 @@ function declareFunctions(libs: { llama: Library; ggml: Library; ggmlBase: Libra
     fp32_to_fp16_row: ggmlBase.func('void ggml_fp32_to_fp16_row(const void *x, void *y, int64_t n)') as Fn,
     type_traits: ggmlBase.func('void *ggml_get_type_traits(int type)') as Fn,
   };
-
 }
+
+/** the calls during which llama.cpp logs (loads, contexts, decode errors, frees) */
+const LOGGING_CALLS = ['backend_init', 'load_all', 'model_load', 'model_free', 'init_from_model', 'free', 'decode'];
 
 async function bind(): Promise<Bindings> {
   if (bindings) return bindings;
@@ -220,7 +223,20 @@ async function bind(): Promise<Bindings> {
     if (process.env.GGUF_MESH_LLAMA_LOG) process.stderr.write(text);
   }, koffi.pointer(LogCallback));
 
-  fn.log_set!(logCb, null);
+  // llama.cpp's logger is one per process, and stages may run in worker threads: each call that
+  // logs points it at this thread's callback, and a worker thread resets it afterwards, so an
+  // ended thread's callback is never called (koffi aborts). Concurrent such calls may swap lines.
+  for (const name of LOGGING_CALLS) {
+    const call = fn[name]!;
+    fn[name] = (...args: unknown[]) => {
+      fn.log_set!(logCb, null);
+      try {
+        return call(...args);
+      } finally {
+        if (!isMainThread) fn.log_set!(null, null);
+      }
+    };
+  }
   fn.backend_init!();
   // node-llama-cpp may have loaded the backends into this process already
   if (Number(fn.dev_count!()) === 0) fn.load_all!(binsDir);
