@@ -8,12 +8,17 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { createNodeCpuBackend } from '../src/backends/cpu/node-threads.ts';
 import type { StageBackend } from '../src/backends/types.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
+import type { TensorSource } from '../src/gguf/types.ts';
 import { cpuBackendInThread } from '../workers/stage-thread.ts';
 import { longestStall } from './support/stall.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
 const opened: StageBackend[] = [];
-afterAll(async () => Promise.all(opened.map((b) => b.dispose())));
+const sources: TensorSource[] = [];
+afterAll(async () => {
+  await Promise.all(opened.map((b) => b.dispose()));
+  await Promise.all(sources.map((s) => s.close()));
+});
 
 describe('the CPU engine in a worker thread', () => {
   it('keeps this thread responsive through a long prefill, with the in-thread engine\'s logits', async () => {
@@ -21,7 +26,9 @@ describe('the CPU engine in a worker thread', () => {
     const tokens = Int32Array.from({ length: 768 }, (_, i) => (i * 37 + 5) % 512);
     const run = async (b: StageBackend) => {
       opened.push(b);
-      await b.load(await openTensorSource(path), { start: 0, end: 4 });
+      const source = await openTensorSource(path);
+      sources.push(source);
+      await b.load(source, { start: 0, end: 4 });
       await b.openSession('s', { contextLength: 1024 });
       return longestStall(() => b.forward('s', { kind: 'tokens', tokens }, 0));
     };
