@@ -44,6 +44,8 @@ export interface RouteHandle {
   hops?(): HopLink[];
   /** every stage takes FrameFlag.ReturnDirect and the last one reaches the session manager one-way (deliverReturn) */
   directReturn?(): boolean;
+  /** every stage takes FrameFlag.Verify: the session manager may speculate (speculation.ts) */
+  verify?(): boolean;
 }
 
 export interface SessionInfo {
