@@ -32,7 +32,7 @@ async function until(ok: (r: any) => boolean, what: string): Promise<any> {
   }
 }
 
-const REPETITIVE = 'Once upon a time';
+const REPETITIVE = 'Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had a red ball.';
 const PLAIN = 'The sun was hot. A dog ran to the park, and a bird sang.';
 
 function complete(prompt: string, speculate: number | undefined, onChunk?: (n: number) => void) {
