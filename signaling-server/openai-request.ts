@@ -5,6 +5,7 @@
 
 import { MeshError } from '../src/errors.ts';
 import type { SamplerSettings } from '../src/protocol/session.ts';
+import { MAX_DRAFT_TOKENS } from '../src/protocol/session.ts';
 import { MAX_TOP_LOGPROBS } from '../src/protocol/frame.ts';
 
 export type ChatContent = string | Array<{ type: string; text?: string }> | null;
@@ -49,13 +50,17 @@ export interface ParsedRequest {
   /** tools and tool_choice as sent (openai-tools.ts reads them against the template) */
   tools: unknown;
   toolChoice: unknown;
+  /** our extension: drafts per route pass for a greedy request (speculative decoding; 0 = off); undefined: the server's `--speculate` */
+  speculate: number | undefined;
 }
 
 /** Fields a client may send that change nothing here, as on OpenAI where they only label or store a request. */
 const IGNORED = new Set(['user', 'metadata', 'service_tier', 'parallel_tool_calls', 'stream_options']);
 const COMMON = new Set(['model', 'stream', 'max_tokens', 'temperature', 'top_p', 'n', 'stop', 'presence_penalty', 'frequency_penalty', 'logit_bias', 'seed', 'logprobs',
   // llama-server / vLLM extensions clients send to OpenAI-compatible servers
-  'top_k', 'min_p', 'repetition_penalty', 'repeat_penalty', 'repeat_last_n', 'cache_prompt']);
+  'top_k', 'min_p', 'repetition_penalty', 'repeat_penalty', 'repeat_last_n', 'cache_prompt',
+  // ours: speculative decoding's drafts per route pass
+  'speculate']);
 const CHAT = new Set(['messages', 'max_completion_tokens', 'top_logprobs', 'response_format', 'tools', 'tool_choice', 'functions', 'function_call', 'store', 'modalities', 'audio', 'prediction', 'reasoning_effort', 'web_search_options']);
 const COMPLETIONS = new Set(['prompt', 'suffix', 'echo', 'best_of']);
 
@@ -187,6 +192,7 @@ export function parseRequest(raw: unknown, chat: boolean, nVocab: number, nCtx: 
   return {
     chat, model: model as string | undefined, messages, prompt, maxTokens, ...samplerOf(body, nVocab, nCtx), stop,
     stream: body.stream === true, includeUsage: (so as { include_usage?: unknown } | undefined)?.include_usage === true, n, logprobs, echo, cachePrompt: body.cache_prompt !== false, format: outputFormatOf(body.response_format), tools: body.tools, toolChoice: body.tool_choice,
+    speculate: num(body, 'speculate', 0, MAX_DRAFT_TOKENS, { integer: true }),
   };
 }
 

@@ -222,6 +222,7 @@ async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req
     maxTokens: run.maxTokens,
     sampler: choiceSampler(run.req.sampler, index),
     ...(wantLogprobs ? { logprobs: run.req.logprobs! } : {}),
+    ...(run.req.speculate !== undefined ? { speculate: run.req.speculate } : {}),
     stopStrings: run.req.stop,
     signal: run.abort.signal,
     onSession: (sid) => {

@@ -57,6 +57,8 @@ export interface RoomRegistryOptions extends CredentialOptions {
   heartbeatTimeoutMs?: number;
   /** a step unanswered this long makes the server probe the route's stages for a stalled one (ms, default 30 s) */
   stepTimeoutMs?: number;
+  /** speculative decoding: drafts per route pass for greedy sessions that do not say (route/speculation.ts; default 0: off) */
+  speculate?: number;
   /** mint each peer a short-lived credential for the TURN servers in `iceServers` that name none (./turn.ts) */
   turn?: { secret: string; ttlS: number };
   log: (line: string) => void;
@@ -112,7 +114,7 @@ export class RoomRegistry {
         const r = this.findRoute(routeId);
         return r && r.status === 'ready' ? r : undefined;
       },
-      { ...opts.limits, idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => opts.log(`session ${id}: ${state}`), ...(opts.stepTimeoutMs ? { stepTimeoutMs: opts.stepTimeoutMs } : {}) },
+      { ...opts.limits, idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => opts.log(`session ${id}: ${state}`), ...(opts.stepTimeoutMs ? { stepTimeoutMs: opts.stepTimeoutMs } : {}), ...(opts.speculate ? { speculate: opts.speculate } : {}) },
     );
     this.access = new Access(opts, () => this.rooms);
     this.gate = new AdmissionGate(opts.limits);

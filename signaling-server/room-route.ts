@@ -94,6 +94,11 @@ export class Route implements RouteHandle {
     return this.stages.every((s) => this.room.peers.get(s.peerId)?.hello.directReturn === true);
   }
 
+  /** every stage's peer takes FrameFlag.Verify (speculative decoding; the PyTorch peer does not yet) */
+  verify(): boolean {
+    return this.stages.every((s) => this.room.peers.get(s.peerId)?.hello.verify === true);
+  }
+
   stageBackends(): string[] {
     return this.stages.map((s) => this.room.peers.get(s.peerId)?.hello.backend ?? '?');
   }

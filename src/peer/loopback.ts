@@ -89,6 +89,7 @@ export async function startLoopbackRoute(stages: LoopbackStage[], opts: Loopback
     stageLinks: () => control,
     stagePeers: () => services.map((_, i) => servers[i]?.url ?? `local-${i}`),
     directReturn: () => opts.directReturn !== false,
+    verify: () => true,
   };
   const manager = new SessionManager((id) => (id === route.id ? route : undefined), opts.sessions);
   for (const svc of services) svc.setReturnTo((answer) => void manager.deliverReturn(answer));

@@ -247,7 +247,7 @@ export class PeerCore {
     switch (msg.t) {
       case 'challenge': {
         const offer = this.joining?.offer;
-        if (offer) void helloProof(this.opts.proofSecret ?? this.opts.secret, msg.nonce).then((proof) => this.opts.send({ t: 'hello', proof, directReturn: true, ...offer }));
+        if (offer) void helloProof(this.opts.proofSecret ?? this.opts.secret, msg.nonce).then((proof) => this.opts.send({ t: 'hello', proof, directReturn: true, verify: true, ...offer }));
         return true;
       }
       case 'welcome':

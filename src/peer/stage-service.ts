@@ -9,12 +9,12 @@
 // every stage itself, so a lost stage can never keep another stage's KV cache alive.
 //
 // For repair (route/repair.ts) a stage keeps, per session, the hidden states it sent downstream
-// and a hash of every row it received (replay-log.ts), and answers three more requests: Rewind
-// (forget positions from p on, reset the sampler), Resend (send logged hidden states to the
-// next stage again as Replay frames) and Replay-flagged input (compute and log, send nothing on).
-//
-// Fair scheduling: every forward goes through one ComputeQueue per stage, a frame of more than
-// `chunkTokens` tokens in chunks, so one long prefill cannot hold the stage; a closed session's queued chunks go at once.
+// and a hash of every row it received (replay-log.ts), and answers Rewind (forget positions from
+// p on, reset the sampler), Resend (logged hidden states to the next stage again as Replay
+// frames) and Replay-flagged input (compute and log, send nothing on); Verify frames
+// (speculative decoding) in stage-verify.ts. Fair scheduling: every forward goes through one
+// ComputeQueue per stage, a frame of more than `chunkTokens` tokens in chunks, so one long
+// prefill cannot hold the stage; a closed session's queued chunks go at once.
 
 import { MeshError } from '../errors.ts';
 import type { HiddenRows, StageBackend, StageInput, ShardRange } from '../backends/types.ts';
@@ -25,7 +25,6 @@ import { decodeI32, decodeJson, decodeRows, hiddenFrame, hiddenRowsFrame, jsonFr
 import type { StepTiming } from '../protocol/payload.ts';
 import { errorReplyFor } from '../transport/link.ts';
 import type { FrameLink } from '../transport/link.ts';
-import type { StageTiming } from '../route/telemetry.ts';
 import { parseResend, parseRewind, parseSessionOpen, parseStatusQuery } from '../protocol/session.ts';
 import type { SamplerSettings, StatusQuery } from '../protocol/session.ts';
 import { ReplayLog, rowHashes } from './replay-log.ts';
@@ -33,6 +32,9 @@ import type { BatchCounters } from './compute-queue.ts';
 import type { SpotCheck } from './spot-check.ts';
 import { frameChunk, hiddenRowsOf, inputSlice } from './stage-input.ts';
 import { stageForward, stageQueue } from './stage-forward.ts';
+import { dropRejected, verifies, verifyAnswer } from './stage-verify.ts';
+import { sessionCounters } from './stage-status.ts';
+import type { StepTotals } from './stage-status.ts';
 import type { StageQueue } from './stage-forward.ts';
 
 /** Picks a token from the logits; history: the session's tokens at positions [0, p) (for penalties). */
@@ -94,11 +96,13 @@ interface StageSession {
   log: ReplayLog;
   hiddenDtype: DType.F16 | DType.F32;
   /** totals over the session's steps, for telemetry */
-  timing: { steps: number; computeMs: number; downstreamMs: number; handleMs: number; bytesIn: number; bytesOut: number };
+  timing: StepTotals;
   /** the first failure of a pipelined prefill chunk downstream, reported on the next frame */
   pipelineError: MeshError | null;
   /** performance.now() of the session's last frame, for expiry */
   lastUsed: number;
+  /** positions from here on are drafts of the last Verify frame (stage-verify.ts); Infinity: none */
+  tentative: number;
 }
 
 /** What one frame's compute adds up to (over its chunks), and the timing records it carries forward (ReturnDirect). */
@@ -228,6 +232,7 @@ export class StageService {
       timing: { steps: 0, computeMs: 0, downstreamMs: 0, handleMs: 0, bytesIn: 0, bytesOut: 0 },
       pipelineError: null,
       lastUsed: performance.now(),
+      tentative: Infinity,
     });
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'open', position: 0 });
   }
@@ -249,6 +254,7 @@ export class StageService {
     this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS); // a continued session (KV reuse) sends its prompt at once
     s.log.truncate(f.position);
     s.pipelineError = null;
+    s.tentative = Infinity;
     s.settings = settings;
     s.sample = sample;
     if (body.logprobs !== undefined) s.logprobs = body.logprobs;
@@ -338,7 +344,9 @@ export class StageService {
     };
     let reply: Frame;
     try {
-      reply = f.nTokens > this.limits.chunkTokens ? await this.computeChunks(f, s, input, step) : await this.computeStep(f, s, input, step);
+      if (f.flags & FrameFlag.Verify) await dropRejected(f, s, this.opts.backend, this.opts.spotCheck);
+      if (verifies(f) && this.isLast) reply = this.answer(f, await verifyAnswer(f, input, (row, rowInput) => this.computeStep(row, s, rowInput, step)), step);
+      else reply = f.nTokens > this.limits.chunkTokens ? await this.computeChunks(f, s, input, step) : await this.computeStep(f, s, input, step);
     } finally {
       timing.handleMs += performance.now() - started;
     }
@@ -384,7 +392,7 @@ export class StageService {
     const replay = (f.flags & FrameFlag.Replay) !== 0;
     const sampleNow = !replay && (f.type === FrameType.Decode || (f.flags & FrameFlag.Sample) !== 0);
     if (output.kind !== 'logits') {
-      const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.ReturnDirect)) | (sampleNow ? FrameFlag.Sample : 0);
+      const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.ReturnDirect | FrameFlag.Verify)) | (sampleNow ? FrameFlag.Sample : 0);
       const at = { routeId: f.routeId, sessionId: f.sessionId };
       const out =
         output.kind === 'rows'
@@ -443,35 +451,25 @@ export class StageService {
     const sampled = s.sample!(output.logits, s.history.length > nextPosition ? s.history.slice(0, nextPosition) : s.history);
     // the token sampled here occupies position nextPosition: it joins the history when the history reaches that far
     if (s.history.length === nextPosition) s.history.push(sampled);
-    const token = sampledFrame(at, nextPosition, sampled, s.logprobs === null ? null : tokenLogprob(output.logits, sampled, s.logprobs));
+    return this.answer(f, sampledFrame(at, nextPosition, sampled, s.logprobs === null ? null : tokenLogprob(output.logits, sampled, s.logprobs)), step);
+  }
+
+  /** The last stage's Token for step `f`: the reply, or — one-way (ReturnDirect) — sent to the session's owner, and a Status the reply. */
+  private answer(f: Frame, token: Frame, step: StepCost): Frame {
     if (!(f.flags & FrameFlag.ReturnDirect)) return token;
     const timed = f.flags & FrameFlag.WantTimings ? withTimings(token, step.records()) : token;
     if (!this.opts.returnTo) return timed; // no way to the owner here: the token climbs back
     this.opts.returnTo(timed);
     this.tokensReturned++;
-    return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: nextPosition, returned: true });
+    return jsonFrame(FrameType.Status, { routeId: f.routeId, sessionId: f.sessionId }, { stage: this.opts.stage, position: token.position, returned: true });
   }
 
   /** A session's counters on this stage; a session that is not open holds nothing. */
   sessionStatus(sessionId: string, query: StatusQuery = {}): Record<string, unknown> {
-    if (!this.sessions.has(sessionId)) return { stage: this.opts.stage, shard: this.opts.shard, open: false, position: 0, kvBytes: 0, processedTokens: [] };
-    const t = this.sessions.get(sessionId)!.timing;
-    const round = (x: number): number => Math.round(x * 1000) / 1000;
-    const timing: StageTiming = {
-      stage: this.opts.stage,
-      steps: t.steps,
-      computeMs: round(t.computeMs),
-      downstreamMs: round(t.downstreamMs),
-      overheadMs: round(Math.max(0, t.handleMs - t.computeMs - t.downstreamMs)),
-      bytesIn: t.bytesIn,
-      bytesOut: t.bytesOut,
-    };
-    const log = this.sessions.get(sessionId)!.log;
-    const hashes = {
-      ...(query.sentHashes ? { sentHashes: log.sentHashes(query.sentHashes[0], query.sentHashes[1]) } : {}),
-      ...(query.receivedHashes ? { receivedHashes: log.receivedHashes(query.receivedHashes[0], query.receivedHashes[1]) } : {}),
-    };
-    return { stage: this.opts.stage, shard: this.opts.shard, open: true, backend: this.opts.backend.kind, ...this.opts.backend.sessionStats(sessionId), replayLogBytes: log.bytes, timing, ...hashes };
+    const s = this.sessions.get(sessionId);
+    if (!s) return { stage: this.opts.stage, shard: this.opts.shard, open: false, position: 0, kvBytes: 0, processedTokens: [] };
+    const counters = sessionCounters(this.opts.stage, s.timing, s.log, query);
+    return { stage: this.opts.stage, shard: this.opts.shard, open: true, backend: this.opts.backend.kind, ...this.opts.backend.sessionStats(sessionId), replayLogBytes: s.log.bytes, ...counters };
   }
 
   status(): StageStatus {

@@ -71,6 +71,8 @@ export const helloSchema = v.object({
   rtc: v.optional(v.boolean()),
   /** takes FrameFlag.ReturnDirect and, as the last stage, sends the token to the server as a `return` message */
   directReturn: v.optional(v.boolean()),
+  /** takes FrameFlag.Verify (speculative decoding): drops rejected drafts and, as the last stage, answers the greedy token after each position */
+  verify: v.optional(v.boolean()),
   /** its own measured speed (peer/calibrate.ts), for the planner that knows speed (route/speed-planner.ts) */
   speed: v.optional(peerSpeed),
 });

@@ -73,8 +73,16 @@ export enum FrameFlag {
    * the flag on, and with WantTimings carry their timing records forward on the Hidden frame
    */
   ReturnDirect = 1 << 6,
+  /**
+   * speculative decoding: a sampled Prefill of n tokens whose tokens after the first are drafts.
+   * Every stage first drops the positions from the frame's start on that an earlier Verify
+   * frame wrote past its first token (the drafts the session manager rejected), then computes
+   * as usual; the last stage answers with a Token frame of n tokens (this flag set): the greedy
+   * token after each of the frame's positions
+   */
+  Verify = 1 << 7,
 }
-const KNOWN_FLAGS = FrameFlag.Sample | FrameFlag.Reply | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.Timings | FrameFlag.Replay | FrameFlag.ReturnDirect;
+const KNOWN_FLAGS = FrameFlag.Sample | FrameFlag.Reply | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.Timings | FrameFlag.Replay | FrameFlag.ReturnDirect | FrameFlag.Verify;
 
 /** One stage's step timing in a trailer: 8 u32 (see docs/protocol.md). */
 export const TIMING_RECORD_BYTES = 32;
@@ -160,7 +168,10 @@ export function validateHeader(h: FrameHeader): void {
   }
   if (h.payloadLength > MAX_PAYLOAD_BYTES) fail('FRAME_BAD_LENGTH', 'payload length', `${h.payloadLength} bytes exceeds the limit of ${MAX_PAYLOAD_BYTES}`);
   if (rules.tokens === 'zero' && h.nTokens !== 0) fail('FRAME_BAD_DIMENSION', 'token count', `a ${FrameType[h.type]} frame carries no tokens, got ${h.nTokens}`);
-  if (rules.tokens === 'one' && h.nTokens !== 1) fail('FRAME_BAD_DIMENSION', 'token count', `a ${FrameType[h.type]} frame carries exactly 1 token, got ${h.nTokens}`);
+  // a Verify answer is a Token frame of one token per verified position (width 1)
+  const verified = h.type === FrameType.Token && (h.flags & FrameFlag.Verify) !== 0;
+  if (verified && (h.nTokens < 1 || h.nTokens > MAX_TOKENS || h.width !== 1)) fail('FRAME_BAD_DIMENSION', 'token count', `a Verify Token frame carries 1..${MAX_TOKENS} tokens of width 1, got ${h.nTokens} × ${h.width}`);
+  if (rules.tokens === 'one' && h.nTokens !== 1 && !verified) fail('FRAME_BAD_DIMENSION', 'token count', `a ${FrameType[h.type]} frame carries exactly 1 token, got ${h.nTokens}`);
   if (rules.tokens === 'some' && (h.nTokens < 1 || h.nTokens > MAX_TOKENS)) {
     fail('FRAME_BAD_DIMENSION', 'token count', `a ${FrameType[h.type]} frame carries 1..${MAX_TOKENS} tokens, got ${h.nTokens}`);
   }

@@ -28,6 +28,14 @@ const samplerSchema: v.GenericSchema<unknown, SamplerOptions> = v.object({
 /** Sampling on the last stage (llama.cpp's chain: model/sampler.ts's options, JSON as they travel); absent or temperature 0 is greedy. */
 export type SamplerSettings = SamplerOptions;
 
+/** Most drafts one Verify frame carries (speculative decoding). */
+export const MAX_DRAFT_TOKENS = 16;
+
+/** whether the settings turn on a penalty (which reads the token history at the last stage) */
+export function usesPenalties(s: SamplerSettings): boolean {
+  return (s.repeatLastN ?? 64) > 0 && ((s.repeatPenalty ?? 1) !== 1 || (s.frequencyPenalty ?? 0) !== 0 || (s.presencePenalty ?? 0) !== 0);
+}
+
 /** the session's token ids, as far as the client knows them (penalty history) */
 const tokenIds = list(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(0x7fffffff)), MAX_CONTEXT_LENGTH);
 const logprobCount = v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(MAX_TOP_LOGPROBS));
@@ -51,6 +59,8 @@ export const sessionOpenSchema = v.object({
   logprobs: v.optional(logprobCount),
   /** how the sampled token reaches the session manager: 'direct' (default, where every stage takes it: the last stage sends it one-way) or 'climb' (back up through every stage) */
   tokenPath: v.optional(v.picklist(['direct', 'climb'])),
+  /** speculative decoding (route/speculation.ts): drafts verified per route pass, 0 = off; absent: the server's default (`serve --speculate N`). Greedy sessions only */
+  speculate: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(MAX_DRAFT_TOKENS))),
 });
 /** Body of a SessionOpen frame. */
 export type SessionOpenBody = v.InferOutput<typeof sessionOpenSchema>;

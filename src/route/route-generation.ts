@@ -16,7 +16,9 @@ import { ConstrainedStepper } from './constrained-stepper.ts';
 import type { TokenConstraint } from './constrained-stepper.ts';
 import type { GenerationResult } from '../model/generation-output.ts';
 import type { SessionInfo } from './sessions.ts';
+import { usesPenalties } from '../protocol/session.ts';
 import type { SamplerSettings, SessionOpenBody } from '../protocol/session.ts';
+export { usesPenalties } from '../protocol/session.ts';
 import type { SampledLogprob } from '../protocol/payload.ts';
 import type { StageTiming, TelemetryEvent } from './telemetry.ts';
 
@@ -75,6 +77,8 @@ export interface RouteGenerationRequest {
   reuse?: KeptSession & { position: number };
   /** leave the session open afterwards (its KV for reuse); the result says what it holds */
   keep?: boolean;
+  /** speculative decoding's drafts per route pass (greedy sessions; 0 = off; absent: the server's default) */
+  speculate?: number;
   /** sample here under this constraint (a grammar) from the last stage's logits, not on the last stage (constrained-stepper.ts) */
   constraint?: TokenConstraint;
 }
@@ -123,6 +127,7 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
       // the last stage sees hidden states, not tokens: penalties need the prompt's ids
       ...(penalties ? { tokens: prompt } : {}),
       ...(req.logprobs !== undefined ? { logprobs: req.logprobs } : {}),
+      ...(req.speculate !== undefined ? { speculate: req.speculate } : {}),
     };
     stepper = await RouteStepper.open(link, routeId, body, req.prefillChunk);
   }
@@ -151,10 +156,6 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
   }
 }
 
-/** whether the settings turn on a penalty (which reads the token history at the last stage) */
-export function usesPenalties(s: SamplerSettings): boolean {
-  return (s.repeatLastN ?? 64) > 0 && ((s.repeatPenalty ?? 1) !== 1 || (s.frequencyPenalty ?? 0) !== 0 || (s.presencePenalty ?? 0) !== 0);
-}
 
 function summarize(info: SessionInfo, promptMs: number, promptTokens: number, decodeMs: number, decodeSteps: number, generated: number): Extract<TelemetryEvent, { type: 'session_summary' }> {
   const stages = info.stages.map((s) => s.timing as StageTiming | undefined).filter((t): t is StageTiming => t !== undefined);
@@ -170,5 +171,6 @@ function summarize(info: SessionInfo, promptMs: number, promptTokens: number, de
     // bytes sent per processed token on each hop (prefill rows and decode rows alike)
     bytesPerHop: stages.slice(0, -1).map((t) => Math.round((t.bytesOut / steps) * 10) / 10),
     stages,
+    ...(info.speculation ? { speculation: info.speculation } : {}),
   };
 }

@@ -11,6 +11,7 @@ import type { SessionOpenBody } from '../protocol/session.ts';
 import type { FrameLink } from '../transport/link.ts';
 import type { HistoryEntry } from './repair.ts';
 import type { PrefillPipeline } from './prefill-pipeline.ts';
+import type { Speculation, SpeculationStats } from './speculation.ts';
 import type { SessionFailure, SessionLifecycle, SessionState } from './session-state.ts';
 import type { HopLink, HopTelemetry } from './telemetry.ts';
 
@@ -44,6 +45,8 @@ export interface RouteHandle {
   hops?(): HopLink[];
   /** every stage takes FrameFlag.ReturnDirect and the last one reaches the session manager one-way (deliverReturn) */
   directReturn?(): boolean;
+  /** every stage takes FrameFlag.Verify: the session manager may speculate (speculation.ts) */
+  verify?(): boolean;
 }
 
 export interface SessionInfo {
@@ -62,6 +65,8 @@ export interface SessionInfo {
   stages: Array<Record<string, unknown>>;
   /** each hop named with its carrier, bytes and wire time (routes that report their hops) */
   hops?: HopTelemetry[];
+  /** speculative decoding's counts, for a session that speculates */
+  speculation?: SpeculationStats;
 }
 
 export interface SessionManagerOptions {
@@ -82,6 +87,8 @@ export interface SessionManagerOptions {
   maxSessionsPerClient?: number;
   /** most live sessions on one route (default 64, the stages' own default) */
   maxSessionsPerRoute?: number;
+  /** drafts per route pass for greedy sessions that do not say (`serve --speculate N`; default 0: off) */
+  speculate?: number;
 }
 
 /** Defaults of the session manager's limits (docs/ARCHITECTURE.md lists them). */
@@ -156,6 +163,8 @@ export interface Session {
   kept?: boolean;
   /** prefill chunks sent on without waiting, and their answers (prefill-pipeline.ts) */
   pipe: PrefillPipeline;
+  /** speculative decoding, for a greedy session where the server or the session asks for it (speculation.ts) */
+  spec: Speculation | null;
 }
 
 /** Step errors that a stage leaving causes downstream of the news: the hop to it broke, or a stage before it already dropped the session. */

@@ -1,21 +1,21 @@
 // Session bookkeeping for routes: opens a session on every stage, passes prefill and decode
-// frames into stage 0 in position order, tracks each session's state and position, expires
-// idle sessions, and repairs sessions whose route lost a stage: while the route gets a new
-// peer for the stage (signaling-server/room.ts), steps wait; then the session is rebuilt on
-// it (repair.ts: rewind, replay, resend) and the step that was in flight is sent again, so the
-// client sees the same tokens and no error. Where no repair comes — or it fails — the session
-// fails naming the stage, and its KV cache is freed on every stage still there. Fault handling
-// lives here and nowhere else; stages only compute.
-// The one-way token path: on a route whose stages all take FrameFlag.ReturnDirect, a sampled
-// step's Token comes from the last stage straight to `deliverReturn` (its control socket), not
-// back through every stage; the chain's Status answers still come, off the critical path, and
-// carry any error (naming the stage).
+// frames into stage 0 in position order, tracks each session's state and position, expires idle
+// sessions, and repairs sessions whose route lost a stage: while the route gets a new peer for
+// the stage (signaling-server/room.ts), steps wait; then the session is rebuilt on it
+// (repair.ts: rewind, replay, resend) and the step in flight is sent again, so the client sees
+// the same tokens and no error. Where no repair comes — or it fails — the session fails naming
+// the stage, and its KV is freed on every stage still there. Fault handling lives here; stages
+// only compute. The one-way token path: on a route whose stages all take ReturnDirect, a sampled
+// step's Token comes from the last stage straight to `deliverReturn`, not back through every
+// stage; the chain's Status answers still come, off the critical path, carrying any error.
+// A greedy session may speculate (speculation.ts): a decode goes as a Verify frame with drafts.
 
 import { MeshError } from '../errors.ts';
 import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, jsonFrame, repairFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
 import { DirectReturns } from './token-return.ts';
+import { Speculation } from './speculation.ts';
 import { PrefillPipeline } from './prefill-pipeline.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
@@ -108,7 +108,7 @@ export class SessionManager {
     await route.repair?.()?.done;
     const s: Session = {
       life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, principal, promptLength: body.promptLength ?? null, onFail: new Set(),
-      body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0, parked: false, onPark: new Set(), pipe: new PrefillPipeline(),
+      body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0, parked: false, onPark: new Set(), pipe: new PrefillPipeline(), spec: Speculation.forSession(body, this.opts.speculate),
     };
     this.sessions.set(sessionId, s);
     this.prune();
@@ -145,11 +145,17 @@ export class SessionManager {
     }
     s.life.begin(f.type === FrameType.Prefill ? 'prefilling' : 'decoding');
     this.opts.onChange?.(f.sessionId, s.life.state);
-    s.history.push({ type: f.type as HistoryEntry['type'], position: f.position, tokens: decodeI32(f.payload), flags: f.flags });
+    const served = s.spec?.served(f);
+    if (served) return this.answered(s, f, served);
     let reply: Frame;
     try {
       // a chunk nobody waits on goes on at once (prefill-pipeline.ts); its failure meets the next waiting step
-      reply = await this.locked(s, async () => (PrefillPipeline.takes(f, s.route) ? s.pipe.send(s.route, s.peers, f) : this.deliver(s, f)));
+      reply = await this.locked(s, async () => {
+        const sent = s.spec ? await s.spec.prepare(s, f, maxTokens) : f;
+        s.history.push({ type: sent.type as HistoryEntry['type'], position: sent.position, tokens: decodeI32(sent.payload), flags: sent.flags });
+        const answer = await (PrefillPipeline.takes(sent, s.route) ? s.pipe.send(s.route, s.peers, sent) : this.deliver(s, sent));
+        return s.spec ? s.spec.answered(s, f, sent, answer) : answer;
+      });
     } catch (e) {
       const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
       const stage = typeof err.details?.stage === 'number' ? err.details.stage : 0;
@@ -162,16 +168,22 @@ export class SessionManager {
       if (s.life.failure) throw failureError(s.life.failure);
       throw new MeshError('SESSION_CLOSED', `session ${f.sessionId} became ${s.life.state} during the step`);
     }
-    s.position += f.nTokens;
     if (reachedLastStage(reply)) {
       s.confirmedEntries = s.history.length;
-      s.confirmedPosition = s.position;
+      // (a Verify step's accepted drafts are confirmed too: speculation.ts)
+      s.confirmedPosition = Math.max(s.confirmedPosition, s.position + f.nTokens);
       if (reply.type === FrameType.Token) s.confirmedDraws++;
     }
     if (f.type === FrameType.Prefill) {
       s.promptTokens += f.nTokens;
       this.publish(f.sessionId, { type: 'prefill_progress', sessionId: f.sessionId, tokensDone: s.promptTokens, tokensTotal: s.promptLength });
     }
+    return this.answered(s, f, reply);
+  }
+
+  /** Step `f` answered: the session moves past it. */
+  private answered(s: Session, f: Frame, reply: Frame): Frame {
+    s.position += f.nTokens;
     if (reply.type === FrameType.Token) s.generated++;
     this.move(s, 'idle');
     return reply;
@@ -317,6 +329,7 @@ export class SessionManager {
     s.confirmedEntries = s.history.length;
     s.confirmedDraws = 0;
     s.body = { ...s.body, ...(body.sampler ? { sampler: body.sampler } : {}), ...(body.logprobs !== undefined ? { logprobs: body.logprobs ?? undefined } : {}), ...(body.tokens ? { tokens: [] } : {}) };
+    s.spec = Speculation.forSession(s.body, this.opts.speculate); // the new turn's sampler says whether it may
     return jsonFrame(FrameType.Status, replyAddress(f), this.brief(f.sessionId));
   }
 
@@ -398,6 +411,7 @@ export class SessionManager {
       history: [...s.life.history],
       repairs: s.repairs,
       repairing: s.route.repair?.() ? true : false,
+      ...(s.spec ? { speculation: { ...s.spec.stats } } : {}),
     };
   }
 

@@ -1,6 +1,7 @@
 // Typed telemetry events: one schema for the server, peers, the CLI and the UI. Every event
 // names its kind in `type`; times are in milliseconds, sizes in bytes.
 
+import type { SpeculationStats } from './speculation.ts';
 import type { SampledLogprob, StepTiming } from '../protocol/payload.ts';
 import type { CandidatePair } from '../protocol/control.ts';
 
@@ -103,6 +104,8 @@ export type TelemetryEvent =
       /** whole-frame bytes per token on each hop (stage k → k+1) during decode */
       bytesPerHop: number[];
       stages: StageTiming[];
+      /** speculative decoding's counts (route passes, drafts proposed and accepted, tokens), where the session speculated */
+      speculation?: SpeculationStats;
     }
   | { type: 'session_state'; sessionId: string; state: string }
   /** a stage's peer was lost (left, stopped answering, failed); sessionId absent on the room's stream */

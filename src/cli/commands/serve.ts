@@ -13,6 +13,7 @@ import type { WebAppMode } from '../../../signaling-server/static.ts';
 import { modelsToServe } from '../../model/default-model.ts';
 import { DEFAULT_STEP_TIMEOUT_MS } from '../../route/session-types.ts';
 import { parseIceServer } from '../../protocol/control.ts';
+import { MAX_DRAFT_TOKENS } from '../../protocol/session.ts';
 import type { IceServer } from '../../protocol/control.ts';
 import { chooseTls, isLoopbackHost, localCaTls, machineNames, operatorTls } from '../../../signaling-server/tls.ts';
 import type { ServerTls } from '../../../signaling-server/tls.ts';
@@ -34,6 +35,11 @@ function publicRoomOptions(args: Parameters<Command['run']>[0]): { trustedSecret
   if (!(fraction >= 0 && fraction <= 1)) throw new UsageError(`--spot-check must be a fraction in [0, 1], got '${stringOption(args, 'spot-check')}'`);
   if (!(tolerance > 0)) throw new UsageError(`--spot-check-tolerance must be a positive number, got '${stringOption(args, 'spot-check-tolerance')}'`);
   return { trustedSecret: stringOption(args, 'trusted-secret')!, fraction, tolerance };
+}
+
+function speculateOption(n: number): number {
+  if (n >= 0 && n <= MAX_DRAFT_TOKENS) return n;
+  throw new UsageError(`--speculate must be 0..${MAX_DRAFT_TOKENS} drafts, got ${n}`);
 }
 
 function plannerOption(v: string | undefined): 'speed' | 'memory' {
@@ -83,6 +89,7 @@ export const command: Command = {
     'heartbeat-timeout': { type: 'string', description: 'a peer that answers no ping for this long is lost (ms)', default: '3500', valueName: '<ms>' },
     planner: { type: 'string', description: 'how routes are planned: in proportion to memory (memory), or by measured speed and round trips where every peer reports one (speed: nodes then measure themselves on one layer as they join)', default: 'memory', valueName: '<memory|speed>' },
     standby: { type: 'string', description: 'spares load the shard they would take over ahead of time (on), or only when they take it over (off)', default: 'on', valueName: '<on|off>' },
+    speculate: { type: 'string', description: `speculative decoding for greedy requests: up to N drafts (prompt lookup over the session's own tokens) verified per route pass, so a route pays its hop latency once per accepted run (0 = off, at most ${MAX_DRAFT_TOKENS})`, default: '0', valueName: '<N>' },
     'step-timeout': { type: 'string', description: 'a step unanswered this long makes the server probe its stages for a stalled one (ms; a live stage answers the probe at once)', default: '1000', valueName: '<ms>' },
     quiet: { type: 'boolean', description: 'print only the join URLs, not room events' },
     ui: { type: 'string', description: 'the web app: dist (the production build, made on install and rebuilt when sources changed), dev (vite from the sources with HMR, 127.0.0.1 only), or off', default: 'dist', valueName: '<mode>' },
@@ -128,6 +135,7 @@ export const command: Command = {
       planner: plannerOption(stringOption(args, 'planner')),
       stagePolicy: { minStayMs: intOption(args, 'stage-min-stay', 0), minMemoryBytes: sizeOption(args, 'stage-min-memory') },
       stepTimeoutMs: intOption(args, 'step-timeout', DEFAULT_STEP_TIMEOUT_MS),
+      speculate: speculateOption(intOption(args, 'speculate', 0)),
       ...(iceServers.length ? { iceServers } : {}),
       ...(turnSecret ? { turn: { secret: turnSecret, ttlS: intOption(args, 'turn-ttl', 3600) } } : {}),
       ...(tls ? { tls } : {}),
