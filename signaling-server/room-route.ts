@@ -5,7 +5,8 @@
 // through RouteOwner, so this module imports no room file.
 
 import { MeshError } from '../src/errors.ts';
-import type { ShardRange } from '../src/gguf/types.ts';
+import type { GgufHeader, ShardRange } from '../src/gguf/types.ts';
+import { HYBRID_ARCHITECTURES } from '../src/model/qwen35-config.ts';
 import type { CandidatePair } from '../src/protocol/control.ts';
 import type { RouteHandle } from '../src/route/sessions.ts';
 import type { HopLink, TelemetryEvent } from '../src/route/telemetry.ts';
@@ -33,7 +34,7 @@ export interface RouteStage {
 /** What a route asks of the room that owns it (room.ts implements it). */
 export interface RouteOwner {
   readonly id: string;
-  readonly model: { readonly id: string; readonly contextLength?: number };
+  readonly model: { readonly id: string; readonly contextLength?: number; readonly header: GgufHeader };
   readonly peers: ReadonlyMap<string, Peer>;
   readonly keeper: { summary(): Spare[] };
   log(line: string): void;
@@ -51,6 +52,7 @@ export class Route implements RouteHandle {
   readonly createdAt = Date.now();
   /** the repair under way (route-repair.ts), if a stage lost its peer */
   repairState: RepairState | null = null;
+  private recurrentModel: boolean | undefined;
   /** the stall probe in flight, shared by every session whose step is overdue */
   private probing: Promise<void> | null = null;
 
@@ -96,7 +98,15 @@ export class Route implements RouteHandle {
 
   /** every stage's peer takes FrameFlag.Verify (speculative decoding; the PyTorch peer does not yet) */
   verify(): boolean {
-    return this.stages.every((s) => this.room.peers.get(s.peerId)?.hello.verify === true);
+    return !this.recurrent && this.stages.every((s) => this.room.peers.get(s.peerId)?.hello.verify === true);
+  }
+
+  /**
+   * the model has recurrent layers (Gated DeltaNet): their state after a frame cannot drop the
+   * rejected drafts at its end, so no route of it speculates
+   */
+  private get recurrent(): boolean {
+    return (this.recurrentModel ??= (HYBRID_ARCHITECTURES as readonly unknown[]).includes(this.room.model.header.metadata['general.architecture']));
   }
 
   stageBackends(): string[] {
