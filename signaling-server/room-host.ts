@@ -38,7 +38,7 @@ export interface RoomHost extends RouteOwner {
   stageGone(peer: Peer, why: string): void;
   excludePeer(peer: Peer, reason: string): void;
   heldRangeOf(p: Peer): ShardRange | undefined;
-  mayServeStage(p: Peer, r: Route, stage: number): boolean;
+  mayServeStage(p: Peer, r: Route, stage: number, as?: 'stage' | 'standby'): boolean;
   leaveDone(peerId: string, moved: boolean): void;
   modelUrlFor(peer: Peer | undefined): string;
   downstreamOf(peerId: string | null, hello: PeerHello | undefined): Downstream;

@@ -106,9 +106,13 @@ export class Room implements RoomHost {
     return this.publicRoom?.opts.trustedSecret ?? null;
   }
 
-  /** Whether `p` may serve stage `stage` of `r`: the stage policy's memory floor, and a public room keeps its ends on trusted peers. */
-  mayServeStage(p: Peer, r: Route, stage: number): boolean {
-    if (plannedMemory(p) < (this.opts.stagePolicy ?? OPEN_POLICY).minMemoryBytes) return false;
+  /**
+   * Whether `p` may serve stage `stage` of `r`: a public room keeps its ends on trusted peers,
+   * and the stage policy's memory floor — which a standby does not need: a peer below it is
+   * only ever a spare, warming the shard (stage-policy.ts)
+   */
+  mayServeStage(p: Peer, r: Route, stage: number, as: 'stage' | 'standby' = 'stage'): boolean {
+    if (as === 'stage' && plannedMemory(p) < (this.opts.stagePolicy ?? OPEN_POLICY).minMemoryBytes) return false;
     return this.publicRoom?.mayServe(p, stage, r.stages.length) ?? true;
   }
 

@@ -91,11 +91,11 @@ export class RouteKeeper {
     return shardBytes(this.room.model.header, shard, this.room.model.nLayer) <= plannedMemory(p);
   }
 
-  /** Can `p` take stage `stage` of `r` (as its replacement, or as a standby)? A fixed `--layers` range must be the stage's; then memory and the room's stage rules. */
-  canTake(p: Peer, r: Route, stage: number): boolean {
+  /** Can `p` take stage `stage` of `r` (as its replacement, or warm it as a standby)? A fixed `--layers` range must be the stage's; then memory and the room's stage rules. */
+  canTake(p: Peer, r: Route, stage: number, as: 'stage' | 'standby' = 'stage'): boolean {
     const st = r.stages[stage];
     if (!st || (p.hello.layers && !sameRange(p.hello.layers, st.shard))) return false;
-    return this.canServe(p, st.shard) && this.room.mayServeStage(p, r, stage);
+    return this.canServe(p, st.shard) && this.room.mayServeStage(p, r, stage, as);
   }
 
   /** `p`'s standby when it is for stage `stage` of `r` as the route stands now (not an older route's stage, not failed). */
@@ -131,9 +131,9 @@ export class RouteKeeper {
     for (const id of [...this.spares.keys()]) if (!idleIds.has(id)) this.spares.delete(id);
     for (const p of idle) {
       const current = this.spares.get(p.id);
-      if (current && this.standbyFor(p, r, current.stage) && this.canTake(p, r, current.stage)) continue;
+      if (current && this.standbyFor(p, r, current.stage) && this.canTake(p, r, current.stage, 'standby')) continue;
       this.spares.delete(p.id);
-      const fits = r.stages.filter((st) => this.canTake(p, r, st.stage));
+      const fits = r.stages.filter((st) => this.canTake(p, r, st.stage, 'standby'));
       if (fits.length === 0) {
         if (current) this.room.log(`peer ${p.id}: no longer a spare (its standby ${current.shard.start}-${current.shard.end} is no stage of route ${r.id} it can take)`);
         continue;
