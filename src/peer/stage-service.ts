@@ -218,6 +218,8 @@ export class StageService {
     const settings = body.sampler ?? {};
     const sample = this.samplerFor(settings, body.draws ?? 0); // bad settings are refused before the backend holds the session
     (this.sweeper ??= setInterval(() => void this.expireIdle(), Math.min(60_000, this.limits.idleTtlMs / 4))).unref?.();
+    // held from now too: an engine in a worker thread opens the session after the chunk it is computing
+    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
     await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
     await this.opts.spotCheck?.open(f.sessionId, body.contextLength);
     // its first frame follows at once: give it the next turn over other sessions' long prompts
@@ -249,9 +251,11 @@ export class StageService {
     const body = parseRewind(decodeJson(f.payload));
     const settings = body.sampler ?? s.settings;
     const sample = this.samplerFor(settings, body.draws); // bad settings refuse the rewind before it changes anything
+    // a continued session (KV reuse) sends its prompt at once; held from now (as an open)
+    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
     await this.opts.backend.truncateSession(f.sessionId, f.position);
     await this.opts.spotCheck?.rewind(f.sessionId, f.position);
-    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS); // a continued session (KV reuse) sends its prompt at once
+    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
     s.log.truncate(f.position);
     s.pipelineError = null;
     s.tentative = Infinity;
