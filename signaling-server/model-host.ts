@@ -7,6 +7,7 @@ import { open } from 'node:fs/promises';
 import type { FileHandle } from 'node:fs/promises';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { MeshError } from '../src/errors.ts';
+import { PEER_HEADER } from '../src/transport/link.ts';
 
 /**
  * A hosted model file, opened once when its room opens: every read goes through this
@@ -105,7 +106,7 @@ export function parseRange(header: string | undefined, size: number): { start: n
 export async function serveFile(req: IncomingMessage, res: ServerResponse, pinned: PinnedFile, log: FetchLog, file = 0): Promise<void> {
   await pinned.check();
   const size = pinned.size;
-  const client = (req.headers['x-mesh-peer'] as string | undefined) ?? `${req.socket.remoteAddress}:${req.socket.remotePort}`;
+  const client = (req.headers[PEER_HEADER] as string | undefined) ?? `${req.socket.remoteAddress}:${req.socket.remotePort}`;
   const range = parseRange(req.headers.range, size);
   const head = req.method === 'HEAD';
   const common = { 'accept-ranges': 'bytes', 'content-type': 'application/octet-stream' };

@@ -37,8 +37,8 @@ export async function threadEngineApi<E extends ThreadEngine>(engine: E, options
   const apis: { [K in ThreadEngine]: (o: ThreadEngines[K]['options']) => Promise<StageWorkerApi<ThreadEngines[K]['info']>> } = {
     cpu: async (o) => {
       const { createNodeCpuBackend } = await import('../src/backends/cpu/node-threads.ts');
-      const { describeCpu } = await import('../src/backends/cpu/worker-api.ts');
-      return stageWorkerApi(() => createNodeCpuBackend(o), describeCpu, fail);
+      const { cpuWorkerApi } = await import('../src/backends/cpu/worker-api.ts');
+      return cpuWorkerApi(() => createNodeCpuBackend(o));
     },
     'llamacpp-range': async (o) => {
       const { LlamaCppRangeStage } = await import('../src/backends/llamacpp/range-stage.ts');

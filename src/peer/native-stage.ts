@@ -15,7 +15,7 @@ import { openArtifactReader, openTensorSource, tensorSourceOver } from '../gguf/
 import { artifactFiles } from '../gguf/split.ts';
 import type { TensorSource } from '../gguf/types.ts';
 import type { CandidatePair, HopKind, PeerToServer } from '../protocol/control.ts';
-import { PEER_HEADER } from '../transport/frame-server.ts';
+import { PEER_HEADER } from '../transport/link.ts';
 import { HttpLink } from '../transport/http.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { WsLink } from '../transport/ws.ts';

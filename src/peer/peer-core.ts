@@ -17,6 +17,7 @@ import type { CandidatePair, HopKind, PeerHello, PeerToServer, ServerMessage, Se
 import { headerFromWire } from '../protocol/header-wire.ts';
 import { encodeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
+import { PEER_HEADER } from '../transport/link.ts';
 import type { FrameLink } from '../transport/link.ts';
 import { fetchJson } from '../transport/server-json.ts';
 import { SpotCheck } from './spot-check.ts';
@@ -67,7 +68,7 @@ export async function fetchRoomModel(base: string, roomId: string, secret: strin
  */
 export function modelHeaders(modelUrl: string, serverBase: string, secret: string, peerId: string | null): Record<string, string> {
   if (new URL(modelUrl).origin !== new URL(serverBase).origin) return {};
-  return { authorization: `Bearer ${secret}`, 'x-mesh-peer': peerId ?? 'unknown' };
+  return { authorization: `Bearer ${secret}`, [PEER_HEADER]: peerId ?? 'unknown' };
 }
 
 /** A gate for progress reports: open at most once every `ms`, and always for the last one. */

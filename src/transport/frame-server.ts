@@ -15,12 +15,11 @@ import type WebSocket from 'ws';
 import { httpStatusFor, MeshError } from '../errors.ts';
 import type { ErrorCode } from '../errors.ts';
 import { handleFrameHttp, sendError, sendJson } from './http.ts';
+import { PEER_HEADER } from './link.ts';
 import type { FrameHandler, FrameOrigin } from './link.ts';
 import { serveFrames } from './ws.ts';
 
 export const FRAMES_PATH = '/v1/frames';
-/** The header a sending peer names itself in (the same one the server's model hosting reads). */
-export const PEER_HEADER = 'x-mesh-peer';
 const MAX_PEER_ID = 64;
 
 /** Constant-time comparison of a presented secret with the expected one. */

@@ -33,6 +33,9 @@ export interface FrameOrigin {
   peer: string | null;
 }
 
+/** The header a peer names itself in: to a next stage's carriers (FrameOrigin) and to the server's model hosting. */
+export const PEER_HEADER = 'x-mesh-peer';
+
 export type FrameHandler = (frame: Frame, origin?: FrameOrigin) => Promise<Frame>;
 
 /** Rejects when the reply is an Error frame; otherwise returns it. */
