@@ -32,7 +32,7 @@ import type { BatchCounters } from './compute-queue.ts';
 import type { SpotCheck } from './spot-check.ts';
 import { frameChunk, hiddenRowsOf, inputSlice } from './stage-input.ts';
 import { stageForward, stageQueue } from './stage-forward.ts';
-import { dropRejected, verifies, verifyAnswer } from './stage-verify.ts';
+import { dropRejected, forgetFrom, verifies, verifyAnswer } from './stage-verify.ts';
 import { sessionCounters } from './stage-status.ts';
 import type { StepTotals } from './stage-status.ts';
 import type { StageQueue } from './stage-forward.ts';
@@ -253,17 +253,14 @@ export class StageService {
     const sample = this.samplerFor(settings, body.draws); // bad settings refuse the rewind before it changes anything
     // a continued session (KV reuse) sends its prompt at once; held from now (as an open)
     this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
-    await this.opts.backend.truncateSession(f.sessionId, f.position);
-    await this.opts.spotCheck?.rewind(f.sessionId, f.position);
+    await forgetFrom(f.sessionId, f.position, s, this.opts.backend, this.opts.spotCheck);
     this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
-    s.log.truncate(f.position);
     s.pipelineError = null;
     s.tentative = Infinity;
     s.settings = settings;
     s.sample = sample;
     if (body.logprobs !== undefined) s.logprobs = body.logprobs;
-    // the penalty history: positions kept, then the tokens the client says come from `from` on
-    s.history.length = Math.min(s.history.length, f.position);
+    // the penalty history (cut at f.position above), then the tokens the client says come from `from` on
     const from = body.from ?? f.position;
     if (body.tokens && from <= s.history.length) s.history.splice(from, s.history.length - from, ...body.tokens);
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: f.position });

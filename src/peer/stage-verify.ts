@@ -26,15 +26,18 @@ export interface VerifySession {
   history: number[];
 }
 
+/** A session's positions from `position` on are forgotten: KV (the spot check's too), the output log, the penalty history (a Rewind, rejected drafts). */
+export async function forgetFrom(sessionId: string, position: number, s: Omit<VerifySession, 'tentative'>, backend: StageBackend, spotCheck: SpotCheck | undefined): Promise<void> {
+  await backend.truncateSession(sessionId, position);
+  await spotCheck?.rewind(sessionId, position);
+  s.log.truncate(position);
+  s.history.length = Math.min(s.history.length, position);
+}
+
 /** Before a Verify frame's forward: the rejected drafts at [f.position, held) go; the frame's own drafts become the tentative positions. */
 export async function dropRejected(f: Frame, s: VerifySession, backend: StageBackend, spotCheck: SpotCheck | undefined): Promise<void> {
   const held = backend.sessionStats(f.sessionId).position;
-  if (held > f.position && f.position >= s.tentative) {
-    await backend.truncateSession(f.sessionId, f.position);
-    await spotCheck?.rewind(f.sessionId, f.position);
-    s.log.truncate(f.position);
-    s.history.length = Math.min(s.history.length, f.position);
-  }
+  if (held > f.position && f.position >= s.tentative) await forgetFrom(f.sessionId, f.position, s, backend, spotCheck);
   s.tentative = f.position + 1;
 }
 
