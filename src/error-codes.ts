@@ -165,6 +165,7 @@ const ROUTE = {
   SESSION_BAD_STATE: { status: 409, meaning: "the request does not fit the session's state (a decode before any prefill, …)" },
   SESSION_LIMIT: { status: 429, meaning: 'too many sessions open: per client, per route or per stage (retry later)' },
   SESSION_CLOSED: { status: 409, meaning: 'the session is closed or expired' },
+  SESSION_REWOUND: { status: 409, meaning: "a frame was queued or computing on a stage when its session was rewound (a repair or a continued turn); the rewind forgot it" },
   SESSION_FAILED: { status: 409, meaning: 'the session failed earlier; open a new one' },
   BAD_CHAIN: { status: 500, meaning: 'a chain of stages is empty, or its outputs do not chain (logits before the last stage, hidden states after it)' },
   STAGE_FAILED: { status: 502, meaning: 'a stage failed with an error that was not a MeshError' },

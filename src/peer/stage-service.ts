@@ -103,6 +103,8 @@ interface StageSession {
   lastUsed: number;
   /** positions from here on are drafts of the last Verify frame (stage-verify.ts); Infinity: none */
   tentative: number;
+  /** bumped by every Rewind: a frame that started before it neither logs nor goes downstream, and its late failures are not this session's */
+  epoch: number;
 }
 
 /** What one frame's compute adds up to (over its chunks), and the timing records it carries forward (ReturnDirect). */
@@ -235,6 +237,7 @@ export class StageService {
       pipelineError: null,
       lastUsed: performance.now(),
       tentative: Infinity,
+      epoch: 0,
     });
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'open', position: 0 });
   }
@@ -251,6 +254,11 @@ export class StageService {
     const body = parseRewind(decodeJson(f.payload));
     const settings = body.sampler ?? s.settings;
     const sample = this.samplerFor(settings, body.draws); // bad settings refuse the rewind before it changes anything
+    // frames of the session still queued here predate the rewind (a repair's chunks in flight
+    // when a stage was lost): they are dropped, and the one computing neither logs nor goes
+    // downstream — so once this answers, nothing stale leaves this stage for the next one
+    s.epoch++;
+    await this.queue.cancel(f.sessionId, new MeshError('SESSION_REWOUND', `session ${f.sessionId} was rewound to position ${f.position} on stage ${this.opts.stage} before this frame was computed`));
     // a continued session (KV reuse) sends its prompt at once; held from now (as an open)
     this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
     await forgetFrom(f.sessionId, f.position, s, this.opts.backend, this.opts.spotCheck);
@@ -383,7 +391,9 @@ export class StageService {
   private async computeStep(f: Frame, s: StageSession, input: Input, step: StepCost): Promise<Frame> {
     if (s.pipelineError) throw s.pipelineError;
     if (!this.sessions.has(f.sessionId)) throw new MeshError('SESSION_CLOSED', `session ${f.sessionId} was closed on stage ${this.opts.stage}`);
+    const epoch = s.epoch;
     const turn = await stageForward(this.queue, this.opts.backend, f, input, s.hiddenDtype === DType.F32 ? 'f32' : 'f16');
+    if (s.epoch !== epoch) throw new MeshError('SESSION_REWOUND', `session ${f.sessionId} was rewound on stage ${this.opts.stage} while position ${f.position} was computing`);
     const { output, computeMs } = turn.value;
     step.queueMs += turn.waitedMs;
     // after the forward: a refused frame leaves no trace
@@ -417,7 +427,9 @@ export class StageService {
         // link stay in order; a failure surfaces on this session's next frame)
         void next.request(out).then(
           () => undefined,
-          (e) => (s.pipelineError ??= this.downstreamError(e, next)),
+          (e) => {
+            if (s.epoch === epoch) s.pipelineError ??= this.downstreamError(e, next);
+          },
         );
         return jsonFrame(FrameType.Status, { routeId: f.routeId, sessionId: f.sessionId }, { stage: this.opts.stage, position: f.position + f.nTokens, pipelined: true });
       }
@@ -430,7 +442,9 @@ export class StageService {
         const end = f.position + f.nTokens;
         void next.request(sending).then(
           () => undefined,
-          (e) => owner({ ...errorReplyFor(f, (s.pipelineError ??= this.downstreamError(e, next))), position: end }),
+          (e) => {
+            if (s.epoch === epoch) owner({ ...errorReplyFor(f, (s.pipelineError ??= this.downstreamError(e, next))), position: end });
+          },
         );
         return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: end, forwarded: true });
       }

@@ -5,8 +5,9 @@
 // it). When a stage's peer changed, the session is opened on the new peer and rebuilt:
 //
 //   1. every surviving stage rewinds to the confirmed position (a step in flight when the loss
-//      happened may have reached some of them) and restarts its sampler after the confirmed
-//      draws — so the step can be sent again and samples exactly what it would have;
+//      happened may have reached some of them; its frames still queued there are dropped) and
+//      restarts its sampler after the confirmed draws — so the step can be sent again and
+//      samples exactly what it would have; then the new peers open the session;
 //   2. a new stage 0 replays the token history (the session has it); a new stage k > 0 gets the
 //      hidden states stage k − 1 logged when it sent them (stage-service's Resend: they go peer
 //      to peer, n_embd × 2 bytes per token, and only stage k computes);
@@ -120,19 +121,22 @@ export async function rebuildSession(t: RebuildTarget, links: ReadonlyArray<Fram
   const end = t.confirmedPosition;
   const isNew = new Set(replaced);
   const last = routePeers.length - 1;
-  // 1. open on the new peers (sampler after the confirmed draws), rewind the survivors
+  // 1. rewind the survivors, first to last, then open on the new peers (sampler after the
+  //    confirmed draws). The order matters: a survivor's rewind drops the session's frames still
+  //    queued or computing there, so once it answers nothing stale leaves it for the stage after
+  //    (a new peer opened before that could compute a pipelined chunk the replay sends again).
+  for (const i of routePeers.keys()) {
+    if (isNew.has(i)) continue;
+    const tokens = t.body.tokens ? { tokens: historyTokens(t.history, end) } : {};
+    await linkOf(links, i).request(repairFrame(FrameType.Rewind, at, end, { draws: t.confirmedDraws, ...tokens } satisfies RewindBody));
+  }
   await Promise.all(
-    routePeers.map(async (_p, i) => {
+    replaced.map(async (i) => {
       const link = linkOf(links, i);
-      if (isNew.has(i)) {
-        await link.request(makeFrame({ type: FrameType.SessionClose, ...at })).catch(() => undefined); // left by an earlier attempt
-        // a penalised session's new last stage learns every token fed so far
-        const tokens = t.body.tokens ? { tokens: historyTokens(t.history, 0) } : {};
-        await link.request(jsonFrame(FrameType.SessionOpen, at, { ...t.body, ...tokens, draws: t.confirmedDraws } satisfies SessionOpenBody));
-      } else {
-        const tokens = t.body.tokens ? { tokens: historyTokens(t.history, end) } : {};
-        await link.request(repairFrame(FrameType.Rewind, at, end, { draws: t.confirmedDraws, ...tokens } satisfies RewindBody));
-      }
+      await link.request(makeFrame({ type: FrameType.SessionClose, ...at })).catch(() => undefined); // left by an earlier attempt
+      // a penalised session's new last stage learns every token fed so far
+      const tokens = t.body.tokens ? { tokens: historyTokens(t.history, 0) } : {};
+      await link.request(jsonFrame(FrameType.SessionOpen, at, { ...t.body, ...tokens, draws: t.confirmedDraws } satisfies SessionOpenBody));
     }),
   );
   // 2. rebuild the new stages, first to last (a new stage's log feeds the next new one)
