@@ -13,7 +13,7 @@ import { isMeshError, MeshError } from '../src/errors.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import type { TensorSource } from '../src/gguf/types.ts';
 import { StageService } from '../src/peer/stage-service.ts';
-import { FrameType } from '../src/protocol/frame.ts';
+import { FrameType, makeFrame } from '../src/protocol/frame.ts';
 import type { Frame } from '../src/protocol/frame.ts';
 import { decodeJson, jsonFrame, repairFrame, tokensFrame } from '../src/protocol/payload.ts';
 import type { FrameLink } from '../src/transport/link.ts';
@@ -87,7 +87,7 @@ describe('a Rewind fences the stage', () => {
     await second.handle(jsonFrame(FrameType.Status, at, {})); // stage 1's lane is past the chunks
     expect(position(first)).toBe(CHUNK * CHUNKS);
     expect(position(second)).toBe(CHUNK * CHUNKS);
-    for (const s of [first, second]) await s.handle({ ...jsonFrame(FrameType.SessionClose, at, {}) });
+    for (const s of [first, second]) await s.handle(makeFrame({ type: FrameType.SessionClose, ...at }));
   }, 60_000);
 
   it("a pipelined chunk's failure that comes back after the rewind is not the session's", async () => {
@@ -108,6 +108,6 @@ describe('a Rewind fences the stage', () => {
     const reply = await first.handle(chunk(0));
     expect(reply.type).toBe(FrameType.Status);
     expect(position(first)).toBe(CHUNK);
-    for (const s of [first, second]) await s.handle(jsonFrame(FrameType.SessionClose, at, {}));
+    for (const s of [first, second]) await s.handle(makeFrame({ type: FrameType.SessionClose, ...at }));
   }, 60_000);
 });
