@@ -117,6 +117,33 @@ function watchControl(ws: WebSocket, base: string): { gone: Promise<Error>; clos
   return { gone, closed };
 }
 
+/**
+ * The server pings every admitted peer (twice a second by default): a server silent for
+ * SERVER_SILENCE_MS — a stopped process, a cluster instance frozen past its lease, a cut path
+ * whose socket stays open — is treated as gone, so the node rejoins (through a load balancer:
+ * at a live instance) instead of waiting on a socket that will never speak again.
+ */
+export const SERVER_SILENCE_MS = 10_000;
+
+function watchServer(ws: WebSocket, log: (line: string) => void): void {
+  let heard = Date.now();
+  const hear = (): void => void (heard = Date.now());
+  ws.on('ping', hear);
+  ws.on('message', hear);
+  let tick = Date.now();
+  const timer = setInterval(() => {
+    const now = Date.now();
+    // this thread was busy (the pings may be waiting in the queue): the silence was ours, not the server's
+    if (now - tick > 3_000) heard = now;
+    tick = now;
+    if (ws.readyState !== WebSocket.OPEN || now - heard < SERVER_SILENCE_MS) return;
+    log(`the server said nothing for ${((Date.now() - heard) / 1000).toFixed(1)} s; leaving the connection`);
+    ws.terminate();
+  }, 1_000);
+  timer.unref();
+  ws.once('close', () => clearInterval(timer));
+}
+
 /** What the hello offers: the backend, memory, where frames reach this node, what it holds verified. */
 function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact: string; units: string[]; adapter: HelloOffer['adapter']; rtc: boolean; speed: PeerSpeed | null }): HelloOffer {
   return {
@@ -231,9 +258,10 @@ async function connect(p: PeerShared): Promise<Connection> {
   });
   const speed = await measureSpeed(opts, model, loadShard, log);
   // (a test's link delay answers the server's heartbeat late too: its round trip is the planner's link)
-  const ws = (control = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`, { ...tlsOptions(), ...(delay > 0 ? { autoPong: false } : {}) })); // a pinned local CA (tls-trust.ts)
+  const ws = (control = new WebSocket(`${base.replace(/^http/, 'ws')}/v1/rooms/${roomId}/peer`, { ...tlsOptions(), handshakeTimeout: SERVER_SILENCE_MS, ...(delay > 0 ? { autoPong: false } : {}) })); // a pinned local CA (tls-trust.ts)
   if (delay > 0) ws.on('ping', (data) => setTimeout(() => ws.readyState === WebSocket.OPEN && ws.pong(data), 2 * delay));
   serveFrames(ws, delayedHandler(core.handle, delay));
+  watchServer(ws, log);
   const { gone, closed } = watchControl(ws, base);
   ws.on('message', later((data: WebSocket.RawData, isBinary: boolean) => {
     if (isBinary) return; // frames: serveFrames answers them

@@ -48,8 +48,12 @@ export interface RoomModel {
 }
 
 /** Reads the room's model id and manifest (JSON from the server: no model bytes). */
+/** How long a joining peer waits for the room's record. */
+export const ROOM_FETCH_TIMEOUT_MS = 10_000;
+
 export async function fetchRoomModel(base: string, roomId: string, secret: string): Promise<RoomModel> {
-  const room = await fetchJson<{ model: { id: string; url?: string; nLayer?: number }; planner?: string }>(`${base}/v1/rooms/${roomId}`, secret);
+  // a server that does not answer this small record soon is stopped or frozen: the join fails and is tried again (behind a balancer: elsewhere)
+  const room = await fetchJson<{ model: { id: string; url?: string; nLayer?: number }; planner?: string }>(`${base}/v1/rooms/${roomId}`, secret, { timeoutMs: ROOM_FETCH_TIMEOUT_MS });
   const api = `${base}/v1/models/${encodeURIComponent(room.model.id)}`;
   const manifest = parseManifest(await fetchJson<unknown>(`${api}/manifest`, secret));
   let header: GgufHeader | null = null;

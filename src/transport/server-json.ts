@@ -10,13 +10,17 @@ export interface FetchJsonOptions {
   signal?: AbortSignal;
   /** the code when the server cannot be reached at all (default JOIN_FAILED) */
   unreachableCode?: ErrorCode;
+  /** give up when no answer came within this long (ms; default: no limit) */
+  timeoutMs?: number;
 }
 
 /** GET `url` with `Authorization: Bearer <secret>` and read its JSON body. */
 export async function fetchJson<T>(url: string, secret: string, opts: FetchJsonOptions = {}): Promise<T> {
   let res: Response;
   try {
-    res = await fetch(url, { headers: { authorization: `Bearer ${secret}` }, ...(opts.signal ? { signal: opts.signal } : {}) });
+    const signals = [opts.signal, opts.timeoutMs ? AbortSignal.timeout(opts.timeoutMs) : undefined].filter((x): x is AbortSignal => x !== undefined);
+    const signal = signals.length > 1 ? AbortSignal.any(signals) : signals[0];
+    res = await fetch(url, { headers: { authorization: `Bearer ${secret}` }, ...(signal ? { signal } : {}) });
   } catch (e) {
     // fetch says only 'fetch failed'; the cause names the refused certificate or the refused connection
     const cause = (e as Error & { cause?: Error }).cause?.message;
