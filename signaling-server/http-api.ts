@@ -8,6 +8,10 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { MeshError } from '../src/errors.ts';
 import { headerToWire } from '../src/protocol/header-wire.ts';
 import { handleFrameHttp, sendError, sendJson } from '../src/transport/http.ts';
+import type { Cluster } from './cluster.ts';
+import { ownerOfRequest, replayed } from './cluster-routing.ts';
+import { linkRequest } from './instance-link.ts';
+import type { RoomLinks } from './instance-link.ts';
 import { serveFile } from './model-host.ts';
 import { handleOpenAi } from './openai.ts';
 import type { Room } from './room.ts';
@@ -27,6 +31,10 @@ export interface HttpApiOptions {
   tls?: ServerTls | null;
   /** this server's own address, which the trust files' links name */
   url?: string;
+  /** this instance's part in a cluster: requests for what another instance holds go on to it */
+  cluster?: Cluster | null;
+  /** the requests passed on, by room (ended when the room comes here) */
+  linked?: RoomLinks;
 }
 
 interface Request {
@@ -67,7 +75,8 @@ export class HttpApi {
     private readonly opts: HttpApiOptions = {},
   ) {}
 
-  readonly handle = async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
+  readonly handle = async (incoming: IncomingMessage, res: ServerResponse): Promise<void> => {
+    let req = incoming;
     try {
       // the CA certificate: public, before the app and the secret
       if (serveTrustFiles(this.opts.tls ?? null, req, res, this.opts.url)) return;
@@ -81,7 +90,15 @@ export class HttpApi {
         res.writeHead(204, { 'access-control-allow-headers': 'authorization, range, x-mesh-peer, content-type', 'access-control-allow-methods': 'GET, HEAD, POST, DELETE, OPTIONS', 'access-control-max-age': '600' });
         return void res.end();
       }
-      if (method === 'GET' && (path === '/v1/health' || path === '/health')) return this.health(res);
+      if (method === 'GET' && (path === '/v1/health' || path === '/health')) return await this.health(res);
+      const cluster = this.opts.cluster;
+      if (cluster && !cluster.fromInstance(req)) {
+        // what another instance holds is answered there (a link from an instance is answered here)
+        const owner = await ownerOfRequest(cluster, this.registry, req, path);
+        const links = owner.roomId && this.opts.linked ? { roomId: owner.roomId, all: this.opts.linked } : undefined;
+        if (owner.target) return await linkRequest(req, res, owner.target, cluster.linkProof(), owner.body, this.opts.tls?.ca ? { ca: this.opts.tls.ca.pem } : {}, links);
+        if (owner.body) req = replayed(req, owner.body);
+      }
       const grant = this.registry.requireAuth(req);
       const allowed = grant.rooms;
       for (const [methods, pattern, roles, serve] of this.endpoints) {
@@ -105,14 +122,21 @@ export class HttpApi {
 
   /**
    * GET /v1/health: readiness for load balancers, no credential (counts only, no ids): 200 when
-   * every room's route is ready and the API would admit another request, else 503.
+   * every room's route is ready and the API would admit another request, else 503. In a
+   * cluster a room another instance holds counts by the state its holder published, and an
+   * instance that cannot reach Redis is not ready (it cannot tell who holds what).
    */
-  private health(res: ServerResponse): void {
+  private async health(res: ServerResponse): Promise<void> {
     const rooms = this.registry.rooms;
-    const ready = rooms.filter((r) => r.route?.status === 'ready').length;
+    const cluster = this.opts.cluster;
+    const c = cluster ? await cluster.health() : null;
+    const readyHere = (r: Room): boolean => r.route?.status === 'ready';
+    const readyThere = async (r: Room): Promise<boolean> => (await cluster!.directory.roomState<{ route: { status: string } | null }>(r.id).catch(() => null))?.route?.status === 'ready';
+    let ready = 0;
+    for (const r of rooms) if (!cluster || cluster.holds(r.id) ? readyHere(r) : c?.redis === 'ok' && (await readyThere(r))) ready++;
     const queue = this.registry.gate.counts;
-    const ok = rooms.length > 0 && ready === rooms.length && this.registry.gate.open;
-    sendJson(res, ok ? 200 : 503, { status: ok ? 'ready' : 'not_ready', rooms: rooms.length, readyRooms: ready, queue, sessions: this.registry.sessions.liveCount(), keptSessions: this.registry.sessions.liveCount(true) });
+    const ok = rooms.length > 0 && ready === rooms.length && this.registry.gate.open && (!c || c.redis === 'ok');
+    sendJson(res, ok ? 200 : 503, { status: ok ? 'ready' : 'not_ready', rooms: rooms.length, readyRooms: ready, queue, sessions: this.registry.sessions.liveCount(), keptSessions: this.registry.sessions.liveCount(true), ...(c ? { cluster: { instance: c.instance, redis: c.redis, holds: c.holds.length } } : {}) });
   }
 
   private modelFile({ req, res, allowed, m }: Request): Promise<void> {

@@ -61,6 +61,8 @@ export interface RoomRegistryOptions extends CredentialOptions {
   speculate?: number;
   /** mint each peer a short-lived credential for the TURN servers in `iceServers` that name none (./turn.ts) */
   turn?: { secret: string; ttlS: number };
+  /** route ids start above this (a cluster instance's number << 16, so ids never collide across instances) */
+  routeIdBase?: number;
   log: (line: string) => void;
 }
 
@@ -116,6 +118,7 @@ export class RoomRegistry {
       },
       { ...opts.limits, idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => opts.log(`session ${id}: ${state}`), ...(opts.stepTimeoutMs ? { stepTimeoutMs: opts.stepTimeoutMs } : {}), ...(opts.speculate ? { speculate: opts.speculate } : {}) },
     );
+    this.routeCounter = opts.routeIdBase ?? 0;
     this.access = new Access(opts, () => this.rooms);
     this.gate = new AdmissionGate(opts.limits);
   }

@@ -461,6 +461,23 @@ export class Room implements RoomHost {
     this.schedulePlan();
   }
 
+  /**
+   * This server stops hosting the room (a cluster instance whose lease passed on): its route
+   * closes and every peer's socket closes with 1012, so the peers rejoin — through whichever
+   * instance they reach, to the room's new holder.
+   */
+  handOff(why: string): void {
+    if (this.planTimer) clearTimeout(this.planTimer);
+    const r = this.route;
+    if (r?.repairState) this.keeper.giveUp(r, why);
+    if (r) {
+      this.closeRoute(r);
+      // its sessions cannot be repaired here: they fail now, naming why
+      void this.opts.sessions.stageLost(r.id, 0, `the room moved to another instance: ${why}`);
+    }
+    for (const p of this.peers.values()) p.ws.close(1012, `the room moved to another instance: ${why}`.slice(0, 120));
+  }
+
   dispose(): void {
     if (this.planTimer) clearTimeout(this.planTimer);
     if (this.route?.repairState) this.keeper.giveUp(this.route, 'the server is stopping');

@@ -20,6 +20,8 @@
 //   GET  /tls/ca.json, /tls/ca.crt, /tls/ca.pem   the local CA devices trust (./tls.ts)   public
 
 import { createServer } from 'node:http';
+import type { IncomingMessage } from 'node:http';
+import type { Duplex } from 'node:stream';
 import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { networkInterfaces } from 'node:os';
@@ -29,7 +31,10 @@ import type { IceServer } from '../src/protocol/control.ts';
 import type { SessionManager } from '../src/route/sessions.ts';
 import { refuseUpgrade } from '../src/transport/frame-server.ts';
 import { serveFrames } from '../src/transport/ws.ts';
+import { MeshError } from '../src/errors.ts';
+import { Cluster } from './cluster.ts';
 import { HttpApi } from './http-api.ts';
+import { linkUpgrade, RoomLinks } from './instance-link.ts';
 import type { AppHook } from './http-api.ts';
 import type { FetchLog } from './model-host.ts';
 import { admitPeer, DEFAULT_LIVENESS } from './peer-admission.ts';
@@ -70,6 +75,8 @@ export interface SignalingServerOptions extends CredentialOptions, RoomSettings 
    * the request to the API. Never sees WebSocket upgrades.
    */
   app?: AppHook;
+  /** run as one instance of a cluster sharing this Redis (./cluster.ts); needs `secret` */
+  cluster?: { redisUrl: string; /** how the other instances reach this one (default: this server's URL) */ url?: string; leaseMs?: number; prefix?: string };
 }
 
 export interface SignalingServer {
@@ -85,6 +92,8 @@ export interface SignalingServer {
   joinUrl(room: Room): string;
   /** opens one more room on this server for a model path or URL (same rules as `models`) */
   addRoom(location: string): Promise<Room>;
+  /** this instance's part in a cluster (serve --redis), null alone */
+  cluster: Cluster | null;
   close(): Promise<void>;
 }
 
@@ -112,6 +121,38 @@ function serveClient(registry: RoomRegistry, room: Room, ws: WebSocket, grant: G
   ws.on('close', () => void registry.sessions.ownerGone(ws));
 }
 
+/**
+ * The rooms' side of the cluster: a room whose lease passed on is handed off (its peers rejoin
+ * through any instance, to the new holder), a held room publishes its route under its lease,
+ * and each session opened here is recorded as this instance's.
+ */
+async function joinRooms(cluster: Cluster, registry: RoomRegistry, linked: RoomLinks): Promise<void> {
+  const byId = (id: string): Room | undefined => registry.rooms.find((r) => r.id === id);
+  cluster.onLost = (id, why) => byId(id)?.handOff(why);
+  cluster.onGained = (id) => {
+    // sockets and requests passed on to the room's last holder (dead, or stale and frozen) end: their peers rejoin here
+    linked.endAll(id);
+    const room = byId(id);
+    if (room) void cluster.publish(id, roomState(room));
+  };
+  for (const room of registry.rooms) {
+    room.subscribe((e) => {
+      if (e.type.startsWith('route_')) void cluster.publish(room.id, roomState(room));
+    });
+  }
+  registry.sessions.onOpened = (sessionId, routeId) => {
+    const room = registry.findRoute(routeId)?.room;
+    if (room) void cluster.claimSession(sessionId, room.id, 60 * 60_000);
+  };
+  await cluster.start();
+}
+
+/** What a holder publishes of its room: the route and who serves which layers. */
+function roomState(room: Room): Record<string, unknown> {
+  const r = room.route;
+  return { roomId: room.id, route: r ? { id: r.id, status: r.status, stages: r.stages.map((s) => ({ stage: s.stage, peerId: s.peerId, start: s.shard.start, end: s.shard.end })) } : null, peers: room.peers.size, at: Date.now() };
+}
+
 export async function startSignalingServer(opts: SignalingServerOptions): Promise<SignalingServer> {
   const log = opts.log ?? (() => undefined);
   const server = opts.tls ? createHttpsServer({ cert: opts.tls.cert, key: opts.tls.key }) : createServer();
@@ -124,9 +165,22 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
   // bound to every interface: links name one address other devices can use, not 0.0.0.0
   const shown = addr.address === '0.0.0.0' || addr.address === '::' ? (lanAddress() ?? '127.0.0.1') : addr.address;
   const url = `${opts.tls ? 'https' : 'http'}://${shown.includes(':') ? `[${shown}]` : shown}:${addr.port}`;
+  let cluster: Cluster | null = null;
+  if (opts.cluster) {
+    if (!opts.secret) throw new MeshError('CLUSTER_NEEDS_SECRET', 'serve --redis needs --secret: every instance must open the same rooms (their ids come from the secret)');
+    try {
+      cluster = await Cluster.join({ ...opts.cluster, url: opts.cluster.url ?? url, secret: opts.secret, log }, () => registry.rooms.map((r) => r.id));
+    } catch (e) {
+      server.close();
+      throw e;
+    }
+  }
+  // what this instance passed on to another, by room (ended when the room comes here)
+  const linked = new RoomLinks();
   // the rooms are made once the address is known: their model URLs name it
-  const registry = new RoomRegistry(url, { ...opts, log });
-  server.on('request', new HttpApi(registry, { ...(opts.app ? { app: opts.app } : {}), tls: opts.tls ?? null, url }).handle);
+  const registry = new RoomRegistry(url, { ...opts, log, ...(cluster ? { routeIdBase: cluster.routeIdBase } : {}) });
+  server.on('request', new HttpApi(registry, { ...(opts.app ? { app: opts.app } : {}), tls: opts.tls ?? null, url, cluster, linked }).handle);
+  const trust = opts.tls?.ca ? { ca: opts.tls.ca.pem } : {};
 
   server.on('upgrade', (req, socket, head) => {
     const path = new URL(req.url ?? '/', 'http://x').pathname;
@@ -136,8 +190,29 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
       refuseUpgrade(socket, 'NOT_FOUND');
       return;
     }
+    if (cluster) {
+      // another instance holds the room: the socket goes on to it (a link from an instance is never passed on again)
+      const c = cluster;
+      void (async () => {
+        try {
+          const viaLink = c.fromInstance(req);
+          const holder = viaLink ? (c.holds(room.id) ? null : Promise.reject(new MeshError('ROOM_ELSEWHERE', `room ${room.id} is not held here`))) : c.holderOf(room.id);
+          const target = await holder;
+          if (target) return linkUpgrade(wss, req, socket, head, target, c.linkProof(), trust, (peer) => linked.add(room.id, () => peer.close(1012, 'the room moved to this instance')));
+          accept(req, socket, head, m[2] as 'peer' | 'client', room);
+        } catch (e) {
+          refuseUpgrade(socket, e instanceof MeshError ? e.code : 'INTERNAL');
+        }
+      })();
+      return;
+    }
+    accept(req, socket, head, m[2] as 'peer' | 'client', room);
+  });
+
+  /** A peer or client socket for a room this server hosts. */
+  function accept(req: IncomingMessage, socket: Duplex, head: Buffer, kind: 'peer' | 'client', room: Room): void {
     let grant: Grant | null = null;
-    if (m[2] === 'client') {
+    if (kind === 'client') {
       // a client socket runs sessions: an API key or the admin secret, for this room
       try {
         grant = registry.access.grantOf(req);
@@ -152,11 +227,13 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     const origin = host ? `${opts.tls ? 'https' : 'http'}://${host}` : undefined;
     const liveness = { heartbeatMs: opts.heartbeatMs ?? DEFAULT_LIVENESS.heartbeatMs, heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? DEFAULT_LIVENESS.heartbeatTimeoutMs };
     wss.handleUpgrade(req, socket, head, (ws) => (grant ? serveClient(registry, room, ws, grant) : admitPeer(room, ws, registry.relayLedger(room), origin, liveness)));
-  });
+  }
   // a model it cannot serve ends the server: nothing keeps the port for rooms that never open
   try {
     for (const location of opts.models) await registry.addRoom(location);
+    if (cluster) await joinRooms(cluster, registry, linked);
   } catch (e) {
+    await cluster?.close();
     await registry.dispose();
     wss.close();
     server.closeAllConnections();
@@ -174,7 +251,9 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     // a local CA's fingerprint rides in the fragment too: native nodes pin it (src/transport/tls-trust.ts)
     joinUrl: (room) => `${url}/room/${room.id}#secret=${encodeURIComponent(room.secret)}${opts.tls?.ca ? `&ca=${opts.tls.ca.fingerprint}` : ''}`,
     addRoom: (location) => registry.addRoom(location),
+    cluster,
     async close() {
+      await cluster?.close();
       await registry.dispose();
       wss.close();
       server.closeAllConnections();

@@ -211,6 +211,11 @@ const SERVER = {
   TLS_BAD_CERT: { status: 500, meaning: "the operator's certificate or key (--tls-cert/--tls-key) cannot be read or do not make a TLS context" },
   TLS_BAD_KEY: { status: 500, meaning: "the cached local CA's private key is not a PKCS#8 ECDSA P-256 key" },
   UI_DEV_UNAVAILABLE: { status: 500, meaning: '--ui dev needs vite (a development install) and a loopback host' },
+  BAD_REDIS_URL: { status: 400, meaning: '--redis is not a redis:// or rediss:// URL' },
+  REDIS_UNREACHABLE: { status: 503, meaning: "the cluster's Redis does not answer" },
+  STALE_LEASE: { status: 409, meaning: "an instance wrote a room's state under a lease that has passed to another instance (the write is refused)" },
+  ROOM_ELSEWHERE: { status: 503, meaning: 'the instance holding this room cannot be reached now (retry: the room passes to a live instance when its lease expires)' },
+  CLUSTER_NEEDS_SECRET: { status: 400, meaning: 'serve --redis needs --secret (or --join-secret): every instance must open the same rooms' },
 } as const satisfies Codes;
 
 const ENTRY = {

@@ -39,6 +39,8 @@ export class SessionManager {
   /** one-way answers of steps in flight (token-return.ts) */
   private returns = new DirectReturns();
   readonly idleTtlMs: number;
+  /** told of each session opened (a cluster instance records that it drives it) */
+  onOpened: ((sessionId: string, routeId: number) => void) | null = null;
 
   constructor(
     private readonly resolveRoute: (routeId: number) => RouteHandle | undefined,
@@ -113,6 +115,7 @@ export class SessionManager {
     this.sessions.set(sessionId, s);
     this.prune();
     this.opts.onChange?.(sessionId, 'opening');
+    this.onOpened?.(sessionId, routeId);
     this.publish(sessionId, { type: 'session_state', sessionId, state: 'opening' });
     const links = route.stageLinks();
     const openFrame = jsonFrame(FrameType.SessionOpen, { routeId, sessionId }, body);

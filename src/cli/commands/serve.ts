@@ -4,7 +4,7 @@
 // with the operator's certificate, or a local CA it makes once (signaling-server/tls.ts).
 
 import { networkInterfaces } from 'node:os';
-import type { Command } from '../command.ts';
+import type { Command, ParsedArgs } from '../command.ts';
 import { intOption, sizeOption, stringOption, UsageError } from '../command.ts';
 import { startSignalingServer } from '../../../signaling-server/server.ts';
 import type { SignalingServerOptions } from '../../../signaling-server/server.ts';
@@ -26,6 +26,19 @@ function interfaceAddresses(): string[] {
     .flat()
     .filter((a): a is NonNullable<typeof a> => !!a && a.family === 'IPv4' && !a.internal)
     .map((a) => a.address);
+}
+
+/** --redis and its companions: this server as one instance of a cluster. */
+function clusterOption(args: ParsedArgs, joinSecret: string | undefined): Pick<SignalingServerOptions, 'cluster'> {
+  const redisUrl = stringOption(args, 'redis');
+  if (!redisUrl) {
+    if (stringOption(args, 'instance-url')) throw new UsageError('--instance-url needs --redis');
+    return {};
+  }
+  if (!joinSecret) throw new UsageError('--redis needs --secret (or --join-secret): every instance must open the same rooms');
+  const url = stringOption(args, 'instance-url');
+  if (url && !/^https?:\/\/[^/]+$/.test(url)) throw new UsageError(`--instance-url must be http(s)://host:port, got '${url}'`);
+  return { cluster: { redisUrl, leaseMs: intOption(args, 'redis-lease', 3000), prefix: stringOption(args, 'redis-prefix') ?? 'gm:', ...(url ? { url } : {}) } };
 }
 
 /** --trusted-secret with its spot-check fraction and tolerance. */
@@ -91,6 +104,10 @@ export const command: Command = {
     standby: { type: 'string', description: 'spares load the shard they would take over ahead of time (on), or only when they take it over (off)', default: 'on', valueName: '<on|off>' },
     speculate: { type: 'string', description: `speculative decoding for greedy requests: up to N drafts (prompt lookup over the session's own tokens) verified per route pass, so a route pays its hop latency once per accepted run (0 = off, at most ${MAX_DRAFT_TOKENS})`, default: '0', valueName: '<N>' },
     'step-timeout': { type: 'string', description: 'a step unanswered this long makes the server probe its stages for a stalled one (ms; a live stage answers the probe at once)', default: '1000', valueName: '<ms>' },
+    redis: { type: 'string', description: 'run as one instance of a cluster sharing this Redis (redis://host:port): any instance answers any room, one holds each room at a time, a lost instance\'s rooms pass to another (needs --secret; docs/cluster.md)', valueName: '<url>' },
+    'instance-url': { type: 'string', description: 'with --redis: how the other instances reach this one (default: the URL this server prints)', valueName: '<url>' },
+    'redis-lease': { type: 'string', description: "with --redis: a room's lease lives this long unless its holder renews it — the takeover time after an instance dies (ms)", default: '3000', valueName: '<ms>' },
+    'redis-prefix': { type: 'string', description: 'with --redis: the key prefix (several clusters may share one Redis)', default: 'gm:', valueName: '<prefix>' },
     quiet: { type: 'boolean', description: 'print only the join URLs, not room events' },
     ui: { type: 'string', description: 'the web app: dist (the production build, made on install and rebuilt when sources changed), dev (vite from the sources with HMR, 127.0.0.1 only), or off', default: 'dist', valueName: '<mode>' },
   },
@@ -139,6 +156,7 @@ export const command: Command = {
       ...(iceServers.length ? { iceServers } : {}),
       ...(turnSecret ? { turn: { secret: turnSecret, ttlS: intOption(args, 'turn-ttl', 3600) } } : {}),
       ...(tls ? { tls } : {}),
+      ...clusterOption(args, joinSecret),
       log: args.values.quiet ? () => undefined : (line) => console.log(line),
     };
     const { server, app } =

@@ -1,0 +1,261 @@
+// Several `serve` instances sharing one Redis (serve --redis, signaling-server/cluster.ts): a real
+// redis-server on a loopback port, real `serve` and `node` processes on stories260K, and a TCP
+// load balancer in front (test/support/tcp-balancer.ts) as a deployment would have. One
+// instance holds the room at a time (a lease fenced by an epoch); the other passes its peers,
+// clients and API requests on over a direct link; completions through either instance give
+// llama.cpp's greedy tokens; killing the holder passes the room to the other, whose peers rejoin
+// through the balancer; peers joining both instances at once get one plan, never two.
+import { createServer } from 'node:net';
+import type { AddressInfo } from 'node:net';
+import { execFileSync } from 'node:child_process';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Directory } from '../signaling-server/directory.ts';
+import { isMeshError } from '../src/errors.ts';
+import { getJson, killAll, spawnCommand, spawnMesh } from './support/mesh.ts';
+import type { MeshProcess } from './support/mesh.ts';
+import { STORIES_CONTINUATION_PREFIX, stories260K } from './support/models.ts';
+import { startTcpBalancer } from './support/tcp-balancer.ts';
+import type { TcpBalancer } from './support/tcp-balancer.ts';
+
+const SECRET = 'cluster-test-secret';
+const LEASE_MS = 1500;
+let model: string;
+let redisUrl: string;
+const balancers: TcpBalancer[] = [];
+
+async function freePort(): Promise<number> {
+  const s = createServer();
+  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
+  const { port } = s.address() as AddressInfo;
+  await new Promise((r) => s.close(r));
+  return port;
+}
+
+beforeAll(async () => {
+  model = await stories260K();
+  try {
+    execFileSync('redis-server', ['--version']);
+  } catch {
+    throw new Error('redis-server is not installed: apt-get install -y redis-server (.ci/run does)');
+  }
+  const port = await freePort();
+  const redis = spawnCommand(['redis-server', '--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], {}, 'redis-server');
+  await redis.waitFor(/Ready to accept connections/, 20_000);
+  redisUrl = `redis://127.0.0.1:${port}`;
+}, 60_000);
+
+afterAll(async () => {
+  for (const b of balancers) await b.close();
+  await killAll();
+});
+
+interface Instance {
+  proc: MeshProcess;
+  base: string;
+  port: number;
+}
+
+async function instance(prefix: string, extra: string[] = []): Promise<Instance> {
+  const port = await freePort();
+  const proc = spawnMesh(['serve', '--port', String(port), '--ui', 'off', '--model', model, '--secret', SECRET, '--redis', redisUrl, '--redis-prefix', prefix, '--redis-lease', String(LEASE_MS), ...extra]);
+  await proc.waitFor(/join:\s+(\S+)/);
+  return { proc, base: `http://127.0.0.1:${port}`, port };
+}
+
+async function roomIdOf(i: Instance): Promise<string> {
+  return (await getJson(`${i.base}/v1/rooms`, SECRET)).body.rooms[0].id;
+}
+
+async function health(i: Instance): Promise<any> {
+  return (await fetch(`${i.base}/v1/health`)).json();
+}
+
+async function holderOf(instances: Instance[]): Promise<Instance> {
+  for (;;) {
+    for (const i of instances) if ((await health(i)).cluster?.holds === 1) return i;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+async function waitReady(base: string, roomId: string, stages: number, timeoutMs = 60_000): Promise<any> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const room = await getJson(`${base}/v1/rooms/${roomId}`, SECRET).catch(() => null);
+    const r = room?.body.route;
+    if (r?.status === 'ready') {
+      const route = (await getJson(`${base}/v1/routes/${r.id}`, SECRET)).body;
+      if (route.stages.length === stages) return route;
+    }
+    if (Date.now() > deadline) throw new Error(`no ready route of ${stages} stages at ${base}: ${JSON.stringify(room?.body)}`);
+    await new Promise((r) => setTimeout(r, 150));
+  }
+}
+
+async function complete(base: string, stream = false): Promise<string> {
+  const res = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: 24, temperature: 0, stream }),
+  });
+  expect(res.status, await res.clone().text()).toBe(200);
+  if (!stream) return ((await res.json()) as any).choices[0].text;
+  const text = await res.text();
+  return [...text.matchAll(/^data: (\{.*\})$/gm)].map((m) => JSON.parse(m[1]!).choices?.[0]?.text ?? '').join('');
+}
+
+function expectStoriesText(text: string): void {
+  expect(text.length).toBeGreaterThan(40);
+  expect(STORIES_CONTINUATION_PREFIX.startsWith(text) || text.startsWith(STORIES_CONTINUATION_PREFIX), text).toBe(true);
+}
+
+describe('the directory in Redis', () => {
+  it('a room lease is held by one instance at a time; a stale holder is refused by its epoch', async () => {
+    const [x, y] = [await Directory.connect(redisUrl, { prefix: 'unit:' }), await Directory.connect(redisUrl, { prefix: 'unit:' })];
+    try {
+      const first = await x.acquire('r1', 'inst-x', 300);
+      expect(first.instance).toBe('inst-x');
+      expect(await y.acquire('r1', 'inst-y', 300)).toEqual(first); // held: y sees x's lease
+      await x.publishRoom('r1', first, { route: 1 });
+      expect(await y.roomState('r1')).toMatchObject({ route: 1, epoch: first.epoch, instance: 'inst-x' });
+      // x renews: still the same epoch
+      expect(await x.acquire('r1', 'inst-x', 300)).toEqual(first);
+      await new Promise((r) => setTimeout(r, 450)); // x stops renewing; its lease expires
+      const second = await y.acquire('r1', 'inst-y', 300);
+      expect(second).toEqual({ instance: 'inst-y', epoch: first.epoch + 1 });
+      let refused: unknown = null;
+      await x.publishRoom('r1', first, { route: 2 }).catch((e) => (refused = e));
+      expect(isMeshError(refused) && refused.code === 'STALE_LEASE', String(refused)).toBe(true);
+      expect(await y.roomState('r1')).toMatchObject({ route: 1, epoch: first.epoch }); // nothing of x's late write
+      expect(await x.release('r1', first)).toBe(false);
+      expect(await y.release('r1', second)).toBe(true);
+      expect(await x.lease('r1')).toBeNull();
+    } finally {
+      await x.close();
+      await y.close();
+    }
+  });
+
+  it('a bad or silent Redis is named at start', async () => {
+    const silent = await freePort();
+    const bad = spawnMesh(['serve', '--port', '0', '--ui', 'off', '--model', model, '--secret', SECRET, '--redis', `redis://127.0.0.1:${silent}`]);
+    expect(await bad.exited).not.toBe(0);
+    expect(bad.output()).toMatch(/REDIS_UNREACHABLE|Redis at redis:\/\/127\.0\.0\.1:\d+ does not answer/);
+    const noSecret = spawnMesh(['serve', '--port', '0', '--ui', 'off', '--model', model, '--redis', redisUrl]);
+    expect(await noSecret.exited).toBe(2);
+    expect(noSecret.output()).toMatch(/--redis needs --secret/);
+  }, 60_000);
+});
+
+describe('two instances share a room', () => {
+  let a: Instance;
+  let b: Instance;
+  let lb: TcpBalancer;
+  let roomId: string;
+
+  beforeAll(async () => {
+    [a, b] = await Promise.all([instance('two:', ['--min-peers', '2']), instance('two:', ['--min-peers', '2'])]);
+    lb = await startTcpBalancer([{ host: '127.0.0.1', port: a.port }, { host: '127.0.0.1', port: b.port }]);
+    balancers.push(lb);
+    roomId = await roomIdOf(a);
+    expect(await roomIdOf(b)).toBe(roomId);
+  }, 60_000);
+
+  it('a node through each instance makes one route; completions through A, through B and streamed give llama.cpp\'s tokens', async () => {
+    // through the balancer: the first node's socket lands on A, the second's on B
+    for (const name of ['n1', 'n2']) await spawnMesh(['node', '--join', `${lb.url}/room/${roomId}#secret=${SECRET}`, '--name', name, '--no-cache']).waitFor(/joined room/);
+    expect(lb.accepted[0]).toBeGreaterThan(0);
+    expect(lb.accepted[1]).toBeGreaterThan(0);
+    const route = await waitReady(a.base, roomId, 2);
+    expect((await waitReady(b.base, roomId, 2)).id).toBe(route.id); // B answers for the holder's route
+    const holder = await holderOf([a, b]);
+    const other = holder === a ? b : a;
+    expect((await health(other)).cluster).toMatchObject({ redis: 'ok', holds: 0 });
+    expect((await fetch(`${other.base}/v1/health`)).status).toBe(200);
+    // the other instance planned nothing of its own
+    expect((await getJson(`${other.base}/v1/routes`, SECRET)).body.routes).toEqual([]);
+    const peers = (await getJson(`${other.base}/v1/rooms/${roomId}/peers`, SECRET)).body.peers;
+    expect(peers.map((p: any) => p.name).sort()).toEqual(['n1', 'n2']);
+    for (const base of [a.base, b.base]) expectStoriesText(await complete(base));
+    const streamed = await complete(other.base, true);
+    expect(streamed).toBe(await complete(holder.base));
+  }, 120_000);
+
+  it('the holder killed: the room passes to the other instance, the peers rejoin through the balancer, the same tokens', async () => {
+    const holder = await holderOf([a, b]);
+    const survivor = holder === a ? b : a;
+    const before = await complete(survivor.base);
+    await holder.proc.kill('SIGKILL');
+    // the lease expires, the survivor takes it; both nodes come back through the balancer
+    await waitReady(survivor.base, roomId, 2, 60_000);
+    expect((await health(survivor)).cluster.holds).toBe(1);
+    expect(survivor.proc.output()).toMatch(/cluster: room \S+ held \(epoch [2-9]/);
+    expect(await complete(survivor.base)).toBe(before);
+    expect(await complete(lb.url)).toBe(before); // the balancer skips the dead instance
+  }, 120_000);
+});
+
+describe('a holder frozen past its lease', () => {
+  it('kill -STOP: the other instance takes the room under a new epoch; resumed, the old holder hands the room off and plans nothing', async () => {
+    const [a, b] = await Promise.all([instance('stop:', ['--min-peers', '2']), instance('stop:', ['--min-peers', '2'])]);
+    const lb = await startTcpBalancer([{ host: '127.0.0.1', port: a.port }, { host: '127.0.0.1', port: b.port }]);
+    balancers.push(lb);
+    const roomId = await roomIdOf(a);
+    for (const name of ['s1', 's2']) await spawnMesh(['node', '--join', `${lb.url}/room/${roomId}#secret=${SECRET}`, '--name', name, '--no-cache']).waitFor(/joined room/);
+    await waitReady(a.base, roomId, 2);
+    const holder = await holderOf([a, b]);
+    const other = holder === a ? b : a;
+    const before = await complete(other.base);
+    const dir = await Directory.connect(redisUrl, { prefix: 'stop:' });
+    try {
+      const first = (await dir.lease(roomId))!;
+      holder.proc.child.kill('SIGSTOP');
+      // the lease lapses; the other instance takes it; the nodes hear nothing from the frozen one and rejoin
+      await waitReady(other.base, roomId, 2, 60_000);
+      const second = (await dir.lease(roomId))!;
+      expect(second.epoch).toBeGreaterThan(first.epoch);
+      expect(second.instance).not.toBe(first.instance);
+      expect(await complete(other.base)).toBe(before);
+      holder.proc.child.kill('SIGCONT');
+      await holder.proc.waitFor(/cluster: room \S+ lost/, 20_000);
+      expect((await health(holder)).cluster.holds).toBe(0);
+      // the room's published state is still the new holder's
+      expect(await dir.roomState(roomId)).toMatchObject({ epoch: second.epoch, instance: second.instance });
+      expect(await complete(holder.base)).toBe(before); // the resumed instance passes requests on
+    } finally {
+      await dir.close();
+    }
+  }, 150_000);
+});
+
+describe('planner races', () => {
+  it('four nodes joining two instances at once get one plan: every layer once, every peer at most once', async () => {
+    const [a, b] = await Promise.all([instance('race:', ['--min-peers', '4', '--plan-delay', '100']), instance('race:', ['--min-peers', '4', '--plan-delay', '100'])]);
+    const roomId = await roomIdOf(a);
+    const joins = ['r1', 'r2', 'r3', 'r4'].map((name, k) => spawnMesh(['node', '--join', `${(k % 2 ? b : a).base}/room/${roomId}#secret=${SECRET}`, '--name', name, '--no-cache']).waitFor(/joined room/));
+    await Promise.all(joins);
+    const route = await waitReady(a.base, roomId, 4, 90_000);
+    const stages = route.stages as Array<{ peerId: string; shard: { start: number; end: number } }>;
+    expect(new Set(stages.map((s) => s.peerId)).size).toBe(stages.length);
+    let at = 0;
+    for (const s of stages) {
+      expect(s.shard.start).toBe(at);
+      at = s.shard.end;
+    }
+    expect(at).toBe(5);
+    // one instance planned; the other has no route, and the published state is the holder's, under the current epoch
+    const holder = await holderOf([a, b]);
+    const other = holder === a ? b : a;
+    expect((await getJson(`${other.base}/v1/routes`, SECRET)).body.routes).toEqual([]);
+    expect((await getJson(`${holder.base}/v1/routes`, SECRET)).body.routes.filter((r: any) => r.status !== 'closed')).toHaveLength(1);
+    const dir = await Directory.connect(redisUrl, { prefix: 'race:' });
+    try {
+      const lease = await dir.lease(roomId);
+      const state = await dir.roomState<{ route: { id: number; stages: unknown[] } }>(roomId);
+      expect(state).toMatchObject({ epoch: lease!.epoch, instance: lease!.instance, route: { id: route.id } });
+      expect(state!.route.stages).toHaveLength(4);
+    } finally {
+      await dir.close();
+    }
+    expectStoriesText(await complete(other.base));
+  }, 150_000);
+});
