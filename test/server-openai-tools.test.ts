@@ -1,7 +1,8 @@
 // Tool calling through the model's own chat template (Qwen 2.5's, from llama.cpp's
 // models/templates, on a small synthetic llama with its ChatML tokens): tools rendered by the
 // template, a forced call (tool_choice "required" or named) constrained to the tools' schemas
-// and returned as tool_calls (streamed as a delta), and the round trip — the assistant's call
+// and returned as tool_calls (streamed as OpenAI streams them: the call named, then its arguments
+// piece by piece, making up the non-streamed call of the same seed), and the round trip — the assistant's call
 // and a `role: tool` result rendered back into the next prompt. The official `openai` client
 // against `serve` + one node.
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -62,6 +63,19 @@ afterAll(async () => {
   rmSync(dir, { recursive: true, force: true });
 });
 
+/** A streamed request's tool_calls deltas, content and finish_reason, read through the client. */
+async function streamed(body: OpenAI.ChatCompletionCreateParamsStreaming) {
+  const deltas: OpenAI.ChatCompletionChunk.Choice.Delta.ToolCall[] = [];
+  let content = '';
+  let finish: string | null = null;
+  for await (const c of await openai.chat.completions.create(body)) {
+    deltas.push(...(c.choices[0]?.delta?.tool_calls ?? []));
+    content += c.choices[0]?.delta?.content ?? '';
+    finish = c.choices[0]?.finish_reason ?? finish;
+  }
+  return { deltas, content, finish };
+}
+
 describe('tools', () => {
   const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: 'user', content: 'What is the weather in Paris?' }];
 
@@ -102,6 +116,37 @@ describe('tools', () => {
     expect(name).toBe('add');
     expect(args).toBe(r.choices[0]!.message.tool_calls![0]!.function.arguments);
     expect(finish).toBe('tool_calls');
+  });
+
+  it('streamed, tool_choice "required": a first delta naming the call, then argument pieces that make up the non-streamed call of the same seed', async () => {
+    for (let seed = 1; seed <= 3; seed++) {
+      const body = { model, messages, tools: TOOLS, tool_choice: 'required' as const, temperature: 1, seed, max_tokens: 300 };
+      const whole = (await openai.chat.completions.create(body)).choices[0]!;
+      const call = whole.message.tool_calls![0]!;
+      const { deltas, finish, content } = await streamed({ ...body, stream: true });
+      expect(deltas[0]).toMatchObject({ index: 0, type: 'function', function: { name: call.function.name, arguments: '' } });
+      expect(deltas[0]!.id).toMatch(/^call_/);
+      const pieces = deltas.slice(1);
+      expect(pieces.length, `seed ${seed}`).toBeGreaterThan(2); // generated piece by piece, not one delta at the end
+      expect(pieces.every((d) => d.index === 0 && d.id === undefined && d.function?.name === undefined)).toBe(true);
+      expect(pieces.map((d) => d.function?.arguments ?? '').join('')).toBe(call.function.arguments);
+      expect(finish).toBe('tool_calls');
+      expect(content).toBe('');
+    }
+  });
+
+  it('a forced call cut by max_tokens: whole, the text with finish_reason "length"; streamed, the call so far with "length"', async () => {
+    const body = { model, messages, tools: TOOLS, tool_choice: { type: 'function' as const, function: { name: 'get_weather' } }, temperature: 1, seed: 3, max_tokens: 300 };
+    const full = await openai.chat.completions.create(body);
+    const cutAt = full.usage!.completion_tokens - 2; // inside the arguments' closing
+    const cut = (await openai.chat.completions.create({ ...body, max_tokens: cutAt })).choices[0]!;
+    expect(cut.finish_reason).toBe('length');
+    expect(cut.message.tool_calls ?? []).toEqual([]);
+    expect(cut.message.content).toMatch(/^\{\s*"name":\s*"get_weather",\s*"arguments":\s*\{/);
+    const { deltas, finish } = await streamed({ ...body, max_tokens: cutAt, stream: true });
+    expect(finish).toBe('length');
+    expect(deltas[0]).toMatchObject({ function: { name: 'get_weather' } });
+    expect(full.choices[0]!.message.tool_calls![0]!.function.arguments.startsWith(deltas.map((d) => d.function?.arguments ?? '').join(''))).toBe(true);
   });
 
   it('round trip: the call and a role "tool" result are rendered back through the template into the next prompt', async () => {
