@@ -67,13 +67,15 @@ afterAll(async () => {
 async function streamed(body: OpenAI.ChatCompletionCreateParamsStreaming) {
   const deltas: OpenAI.ChatCompletionChunk.Choice.Delta.ToolCall[] = [];
   let content = '';
+  let contentChunks = 0;
   let finish: string | null = null;
   for await (const c of await openai.chat.completions.create(body)) {
     deltas.push(...(c.choices[0]?.delta?.tool_calls ?? []));
     content += c.choices[0]?.delta?.content ?? '';
+    if (c.choices[0]?.delta?.content) contentChunks++;
     finish = c.choices[0]?.finish_reason ?? finish;
   }
-  return { deltas, content, finish };
+  return { deltas, content, contentChunks, finish };
 }
 
 describe('tools', () => {
@@ -147,6 +149,17 @@ describe('tools', () => {
     expect(finish).toBe('length');
     expect(deltas[0]).toMatchObject({ function: { name: 'get_weather' } });
     expect(full.choices[0]!.message.tool_calls![0]!.function.arguments.startsWith(deltas.map((d) => d.function?.arguments ?? '').join(''))).toBe(true);
+  });
+
+  it('"auto": the text the model writes streams as it comes and reads the same as the whole reply of the same seed', async () => {
+    for (let seed = 1; seed <= 2; seed++) {
+      const body = { model, messages, tools: TOOLS, temperature: 1, seed, max_tokens: 24 };
+      const whole = (await openai.chat.completions.create(body)).choices[0]!;
+      const s = await streamed({ ...body, stream: true });
+      expect(s.content).toBe(whole.message.content ?? '');
+      if ((whole.message.content ?? '').length > 8) expect(s.contentChunks).toBeGreaterThan(2);
+      expect(s.finish).toBe(whole.finish_reason);
+    }
   });
 
   it('round trip: the call and a role "tool" result are rendered back through the template into the next prompt', async () => {
