@@ -5,78 +5,34 @@
 // piece by piece, making up the non-streamed call of the same seed), and the round trip — the assistant's call
 // and a `role: tool` result rendered back into the next prompt. The official `openai` client
 // against `serve` + one node.
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import OpenAI from 'openai';
-import { syntheticModelSpec } from '../src/model/synthetic-model.ts';
-import { writeGgufFile } from '../src/gguf/writer.ts';
-import { readHeader } from '../src/gguf/parse.ts';
-import { ChatTemplate } from '../src/model/chat-template.ts';
-import type { ChatMessage } from '../src/model/chat-template.ts';
-import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
-import { parseToolCalls, templateMessage, templateTools } from '../signaling-server/openai-tools.ts';
-import type { ToolSpec } from '../signaling-server/openai-tools.ts';
-import { killAll, serveWithNodes } from './support/mesh.ts';
-import type { ServeInfo } from './support/mesh.ts';
-import { templatePath } from './tokenizer-fixtures.ts';
+import type OpenAI from 'openai';
+import { parseToolCalls } from '../signaling-server/openai-tools.ts';
+import { expectAutoStreamsAsWhole, roundTrip, WEATHER_TOOL, serveWithTemplate, specsOf, streamed as streamedOn } from './support/tool-serve.ts';
+import type { ToolServe } from './support/tool-serve.ts';
 
-const dir = mkdtempSync(join(tmpdir(), 'openai-tools-'));
-let serve: ServeInfo;
+let t: ToolServe;
 let openai: OpenAI;
 let model: string;
-let template: ChatTemplate;
-let tokenizer: Tokenizer;
+let serve: ToolServe['serve'];
 
 const TOOLS: OpenAI.ChatCompletionTool[] = [
-  {
-    type: 'function',
-    function: {
-      name: 'get_weather',
-      description: 'The weather in a city',
-      parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 12 }, unit: { enum: ['c', 'f'] } }, required: ['city', 'unit'], additionalProperties: false },
-    },
-  },
+  WEATHER_TOOL,
   {
     type: 'function',
     function: { name: 'add', parameters: { type: 'object', properties: { a: { type: 'integer', minimum: 0, maximum: 999 }, b: { type: 'integer', minimum: 0, maximum: 999 } }, required: ['a', 'b'], additionalProperties: false } },
   },
 ];
-const SPECS: ToolSpec[] = TOOLS.map((t) => ({ name: t.function.name, ...(t.function.description ? { description: t.function.description } : {}), parameters: t.function.parameters as Record<string, unknown> }));
+const SPECS = specsOf(TOOLS);
 
 beforeAll(async () => {
-  const spec = syntheticModelSpec({ layers: 2, embd: 64, ffn: 128, vocab: 1024, heads: 4, seed: 5 });
-  const metadata = spec.metadata.map((m) => (m.key === 'tokenizer.chat_template' ? { key: m.key, type: 'string' as const, value: readFileSync(templatePath('Qwen-Qwen2.5-7B-Instruct'), 'utf8') } : m));
-  const path = join(dir, 'tools.gguf');
-  await writeGgufFile(path, { ...spec, metadata });
-  const header = await readHeader(path);
-  tokenizer = Tokenizer.fromMetadata(header.metadata);
-  template = ChatTemplate.fromMetadata(header.metadata, { tokenizer });
-  serve = await serveWithNodes(path, ['a']);
-  openai = new OpenAI({ apiKey: serve.secret, baseURL: `${serve.base}/v1`, maxRetries: 0 });
-  model = (await openai.models.list()).data[0]!.id;
+  t = await serveWithTemplate('Qwen-Qwen2.5-7B-Instruct', 5);
+  ({ openai, model, serve } = t);
 });
 
-afterAll(async () => {
-  await killAll();
-  rmSync(dir, { recursive: true, force: true });
-});
+afterAll(() => t.close());
 
-/** A streamed request's tool_calls deltas, content and finish_reason, read through the client. */
-async function streamed(body: OpenAI.ChatCompletionCreateParamsStreaming) {
-  const deltas: OpenAI.ChatCompletionChunk.Choice.Delta.ToolCall[] = [];
-  let content = '';
-  let contentChunks = 0;
-  let finish: string | null = null;
-  for await (const c of await openai.chat.completions.create(body)) {
-    deltas.push(...(c.choices[0]?.delta?.tool_calls ?? []));
-    content += c.choices[0]?.delta?.content ?? '';
-    if (c.choices[0]?.delta?.content) contentChunks++;
-    finish = c.choices[0]?.finish_reason ?? finish;
-  }
-  return { deltas, content, contentChunks, finish };
-}
+const streamed = (body: OpenAI.ChatCompletionCreateParamsStreaming) => streamedOn(openai, body);
 
 describe('tools', () => {
   const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: 'user', content: 'What is the weather in Paris?' }];
@@ -151,30 +107,16 @@ describe('tools', () => {
     expect(full.choices[0]!.message.tool_calls![0]!.function.arguments.startsWith(deltas.map((d) => d.function?.arguments ?? '').join(''))).toBe(true);
   });
 
-  it('"auto": the text the model writes streams as it comes and reads the same as the whole reply of the same seed', async () => {
-    for (let seed = 1; seed <= 2; seed++) {
-      const body = { model, messages, tools: TOOLS, temperature: 1, seed, max_tokens: 24 };
-      const whole = (await openai.chat.completions.create(body)).choices[0]!;
-      const s = await streamed({ ...body, stream: true });
-      expect(s.content).toBe(whole.message.content ?? '');
-      if ((whole.message.content ?? '').length > 8) expect(s.contentChunks).toBeGreaterThan(2);
-      expect(s.finish).toBe(whole.finish_reason);
-    }
-  });
+  it('"auto": the text the model writes streams as it comes and reads the same as the whole reply of the same seed', () =>
+    expectAutoStreamsAsWhole(t, { model, messages, tools: TOOLS, temperature: 1, max_tokens: 24 }));
 
   it('round trip: the call and a role "tool" result are rendered back through the template into the next prompt', async () => {
-    const first = await openai.chat.completions.create({ model, messages, tools: TOOLS, tool_choice: { type: 'function', function: { name: 'get_weather' } }, temperature: 0, max_tokens: 300 });
-    const call = first.choices[0]!.message.tool_calls![0]!;
-    const next: OpenAI.ChatCompletionMessageParam[] = [...messages, { role: 'assistant', content: null, tool_calls: [call] }, { role: 'tool', tool_call_id: call.id, content: '{"temp": 18}' }];
-    const r = await openai.chat.completions.create({ model, messages: next, tools: TOOLS, temperature: 0, max_tokens: 8 });
-    expect(r.choices[0]!.finish_reason).not.toBeNull();
     // the server's prompt is the template's rendering of the call and the result
-    const rendered = template.prompt(tokenizer, next.map((m) => templateMessage({ ...(m as object), role: m.role, content: typeof m.content === 'string' ? m.content : '' } as never)) as unknown as ChatMessage[], { variables: { tools: templateTools(SPECS) } });
+    const { rendered, call } = await roundTrip(t, messages, TOOLS, 'get_weather');
     expect(rendered).toContain('<tool_response>\n{"temp": 18}\n</tool_response>');
     const rendered_call = /<tool_call>\n\{"name": "get_weather", "arguments": (.*)\}\n<\/tool_call>/.exec(rendered);
     expect(rendered_call, rendered).not.toBeNull();
     expect(JSON.parse(rendered_call![1]!)).toEqual(JSON.parse(call.function.arguments));
-    expect(r.usage!.prompt_tokens).toBe(tokenizer.encode(rendered).length);
   });
 
   it('tool_choice "auto" leaves the choice to the model; what it writes in <tool_call> tags is parsed', () => {
