@@ -6,7 +6,8 @@
 // SSE `error` event naming the stage; a client that goes away cancels the session, which
 // frees the KV cache on every stage. Every request field is honoured or refused by name
 // (openai-request.ts); `n` choices run as n sessions on the route at once, choice i seeded
-// with seed + i; log-probabilities come from the last stage with each token.
+// with seed + i; log-probabilities come from the last stage with each token. With tools, calls
+// are read from the reply as it streams (tool-call-reader.ts) and go out as tool_calls deltas.
 
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { randomBytes } from 'node:crypto';
@@ -26,11 +27,10 @@ import type { Room } from './room.ts';
 import { badParam, choiceSampler, messageText, parseRequest } from './openai-request.ts';
 import { forcedCallFormat, templateMessage, templateTools, toolFormatOf, toolReader, toolsOf } from './openai-tools.ts';
 import type { ToolCall, ToolChoice, ToolFormat, ToolSpec } from './openai-tools.ts';
-import { toolDelta } from './openai-format.ts';
 import type { ToolEvent } from './tool-call-reader.ts';
 import type { ChatMessage } from '../src/model/chat-template.ts';
 import type { ParsedRequest } from './openai-request.ts';
-import { chatLogprobs, completionLogprobs } from './openai-format.ts';
+import { chatLogprobs, completionLogprobs, toolDelta } from './openai-format.ts';
 import { PrefixCache } from '../src/route/prefix-cache.ts';
 import { controlEscaper, outputConstraint } from './structured-output.ts';
 
