@@ -1,9 +1,10 @@
 // OpenAI's response shapes for what a choice produced: log-probabilities as chat
 // (`logprobs.content[]` with bytes and top_logprobs) and as completions (`tokens`,
-// `token_logprobs`, `top_logprobs`, `text_offset`), and usage.
+// `token_logprobs`, `top_logprobs`, `text_offset`), and streamed tool calls' deltas.
 
 import type { SampledLogprob } from '../src/protocol/payload.ts';
 import type { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
+import type { ToolEvent } from './tool-call-reader.ts';
 
 const lossy = new TextDecoder('utf-8');
 
@@ -39,4 +40,11 @@ export function completionLogprobs(tokenizer: Tokenizer, lps: readonly SampledLo
     top_logprobs: lps.map((lp) => Object.fromEntries(lp.top.map((t) => [pieceOf(tokenizer, t.token).token, t.logprob]))),
     text_offset: textOffset,
   };
+}
+
+/** A chat chunk's delta for a streamed call, as OpenAI sends it: the call's first delta names it (arguments ""), then pieces of its arguments. */
+export function toolDelta(e: Exclude<ToolEvent, { kind: 'content' }>): { tool_calls: unknown[] } {
+  return e.kind === 'call'
+    ? { tool_calls: [{ index: e.index, id: e.id, type: 'function', function: { name: e.name, arguments: '' } }] }
+    : { tool_calls: [{ index: e.index, function: { arguments: e.text } }] };
 }

@@ -1,14 +1,31 @@
-// Tool calling for chat templates that speak the Hermes/Qwen format: the template renders
-// `tools` itself (the model's own jinja: a <tools> block in the system turn, assistant calls as
-// <tool_call>{"name", "arguments"}</tool_call>, results as <tool_response>), and calls are read
-// back from the same tags. tool_choice "required" or a named function constrains the output to
-// a call (a JSON schema over the tools, xgrammar); "auto" lets the model choose and parses what
-// it wrote. A template without <tool_call> is refused by name: its format is not parsed here.
+// Tool calling through the model's own chat template: the template renders `tools` itself, and
+// calls are read back (tool-call-reader.ts) in the format the template teaches. Two formats:
+// Hermes/Qwen (a <tools> block, calls as <tool_call>{"name", "arguments"}</tool_call>, results
+// as <tool_response>) and Llama 3.1–3.3's JSON (the reply is {"name", "parameters"}, results in
+// an ipython turn). tool_choice "required" or a named function constrains the output to a call
+// (a JSON schema over the tools, xgrammar); "auto" lets the model choose and reads what it
+// wrote. A template in neither format is refused by name: its calls would not be read.
 
-import { randomBytes } from 'node:crypto';
 import type { ChatTemplate } from '../src/model/chat-template.ts';
 import { badParam } from './openai-request.ts';
 import type { OutputFormat } from './openai-request.ts';
+import { ToolCallReader } from './tool-call-reader.ts';
+import type { ToolCall, ToolCallSyntax } from './tool-call-reader.ts';
+
+export type { ToolCall } from './tool-call-reader.ts';
+
+/** A template's call format: how to know its template, and how its model writes a call. */
+export interface ToolFormat extends ToolCallSyntax {
+  name: string;
+  /** the template teaches this format */
+  matches: (source: string) => boolean;
+}
+
+export const TOOL_FORMATS: readonly ToolFormat[] = [
+  { name: 'hermes', open: '<tool_call>', close: '</tool_call>', argsKey: 'arguments', matches: (src) => src.includes('<tool_call>') && src.includes('tools') },
+  // Llama 3.1/3.2/3.3: custom tools answered as a bare JSON object (the template's own instruction)
+  { name: 'llama3-json', open: null, close: null, argsKey: 'parameters', matches: (src) => src.includes('"parameters": dictionary of argument name and its value') },
+];
 
 export interface ToolSpec {
   name: string;
@@ -17,12 +34,6 @@ export interface ToolSpec {
 }
 
 export type ToolChoice = 'auto' | 'required' | { name: string };
-
-export interface ToolCall {
-  id: string;
-  type: 'function';
-  function: { name: string; arguments: string };
-}
 
 /** Reads tools and tool_choice; null when no tool may be called (none given, or tool_choice "none"). */
 export function toolsOf(tools: unknown, choice: unknown): { tools: ToolSpec[]; choice: ToolChoice } | null {
@@ -48,11 +59,11 @@ export function toolsOf(tools: unknown, choice: unknown): { tools: ToolSpec[]; c
   return { tools: specs, choice: c };
 }
 
-/** Refuses tools for a template that does not render them in the format parsed here. */
-export function checkToolTemplate(template: ChatTemplate): void {
-  if (template.isFallback || !template.source.includes('<tool_call>') || !template.source.includes('tools')) {
-    throw badParam('tools', "this model's chat template does not render tools in the Hermes/Qwen <tool_call> format, the one parsed here");
-  }
+/** The template's call format; refuses tools for a template in none of the formats read here. */
+export function toolFormatOf(template: ChatTemplate): ToolFormat {
+  const format = template.isFallback ? undefined : TOOL_FORMATS.find((f) => f.matches(template.source));
+  if (!format) throw badParam('tools', "this model's chat template renders tools in neither format read here: Hermes/Qwen <tool_call> tags or Llama 3.1–3.3 JSON ({\"name\", \"parameters\"})");
+  return format;
 }
 
 /** The template's `tools` variable: OpenAI's own shape, as the templates expect it. */
@@ -60,48 +71,26 @@ export function templateTools(tools: readonly ToolSpec[]): unknown[] {
   return tools.map((t) => ({ type: 'function', function: { name: t.name, ...(t.description ? { description: t.description } : {}), parameters: t.parameters } }));
 }
 
-/** The output constraint for a forced call: one {"name", "arguments"} object over the allowed tools. */
-export function forcedCallFormat(tools: readonly ToolSpec[], choice: ToolChoice): OutputFormat | null {
+/** The output constraint for a forced call: one {"name", "arguments"} (or "parameters") object over the allowed tools. */
+export function forcedCallFormat(tools: readonly ToolSpec[], choice: ToolChoice, format: ToolCallSyntax): OutputFormat | null {
   if (choice === 'auto') return null;
   const allowed = typeof choice === 'object' ? tools.filter((t) => t.name === choice.name) : tools;
-  const one = (t: ToolSpec) => ({ type: 'object', properties: { name: { const: t.name }, arguments: t.parameters }, required: ['name', 'arguments'], additionalProperties: false });
+  const key = format.argsKey;
+  const one = (t: ToolSpec) => ({ type: 'object', properties: { name: { const: t.name }, [key]: t.parameters }, required: ['name', key], additionalProperties: false });
   return { kind: 'schema', schema: allowed.length === 1 ? one(allowed[0]!) : { anyOf: allowed.map(one) } };
 }
 
-const callId = (): string => `call_${randomBytes(12).toString('hex')}`;
-
-function asCall(v: unknown, tools: readonly ToolSpec[]): ToolCall | null {
-  const o = v as { name?: unknown; arguments?: unknown };
-  if (typeof o?.name !== 'string' || !tools.some((t) => t.name === o.name)) return null;
-  const args = typeof o.arguments === 'string' ? o.arguments : JSON.stringify(o.arguments ?? {});
-  return { id: callId(), type: 'function', function: { name: o.name, arguments: args } };
+/** A reader of one reply's calls: a forced call's whole output is the call's JSON; otherwise the format's own. */
+export function toolReader(format: ToolCallSyntax, tools: readonly ToolSpec[], forced: boolean): ToolCallReader {
+  return new ToolCallReader(format, new Set(tools.map((t) => t.name)), forced);
 }
 
-/** The calls in a reply and the text around them: a forced call's whole output is the call's JSON; otherwise <tool_call> blocks. */
-export function parseToolCalls(text: string, tools: readonly ToolSpec[], forced: boolean): { content: string | null; calls: ToolCall[] } {
-  if (forced) {
-    try {
-      const call = asCall(JSON.parse(text), tools);
-      if (call) return { content: null, calls: [call] };
-    } catch {
-      // cut off by max_tokens: no call
-    }
-    return { content: text, calls: [] };
-  }
-  const calls: ToolCall[] = [];
-  const rest = text.replace(/<tool_call>\s*([\s\S]*?)\s*<\/tool_call>/g, (whole, json: string) => {
-    try {
-      const call = asCall(JSON.parse(json), tools);
-      if (call) {
-        calls.push(call);
-        return '';
-      }
-    } catch {
-      // not JSON: left in the text
-    }
-    return whole;
-  });
-  return { content: calls.length > 0 ? rest.trim() || null : text, calls };
+/** The calls in a whole reply and the text around them (a malformed or cut call stays text). */
+export function parseToolCalls(text: string, tools: readonly ToolSpec[], forced: boolean, format: ToolCallSyntax = TOOL_FORMATS[0]!): { content: string | null; calls: ToolCall[] } {
+  const reader = toolReader(format, tools, forced);
+  reader.push(text);
+  reader.end();
+  return reader.result();
 }
 
 /** A message as the template sees it: assistant tool_calls with parsed arguments, tool results with their call id. */

@@ -6,7 +6,8 @@
 // SSE `error` event naming the stage; a client that goes away cancels the session, which
 // frees the KV cache on every stage. Every request field is honoured or refused by name
 // (openai-request.ts); `n` choices run as n sessions on the route at once, choice i seeded
-// with seed + i; log-probabilities come from the last stage with each token.
+// with seed + i; log-probabilities come from the last stage with each token. With tools, calls
+// are read from the reply as it streams (tool-call-reader.ts) and go out as tool_calls deltas.
 
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { randomBytes } from 'node:crypto';
@@ -24,11 +25,12 @@ import { readJsonBody, sendJson } from '../src/transport/http.ts';
 import type { AdmissionGate } from './admission.ts';
 import type { Room } from './room.ts';
 import { badParam, choiceSampler, messageText, parseRequest } from './openai-request.ts';
-import { checkToolTemplate, forcedCallFormat, parseToolCalls, templateMessage, templateTools, toolsOf } from './openai-tools.ts';
-import type { ToolCall, ToolChoice, ToolSpec } from './openai-tools.ts';
+import { forcedCallFormat, templateMessage, templateTools, toolFormatOf, toolReader, toolsOf } from './openai-tools.ts';
+import type { ToolCall, ToolChoice, ToolFormat, ToolSpec } from './openai-tools.ts';
+import type { ToolEvent } from './tool-call-reader.ts';
 import type { ChatMessage } from '../src/model/chat-template.ts';
 import type { ParsedRequest } from './openai-request.ts';
-import { chatLogprobs, completionLogprobs } from './openai-format.ts';
+import { chatLogprobs, completionLogprobs, toolDelta } from './openai-format.ts';
 import { PrefixCache } from '../src/route/prefix-cache.ts';
 import { controlEscaper, outputConstraint } from './structured-output.ts';
 
@@ -99,6 +101,8 @@ interface ChoiceResult {
   /** tool calls read from the reply, and the text left around them */
   calls: ToolCall[];
   content: string;
+  /** OpenAI's finish_reason */
+  finish: string;
 }
 
 /** What a request shares across its choices while it runs. */
@@ -119,15 +123,13 @@ interface RequestRun {
   /** an SSE writer while streaming, else null */
   sse: ((data: unknown, event?: string) => void) | null;
   repairs: TelemetryEvent[];
-  /** the tools the model may call (chat with tools, tool_choice not "none") */
-  tools: { tools: ToolSpec[]; choice: ToolChoice } | null;
+  /** the tools the model may call (chat with tools, tool_choice not "none"), and the template's call format */
+  tools: { tools: ToolSpec[]; choice: ToolChoice; format: ToolFormat } | null;
 }
 
-function promptOf(req: ParsedRequest, room: Room, tokenizer: Tokenizer, tools: RequestRun['tools']): { tokens: number[]; text: string } {
-  if (req.chat) {
+function promptOf(req: ParsedRequest, template: ChatTemplate | null, tokenizer: Tokenizer, tools: RequestRun['tools']): { tokens: number[]; text: string } {
+  if (template) {
     const messages = req.messages.map((m) => templateMessage({ ...m, content: messageText(m.content) }) as unknown as ChatMessage);
-    const template = ChatTemplate.fromMetadata(room.model.header.metadata, { tokenizer, fallback: true });
-    if (tools) checkToolTemplate(template);
     const text = template.prompt(tokenizer, messages, tools ? { variables: { tools: templateTools(tools.tools) } } : {});
     return { tokens: tokenizer.encode(text), text };
   }
@@ -198,14 +200,28 @@ async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req
   // constrained JSON: raw control characters inside strings escaped, so the output parses (structured-output.ts)
   const escape = run.req.format ? controlEscaper() : null;
   let text = '';
+  // with tools, calls are read from the reply as it comes: text goes out as content, calls as tool_calls deltas
+  const reader = run.tools ? toolReader(run.tools.format, run.tools.tools, run.tools.choice !== 'auto') : null;
+  let unsent: SampledLogprob[] = [];
+  const sendTools = (events: ToolEvent[]): void => {
+    for (const e of events) {
+      const extra = lastStep ? { gguf_mesh: lastStep } : {};
+      run.sse!(chunkOf(run, index, e.kind === 'content' ? e.text : toolDelta(e), null, extra, unsent));
+      unsent = [];
+    }
+  };
   const onDelta = (raw: string): void => {
     const d = escape ? escape(raw) : raw;
     text += d;
     if (!d) return;
     const lps = pending.splice(0);
     kept.push(...lps);
-    // with tools the reply is read whole first: a call is not text to stream
-    if (!run.tools) run.sse?.(chunkOf(run, index, d, null, lastStep ? { gguf_mesh: lastStep } : {}, lps, offset));
+    if (reader) {
+      // the tokens behind held-back text go out with the next chunk
+      unsent.push(...lps);
+      const events = reader.push(d);
+      if (run.sse) sendTools(events);
+    } else run.sse?.(chunkOf(run, index, d, null, lastStep ? { gguf_mesh: lastStep } : {}, lps, offset));
     offset += d.length;
   };
   // KV reuse: one choice continues a kept session whose tokens the prompt extends, and is kept afterwards
@@ -265,13 +281,20 @@ async function runChoice(run: RequestRun, index: number, ctx: OpenAiContext, req
     cache!.put(route.id, result.kept);
   }
   if (escape) result.text = text;
-  const { content, calls } = run.tools ? parseToolCalls(result.text, run.tools.tools, run.tools.choice !== 'auto') : { content: result.text, calls: [] };
-  if (run.tools && run.sse) {
-    if (content) run.sse(chunkOf(run, index, content, null, {}, kept));
-    if (calls.length > 0) run.sse(chunkOf(run, index, { tool_calls: calls.map((c, i) => ({ index: i, ...c })) }, null));
+  let finish = finishOf(result);
+  if (reader) {
+    const events = reader.end();
+    if (run.sse) {
+      // a call already streamed cannot turn back into text: broken, the stream ends in an error; cut by max_tokens, finish_reason says so
+      if (reader.broken || (reader.cut && finish !== 'length')) throw new MeshError('TOOL_CALL_BROKEN', reader.broken ?? 'the reply ended inside a tool call already streamed');
+      sendTools(events);
+      if (reader.calls.length > 0 && !reader.cut) finish = 'tool_calls';
+    }
   }
-  run.sse?.(chunkOf(run, index, run.req.chat ? {} : '', calls.length > 0 ? 'tool_calls' : finishOf(result), { gguf_mesh: result.summary }));
-  return { result, logprobs: kept, calls, content: content ?? '' };
+  const { content, calls } = reader ? reader.result() : { content: result.text, calls: [] };
+  if (!run.sse && calls.length > 0) finish = 'tool_calls';
+  run.sse?.(chunkOf(run, index, run.req.chat ? {} : '', finish, { gguf_mesh: result.summary }, unsent));
+  return { result, logprobs: kept, calls, content: content ?? '', finish };
 }
 
 function usageOf(promptTokens: number, choices: readonly ChoiceResult[]): Record<string, unknown> {
@@ -289,13 +312,13 @@ function responseOf(run: RequestRun, choices: readonly ChoiceResult[]): unknown 
     object: chat ? 'chat.completion' : 'text_completion',
     created,
     model,
-    choices: choices.map(({ result, logprobs, calls, content }, index) =>
+    choices: choices.map(({ result, logprobs, calls, content, finish }, index) =>
       chat
         ? {
             index,
             message: { role: 'assistant', content: calls.length > 0 && !content ? null : content, refusal: null, ...(calls.length > 0 ? { tool_calls: calls } : {}) },
             logprobs: wantLp ? chatLogprobs(tokenizer, logprobs) : null,
-            finish_reason: calls.length > 0 ? 'tool_calls' : finishOf(result),
+            finish_reason: finish,
           }
         : {
             index,
@@ -332,11 +355,13 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     const tokenizer = tokenizerOf(room);
     const nCtx = hyperParameters(room.model.header).n_ctx_train || 2048; // as configFromHeader defaults it
     const parsed = parseRequest(raw, chat, tokenizer.size, nCtx);
-    const tools = chat ? toolsOf(parsed.tools, parsed.toolChoice) : null;
-    const forced = tools ? forcedCallFormat(tools.tools, tools.choice) : null;
+    const template = chat ? ChatTemplate.fromMetadata(room.model.header.metadata, { tokenizer, fallback: true }) : null;
+    const wanted = chat ? toolsOf(parsed.tools, parsed.toolChoice) : null;
+    const tools = wanted && template ? { ...wanted, format: toolFormatOf(template) } : null;
+    const forced = tools ? forcedCallFormat(tools.tools, tools.choice, tools.format) : null;
     if (forced && parsed.format) throw badParam('response_format', 'a forced tool call (tool_choice) already fixes the output format');
     if (forced) parsed.format = forced;
-    const prompt = promptOf(parsed, room, tokenizer, tools);
+    const prompt = promptOf(parsed, template, tokenizer, tools);
     const maxTokens = parsed.maxTokens ?? (chat ? Math.max(0, Math.min(512, nCtx - prompt.tokens.length)) : Math.min(16, Math.max(0, nCtx - prompt.tokens.length)));
     checkContext(prompt.tokens.length, maxTokens, nCtx, chat);
     // a turn among the running generations, or a place in the bounded queue, or 429 now

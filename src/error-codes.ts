@@ -210,6 +210,7 @@ const SERVER = {
   TLS_BAD_OPTIONS: { status: 400, meaning: 'the TLS options of serve contradict each other (--tls-cert without --tls-key, --insecure-http with --tls…)' },
   TLS_BAD_CERT: { status: 500, meaning: "the operator's certificate or key (--tls-cert/--tls-key) cannot be read or do not make a TLS context" },
   TLS_BAD_KEY: { status: 500, meaning: "the cached local CA's private key is not a PKCS#8 ECDSA P-256 key" },
+  TOOL_CALL_BROKEN: { status: 500, meaning: 'a streamed tool call whose first deltas went out broke off: the model wrote text that is not JSON in its arguments, or ended its reply inside them' },
   UI_DEV_UNAVAILABLE: { status: 500, meaning: '--ui dev needs vite (a development install) and a loopback host' },
   BAD_REDIS_URL: { status: 400, meaning: '--redis is not a redis:// or rediss:// URL' },
   REDIS_UNREACHABLE: { status: 503, meaning: "the cluster's Redis does not answer" },

@@ -1,66 +1,38 @@
 // Tool calling through the model's own chat template (Qwen 2.5's, from llama.cpp's
 // models/templates, on a small synthetic llama with its ChatML tokens): tools rendered by the
 // template, a forced call (tool_choice "required" or named) constrained to the tools' schemas
-// and returned as tool_calls (streamed as a delta), and the round trip — the assistant's call
+// and returned as tool_calls (streamed as OpenAI streams them: the call named, then its arguments
+// piece by piece, making up the non-streamed call of the same seed), and the round trip — the assistant's call
 // and a `role: tool` result rendered back into the next prompt. The official `openai` client
 // against `serve` + one node.
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import OpenAI from 'openai';
-import { syntheticModelSpec } from '../src/model/synthetic-model.ts';
-import { writeGgufFile } from '../src/gguf/writer.ts';
-import { readHeader } from '../src/gguf/parse.ts';
-import { ChatTemplate } from '../src/model/chat-template.ts';
-import type { ChatMessage } from '../src/model/chat-template.ts';
-import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
-import { parseToolCalls, templateMessage, templateTools } from '../signaling-server/openai-tools.ts';
-import type { ToolSpec } from '../signaling-server/openai-tools.ts';
-import { killAll, serveWithNodes } from './support/mesh.ts';
-import type { ServeInfo } from './support/mesh.ts';
-import { templatePath } from './tokenizer-fixtures.ts';
+import type OpenAI from 'openai';
+import { parseToolCalls } from '../signaling-server/openai-tools.ts';
+import { expectAutoStreamsAsWhole, roundTrip, WEATHER_TOOL, serveWithTemplate, specsOf, streamed as streamedOn } from './support/tool-serve.ts';
+import type { ToolServe } from './support/tool-serve.ts';
 
-const dir = mkdtempSync(join(tmpdir(), 'openai-tools-'));
-let serve: ServeInfo;
+let t: ToolServe;
 let openai: OpenAI;
 let model: string;
-let template: ChatTemplate;
-let tokenizer: Tokenizer;
+let serve: ToolServe['serve'];
 
 const TOOLS: OpenAI.ChatCompletionTool[] = [
-  {
-    type: 'function',
-    function: {
-      name: 'get_weather',
-      description: 'The weather in a city',
-      parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 12 }, unit: { enum: ['c', 'f'] } }, required: ['city', 'unit'], additionalProperties: false },
-    },
-  },
+  WEATHER_TOOL,
   {
     type: 'function',
     function: { name: 'add', parameters: { type: 'object', properties: { a: { type: 'integer', minimum: 0, maximum: 999 }, b: { type: 'integer', minimum: 0, maximum: 999 } }, required: ['a', 'b'], additionalProperties: false } },
   },
 ];
-const SPECS: ToolSpec[] = TOOLS.map((t) => ({ name: t.function.name, ...(t.function.description ? { description: t.function.description } : {}), parameters: t.function.parameters as Record<string, unknown> }));
+const SPECS = specsOf(TOOLS);
 
 beforeAll(async () => {
-  const spec = syntheticModelSpec({ layers: 2, embd: 64, ffn: 128, vocab: 1024, heads: 4, seed: 5 });
-  const metadata = spec.metadata.map((m) => (m.key === 'tokenizer.chat_template' ? { key: m.key, type: 'string' as const, value: readFileSync(templatePath('Qwen-Qwen2.5-7B-Instruct'), 'utf8') } : m));
-  const path = join(dir, 'tools.gguf');
-  await writeGgufFile(path, { ...spec, metadata });
-  const header = await readHeader(path);
-  tokenizer = Tokenizer.fromMetadata(header.metadata);
-  template = ChatTemplate.fromMetadata(header.metadata, { tokenizer });
-  serve = await serveWithNodes(path, ['a']);
-  openai = new OpenAI({ apiKey: serve.secret, baseURL: `${serve.base}/v1`, maxRetries: 0 });
-  model = (await openai.models.list()).data[0]!.id;
+  t = await serveWithTemplate('Qwen-Qwen2.5-7B-Instruct', 5);
+  ({ openai, model, serve } = t);
 });
 
-afterAll(async () => {
-  await killAll();
-  rmSync(dir, { recursive: true, force: true });
-});
+afterAll(() => t.close());
+
+const streamed = (body: OpenAI.ChatCompletionCreateParamsStreaming) => streamedOn(openai, body);
 
 describe('tools', () => {
   const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: 'user', content: 'What is the weather in Paris?' }];
@@ -104,19 +76,47 @@ describe('tools', () => {
     expect(finish).toBe('tool_calls');
   });
 
+  it('streamed, tool_choice "required": a first delta naming the call, then argument pieces that make up the non-streamed call of the same seed', async () => {
+    for (let seed = 1; seed <= 3; seed++) {
+      const body = { model, messages, tools: TOOLS, tool_choice: 'required' as const, temperature: 1, seed, max_tokens: 300 };
+      const whole = (await openai.chat.completions.create(body)).choices[0]!;
+      const call = whole.message.tool_calls![0]!;
+      const { deltas, finish, content } = await streamed({ ...body, stream: true });
+      expect(deltas[0]).toMatchObject({ index: 0, type: 'function', function: { name: call.function.name, arguments: '' } });
+      expect(deltas[0]!.id).toMatch(/^call_/);
+      const pieces = deltas.slice(1);
+      expect(pieces.length, `seed ${seed}`).toBeGreaterThan(2); // generated piece by piece, not one delta at the end
+      expect(pieces.every((d) => d.index === 0 && d.id === undefined && d.function?.name === undefined)).toBe(true);
+      expect(pieces.map((d) => d.function?.arguments ?? '').join('')).toBe(call.function.arguments);
+      expect(finish).toBe('tool_calls');
+      expect(content).toBe('');
+    }
+  });
+
+  it('a forced call cut by max_tokens: whole, the text with finish_reason "length"; streamed, the call so far with "length"', async () => {
+    const body = { model, messages, tools: TOOLS, tool_choice: { type: 'function' as const, function: { name: 'get_weather' } }, temperature: 1, seed: 3, max_tokens: 300 };
+    const full = await openai.chat.completions.create(body);
+    const cutAt = full.usage!.completion_tokens - 2; // inside the arguments' closing
+    const cut = (await openai.chat.completions.create({ ...body, max_tokens: cutAt })).choices[0]!;
+    expect(cut.finish_reason).toBe('length');
+    expect(cut.message.tool_calls ?? []).toEqual([]);
+    expect(cut.message.content).toMatch(/^\{\s*"name":\s*"get_weather",\s*"arguments":\s*\{/);
+    const { deltas, finish } = await streamed({ ...body, max_tokens: cutAt, stream: true });
+    expect(finish).toBe('length');
+    expect(deltas[0]).toMatchObject({ function: { name: 'get_weather' } });
+    expect(full.choices[0]!.message.tool_calls![0]!.function.arguments.startsWith(deltas.map((d) => d.function?.arguments ?? '').join(''))).toBe(true);
+  });
+
+  it('"auto": the text the model writes streams as it comes and reads the same as the whole reply of the same seed', () =>
+    expectAutoStreamsAsWhole(t, { model, messages, tools: TOOLS, temperature: 1, max_tokens: 24 }));
+
   it('round trip: the call and a role "tool" result are rendered back through the template into the next prompt', async () => {
-    const first = await openai.chat.completions.create({ model, messages, tools: TOOLS, tool_choice: { type: 'function', function: { name: 'get_weather' } }, temperature: 0, max_tokens: 300 });
-    const call = first.choices[0]!.message.tool_calls![0]!;
-    const next: OpenAI.ChatCompletionMessageParam[] = [...messages, { role: 'assistant', content: null, tool_calls: [call] }, { role: 'tool', tool_call_id: call.id, content: '{"temp": 18}' }];
-    const r = await openai.chat.completions.create({ model, messages: next, tools: TOOLS, temperature: 0, max_tokens: 8 });
-    expect(r.choices[0]!.finish_reason).not.toBeNull();
     // the server's prompt is the template's rendering of the call and the result
-    const rendered = template.prompt(tokenizer, next.map((m) => templateMessage({ ...(m as object), role: m.role, content: typeof m.content === 'string' ? m.content : '' } as never)) as unknown as ChatMessage[], { variables: { tools: templateTools(SPECS) } });
+    const { rendered, call } = await roundTrip(t, messages, TOOLS, 'get_weather');
     expect(rendered).toContain('<tool_response>\n{"temp": 18}\n</tool_response>');
     const rendered_call = /<tool_call>\n\{"name": "get_weather", "arguments": (.*)\}\n<\/tool_call>/.exec(rendered);
     expect(rendered_call, rendered).not.toBeNull();
     expect(JSON.parse(rendered_call![1]!)).toEqual(JSON.parse(call.function.arguments));
-    expect(r.usage!.prompt_tokens).toBe(tokenizer.encode(rendered).length);
   });
 
   it('tool_choice "auto" leaves the choice to the model; what it writes in <tool_call> tags is parsed', () => {
