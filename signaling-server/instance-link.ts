@@ -124,7 +124,7 @@ export function linkRequest(req: IncomingMessage, res: ServerResponse, target: I
       if (!res.writableFinished) out.destroy();
     });
     // the room came here (its holder died or froze): the request ends as a refusal the client may retry
-    const remove = links?.all.add(links.roomId, () => out.destroy(new Error('the room moved to another instance')));
+    const remove = links?.all.add(links.roomId, () => out.destroy(new MeshError('ROOM_ELSEWHERE', 'the room moved to another instance')));
     if (remove) res.on('close', remove);
     if (body) out.end(body);
     else req.pipe(out);
