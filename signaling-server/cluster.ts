@@ -9,7 +9,7 @@
 // (renewal refused, or Redis silent past the lease) stops hosting that room at once: a stale
 // holder never plans beside the new one, and its writes under the old epoch are refused.
 
-import { createHmac, randomBytes } from 'node:crypto';
+import { createHash, createHmac, randomBytes } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import { MeshError } from '../src/errors.ts';
 import { secretMatches } from '../src/transport/frame-server.ts';
@@ -44,6 +44,8 @@ export class Cluster {
   /** rooms held now, with their lease and when it was last renewed */
   private readonly held = new Map<string, { lease: Lease; renewedAt: number }>();
   private timer: NodeJS.Timeout | null = null;
+  /** rooms seen with no lease, since when */
+  private readonly freeSince = new Map<string, number>();
   private ticking: Promise<void> | null = null;
   private readonly key: Buffer;
   private readonly leaseMs: number;
@@ -182,8 +184,22 @@ export class Cluster {
   private async round(): Promise<void> {
     if (this.stopped) return;
     await this.directory.refresh(this.record, instanceTtl(this.leaseMs)).catch(() => undefined);
+    let alive: string[] | null = null;
     for (const roomId of this.roomIds()) {
       const before = this.held.get(roomId);
+      if (!before) {
+        // a free room goes to the instance it hashes to among the live ones (rooms spread over
+        // the instances); any other takes it once it stayed free a whole lease (that one is gone)
+        const current = await this.directory.lease(roomId).catch(() => undefined);
+        if (current !== null) {
+          this.freeSince.delete(roomId);
+          continue;
+        }
+        const since = this.freeSince.get(roomId) ?? Date.now();
+        this.freeSince.set(roomId, since);
+        alive ??= await this.directory.instanceIds().catch(() => [this.id]);
+        if (preferredInstance(roomId, alive) !== this.id && Date.now() - since < this.leaseMs) continue;
+      }
       let lease: Lease;
       try {
         lease = await this.directory.acquire(roomId, this.id, this.leaseMs);
@@ -199,6 +215,7 @@ export class Cluster {
       const had = this.held.get(roomId);
       this.held.set(roomId, { lease, renewedAt: Date.now() });
       if (!had) {
+        this.freeSince.delete(roomId);
         this.opts.log(`cluster: room ${roomId} held (epoch ${lease.epoch})`);
         this.onGained(roomId, lease);
       }
@@ -215,6 +232,17 @@ export class Cluster {
     await this.directory.deregister(this.record).catch(() => undefined);
     await this.directory.close();
   }
+}
+
+/** The instance a room prefers among `ids`: the highest hash of (room, instance) — rendezvous hashing, so a new or lost instance moves only its share. */
+export function preferredInstance(roomId: string, ids: readonly string[]): string | null {
+  let best: string | null = null;
+  let bestHash = '';
+  for (const id of ids) {
+    const h = createHash('sha256').update(`${roomId}\n${id}`).digest('hex');
+    if (h > bestHash) [best, bestHash] = [id, h];
+  }
+  return best;
 }
 
 /** An instance record outlives a lease a little: a holder's record is there while its lease is. */

@@ -134,6 +134,18 @@ export class Directory {
     return v ? (JSON.parse(v) as InstanceRecord) : null;
   }
 
+  /** The ids of the instances alive now (their records have not expired). */
+  async instanceIds(): Promise<string[]> {
+    const ids: string[] = [];
+    let cursor = '0';
+    do {
+      const [next, keys] = await this.redis.scan(cursor, 'MATCH', this.key('instance:*'), 'COUNT', 100);
+      cursor = next;
+      for (const k of keys) ids.push(k.slice(this.key('instance:').length));
+    } while (cursor !== '0');
+    return ids;
+  }
+
   /** The instance that holds number `seq` now (route ids carry it). */
   async instanceBySeq(seq: number): Promise<InstanceRecord | null> {
     const id = await this.redis.get(this.key(`seq:${seq}`));
