@@ -8,6 +8,7 @@ import { DenseMatrix, Int8Matrix, packInt8 } from '../src/backends/cpu/matrices.
 import { dequantize } from '../src/gguf/dequant.ts';
 import { quantize } from '../src/gguf/quantize.ts';
 import { WasmArena, wasmSimdAvailable } from '../src/backends/cpu/wasm-arena.ts';
+import { q8x4Bytes } from '../src/backends/cpu/wasm-q8.ts';
 import { parseLayerRanges, shardTensors } from '../src/backends/shard.ts';
 import { isMeshError } from '../src/errors.ts';
 import { GgmlType } from '../src/gguf/types.ts';
@@ -100,7 +101,7 @@ describe('ops', () => {
         const w = dequantize(type, raw, nIn * nOut); // [nOut × nIn]
         const arena = new WasmArena(nIn * nOut * 2);
         expect(arena.mmQ8).not.toBeNull();
-        const at = arena.alloc((nIn * nOut * 9) / 8);
+        const at = arena.alloc(q8x4Bytes(nOut, nIn));
         packInt8(type, raw, nOut, nIn, arena.bytes, arena.heap, at);
         const m = new Int8Matrix('w', nOut, nIn, at, arena);
         // rows read back as the dequantised weights

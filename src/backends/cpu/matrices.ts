@@ -150,16 +150,16 @@ export class Int8Matrix implements Matrix {
   matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
     const { arena, cols, rows } = this;
     const n = nTokens;
-    const xqBytes = Math.ceil((n * cols) / 16) * 16;
+    const xqBytes = Math.ceil((n * cols) / 8) * 16;
     const p = io(arena, y, n * rows, x, n * cols, xqBytes + (n * cols) / 8);
-    const xq = p.extra; // [n × cols] int8
+    const xq = p.extra; // [n × cols] i16
     const xd = xq + xqBytes; // [n × cols/32] f32
-    quantizeRowsQ8_0(arena.f32(p.x, n * cols), n, cols, arena.bytes, xq, arena.heap, xd >> 2);
-    arena.run(rowCalls(KERNEL_IDS.mm_q8, rows, piecesFor(arena.threads, rows * cols * n), (r0, r1) => [xq, cols, xd, cols / 8, this.w, p.y, rows * 4, cols, n, r0, r1]));
+    quantizeRowsQ8_0(arena.f32(p.x, n * cols), n, cols, arena.halves, xq >> 1, arena.heap, xd >> 2);
+    arena.run(rowCalls(KERNEL_IDS.mm_q8, rows, piecesFor(arena.threads, rows * cols * n), (r0, r1) => [xq, cols * 2, xd, cols / 8, this.w, p.y, rows * 4, cols, n, r0, r1]));
     p.finish();
   }
   staging(nTokens: number): number {
-    return Math.ceil((nTokens * this.cols) / 16) * 16 + (nTokens * this.cols) / 8; // x as Q8_0
+    return Math.ceil((nTokens * this.cols) / 8) * 16 + (nTokens * this.cols) / 8; // x as Q8_0 (i16 integers, f32 scales)
   }
   row(r: number, out: Float32Array, outOffset: number): void {
     const nb = this.cols / 32;

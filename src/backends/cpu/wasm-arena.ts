@@ -72,6 +72,7 @@ export class WasmArena {
   private buffer: ArrayBuffer | SharedArrayBuffer | null = null;
   private heapF32: Float32Array = new Float32Array(0);
   private heapI8: Int8Array = new Int8Array(0);
+  private heapI16: Int16Array = new Int16Array(0);
   /** every buffer the memory has had (a shared memory's views of older buffers stay valid) */
   private readonly buffers = new WeakSet<ArrayBufferLike>();
   private pool: ComputePool | null = null;
@@ -151,6 +152,12 @@ export class WasmArena {
   get bytes(): Int8Array {
     this.refresh();
     return this.heapI8;
+  }
+
+  /** the whole memory as int16 (activations quantised for the int8 kernel) */
+  get halves(): Int16Array {
+    this.refresh();
+    return this.heapI16;
   }
 
   /** `floats` f32 at byte offset `offset` (16-aligned) */
@@ -282,5 +289,6 @@ export class WasmArena {
     this.buffers.add(buffer);
     this.heapF32 = new Float32Array(buffer);
     this.heapI8 = new Int8Array(buffer);
+    this.heapI16 = new Int16Array(buffer);
   }
 }

@@ -11,16 +11,25 @@
 //   group g (rows 4g … 4g+3), block b: 144 bytes at w + (g·nb + b)·144
 //     [32 int8 of row 4g][… 4g+1][… 4g+2][… 4g+3][f32 scale × 4]
 //
-// Tile over one token × 4 rows, per block:
-//   x = the token's 32 int8 widened to four i16x8 (v128.load8x8_s: load and widen in one)
-//   per row r: s_r = Σ_k i32x4.dot_i16x8_s(x_k, w_rk)        (exact integers)
+// Activations come as i16 (the Q8_0 integers, widened once per matmul instead of once per row
+// group). Tile over one token × 4 rows, per block:
+//   x = the token's 32 integers as four i16x8 (plain loads)
+//   per row r: s_r = Σ_k i32x4.dot_i16x8_s(x_k, w_rk)        (exact integers; w by v128.load8x8_s)
 //   S = [hsum s_0, hsum s_1, hsum s_2, hsum s_3]              (a 4 × 4 transpose-add)
 //   acc += f32x4(S) · (dw[4 rows] · dx)                       (fused where relaxed SIMD is there)
 //   y[t, 4g … 4g+3] = acc                                     (one store)
 // Every token runs the same arithmetic, so a token's result does not depend on its batch.
 //
+// Each block also reads one word of each cache line Q8_READ_AHEAD bytes on. WebAssembly has no
+// prefetch, and one thread streaming weights from DRAM keeps too few lines in flight while the
+// core works through a block's ~90 instructions: touching them early took a 150 MB mat-vec from
+// ~6.5 to ~10.5 GB/s here (the loaded words are dropped; an engine keeps a load that may trap).
+// Matrices are allocated with that many bytes to spare (q8x4Bytes). V8 emits a wasm function's
+// loads in program order before the arithmetic that uses them, so the row pointers are i32 adds
+// (every load8x8_s shares the offsets 0, 8, 16, 24) to keep fewer registers live.
+//
 // `mm_q8(xq, xqs, xd, xds, w, y, ys, nIn, nTok, r0, r1)` runs rows [r0, r1) (a multiple of 4
-// apart, from a multiple of 4) for every token (./wasm-driver.ts).
+// apart, from a multiple of 4) for every token (./wasm-driver.ts); xq: i16, xqs in bytes.
 
 import { FnBuilder, I32, V128, kernelModuleBytes, lanes32, lazyModule, op, relaxedSimdAvailable } from './wasm-asm.ts';
 import { driverBody } from './wasm-driver.ts';
@@ -33,20 +42,36 @@ function pairAdd(b: FnBuilder, x: number, y: number): void {
   b.emit(op.get(x), op.get(y), op.shuffle(lanes32(0, 4, 1, 5)), op.get(x), op.get(y), op.shuffle(lanes32(2, 6, 3, 7)), op.i32x4Add);
 }
 
+/** bytes past a matrix's last block that the kernel's read-ahead may touch */
+export const Q8_READ_AHEAD = 576;
+
+/** arena bytes for a [rows × cols] matrix in the Q8x4 layout, read-ahead included */
+export function q8x4Bytes(rows: number, cols: number): number {
+  return (rows * cols * 9) / 8 + Q8_READ_AHEAD + Q8X4_BLOCK_BYTES;
+}
+
 function tileBody(fma: boolean): number[] {
-  // parameters: xq, xd, w (the group's first block), nIn, y
+  // parameters: xq (i16), xd, w (the group's first block), nIn, y
   const xq = 0, xd = 1, w = 2, nIn = 3, y = 4;
   const b = new FnBuilder(5);
-  const i = b.local(I32), s4 = b.local(I32), wb = b.local(I32);
+  const i = b.local(I32), s4 = b.local(I32), end = b.local(I32), xi = b.local(I32);
+  const wr = [b.local(I32), b.local(I32), b.local(I32), b.local(I32)];
   const x = b.locals(V128, 4);
+  const wv = b.locals(V128, 4);
   const sums = b.locals(V128, 4);
   const t01 = b.local(V128), t23 = b.local(V128), acc = b.local(V128);
-  b.emit(op.get(w), op.set(wb));
+  const wb = wr[0]!;
+  b.emit(op.get(w), op.set(wb), op.get(nIn), op.i32Const(1), op.i32Shl, op.set(end));
   b.emit(op.loop);
-  for (let k = 0; k < 4; k++) b.emit(op.get(xq), op.get(i), op.i32Add, op.v128Load8x8S(8 * k), op.set(x[k]!));
+  // the read-ahead: one word per cache line of the block Q8_READ_AHEAD bytes on
+  for (const o of [0, 64, 128]) b.emit(op.get(wb), op.i32Load(Q8_READ_AHEAD + o), op.drop);
+  for (let r = 1; r < 4; r++) b.emit(op.get(wb), op.i32Const(32 * r), op.i32Add, op.set(wr[r]!));
+  b.emit(op.get(xq), op.get(i), op.i32Add, op.set(xi));
+  for (let k = 0; k < 4; k++) b.emit(op.get(xi), op.v128Load(16 * k), op.set(x[k]!));
   for (let r = 0; r < 4; r++) {
+    for (let k = 0; k < 4; k++) b.emit(op.get(wr[r]!), op.v128Load8x8S(8 * k), op.set(wv[k]!));
     for (let k = 0; k < 4; k++) {
-      b.emit(op.get(x[k]!), op.get(wb), op.v128Load8x8S(32 * r + 8 * k), op.i32x4DotI16x8S);
+      b.emit(op.get(x[k]!), op.get(wv[k]!), op.i32x4DotI16x8S);
       if (k > 0) b.emit(op.i32x4Add);
     }
     b.emit(op.set(sums[r]!));
@@ -61,8 +86,8 @@ function tileBody(fma: boolean): number[] {
   b.emit(op.f32x4ConvertI32x4S, op.get(wb), op.v128Load(128), op.get(xd), op.get(s4), op.i32Add, op.f32Load(), op.f32x4Splat, op.f32x4Mul);
   if (fma) b.emit(op.get(acc), op.f32x4RelaxedMadd, op.set(acc));
   else b.emit(op.f32x4Mul, op.get(acc), op.f32x4Add, op.set(acc));
-  b.inc(i, 32).inc(s4, 4).inc(wb, Q8X4_BLOCK_BYTES);
-  b.emit(op.get(i), op.get(nIn), op.i32LtS, op.brIf(0), op.end);
+  b.inc(i, 64).inc(s4, 4).inc(wb, Q8X4_BLOCK_BYTES);
+  b.emit(op.get(i), op.get(end), op.i32LtS, op.brIf(0), op.end);
   b.emit(op.get(y), op.get(acc), op.v128Store());
   return b.body();
 }
