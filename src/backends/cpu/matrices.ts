@@ -157,7 +157,8 @@ export class Int8Matrix implements Matrix {
     const xq = p.extra; // [n × cols] i16
     const xd = xq + xqBytes; // [n × cols/32] f32
     const wide = xd + (n * cols) / 8;
-    quantizeRowsQ8_0(arena.f32(p.x, n * cols), n, cols, arena.halves, xq >> 1, arena.heap, xd >> 2);
+    if (arena.quantQ8) arena.quantQ8(p.x, (n * cols) / 32, xq, xd);
+    else quantizeRowsQ8_0(arena.f32(p.x, n * cols), n, cols, arena.halves, xq >> 1, arena.heap, xd >> 2);
     arena.run(rowCalls(KERNEL_IDS.mm_q8, rows, pieces, (r0, r1, c) => [xq, cols * 2, xd, cols / 8, this.w, p.y, rows * 4, cols, n, r0, r1, wide + c * scratch]));
     p.finish();
   }

@@ -14,7 +14,7 @@ import type { KernelCall, WorkerFactory } from './compute-pool.ts';
 import { f32KernelModule } from './wasm-f32.ts';
 import type { Attn, MmF32 } from './wasm-f32.ts';
 import { q8KernelModule } from './wasm-q8.ts';
-import type { MmQ8 } from './wasm-q8.ts';
+import type { MmQ8, QuantQ8 } from './wasm-q8.ts';
 
 const PAGE = 65536;
 /** wasm32 addresses 4 GiB; the last page stays unused so every offset fits an i32 comparison */
@@ -61,6 +61,8 @@ export class WasmArena {
   readonly simd: boolean;
   /** the int8 kernel (see ./wasm-q8.ts); null without WebAssembly SIMD */
   readonly mmQ8: MmQ8 | null;
+  /** activations → Q8_0 for mmQ8, on this thread (see ./wasm-q8.ts); null without SIMD */
+  readonly quantQ8: QuantQ8 | null;
   /** one attention unit: scores, softmax, weighted sum (./wasm-attention.ts); null without SIMD */
   readonly attn: Attn | null;
   /** g = silu(g) · u over n floats, a multiple of 4 (./wasm-elementwise.ts); null without SIMD */
@@ -101,7 +103,9 @@ export class WasmArena {
     this.mmF32 = f32Exports ? (f32Exports.mm_f32 as MmF32) : this.mmF32Js;
     this.attn = f32Exports ? (f32Exports.attn as Attn) : null;
     this.swigluKernel = f32Exports ? (f32Exports.swiglu as (g: number, u: number, n: number) => void) : null;
-    this.mmQ8 = q8 ? (new WebAssembly.Instance(q8, imports).exports.mm_q8 as MmQ8) : null;
+    const q8Exports = q8 ? new WebAssembly.Instance(q8, imports).exports : null;
+    this.mmQ8 = q8Exports ? (q8Exports.mm_q8 as MmQ8) : null;
+    this.quantQ8 = q8Exports ? (q8Exports.quant_q8 as QuantQ8) : null;
   }
 
   /**

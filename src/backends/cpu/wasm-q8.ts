@@ -36,7 +36,7 @@
 // `mm_q8(xq, xqs, xd, xds, w, y, ys, nIn, nTok, r0, r1, scratch)` runs rows [r0, r1) (a multiple
 // of 4 apart, from a multiple of 4) for every token; xq: i16, xqs in bytes; scratch: q8Scratch bytes.
 
-import { FnBuilder, I32, V128, kernelModuleBytes, lanes32, lazyModule, op, relaxedSimdAvailable } from './wasm-asm.ts';
+import { F32, FnBuilder, I32, V128, kernelModuleBytes, lanes32, lazyModule, op, relaxedSimdAvailable } from './wasm-asm.ts';
 
 /** bytes of one 4-row group of one block: 4 × 32 int8 + 4 f32 scales */
 export const Q8X4_BLOCK_BYTES = 144;
@@ -170,6 +170,46 @@ function widenBody(): number[] {
   return b.body();
 }
 
+/**
+ * quant_q8(x, nBlocks, q, d): f32 activations → Q8_0 as ggml rounds them, the same bits as
+ * quantizeRowsQ8_0 (./act-round.ts): d = f16(amax/127) as f32, q = roundeven(x · f32(127/amax))
+ * as i16. The f16 rounding in f32 arithmetic: subnormal halves by adding and taking away 0.5
+ * (whose ulp is the smallest half), normal ones by rounding the mantissa to 10 bits, from 65520 Inf.
+ */
+function quantBody(): number[] {
+  const x = 0, nBlocks = 1, q = 2, d = 3;
+  const b = new FnBuilder(4);
+  const end = b.local(I32), bits = b.local(I32);
+  const amax = b.local(F32), dv = b.local(F32);
+  const v = b.locals(V128, 8);
+  const m = b.local(V128), id = b.local(V128);
+  b.emit(op.get(x), op.get(nBlocks), op.i32Const(7), op.i32Shl, op.i32Add, op.set(end));
+  b.emit(op.block, op.loop, op.get(x), op.get(end), op.i32GeU, op.brIf(1));
+  for (let k = 0; k < 8; k++) b.emit(op.get(x), op.v128Load(16 * k), op.set(v[k]!));
+  b.emit(op.get(v[0]!), op.f32x4Abs);
+  for (let k = 1; k < 8; k++) b.emit(op.get(v[k]!), op.f32x4Abs, op.f32x4Max);
+  b.emit(op.set(m));
+  b.emit(op.get(m), op.get(m), op.get(m), op.shuffle(lanes32(2, 3, 0, 1)), op.f32x4Max, op.set(m));
+  b.emit(op.get(m), op.get(m), op.get(m), op.shuffle(lanes32(1, 0, 3, 2)), op.f32x4Max, op.extract(0), op.set(amax));
+  // d = f16(amax / 127)
+  b.emit(op.get(amax), op.f32Const(127), op.f32Div, op.set(dv));
+  b.emit(op.get(dv), op.f32Const(65520), op.f32Ge, op.if, op.f32Const(Infinity), op.set(dv), op.else);
+  b.emit(op.get(dv), op.f32Const(2 ** -14), op.f32Lt, op.if, op.get(dv), op.f32Const(0.5), op.f32Add, op.f32Const(0.5), op.f32Sub, op.set(dv), op.else);
+  b.emit(op.get(dv), op.i32ReinterpretF32, op.tee(bits), op.i32Const(0xfff), op.i32Add, op.get(bits), op.i32Const(13), op.i32ShrU, op.i32Const(1), op.i32And, op.i32Add);
+  b.emit(op.i32Const(~0x1fff), op.i32And, op.f32ReinterpretI32, op.set(dv), op.end, op.end);
+  b.emit(op.get(d), op.get(dv), op.f32Store());
+  // id = amax ≠ 0 ? 127 / amax : 0; q = roundeven(x · id)
+  b.emit(op.f32Const(127), op.get(amax), op.f32Div, op.f32Const(0), op.get(amax), op.f32Const(0), op.f32Ne, op.select, op.f32x4Splat, op.set(id));
+  for (let k = 0; k < 8; k += 2) {
+    b.emit(op.get(q));
+    for (const j of [k, k + 1]) b.emit(op.get(v[j]!), op.get(id), op.f32x4Mul, op.f32x4Nearest, op.i32x4TruncSatF32x4S);
+    b.emit(op.i16x8NarrowI32x4S, op.v128Store(8 * k));
+  }
+  b.inc(x, 128).inc(q, 64).inc(d, 4);
+  b.emit(op.br(0), op.end, op.end);
+  return b.body();
+}
+
 const TILE = 0, WIDE_TILE = 1, WIDEN = 2;
 
 /**
@@ -203,6 +243,7 @@ function moduleBytes(shared: boolean): Uint8Array<ArrayBuffer> {
       { params: 5, body: wideTileBody(fma) },
       { params: 3, body: widenBody() },
       { name: 'mm_q8', params: 12, body: mmBody() },
+      { name: 'quant_q8', params: 4, body: quantBody() },
     ],
     shared,
   );
@@ -210,6 +251,9 @@ function moduleBytes(shared: boolean): Uint8Array<ArrayBuffer> {
 
 /** the compiled int8 kernels for a shared or an unshared memory, or null where they cannot be compiled */
 export const q8KernelModule = lazyModule(moduleBytes);
+
+/** f32 activations → Q8_0 (i16 integers and f32 scales), nBlocks blocks of 32 */
+export type QuantQ8 = (x: number, nBlocks: number, q: number, d: number) => void;
 
 export type MmQ8 = (xq: number, xqs: number, xd: number, xds: number, w: number, y: number, ys: number, nIn: number, nTok: number, r0: number, r1: number, scratch: number) => void;
 
