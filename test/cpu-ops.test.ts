@@ -2,12 +2,13 @@
 // ggml-style activation rounding, the sampler, stop-string streaming, model config and
 // shard selection.
 import { describe, expect, it } from 'vitest';
-import { activationFormatFor, roundActivations } from '../src/backends/cpu/act-round.ts';
+import { activationFormatFor, quantizeRowsQ8_0, roundActivations } from '../src/backends/cpu/act-round.ts';
 import { attention, matmul, matmulRows, rmsnorm, rope, ropeCache, softmax, swiglu } from '../src/backends/cpu/ops.ts';
 import { DenseMatrix, Int8Matrix, packInt8 } from '../src/backends/cpu/matrices.ts';
 import { dequantize } from '../src/gguf/dequant.ts';
 import { quantize } from '../src/gguf/quantize.ts';
 import { WasmArena, wasmSimdAvailable } from '../src/backends/cpu/wasm-arena.ts';
+import { q8x4Bytes } from '../src/backends/cpu/wasm-q8.ts';
 import { parseLayerRanges, shardTensors } from '../src/backends/shard.ts';
 import { isMeshError } from '../src/errors.ts';
 import { GgmlType } from '../src/gguf/types.ts';
@@ -100,7 +101,7 @@ describe('ops', () => {
         const w = dequantize(type, raw, nIn * nOut); // [nOut × nIn]
         const arena = new WasmArena(nIn * nOut * 2);
         expect(arena.mmQ8).not.toBeNull();
-        const at = arena.alloc((nIn * nOut * 9) / 8);
+        const at = arena.alloc(q8x4Bytes(nOut, nIn));
         packInt8(type, raw, nOut, nIn, arena.bytes, arena.heap, at);
         const m = new Int8Matrix('w', nOut, nIn, at, arena);
         // rows read back as the dequantised weights
@@ -242,6 +243,26 @@ describe('ggml activation rounding', () => {
       }
     }
     expect(roundActivations(x, 1, 64, 'f32')).toBe(x);
+  });
+
+  it('the WebAssembly Q8_0 quantiser gives quantizeRowsQ8_0\'s integers and scales bit for bit, f16-subnormal and overflowing scales included', () => {
+    // per block a magnitude: zero, f16-subnormal scales (amax/127 < 2^-14), normal, past f16's range; ties to even among both
+    const scales = [0, 1e-9, 3e-7, 127 * 2 ** -24 * 1.5, 127 * 2 ** -24 * 2.5, 127 * 2 ** -14 * 0.9999, 127 * 2 ** -14, 1e-3, 1, 127 * (1 + 2 ** -11), 127 * (1 + 3 * 2 ** -11), 37.5, 1e4, 127 * 65504, 127 * 65519, 127 * 65520, 1e8];
+    const nBlocks = scales.length * 4;
+    const x = rand(nBlocks * 32, 21);
+    for (let b = 0; b < nBlocks; b++) for (let i = 0; i < 32; i++) x[b * 32 + i] = x[b * 32 + i]! * scales[b % scales.length]!;
+    // blocks whose largest value is exactly the scale (so amax/127 lands on the chosen f16 boundaries)
+    for (let b = 0; b < scales.length; b++) x[b * 32 + 5] = -scales[b]!;
+    const q = new Int16Array(nBlocks * 32);
+    const d = new Float32Array(nBlocks);
+    quantizeRowsQ8_0(x, 1, nBlocks * 32, q, 0, d, 0);
+    const arena = new WasmArena(1 << 20);
+    const xo = arena.alloc(x.byteLength), qo = arena.alloc(q.byteLength), dOff = arena.alloc(d.byteLength);
+    arena.heap.set(x, xo >> 2);
+    arena.quantQ8!(xo, nBlocks, qo, dOff);
+    expect([...arena.halves.subarray(qo >> 1, (qo >> 1) + q.length)]).toEqual([...q]);
+    expect([...new Uint32Array(arena.heap.buffer, dOff, nBlocks)]).toEqual([...new Uint32Array(d.buffer)]);
+    expect(d).toContain(Infinity);
   });
 });
 

@@ -103,7 +103,10 @@ export class Sampler {
    */
   sample(logits: Float32Array, history: readonly number[] = []): number {
     const o = this.options;
-    const c: Candidates = { ids: Int32Array.from({ length: logits.length }, (_, i) => i), logits: Float32Array.from(logits), p: new Float32Array(logits.length), size: logits.length, sorted: false };
+    // a plain loop and slice(): Int32Array.from with a callback took ~1 ms of a 32k vocabulary, a few % of a decode step
+    const ids = new Int32Array(logits.length);
+    for (let i = 0; i < ids.length; i++) ids[i] = i;
+    const c: Candidates = { ids, logits: logits.slice(), p: new Float32Array(logits.length), size: logits.length, sorted: false };
     for (const [id, bias] of o.logitBias) if (id < c.size) c.logits[id] = f32(c.logits[id]! + bias);
     this.penalise(c, history);
     if (o.temperature <= 0) return greedy(c);

@@ -101,10 +101,10 @@ function roundBlockQ8_K(x: Float32Array, out: Float32Array, o: number): void {
 
 /**
  * Quantises rows to Q8_0 as ggml does (same scale and rounding as roundBlockQ8_0), writing the
- * integers and the f32 value of each block's f16 scale.
- * x: [nRows × n] (n a multiple of 32); q[qOff …]: [nRows × n] int8; d[dOff …]: [nRows × n/32]
+ * integers (as i16, the form the int8 kernel multiplies) and the f32 value of each block's f16 scale.
+ * x: [nRows × n] (n a multiple of 32); q[qOff …]: [nRows × n]; d[dOff …]: [nRows × n/32]
  */
-export function quantizeRowsQ8_0(x: Float32Array, nRows: number, n: number, q: Int8Array, qOff: number, d: Float32Array, dOff: number): void {
+export function quantizeRowsQ8_0(x: Float32Array, nRows: number, n: number, q: Int16Array, qOff: number, d: Float32Array, dOff: number): void {
   const nBlocks = (nRows * n) / 32;
   for (let b = 0; b < nBlocks; b++) {
     const o = b * 32;

@@ -35,11 +35,21 @@ export interface KernelCall {
  * Calls of `fn` over rows [0, rows) cut into `pieces` ranges, each a multiple of 4 rows apart
  * from the start (the kernels take rows in fours); `args(r0, r1)` gives a range's arguments.
  */
-export function rowCalls(fn: KernelId, rows: number, pieces: number, args: (r0: number, r1: number) => number[]): KernelCall[] {
-  const step = Math.max(4, Math.ceil(rows / pieces / 4) * 4);
+export function rowCalls(fn: KernelId, rows: number, pieces: number, args: (r0: number, r1: number, call: number) => number[]): KernelCall[] {
+  const step = rowStep(rows, pieces);
   const calls: KernelCall[] = [];
-  for (let r0 = 0; r0 < rows; r0 += step) calls.push({ fn, args: args(r0, Math.min(rows, r0 + step)) });
+  for (let r0 = 0; r0 < rows; r0 += step) calls.push({ fn, args: args(r0, Math.min(rows, r0 + step), calls.length) });
   return calls;
+}
+
+/** rows per call of rowCalls (the last may have fewer) */
+function rowStep(rows: number, pieces: number): number {
+  return Math.max(4, Math.ceil(rows / pieces / 4) * 4);
+}
+
+/** how many calls rowCalls makes */
+export function rowCallCount(rows: number, pieces: number): number {
+  return Math.ceil(rows / rowStep(rows, pieces));
 }
 
 /** multiply-adds below which a piece of a job costs more to hand out than to run (~10 µs) */

@@ -6,11 +6,11 @@
 import { dequantizeRow } from '../../gguf/dequant.ts';
 import { F16_TABLE } from '../../gguf/fp16.ts';
 import { GgmlType, TYPE_TRAITS } from '../../gguf/types.ts';
-import { KERNEL_IDS, piecesFor, rowCalls } from './compute-pool.ts';
+import { KERNEL_IDS, piecesFor, rowCallCount, rowCalls } from './compute-pool.ts';
 import { quantizeRowsQ8_0, roundActivations } from './act-round.ts';
 import type { ActivationFormat } from './act-round.ts';
 import type { WasmArena } from './wasm-arena.ts';
-import { Q8X4_BLOCK_BYTES } from './wasm-q8.ts';
+import { Q8X4_BLOCK_BYTES, q8Scratch } from './wasm-q8.ts';
 import type { Matrix } from './matrix.ts';
 
 export type { Matrix } from './matrix.ts';
@@ -150,16 +150,22 @@ export class Int8Matrix implements Matrix {
   matmul(y: Float32Array, x: Float32Array, nTokens: number): void {
     const { arena, cols, rows } = this;
     const n = nTokens;
-    const xqBytes = Math.ceil((n * cols) / 16) * 16;
-    const p = io(arena, y, n * rows, x, n * cols, xqBytes + (n * cols) / 8);
-    const xq = p.extra; // [n × cols] int8
+    const xqBytes = Math.ceil((n * cols) / 8) * 16;
+    const pieces = piecesFor(arena.threads, rows * cols * n);
+    const scratch = q8Scratch(cols, n); // per call: each runs on one thread at a time
+    const p = io(arena, y, n * rows, x, n * cols, xqBytes + (n * cols) / 8 + scratch * rowCallCount(rows, pieces));
+    const xq = p.extra; // [n × cols] i16
     const xd = xq + xqBytes; // [n × cols/32] f32
-    quantizeRowsQ8_0(arena.f32(p.x, n * cols), n, cols, arena.bytes, xq, arena.heap, xd >> 2);
-    arena.run(rowCalls(KERNEL_IDS.mm_q8, rows, piecesFor(arena.threads, rows * cols * n), (r0, r1) => [xq, cols, xd, cols / 8, this.w, p.y, rows * 4, cols, n, r0, r1]));
+    const wide = xd + (n * cols) / 8;
+    if (arena.quantQ8) arena.quantQ8(p.x, (n * cols) / 32, xq, xd);
+    else quantizeRowsQ8_0(arena.f32(p.x, n * cols), n, cols, arena.halves, xq >> 1, arena.heap, xd >> 2);
+    arena.run(rowCalls(KERNEL_IDS.mm_q8, rows, pieces, (r0, r1, c) => [xq, cols * 2, xd, cols / 8, this.w, p.y, rows * 4, cols, n, r0, r1, wide + c * scratch]));
     p.finish();
   }
   staging(nTokens: number): number {
-    return Math.ceil((nTokens * this.cols) / 16) * 16 + (nTokens * this.cols) / 8; // x as Q8_0
+    // x as Q8_0 (i16 integers, f32 scales), and each call's widened row group
+    const calls = rowCallCount(this.rows, piecesFor(this.arena.threads, this.rows * this.cols * nTokens));
+    return Math.ceil((nTokens * this.cols) / 8) * 16 + (nTokens * this.cols) / 8 + q8Scratch(this.cols, nTokens) * calls;
   }
   row(r: number, out: Float32Array, outOffset: number): void {
     const nb = this.cols / 32;

@@ -14,7 +14,7 @@ import type { KernelCall, WorkerFactory } from './compute-pool.ts';
 import { f32KernelModule } from './wasm-f32.ts';
 import type { Attn, MmF32 } from './wasm-f32.ts';
 import { q8KernelModule } from './wasm-q8.ts';
-import type { MmQ8 } from './wasm-q8.ts';
+import type { MmQ8, QuantQ8 } from './wasm-q8.ts';
 
 const PAGE = 65536;
 /** wasm32 addresses 4 GiB; the last page stays unused so every offset fits an i32 comparison */
@@ -61,6 +61,8 @@ export class WasmArena {
   readonly simd: boolean;
   /** the int8 kernel (see ./wasm-q8.ts); null without WebAssembly SIMD */
   readonly mmQ8: MmQ8 | null;
+  /** activations → Q8_0 for mmQ8, on this thread (see ./wasm-q8.ts); null without SIMD */
+  readonly quantQ8: QuantQ8 | null;
   /** one attention unit: scores, softmax, weighted sum (./wasm-attention.ts); null without SIMD */
   readonly attn: Attn | null;
   /** g = silu(g) · u over n floats, a multiple of 4 (./wasm-elementwise.ts); null without SIMD */
@@ -72,6 +74,7 @@ export class WasmArena {
   private buffer: ArrayBuffer | SharedArrayBuffer | null = null;
   private heapF32: Float32Array = new Float32Array(0);
   private heapI8: Int8Array = new Int8Array(0);
+  private heapI16: Int16Array = new Int16Array(0);
   /** every buffer the memory has had (a shared memory's views of older buffers stay valid) */
   private readonly buffers = new WeakSet<ArrayBufferLike>();
   private pool: ComputePool | null = null;
@@ -100,7 +103,9 @@ export class WasmArena {
     this.mmF32 = f32Exports ? (f32Exports.mm_f32 as MmF32) : this.mmF32Js;
     this.attn = f32Exports ? (f32Exports.attn as Attn) : null;
     this.swigluKernel = f32Exports ? (f32Exports.swiglu as (g: number, u: number, n: number) => void) : null;
-    this.mmQ8 = q8 ? (new WebAssembly.Instance(q8, imports).exports.mm_q8 as MmQ8) : null;
+    const q8Exports = q8 ? new WebAssembly.Instance(q8, imports).exports : null;
+    this.mmQ8 = q8Exports ? (q8Exports.mm_q8 as MmQ8) : null;
+    this.quantQ8 = q8Exports ? (q8Exports.quant_q8 as QuantQ8) : null;
   }
 
   /**
@@ -151,6 +156,12 @@ export class WasmArena {
   get bytes(): Int8Array {
     this.refresh();
     return this.heapI8;
+  }
+
+  /** the whole memory as int16 (activations quantised for the int8 kernel) */
+  get halves(): Int16Array {
+    this.refresh();
+    return this.heapI16;
   }
 
   /** `floats` f32 at byte offset `offset` (16-aligned) */
@@ -282,5 +293,6 @@ export class WasmArena {
     this.buffers.add(buffer);
     this.heapF32 = new Float32Array(buffer);
     this.heapI8 = new Int8Array(buffer);
+    this.heapI16 = new Int16Array(buffer);
   }
 }

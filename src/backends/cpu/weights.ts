@@ -21,6 +21,7 @@ import type { Matrix } from './matrix.ts';
 import { isQ8_1Type, Q8_1Matrix } from './q8-1-matrix.ts';
 import { MAX_ARENA_BYTES, WasmArena, wasmSimdAvailable } from './wasm-arena.ts';
 import type { ArenaOptions } from './wasm-arena.ts';
+import { Q8X4_BLOCK_BYTES, Q8_READ_AHEAD, q8x4Bytes } from './wasm-q8.ts';
 
 export type { LayerWeights } from './layer-weights.ts';
 export type { Matrix } from './matrix.ts';
@@ -65,7 +66,7 @@ export function makeMatrix(
   const { arena } = o;
   if (o.storage === 'quantized' && type !== GgmlType.F32) return new QuantizedMatrix(label, rows, cols, type, raw, activation, arena);
   if (o.int8 && rows % 4 === 0 && cols % 32 === 0) {
-    const w = arena.alloc((n * 9) / 8); // Q8x4: rows/4 × cols/32 blocks of 144 bytes
+    const w = arena.alloc(q8x4Bytes(rows, cols)); // Q8x4: rows/4 × cols/32 blocks of 144 bytes, then the kernel's read-ahead
     packInt8(type, raw, rows, cols, arena.bytes, arena.heap, w);
     return new Int8Matrix(label, rows, cols, w, arena);
   }
@@ -110,7 +111,7 @@ function arenaBytesFor(infos: readonly TensorInfo[], storage: WeightStorage, asI
     .filter((t) => storage !== 'quantized' || t.type === GgmlType.F32)
     .reduce((sum, t) => {
       const pieces = (t.shape[2] ?? 1) * 3; // experts, or fused q|k|v and gate|up: each its own allocation
-      return sum + (asInt8(t) ? (t.nElements * 9) / 8 : t.nElements * 4) + 16 * pieces;
+      return sum + (asInt8(t) ? (t.nElements * 9) / 8 + (Q8_READ_AHEAD + Q8X4_BLOCK_BYTES) * pieces : t.nElements * 4) + 16 * pieces;
     }, 0);
 }
 
