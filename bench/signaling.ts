@@ -135,10 +135,10 @@ async function until(ok: () => Promise<boolean>, what: string, ms = 30_000): Pro
 }
 
 export async function run(args: string[]): Promise<unknown> {
-  const nPeers = numberArg(args, '--peers', 5000);
-  const senders = numberArg(args, '--senders', 16);
-  const messages = numberArg(args, '--messages', 2000);
-  const samples = numberArg(args, '--samples', 1000);
+  const nPeers = numberArg(args, 'peers', 5000);
+  const senders = numberArg(args, 'senders', 16);
+  const messages = numberArg(args, 'messages', 2000);
+  const samples = numberArg(args, 'samples', 1000);
   const load = machineLoad();
   const model = await stories260K();
   const redisPort = await freePort();
@@ -146,10 +146,12 @@ export async function run(args: string[]): Promise<unknown> {
   const redisUrl = `redis://127.0.0.1:${redisPort}`;
   try {
     await until(() => portTaken(redisPort), 'redis-server starting');
-    // A first, so it holds the room (the only live instance); B joins the cluster after
-    const a = await instance(model, redisUrl, 'one:');
-    await until(async () => (await holdCount(a.base)) === 1, 'instance A holding the room');
-    const b = await instance(model, redisUrl, 'one:');
+    // two instances; the one the room settles on is A, the other B
+    const both = await Promise.all([instance(model, redisUrl, 'one:'), instance(model, redisUrl, 'one:')]);
+    await until(async () => (await holdCount(both[0]!.base)) + (await holdCount(both[1]!.base)) === 1, 'one instance holding the room');
+    await new Promise((r) => setTimeout(r, 2_000)); // an idle room may still move to the instance it prefers
+    await until(async () => (await holdCount(both[0]!.base)) + (await holdCount(both[1]!.base)) === 1, 'one instance holding the room');
+    const [a, b] = (await holdCount(both[0]!.base)) === 1 ? both : [both[1]!, both[0]!];
     const roomId = ((await json(`${a.base}/v1/rooms`)) as { rooms: Array<{ id: string }> }).rooms[0]!.id;
 
     // (a) idle sockets
@@ -181,8 +183,9 @@ export async function run(args: string[]): Promise<unknown> {
     await killAllCli();
 
     // (d) two instances, one room each (two rooms: the model twice), the senders split
-    const c1 = await instance(model, redisUrl, 'two:', [model]);
-    const c2 = await instance(model, redisUrl, 'two:', [model]);
+    const [c1, c2] = await Promise.all([instance(model, redisUrl, 'two:', [model]), instance(model, redisUrl, 'two:', [model])]);
+    // idle rooms move to the instance each prefers: one each, unless both hash to the same one
+    await new Promise((r) => setTimeout(r, 3_000));
     await until(async () => (await holdCount(c1.base)) + (await holdCount(c2.base)) === 2, 'the two rooms held');
     const rooms = ((await json(`${c1.base}/v1/rooms`)) as { rooms: Array<{ id: string }> }).rooms.map((r) => r.id);
     const split = [await holdCount(c1.base), await holdCount(c2.base)];

@@ -54,6 +54,8 @@ export class Cluster {
   onGained: (roomId: string, lease: Lease) => void = () => undefined;
   /** the room's lease is gone (taken over, or not renewable in time): stop hosting it at once */
   onLost: (roomId: string, why: string) => void = () => undefined;
+  /** whether a held room may move to the instance it prefers now (no peer and no session would notice) */
+  movable: (roomId: string) => boolean = () => false;
 
   private constructor(
     readonly directory: Directory,
@@ -199,6 +201,16 @@ export class Cluster {
         this.freeSince.set(roomId, since);
         alive ??= await this.directory.instanceIds().catch(() => [this.id]);
         if (preferredInstance(roomId, alive) !== this.id && Date.now() - since < this.leaseMs) continue;
+      }
+      else if (this.movable(roomId)) {
+        // an idle room held here that prefers another live instance moves there (an instance
+        // that started first took every room; the others come later)
+        alive ??= await this.directory.instanceIds().catch(() => [this.id]);
+        const preferred = preferredInstance(roomId, alive);
+        if (preferred !== null && preferred !== this.id && (await this.directory.release(roomId, before.lease).catch(() => false))) {
+          this.lose(roomId, `moved to instance ${preferred}, which it prefers`);
+          continue;
+        }
       }
       let lease: Lease;
       try {

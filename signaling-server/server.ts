@@ -129,6 +129,10 @@ function serveClient(registry: RoomRegistry, room: Room, ws: WebSocket, grant: G
 async function joinRooms(cluster: Cluster, registry: RoomRegistry, linked: RoomLinks): Promise<void> {
   const byId = (id: string): Room | undefined => registry.rooms.find((r) => r.id === id);
   cluster.onLost = (id, why) => byId(id)?.handOff(why);
+  cluster.movable = (id) => {
+    const room = byId(id);
+    return !!room && room.peers.size === 0 && !registry.sessions.list().some((s) => registry.findRoute(s.routeId)?.room === room && !['closed', 'expired', 'failed'].includes(s.state));
+  };
   cluster.onGained = (id) => {
     // sockets and requests passed on to the room's last holder (dead, or stale and frozen) end: their peers rejoin here
     linked.endAll(id);

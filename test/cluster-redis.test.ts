@@ -9,6 +9,7 @@ import { createServer } from 'node:net';
 import type { AddressInfo } from 'node:net';
 import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { preferredInstance } from '../signaling-server/cluster.ts';
 import { Directory } from '../signaling-server/directory.ts';
 import { isMeshError } from '../src/errors.ts';
 import { getJson, killAll, spawnCommand, spawnMesh } from './support/mesh.ts';
@@ -225,6 +226,30 @@ describe('a holder frozen past its lease', () => {
       await dir.close();
     }
   }, 150_000);
+});
+
+describe('rooms spread over the instances', () => {
+  it('an idle room held by the first instance moves to the one it prefers once that one is up; a room with peers stays', async () => {
+    const a = await instance('spread:', ['--min-peers', '1']);
+    await holderOf([a]);
+    const b = await instance('spread:', ['--min-peers', '1']);
+    const roomId = await roomIdOf(a);
+    const ids = [(await health(a)).cluster.instance, (await health(b)).cluster.instance];
+    const preferred = preferredInstance(roomId, ids) === ids[0] ? a : b;
+    const deadline = Date.now() + 20_000;
+    while ((await health(preferred)).cluster.holds !== 1) {
+      expect(Date.now() < deadline, 'the idle room reached the instance it prefers').toBe(true);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    expect((await health(preferred === a ? b : a)).cluster.holds).toBe(0);
+    // with a peer in it, the room stays where it is while a third instance comes and goes
+    await spawnMesh(['node', '--join', `${preferred.base}/room/${roomId}#secret=${SECRET}`, '--name', 'stay', '--no-cache']).waitFor(/joined room/);
+    const c = await instance('spread:', ['--min-peers', '1']);
+    await new Promise((r) => setTimeout(r, 2 * LEASE_MS));
+    expect((await health(preferred)).cluster.holds).toBe(1);
+    expect((await health(c)).cluster.holds).toBe(0);
+    expectStoriesText(await complete(c.base));
+  }, 120_000);
 });
 
 describe('planner races', () => {
