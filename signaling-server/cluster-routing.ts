@@ -23,6 +23,8 @@ export interface RequestOwner {
   roomId?: string;
   /** the body, when it was read to decide */
   body?: Buffer;
+  /** a completion request (its body read) */
+  completion?: boolean;
 }
 
 function readBody(req: IncomingMessage): Promise<Buffer> {
@@ -66,8 +68,9 @@ export async function ownerOfRequest(cluster: Cluster, registry: RoomRegistry, r
     return { target: await cluster.instanceOfRoute(body.readUInt32LE(8)), body };
   }
   if (req.method === 'POST' && (path === '/v1/chat/completions' || path === '/v1/completions')) {
-    if (rooms.length === 1) return { target: await cluster.holderOf(rooms[0]!.id), roomId: rooms[0]!.id };
+    // read here: a completion passed on is kept alive across its holder's death (resumable-completion.ts)
     const body = await readBody(req);
+    if (rooms.length === 1) return { target: await cluster.holderOf(rooms[0]!.id), roomId: rooms[0]!.id, body, completion: true };
     let model: unknown;
     try {
       model = (JSON.parse(body.toString('utf8')) as { model?: unknown }).model;
@@ -75,7 +78,7 @@ export async function ownerOfRequest(cluster: Cluster, registry: RoomRegistry, r
       return { target: null, body }; // refused here, as it would be anywhere
     }
     const named = rooms.find((r) => r.model.id === model || r.id === model);
-    return named ? { target: await cluster.holderOf(named.id), roomId: named.id, body } : { target: null, body };
+    return named ? { target: await cluster.holderOf(named.id), roomId: named.id, body, completion: true } : { target: null, body };
   }
   return { target: null };
 }

@@ -11,6 +11,7 @@ import { handleFrameHttp, sendError, sendJson } from '../src/transport/http.ts';
 import type { Cluster } from './cluster.ts';
 import { ownerOfRequest, replayed } from './cluster-routing.ts';
 import { linkRequest } from './instance-link.ts';
+import { resumableBody, resumableCompletion } from './resumable-completion.ts';
 import type { RoomLinks } from './instance-link.ts';
 import { serveFile } from './model-host.ts';
 import { handleOpenAi } from './openai.ts';
@@ -96,7 +97,11 @@ export class HttpApi {
         // what another instance holds is answered there (a link from an instance is answered here)
         const owner = await ownerOfRequest(cluster, this.registry, req, path);
         const links = owner.roomId && this.opts.linked ? { roomId: owner.roomId, all: this.opts.linked } : undefined;
-        if (owner.target) return await linkRequest(req, res, owner.target, cluster.linkProof(), owner.body, this.opts.tls?.ca ? { ca: this.opts.tls.ca.pem } : {}, links);
+        const ca = this.opts.tls?.ca?.pem;
+        // a completion outlives its holder: asked again of the room's next one (resumable-completion.ts)
+        const resumable = owner.target && owner.completion && owner.body ? resumableBody(owner.body) : null;
+        if (owner.target && resumable) return await resumableCompletion(cluster, owner.roomId!, req, res, owner.target, resumable, ca, this.opts.linked);
+        if (owner.target) return await linkRequest(req, res, owner.target, cluster.linkProof(), owner.body, ca ? { ca } : {}, links);
         if (owner.body) req = replayed(req, owner.body);
       }
       const grant = this.registry.requireAuth(req);

@@ -216,6 +216,7 @@ const SERVER = {
   REDIS_UNREACHABLE: { status: 503, meaning: "the cluster's Redis does not answer" },
   STALE_LEASE: { status: 409, meaning: "an instance wrote a room's state under a lease that has passed to another instance (the write is refused)" },
   ROOM_ELSEWHERE: { status: 503, meaning: 'the instance holding this room cannot be reached now (retry: the room passes to a live instance when its lease expires)' },
+  RESUME_DIVERGED: { status: 502, meaning: "a completion resumed after its room's holder died came back different from what the client was already sent (the stream stops there)" },
   CLUSTER_NEEDS_SECRET: { status: 400, meaning: 'serve --redis needs --secret (or --join-secret): every instance must open the same rooms' },
 } as const satisfies Codes;
 

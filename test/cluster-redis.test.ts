@@ -104,6 +104,40 @@ async function complete(base: string, stream = false): Promise<string> {
   return [...text.matchAll(/^data: (\{.*\})$/gm)].map((m) => JSON.parse(m[1]!).choices?.[0]?.text ?? '').join('');
 }
 
+/** A streamed greedy completion of `maxTokens`, `onPiece` told how many text pieces came so far. */
+async function streamed(base: string, maxTokens: number, onPiece: (pieces: number) => void): Promise<{ text: string; ids: string[]; errors: string[]; done: boolean }> {
+  const res = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: maxTokens, temperature: 0, stream: true }),
+  });
+  expect(res.status).toBe(200);
+  const reader = res.body!.getReader();
+  const out = { text: '', ids: [] as string[], errors: [] as string[], done: false };
+  let buffer = '';
+  let pieces = 0;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += new TextDecoder().decode(value);
+    for (let i = buffer.indexOf('\n\n'); i >= 0; i = buffer.indexOf('\n\n')) {
+      const event = buffer.slice(0, i);
+      buffer = buffer.slice(i + 2);
+      if (/^event: error/m.test(event)) out.errors.push(event);
+      const data = /^data: (.*)$/m.exec(event)?.[1];
+      if (data === '[DONE]') out.done = true;
+      else if (data) {
+        const c = JSON.parse(data);
+        out.ids.push(c.id);
+        const piece = c.choices?.[0]?.text ?? '';
+        if (piece) onPiece(++pieces);
+        out.text += piece;
+      }
+    }
+  }
+  return out;
+}
+
 function expectStoriesText(text: string): void {
   expect(text.length).toBeGreaterThan(40);
   expect(STORIES_CONTINUATION_PREFIX.startsWith(text) || text.startsWith(STORIES_CONTINUATION_PREFIX), text).toBe(true);
@@ -181,11 +215,23 @@ describe('two instances share a room', () => {
     expect(streamed).toBe(await complete(holder.base));
   }, 120_000);
 
-  it('the holder killed: the room passes to the other instance, the peers rejoin through the balancer, the same tokens', async () => {
+  it('the holder killed mid-stream: the room passes to the other instance, the peers rejoin through the balancer, the stream through the survivor goes on with the same tokens', async () => {
     const holder = await holderOf([a, b]);
     const survivor = holder === a ? b : a;
     const before = await complete(survivor.base);
-    await holder.proc.kill('SIGKILL');
+    const reference = await streamed(survivor.base, 160, () => undefined);
+    expect(reference.errors).toEqual([]);
+    // the same request, the holder killed once the first pieces arrived
+    let killed: Promise<number> | null = null;
+    const cut = await streamed(survivor.base, 160, (pieces) => {
+      if (pieces === 6) killed = holder.proc.kill('SIGKILL');
+    });
+    expect(killed).not.toBeNull();
+    expect(cut.errors).toEqual([]);
+    expect(cut.text).toBe(reference.text);
+    expect(new Set(cut.ids).size).toBe(1); // one stream, one id, across the two holders
+    expect(cut.done).toBe(true);
+    await killed;
     // the lease expires, the survivor takes it; both nodes come back through the balancer
     await waitReady(survivor.base, roomId, 2, 60_000);
     expect((await health(survivor)).cluster.holds).toBe(1);

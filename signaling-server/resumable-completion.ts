@@ -1,0 +1,214 @@
+// A completion this instance passed on to the room's holder, kept alive when the holder dies
+// mid-reply (cluster.ts). The request is made reproducible before it leaves — a seed is added
+// when it names none — so the room's next holder, asked the same request, generates the same
+// tokens: greedy or seeded sampling is deterministic on every backend. When the holder's answer
+// breaks off, this instance waits for the room to pass on (the lease expires, the peers rejoin,
+// a route is planned), asks again, and passes on only what the client has not seen: a streamed
+// reply continues where it stopped, under the same id; a whole reply is simply the second
+// answer. The client sees a pause, not an error. A reply that comes back different from what
+// was already sent ends the stream with an error event rather than splice two texts.
+//
+// Taken on: completions and chat completions with n = 1 and no tools (a call's argument deltas
+// are not text to line up). Everything else is passed on as before.
+
+import { randomInt } from 'node:crypto';
+import { request as httpRequest } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
+import { request as httpsRequest } from 'node:https';
+import { MeshError } from '../src/errors.ts';
+import { sendError } from '../src/transport/http.ts';
+import type { Cluster } from './cluster.ts';
+import { INSTANCE_HEADER } from './cluster.ts';
+import type { InstanceRecord } from './directory.ts';
+import type { RoomLinks } from './instance-link.ts';
+
+/** How long a broken-off completion waits for its room to come back before it fails. */
+export const RESUME_DEADLINE_MS = 60_000;
+
+const HOP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'content-length', 'host']);
+
+interface Parsed {
+  body: Record<string, unknown>;
+  stream: boolean;
+}
+
+/** The request, made reproducible, when it is one this module keeps alive; null otherwise. */
+export function resumableBody(raw: Buffer): Parsed | null {
+  let body: unknown;
+  try {
+    body = JSON.parse(raw.toString('utf8'));
+  } catch {
+    return null;
+  }
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) return null;
+  const b = body as Record<string, unknown>;
+  if ((b.n !== undefined && b.n !== 1) || (b.tools !== undefined && b.tools !== null) || b.echo === true) return null;
+  // the same seed asked again gives the same tokens; without one the second answer would differ
+  return { body: b.seed === undefined || b.seed === null ? { ...b, seed: randomInt(0, 2 ** 31) } : b, stream: b.stream === true };
+}
+
+interface Answer {
+  status: number;
+  headers: IncomingHttpHeaders;
+  stream: IncomingMessage;
+}
+
+function ask(target: InstanceRecord, path: string, headers: IncomingHttpHeaders, proof: string, body: Buffer, ca: string | undefined, onRequest: (abort: () => void) => void): Promise<Answer> {
+  return new Promise((resolve, reject) => {
+    const url = new URL(path, target.url);
+    const h: Record<string, string> = {};
+    for (const [k, v] of Object.entries(headers)) if (v !== undefined && !HOP.has(k)) h[k] = Array.isArray(v) ? v.join(', ') : v;
+    h[INSTANCE_HEADER] = proof;
+    h['content-length'] = String(body.length);
+    const send = url.protocol === 'https:' ? httpsRequest : httpRequest;
+    const out = send(url, { method: 'POST', headers: h, ...(ca ? { ca } : {}) }, (res) => resolve({ status: res.statusCode ?? 502, headers: res.headers, stream: res }));
+    out.on('error', reject);
+    onRequest(() => out.destroy(new MeshError('ROOM_ELSEWHERE', 'the room moved to this instance')));
+    out.end(body);
+  });
+}
+
+/** The content a streamed chunk adds (completions: `text`; chat: `delta.content`). */
+function pieceOf(chunk: { choices?: Array<{ text?: string; delta?: { content?: string | null } }> }): string {
+  const c = chunk.choices?.[0];
+  return c?.text ?? c?.delta?.content ?? '';
+}
+
+/**
+ * Passes a completion on to the room's holder, and asks again — of the room's next holder —
+ * when the answer breaks off. Resolves once the client has its whole answer, or an error.
+ */
+export async function resumableCompletion(cluster: Cluster, roomId: string, req: IncomingMessage, res: ServerResponse, first: InstanceRecord, parsed: Parsed, ca?: string, links?: RoomLinks): Promise<void> {
+  const path = req.url ?? '/';
+  const body = Buffer.from(JSON.stringify(parsed.body));
+  let clientGone = false;
+  res.on('close', () => (clientGone = !res.writableFinished));
+  /** what the client was sent of the text, and the stream's id */
+  let sent = '';
+  let id: string | null = null;
+  let target: InstanceRecord | null = first;
+  const deadline = Date.now() + RESUME_DEADLINE_MS;
+  for (let attempt = 0; ; attempt++) {
+    if (clientGone) return;
+    let answer: Answer | null = null;
+    // the room coming to this instance ends the request to its old holder (dead or frozen): asked again here
+    let remove = (): void => undefined;
+    try {
+      target ??= (await cluster.holderOf(roomId)) ?? cluster.record;
+      const to = target;
+      answer = await ask(to, path, req.headers, cluster.linkProof(), body, ca, (abort) => {
+        if (to.id !== cluster.id) remove = links?.add(roomId, abort) ?? remove;
+      });
+    } catch {
+      answer = null;
+    }
+    if (answer && answer.status === 200) {
+      const done = parsed.stream ? await relayStream(answer, res, { sent, id }, (s, i) => ((sent = s), (id = i))) : await relayWhole(answer, res);
+      remove();
+      if (done !== 'broke') return;
+    } else if (answer && attempt === 0 && answer.status < 500) {
+      // refused for what it is (a bad parameter, the credential): the client gets that refusal
+      return relayWhole(answer, res).then(() => undefined);
+    } else answer?.stream.resume();
+    remove();
+    if (Date.now() > deadline) {
+      const err = new MeshError('ROOM_ELSEWHERE', `room ${roomId}: its holder went away mid-reply and no instance took the room over within ${RESUME_DEADLINE_MS / 1000} s`);
+      if (!res.headersSent) sendError(res, err);
+      else if (!res.writableEnded) res.end(`event: error\ndata: ${JSON.stringify({ error: { code: err.code, message: err.message } })}\n\n`);
+      return;
+    }
+    target = null; // the room's next holder, once there is one
+    await new Promise((r) => setTimeout(r, 500));
+  }
+}
+
+/** A whole (not streamed) answer: passed on if it came whole; 'broke' if it broke off first. */
+function relayWhole(answer: Answer, res: ServerResponse): Promise<'done' | 'broke'> {
+  return new Promise((resolve) => {
+    const parts: Buffer[] = [];
+    answer.stream.on('data', (c: Buffer) => parts.push(c));
+    answer.stream.on('end', () => {
+      if (!answer.stream.complete) return resolve('broke');
+      const h: Record<string, string | string[]> = {};
+      for (const [k, v] of Object.entries(answer.headers)) if (v !== undefined && !HOP.has(k)) h[k] = v;
+      res.writeHead(answer.status, h);
+      res.end(Buffer.concat(parts));
+      resolve('done');
+    });
+    answer.stream.on('error', () => resolve('broke'));
+    answer.stream.on('aborted', () => resolve('broke'));
+  });
+}
+
+/**
+ * A streamed answer, event by event: the first answer's events go on as they come; a second
+ * answer's are passed on from where the client's text stops (their id rewritten to the first's).
+ */
+function relayStream(answer: Answer, res: ServerResponse, seen: { sent: string; id: string | null }, note: (sent: string, id: string | null) => void): Promise<'done' | 'broke'> {
+  return new Promise((resolve) => {
+    const resumed = seen.id !== null;
+    let sent = seen.sent;
+    let id = seen.id;
+    /** this answer's text so far */
+    let text = '';
+    let buffer = '';
+    let finished = false;
+    if (!res.headersSent) res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+    const pass = (event: string): void => {
+      const data = /^data: (.*)$/m.exec(event)?.[1];
+      if (data === undefined || data === '[DONE]' || /^event: error/m.test(event)) {
+        // the end, or the holder's own error (a stage lost for good): final either way
+        if (data === '[DONE]' || /^event: error/m.test(event)) finished = true;
+        res.write(`${event}\n\n`);
+        return;
+      }
+      let chunk: Record<string, unknown> & { id?: string; choices?: Array<Record<string, unknown>> };
+      try {
+        chunk = JSON.parse(data) as typeof chunk;
+      } catch {
+        return void res.write(`${event}\n\n`);
+      }
+      id ??= chunk.id ?? null;
+      if (id) chunk.id = id;
+      const piece = pieceOf(chunk as never);
+      const before = text.length;
+      text += piece;
+      if (resumed && before < sent.length) {
+        // the part the client already has: it must be the same text, and is not sent again
+        if (!(text.length <= sent.length ? sent.startsWith(text) : text.startsWith(sent))) {
+          const err = new MeshError('RESUME_DIVERGED', "the room's new holder generated a different continuation; the reply stops here");
+          res.write(`event: error\ndata: ${JSON.stringify({ error: { code: err.code, message: err.message } })}\n\n`);
+          finished = true;
+          answer.stream.destroy();
+          return;
+        }
+        if (text.length <= sent.length) return; // wholly seen
+        const rest = text.slice(sent.length);
+        const c = chunk.choices![0]!;
+        if (typeof c.text === 'string') c.text = rest;
+        else (c.delta as { content?: string }).content = rest;
+      } else if (resumed && piece === '' && !chunk.choices?.[0]?.finish_reason && !chunk.usage && !chunk.gguf_mesh) return; // a second role chunk
+      if (text.length > sent.length) sent = text;
+      note(sent, id);
+      res.write(`data: ${JSON.stringify(chunk)}\n\n`);
+    };
+    res.once('close', () => answer.stream.destroy());
+    answer.stream.setEncoding('utf8');
+    answer.stream.on('data', (c: string) => {
+      buffer += c;
+      for (let i = buffer.indexOf('\n\n'); i >= 0; i = buffer.indexOf('\n\n')) {
+        pass(buffer.slice(0, i));
+        buffer = buffer.slice(i + 2);
+      }
+    });
+    const end = (): void => {
+      if (finished) {
+        res.end();
+        resolve('done');
+      } else resolve('broke');
+    };
+    answer.stream.on('end', end);
+    answer.stream.on('aborted', () => resolve('broke'));
+    answer.stream.on('error', () => resolve('broke'));
+  });
+}
