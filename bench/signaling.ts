@@ -14,11 +14,11 @@
 // (d) ≥ 1.8× one instance. All processes share this machine's cores with the bench's clients.
 import { spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
-import { connect, createServer } from 'node:net';
-import type { AddressInfo } from 'node:net';
+import { connect } from 'node:net';
 import WebSocket from 'ws';
 import { Directory } from '../signaling-server/directory.ts';
 import { helloProof } from '../src/protocol/control.ts';
+import { freePort } from '../test/support/ports.ts';
 import { stories260K } from '../test/support/models.ts';
 import { finishLoad, goal, machineLoad } from './lib/goals.ts';
 import { numberArg, round } from './lib/serve-route.ts';
@@ -26,14 +26,6 @@ import { killAllCli, spawnCli } from './processes.ts';
 import type { CliProcess } from './processes.ts';
 
 const SECRET = 'bench-signaling-secret';
-
-async function freePort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const { port } = s.address() as AddressInfo;
-  await new Promise((r) => s.close(r));
-  return port;
-}
 
 interface Peer {
   ws: WebSocket;

@@ -5,8 +5,6 @@
 // clients and API requests on over a direct link; completions through either instance give
 // llama.cpp's greedy tokens; killing the holder passes the room to the other, whose peers rejoin
 // through the balancer; peers joining both instances at once get one plan, never two.
-import { createServer } from 'node:net';
-import type { AddressInfo } from 'node:net';
 import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { preferredInstance } from '../signaling-server/cluster.ts';
@@ -14,6 +12,7 @@ import { Directory } from '../signaling-server/directory.ts';
 import { isMeshError } from '../src/errors.ts';
 import { getJson, killAll, spawnCommand, spawnMesh } from './support/mesh.ts';
 import type { MeshProcess } from './support/mesh.ts';
+import { freePort } from './support/ports.ts';
 import { STORIES_CONTINUATION_PREFIX, stories260K } from './support/models.ts';
 import { startTcpBalancer } from './support/tcp-balancer.ts';
 import type { TcpBalancer } from './support/tcp-balancer.ts';
@@ -23,14 +22,6 @@ const LEASE_MS = 1500;
 let model: string;
 let redisUrl: string;
 const balancers: TcpBalancer[] = [];
-
-async function freePort(): Promise<number> {
-  const s = createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const { port } = s.address() as AddressInfo;
-  await new Promise((r) => s.close(r));
-  return port;
-}
 
 beforeAll(async () => {
   model = await stories260K();

@@ -7,8 +7,6 @@ import type { ChildProcess } from 'node:child_process';
 import { createHmac } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { createServer } from 'node:net';
-import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import WebSocket from 'ws';
 
@@ -62,16 +60,7 @@ export async function withTempDir<T>(prefix: string, fn: (dir: string) => Promis
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
-export function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address() as AddressInfo;
-      s.close(() => resolve(port));
-    });
-  });
-}
+export { freePort } from '../../test/support/ports.ts';
 
 /** Resident set size of a process (MiB), from /proc. */
 export function rssMiB(pid: number): number {
