@@ -1,4 +1,4 @@
-// `npm run bench -- batch [--sessions 1,8,32] [--tokens 32] [--layers 8 --embd 512 --ffn 1536 --vocab 4096]`:
+// `npm run bench -- batch [--sessions 1,8,32] [--tokens 32] [--layers 8 --embd 512 --ffn 1536 --vocab 4096] [--type f32|q8_0|…]`:
 // aggregate decode tokens per second with 1, 8 and 32 sessions decoding at once on `serve` + a
 // two-node CPU route over a synthetic model (issue 22 part 6: concurrent sessions' decode steps
 // that reach a stage together run as one batched pass). Each session is a streamed

@@ -91,11 +91,29 @@ async function readyRoute(page: Page, s: Served, timeoutMs = 60_000): Promise<an
   }
 }
 
+/**
+ * Navigates, once more when Chromium reports the network changed under the navigation: a lab's
+ * interfaces (their IPv6 link-local addresses finishing duplicate detection just after they came
+ * up) change right after the lab is made, and Chromium aborts a load in flight then
+ * (net::ERR_NETWORK_CHANGED) as it would on a laptop changing Wi-Fi. Nothing else is retried.
+ */
+async function goto(page: Page, url: string): Promise<void> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      await page.goto(url);
+      return;
+    } catch (e) {
+      if (attempt >= 2 || !/ERR_NETWORK_CHANGED/.test((e as Error).message)) throw e;
+      await new Promise((r) => setTimeout(r, 500));
+    }
+  }
+}
+
 /** Opens the room link in a new tab of `b` (the real room page) and waits until it has joined. */
 async function openRoomPage(b: LabBrowser, url: string, label: string): Promise<Page> {
   const page = await (await b.browser.newContext()).newPage();
   page.on('console', (m) => m.type() === 'error' && console.log(`[${label}] ${m.text()}`));
-  await page.goto(url);
+  await goto(page, url);
   await page.waitForFunction(() => ['idle', 'ready'].includes(document.querySelector('.peer-view')?.getAttribute('data-status') ?? ''), null, { timeout: 45_000 });
   return page;
 }
@@ -216,7 +234,7 @@ describe('a LAN of namespaces: serve, two tabs and a native node on four hosts',
     let blocked = 0;
     await context.route(/\/models\/[^/]+\.gguf/, (r) => (blocked++, r.abort('blockedbyclient')));
     const page = await context.newPage();
-    await page.goto(served.joinUrl);
+    await goto(page, served.joinUrl);
     let spare: any;
     while (Date.now() < deadline) {
       spare = (await spares()).find((s) => s.stage === 1);
@@ -236,7 +254,7 @@ describe('a LAN of namespaces: serve, two tabs and a native node on four hosts',
 
   it('the landing page offers the CA certificate and its fingerprint; plain HTTP beyond loopback needs --insecure-http and leaves tabs without WebGPU', async () => {
     const page = await (await browsers[0]!.browser.newContext()).newPage();
-    await page.goto(`${served.origin}/`);
+    await goto(page, `${served.origin}/`);
     await page.waitForSelector('.trust:not([hidden]) .fingerprint');
     const shown = await page.evaluate(() => document.querySelector('.trust .fingerprint')!.textContent);
     expect(shown!.replace(/:/g, '').toLowerCase()).toBe(certFingerprint(served.ca));
@@ -251,7 +269,7 @@ describe('a LAN of namespaces: serve, two tabs and a native node on four hosts',
     const [, plainJoin] = await plain.waitFor(/join:\s+(\S+)/);
     expect(plainJoin).toMatch(/^http:\/\//);
     expect(plain.output()).toMatch(/plain HTTP on 10\.\d+\.\d+\.\d+: other devices get no WebGPU/);
-    await page.goto(plainJoin!);
+    await goto(page, plainJoin!);
     await page.waitForSelector('.trust:not([hidden])');
     expect(await page.evaluate(() => ({ secure: isSecureContext, gpu: 'gpu' in navigator, title: document.querySelector('.trust h2')!.textContent }))).toEqual({ secure: false, gpu: false, title: 'This page is not secure' });
     await plain.kill();
@@ -276,7 +294,7 @@ describe('a LAN of namespaces: serve, two tabs and a native node on four hosts',
     const page = await (await b.browser.newContext()).newPage();
     const errors: string[] = [];
     page.on('console', (m) => m.type() === 'error' && errors.push(m.text()));
-    await page.goto(siteUrl!);
+    await goto(page, siteUrl!);
     await page.waitForFunction(() => document.querySelector('gguf-mesh-peer')?.state?.status === 'ready', null, { timeout: 60_000 }).catch(async (e: Error) => {
       const s = await page.evaluate(() => JSON.stringify(document.querySelector('gguf-mesh-peer')?.state ?? null));
       throw new Error(`${e.message}\nstate: ${s}\nconsole errors: ${errors.join('\n')}\nserve: ${room.proc.output().slice(-2000)}`);

@@ -3,6 +3,8 @@
 import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { makeModelFile } from '../../src/model/synthetic-model.ts';
+import { MODEL_TYPES } from '../../src/model/synthetic-tensors.ts';
+import type { ModelType } from '../../src/model/synthetic-tensors.ts';
 import { spawnCli } from '../processes.ts';
 
 export const round = (x: number, d = 1): number => Math.round(x * 10 ** d) / 10 ** d;
@@ -15,6 +17,8 @@ export interface ModelShape {
   ffn: number;
   vocab: number;
   heads: number;
+  /** weight type (default f32) */
+  type?: ModelType;
 }
 
 export interface ServeRoute {
@@ -35,15 +39,19 @@ export function numberArg(args: string[], name: string, fallback: number): numbe
 /** `--layers 8 --embd 512 --ffn 1536 --vocab 4096` (these defaults) from the bench's arguments */
 export function shapeFrom(args: string[]): ModelShape {
   const arg = (name: string, fallback: number): number => numberArg(args, name, fallback);
-  return { layers: arg('layers', 8), embd: arg('embd', 512), ffn: arg('ffn', 1536), vocab: arg('vocab', 4096), heads: 8 };
+  const i = args.indexOf('--type');
+  const type = i >= 0 ? args[i + 1] : 'f32';
+  if (!MODEL_TYPES.includes(type as ModelType)) throw new Error(`--type must be one of ${MODEL_TYPES.join(', ')}, got '${type}'`);
+  return { layers: arg('layers', 8), embd: arg('embd', 512), ffn: arg('ffn', 1536), vocab: arg('vocab', 4096), heads: 8, type: type as ModelType };
 }
 
 /** Makes the model (once, under .cache), starts serve and two nodes holding half the layers each, and waits for the route. */
 export async function startServeRoute(shape: ModelShape): Promise<ServeRoute> {
   const dir = join(process.cwd(), '.cache');
   mkdirSync(dir, { recursive: true });
-  const path = join(dir, `bench-serve-${shape.layers}x${shape.embd}x${shape.ffn}x${shape.vocab}.gguf`);
-  if (!existsSync(path)) await makeModelFile(path, { arch: 'llama', ...shape, ctx: 4096, type: 'f32', seed: 7 });
+  const type = shape.type ?? 'f32';
+  const path = join(dir, `bench-serve-${shape.layers}x${shape.embd}x${shape.ffn}x${shape.vocab}${type === 'f32' ? '' : `-${type}`}.gguf`);
+  if (!existsSync(path)) await makeModelFile(path, { arch: 'llama', ...shape, ctx: 4096, type, seed: 7 });
   const serve = spawnCli(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', path, '--min-peers', '2']);
   const [, joinUrl] = await serve.waitFor(/join:\s+(\S+)/);
   const [, secret] = await serve.waitFor(/secret:\s+(\S+)/);
