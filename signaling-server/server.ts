@@ -202,7 +202,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
           const viaLink = c.fromInstance(req);
           const holder = viaLink ? (c.holds(room.id) ? null : Promise.reject(new MeshError('ROOM_ELSEWHERE', `room ${room.id} is not held here`))) : c.holderOf(room.id);
           const target = await holder;
-          if (target) return linkUpgrade(wss, req, socket, head, target, c.linkProof(), trust, (peer) => linked.add(room.id, () => peer.close(1012, 'the room moved to this instance')));
+          if (target) return linkUpgrade(wss, req, socket, head, target, c.linkProof(), trust, (peer) => peer.once('close', linked.add(room.id, () => peer.close(1012, 'the room moved to this instance'))));
           accept(req, socket, head, m[2] as 'peer' | 'client', room);
         } catch (e) {
           refuseUpgrade(socket, e instanceof MeshError ? e.code : 'INTERNAL');
