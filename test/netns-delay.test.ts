@@ -3,11 +3,11 @@
 // them. Measured from inside the namespaces, against pairs with no delay in the same lab (so the
 // shaper's own cost cancels): ICMP, TCP and UDP round trips grow by 2·(delay a + delay b), a
 // capped link carries a TCP transfer at its rate, and closing the lab leaves no namespace and
-// no shaper.
+// no shaper (nor does killing the test process, once the next lab has cleaned up).
 import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { NetLab } from './support/netns.ts';
-import { killAll } from './support/mesh.ts';
+import { killAll, spawnCommand } from './support/mesh.ts';
 import { median, roundTrips, startEcho, throughputKbit } from './support/net-probes.ts';
 
 const netnsList = (): string => execFileSync('ip', ['netns', 'list'], { encoding: 'utf8' });
@@ -88,6 +88,20 @@ describe('a routed lab: every packet between hosts through the shaping router', 
     expect(alive(pid)).toBe(false);
     const list = netnsList();
     for (const ns of [...names, names[0]!.replace(/-x$/, '-router')]) expect(list).not.toContain(ns);
+  });
+
+  it('a test process killed without cleaning up leaves a shaper that exits, and namespaces the next lab removes', async () => {
+    const holder = spawnCommand([process.execPath, 'bin/run-ts.js', 'test/fixtures/routed-lab-holder.ts'], {}, 'routed-lab-holder');
+    const [line] = await holder.waitFor(/\{.*"shaper".*\}/, 30_000);
+    const { shaper, namespaces } = JSON.parse(line) as { shaper: number; namespaces: string[] };
+    expect(alive(shaper)).toBe(true);
+    await holder.kill('SIGKILL');
+    for (let i = 0; i < 50 && alive(shaper); i++) await new Promise((r) => setTimeout(r, 100));
+    expect(alive(shaper)).toBe(false); // its stdin, the killed process's pipe, closed
+    for (const ns of namespaces) expect(netnsList()).toContain(ns);
+    const next = await NetLab.create({ routed: { hosts: ['z'] } });
+    next.close();
+    for (const ns of namespaces) expect(netnsList()).not.toContain(ns);
   });
 
   it('rejects a link for a host that is not in the lab, leaving nothing behind', async () => {
