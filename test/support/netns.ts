@@ -12,8 +12,8 @@
 //             them (TCP, UDP, ICMP alike) through a user-space shaper (shaper.py) adding each
 //             link's delay, jitter and rate cap — on the way out of the source link and again on
 //             the way into the destination's: RTT a↔b = 2·(delay a + delay b). Multicast is not
-//             routed, so mDNS names do not resolve across it: Chromium there needs its real
-//             addresses in host candidates (--disable-features=WebRtcHideLocalIpsWithMdns)
+//             routed, so mDNS names do not resolve across it: tabs there would need their real
+//             addresses in host candidates (not tried yet)
 
 import { execFile, execFileSync, spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
