@@ -61,11 +61,13 @@ describe('a routed lab: every packet between hosts through the shaping router', 
 
   it('jitter spreads the round trips around 2·20 ms', async () => {
     const { tcp, udp } = await roundTrips(lab, 'c', 'g', 30);
-    const all = [...tcp, ...udp];
-    console.log(`jittered RTT ms: min ${Math.min(...all).toFixed(1)} median ${median(all).toFixed(1)} max ${Math.max(...all).toFixed(1)}`);
-    expect(Math.min(...all)).toBeGreaterThan(20); // 2·(20 − 10)
-    expect(Math.max(...all)).toBeLessThan(75); // 2·(20 + 10), and the shaper's own time
-    expect(Math.max(...all) - Math.min(...all)).toBeGreaterThan(5);
+    const all = [...tcp, ...udp].sort((x, y) => x - y);
+    const p10 = all[Math.floor(all.length * 0.1)]!;
+    const p90 = all[Math.floor(all.length * 0.9)]!;
+    console.log(`jittered RTT ms: min ${all[0]!.toFixed(1)} p10 ${p10.toFixed(1)} median ${median(all).toFixed(1)} p90 ${p90.toFixed(1)} max ${all.at(-1)!.toFixed(1)}`);
+    expect(all[0]).toBeGreaterThan(20); // 2·(20 − 10): a busy machine can only add
+    expect(p90).toBeLessThan(62); // 2·(20 + 10), and the shaper's own time (the slowest tenth may meet a busy machine)
+    expect(p90 - p10).toBeGreaterThan(5);
   });
 
   it('a link capped at 8 Mbit/s carries a TCP transfer at about that rate; an uncapped one far faster', async () => {
