@@ -15,6 +15,7 @@ import { openTensorSource } from '../src/gguf/source.ts';
 import { InProcessChain } from '../src/route/generation.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { joinRoom } from '../src/route/remote.ts';
+import type { JoinedRoom } from '../src/route/remote.ts';
 import { fetchJson } from '../src/transport/server-json.ts';
 import { headLayers } from '../signaling-server/plan-choice.ts';
 import { argmax } from '../src/model/sampler.ts';
@@ -48,39 +49,9 @@ export async function run(args: string[]): Promise<unknown> {
   const nPrefill = arg(args, 'prefill', 64);
   const prompt = Array.from({ length: nPrefill }, (_, i) => (i * 37 + 1) % shape.vocab);
 
-  // the single process, for the ratio and the tokens
-  const source = await openTensorSource(path);
-  const head = headLayers(source.header, shape.layers);
-  const single = new CpuBackend();
-  await single.load(source, { start: 0, end: shape.layers });
-  const chain = new InProcessChain([single]);
-  await chain.openSession('s', nPrefill + nDecode * rounds + 8);
-  let tok = argmax(await chain.forward('s', Int32Array.from(prompt), 0));
-  const singleTokens = [tok];
-  let best = Infinity;
-  for (let r = 0; r < rounds; r++) {
-    const t0 = performance.now();
-    for (let i = 0; i < nDecode; i++) {
-      tok = argmax(await chain.forward('s', Int32Array.of(tok), nPrefill + r * nDecode + i));
-      singleTokens.push(tok);
-    }
-    best = Math.min(best, (performance.now() - t0) / nDecode);
-  }
-  await single.dispose();
-  await source.close();
-
-  // the model's prediction from this run's single-process step: Σ compute (a layer costs one
-  // share of it, the head `head` shares, times the node's slow factor) + every hop's added
-  // latency (a node's delay on each side it touches) + 0.2 ms per hop
-  const layerMs = best / (shape.layers + head);
-  const predict = (stages: RouteRun['stages']): number => {
-    let ms = 0.2 * (stages.length + 1);
-    stages.forEach((s, i) => {
-      const [a, b] = s.layers.split('-').map(Number);
-      ms += (b! - a!) * layerMs * s.slow + s.delayMs * 2; // in and out of this node
-    });
-    return ms + head * layerMs * stages.at(-1)!.slow;
-  };
+  // the single process, for the ratio, the tokens and the prediction
+  const { best, head, tokens: singleTokens } = await singleProcessDecode(path, shape.layers, prompt, nDecode, rounds);
+  const predict = (stages: RouteRun['stages']): number => predictDecodeMs(best, shape.layers, head, stages);
   const measure = async (planner: 'memory' | 'speed', nodes: NodeShape[]): Promise<RouteRun> => {
     const r = await routeRun(path, planner, nodes, prompt, nDecode, rounds, singleTokens);
     return { ...r, predicted_ms_per_token: round(predict(r.stages)) };
@@ -114,6 +85,76 @@ export async function run(args: string[]): Promise<unknown> {
   return { model: { path, ...shape }, single_process_decode_ms_per_token: round(best), cases, rtt_sweep: sweep, pipelined_prefill: pipelinedPrefill };
 }
 
+/** The single process's best decode ms/token over `rounds` of `nDecode` after `prompt`, its greedy tokens, and the head's layer-equivalents. */
+export async function singleProcessDecode(path: string, layers: number, prompt: number[], nDecode: number, rounds: number): Promise<{ best: number; head: number; tokens: number[] }> {
+  const source = await openTensorSource(path);
+  const head = headLayers(source.header, layers);
+  const single = new CpuBackend();
+  await single.load(source, { start: 0, end: layers });
+  const chain = new InProcessChain([single]);
+  await chain.openSession('s', prompt.length + nDecode * rounds + 8);
+  let tok = argmax(await chain.forward('s', Int32Array.from(prompt), 0));
+  const singleTokens = [tok];
+  let best = Infinity;
+  for (let r = 0; r < rounds; r++) {
+    const t0 = performance.now();
+    for (let i = 0; i < nDecode; i++) {
+      tok = argmax(await chain.forward('s', Int32Array.of(tok), prompt.length + r * nDecode + i));
+      singleTokens.push(tok);
+    }
+    best = Math.min(best, (performance.now() - t0) / nDecode);
+  }
+  await single.dispose();
+  await source.close();
+
+  return { best, head, tokens: singleTokens };
+}
+
+/**
+ * The model's prediction of a route's decode step from the single process's `singleMs`: Σ compute
+ * (a layer costs one share of it, the head `head` shares, times the node's slow factor) + every
+ * hop's added latency (a node's delay on each side it touches) + 0.2 ms per hop.
+ */
+export function predictDecodeMs(singleMs: number, layers: number, head: number, stages: ReadonlyArray<{ layers: string; slow: number; delayMs: number }>): number {
+  const layerMs = singleMs / (layers + head);
+  let ms = 0.2 * (stages.length + 1);
+  for (const s of stages) {
+    const [a, b] = s.layers.split('-').map(Number);
+    ms += (b! - a!) * layerMs * s.slow + s.delayMs * 2; // in and out of this node
+  }
+  return ms + head * layerMs * stages.at(-1)!.slow;
+}
+
+/** Best decode ms/token over `rounds` of `nDecode` on the one-way token path and the climbing one of the same route (rounds interleaved), and the one-way path's tokens. */
+export async function decodeRounds(joined: JoinedRoom, prompt: number[], nDecode: number, rounds: number): Promise<{ direct: number; climb: number; tokens: number[] }> {
+  const decoder = async (tokenPath: 'direct' | 'climb'): Promise<{ tokens: number[]; round(): Promise<number>; close(): Promise<void> }> => {
+    const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: prompt.length + nDecode * rounds + 8, hiddenDtype: 'f16', tokenPath });
+    let tok = await c.prefill(prompt, prompt.length);
+    const tokens = [tok];
+    return {
+      tokens,
+      async round() {
+        const t0 = performance.now();
+        for (let i = 0; i < nDecode; i++) tokens.push((tok = await c.decode(tok)));
+        return (performance.now() - t0) / nDecode;
+      },
+      close: () => c.close(),
+    };
+  };
+  const direct = await decoder('direct');
+  const climb = await decoder('climb');
+  let best = Infinity;
+  let bestClimb = Infinity;
+  for (let r = 0; r < rounds; r++) {
+    best = Math.min(best, await direct.round());
+    bestClimb = Math.min(bestClimb, await climb.round());
+  }
+  const tokens = direct.tokens;
+  await direct.close();
+  await climb.close();
+  return { direct: best, climb: bestClimb, tokens };
+}
+
 /** One route of real processes: serve with `planner`, one node per shape, then prefill and decode through the server. */
 async function routeRun(model: string, planner: 'memory' | 'speed', nodes: NodeShape[], prompt: number[], nDecode: number, rounds: number, singleTokens: number[]): Promise<RouteRun> {
   try {
@@ -137,32 +178,7 @@ async function routeRun(model: string, planner: 'memory' | 'speed', nodes: NodeS
       prefill[chunk === prompt.length ? 'one_frame' : 'chunks_of_16'] = round((prompt.length * 1000) / (performance.now() - t0));
       await p.close();
     }
-    // the one-way token path and the climbing one on the same route, rounds interleaved
-    const decoder = async (tokenPath: 'direct' | 'climb'): Promise<{ tokens: number[]; round(): Promise<number>; close(): Promise<void> }> => {
-      const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: prompt.length + nDecode * rounds + 8, hiddenDtype: 'f16', tokenPath });
-      let tok = await c.prefill(prompt, prompt.length);
-      const tokens = [tok];
-      return {
-        tokens,
-        async round() {
-          const t0 = performance.now();
-          for (let i = 0; i < nDecode; i++) tokens.push((tok = await c.decode(tok)));
-          return (performance.now() - t0) / nDecode;
-        },
-        close: () => c.close(),
-      };
-    };
-    const direct = await decoder('direct');
-    const climb = await decoder('climb');
-    let best = Infinity;
-    let bestClimb = Infinity;
-    for (let r = 0; r < rounds; r++) {
-      best = Math.min(best, await direct.round());
-      bestClimb = Math.min(bestClimb, await climb.round());
-    }
-    const tokens = direct.tokens;
-    await direct.close();
-    await climb.close();
+    const { direct: best, climb: bestClimb, tokens } = await decodeRounds(joined, prompt, nDecode, rounds);
     await joined.close();
     return {
       planner,

@@ -8,8 +8,16 @@
 //   LAN       hosts on one bridge: they reach each other, multicast (mDNS) included
 //   star      a centre host with one point-to-point link per leaf: leaves reach the centre's
 //             addresses, never each other (the centre does not forward)
+//   routed    every host on its own link to a router namespace that forwards all IPv4 between
+//             them (TCP, UDP, ICMP alike) through a user-space shaper (shaper.py) adding each
+//             link's delay, jitter and rate cap — on the way out of the source link and again on
+//             the way into the destination's: RTT a↔b = 2·(delay a + delay b). Multicast is not
+//             routed, so mDNS names do not resolve across it: tabs there would need their real
+//             addresses in host candidates (not tried yet)
 
-import { execFile, execFileSync } from 'node:child_process';
+import { execFile, execFileSync, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 
 const run = promisify(execFile);
@@ -29,7 +37,21 @@ export interface LabSpec {
   lan?: string[];
   /** a centre host and leaves, each leaf on its own link 10.<net>.<k+1>.0/24 (centre .1, leaf .2) */
   star?: { centre: string; leaves: string[] };
+  /** hosts each on a link 10.<net>.<k+1>.0/24 (router .1, host .2) to a router that shapes every packet between them */
+  routed?: { hosts: string[]; links?: Record<string, LinkShape> };
 }
+
+/** What the router does to a host's link, in each direction (a packet crosses two links). */
+export interface LinkShape {
+  /** one-way delay of the link */
+  delayMs?: number;
+  /** ± uniformly around the delay, never reordering packets of one direction */
+  jitterMs?: number;
+  /** the link's rate in kbit/s, each direction; 0 or absent: no cap */
+  rateKbit?: number;
+}
+
+const SHAPER = fileURLToPath(new URL('./shaper.py', import.meta.url));
 
 const PREFIX = 'gmlab';
 let counter = 0;
@@ -41,6 +63,15 @@ async function ip(...args: string[]): Promise<void> {
   } catch (e) {
     const err = e as Error & { stderr?: string };
     throw new Error(`ip ${args.join(' ')}: ${(err.stderr ?? err.message).trim()}`);
+  }
+}
+
+async function sysctl(ns: string, ...settings: string[]): Promise<void> {
+  try {
+    await run('ip', ['netns', 'exec', ns, 'sysctl', '-q', '-w', ...settings]);
+  } catch (e) {
+    const err = e as Error & { stderr?: string };
+    throw new Error(`sysctl in ${ns} (${settings.join(' ')}): ${(err.stderr ?? err.message).trim()}`);
   }
 }
 
@@ -71,6 +102,8 @@ export class NetLab {
   readonly hosts = new Map<string, LabHost>();
   private readonly namespaces: string[] = [];
   private closed = false;
+  /** the routed topology's shaping process (it also exits when its stdin, our pipe, closes) */
+  shaper: ChildProcess | undefined;
 
   private constructor(private readonly id: string) {}
 
@@ -85,6 +118,7 @@ export class NetLab {
       let net = 201;
       if (spec.lan) await lab.makeLan(net++, spec.lan);
       if (spec.star) await lab.makeStar(net++, spec.star.centre, spec.star.leaves);
+      if (spec.routed) await lab.makeRouted(net++, spec.routed.hosts, spec.routed.links ?? {});
     } catch (e) {
       lab.close();
       throw new Error(`cannot make the test network (network namespaces and veth pairs): ${(e as Error).message}`);
@@ -151,6 +185,46 @@ export class NetLab {
     }
   }
 
+  private async makeRouted(net: number, names: string[], links: Record<string, LinkShape>): Promise<void> {
+    for (const name of Object.keys(links)) if (!names.includes(name)) throw new Error(`routed: a link for ${name}, which is not one of the hosts (${names.join(', ')})`);
+    const rt = await this.namespace('router');
+    const shapes: Record<string, LinkShape> = {};
+    for (const [k, name] of names.entries()) {
+      const h = await this.addHost(name, `10.${net}.${k + 1}.2`);
+      await this.veth(rt, `h${k}`, h.ns, 'up0');
+      await ip('-n', rt, 'addr', 'add', `10.${net}.${k + 1}.1/24`, 'dev', `h${k}`);
+      await ip('-n', h.ns, 'addr', 'add', `${h.ip}/24`, 'dev', 'up0');
+      await ip('-n', h.ns, 'route', 'add', 'default', 'via', `10.${net}.${k + 1}.1`);
+      shapes[h.ip] = links[name] ?? {};
+    }
+    await this.startShaper(rt, shapes);
+    // packets written to tout arrive from no host's link: no reverse-path check on them
+    await sysctl(rt, 'net.ipv4.ip_forward=1', 'net.ipv4.conf.all.rp_filter=0', 'net.ipv4.conf.default.rp_filter=0', 'net.ipv4.conf.tout.rp_filter=0', 'net.ipv4.conf.all.send_redirects=0');
+    for (const dev of ['tin', 'tout']) await ip('-n', rt, 'link', 'set', dev, 'up');
+    // whatever a host's link brings (and is not for the router itself: the local table comes first) goes to the shaper
+    await ip('-n', rt, 'route', 'add', 'default', 'dev', 'tin', 'table', '100');
+    for (const k of names.keys()) await ip('-n', rt, 'rule', 'add', 'iif', `h${k}`, 'lookup', '100', 'pref', '100');
+  }
+
+  /** The shaper in the router namespace, once it holds its two TUN devices. */
+  private async startShaper(rt: string, links: Record<string, LinkShape>): Promise<void> {
+    const child = spawn('ip', ['netns', 'exec', rt, '/usr/bin/python3', SHAPER, JSON.stringify({ links })], { stdio: ['pipe', 'pipe', 'pipe'] });
+    this.shaper = child;
+    let out = '';
+    await new Promise<void>((resolve, reject) => {
+      const onData = (d: Buffer): void => {
+        out += d.toString();
+        if (out.includes('shaping\n')) resolve();
+      };
+      child.stdout!.on('data', onData);
+      child.stderr!.on('data', onData);
+      child.once('exit', (code) => reject(new Error(`the shaper exited with ${code}: ${out.trim()}`)));
+      child.once('error', reject);
+    });
+    child.stdout!.removeAllListeners('data').resume();
+    child.stderr!.removeAllListeners('data').resume();
+  }
+
   /** The command line that runs `argv` inside host `name`. */
   exec(name: string, argv: string[]): string[] {
     return ['ip', 'netns', 'exec', this.host(name).ns, ...argv];
@@ -161,6 +235,13 @@ export class NetLab {
     if (this.closed) return;
     this.closed = true;
     live.delete(this);
+    if (this.shaper?.exitCode === null && this.shaper.pid) {
+      try {
+        process.kill(this.shaper.pid, 'SIGKILL'); // `ip netns exec` has become python itself
+      } catch {
+        // already gone
+      }
+    }
     for (const ns of this.namespaces.reverse()) {
       try {
         execFileSync('ip', ['netns', 'del', ns]);

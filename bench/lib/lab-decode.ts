@@ -1,0 +1,13 @@
+// `node bin/run-ts.js bench/lib/lab-decode.ts <join url> <prompt ids,…> <n> <rounds>`: bench wan's
+// decode rounds (one-way and climbing token path) from wherever this runs — bench wan-lab runs it
+// inside the server's namespace, which the bench process itself cannot reach. Prints one JSON line.
+import { joinRoom } from '../../src/route/remote.ts';
+import { decodeRounds } from '../wan.ts';
+
+const [joinUrl, prompt, n, rounds] = process.argv.slice(2);
+const joined = await joinRoom(joinUrl!, undefined, 60_000);
+try {
+  console.log(JSON.stringify(await decodeRounds(joined, prompt!.split(',').map(Number), Number(n), Number(rounds))));
+} finally {
+  await joined.close();
+}
