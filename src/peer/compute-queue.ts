@@ -36,6 +36,11 @@ export interface BatchCounters {
   fallbacks: number;
 }
 
+/** How long a just-opened session's first frame is waited for before long prompts go on (ms): a round trip through the server. */
+export const NEW_SESSION_HOLD_MS = 50;
+/** The bound on a hold while a session is opened or rewound (the hold ends when that does). */
+const HOLD_WHILE_PREPARING_MS = 10_000;
+
 /** Runs `f` after the I/O already pending (Node's setImmediate; a zero timeout in browsers). */
 const yieldToIo: (f: () => void) => void = typeof setImmediate === 'function' ? (f) => void setImmediate(f) : (f) => void setTimeout(f, 0);
 
@@ -80,6 +85,24 @@ export class ComputeQueue<S = never> {
     this.expected.set(session, performance.now() + ms);
     const t = setTimeout(() => this.schedule(), ms + 1);
     (t as { unref?: () => void }).unref?.();
+  }
+
+  /**
+   * Opens or rewinds a session (`prepare`) with other sessions' prefill chunks held until it is
+   * done, then for NEW_SESSION_HOLD_MS more (its first frame follows at once and gets the next
+   * turn). An engine in a worker thread opens or rewinds after the chunk it is computing; a hold
+   * that lapsed meanwhile let the next chunk start first, and the new turn waited two chunks,
+   * not one (test/hardening/fairness.test.ts, 1 run in 5). A failed `prepare` holds nothing.
+   */
+  async holdWhile(session: string, prepare: () => Promise<void>): Promise<void> {
+    this.expect(session, HOLD_WHILE_PREPARING_MS);
+    try {
+      await prepare();
+    } catch (e) {
+      this.expect(session, 0);
+      throw e;
+    }
+    this.expect(session, NEW_SESSION_HOLD_MS);
   }
 
   /**

@@ -9,12 +9,11 @@
 // every stage itself, so a lost stage can never keep another stage's KV cache alive.
 //
 // For repair (route/repair.ts) a stage keeps, per session, the hidden states it sent downstream
-// and a hash of every row it received (replay-log.ts), and answers Rewind (forget positions from
-// p on, reset the sampler), Resend (logged hidden states to the next stage again as Replay
-// frames) and Replay-flagged input (compute and log, send nothing on); Verify frames
-// (speculative decoding) in stage-verify.ts. Fair scheduling: every forward goes through one
-// ComputeQueue per stage, a frame of more than `chunkTokens` tokens in chunks, so one long
-// prefill cannot hold the stage; a closed session's queued chunks go at once.
+// and a hash of every row it received (replay-log.ts), and answers Rewind (drop what is queued,
+// forget positions from p on, reset the sampler), Resend (logged states to the next stage again
+// as Replay frames) and Replay input (compute and log, send nothing on); Verify frames in
+// stage-verify.ts. Fair scheduling: every forward goes through one ComputeQueue per stage, a
+// frame of more than `chunkTokens` tokens in chunks, so one long prefill cannot hold the stage.
 
 import { MeshError } from '../errors.ts';
 import type { HiddenRows, StageBackend, StageInput, ShardRange } from '../backends/types.ts';
@@ -79,8 +78,6 @@ export interface StageServiceOptions {
   returnTo?: ((token: Frame) => void) | undefined;
 }
 
-/** How long a just-opened session's first frame is waited for before long prompts go on (ms): a round trip through the server. */
-const NEW_SESSION_HOLD_MS = 50;
 
 /** Defaults of the stage's limits (docs/ARCHITECTURE.md lists them). */
 export const STAGE_LIMITS = { chunkTokens: 64, maxFrameTokens: 512, maxSessions: 64, idleTtlMs: 15 * 60_000 };
@@ -221,11 +218,10 @@ export class StageService {
     const sample = this.samplerFor(settings, body.draws ?? 0); // bad settings are refused before the backend holds the session
     (this.sweeper ??= setInterval(() => void this.expireIdle(), Math.min(60_000, this.limits.idleTtlMs / 4))).unref?.();
     // held from now too: an engine in a worker thread opens the session after the chunk it is computing
-    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
-    await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
-    await this.opts.spotCheck?.open(f.sessionId, body.contextLength);
-    // its first frame follows at once: give it the next turn over other sessions' long prompts
-    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
+    await this.queue.holdWhile(f.sessionId, async () => {
+      await this.opts.backend.openSession(f.sessionId, { contextLength: body.contextLength });
+      await this.opts.spotCheck?.open(f.sessionId, body.contextLength);
+    });
     this.sessions.set(f.sessionId, {
       sample,
       settings,
@@ -254,15 +250,12 @@ export class StageService {
     const body = parseRewind(decodeJson(f.payload));
     const settings = body.sampler ?? s.settings;
     const sample = this.samplerFor(settings, body.draws); // bad settings refuse the rewind before it changes anything
-    // frames of the session still queued here predate the rewind (a repair's chunks in flight
-    // when a stage was lost): they are dropped, and the one computing neither logs nor goes
-    // downstream — so once this answers, nothing stale leaves this stage for the next one
+    // the session's frames queued here predate it (a repair's chunks in flight): dropped, and the one
+    // computing neither logs nor goes downstream — once this answers nothing stale leaves this stage
     s.epoch++;
     await this.queue.cancel(f.sessionId, new MeshError('SESSION_REWOUND', `session ${f.sessionId} was rewound to position ${f.position} on stage ${this.opts.stage} before this frame was computed`));
     // a continued session (KV reuse) sends its prompt at once; held from now (as an open)
-    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
-    await forgetFrom(f.sessionId, f.position, s, this.opts.backend, this.opts.spotCheck);
-    this.queue.expect(f.sessionId, NEW_SESSION_HOLD_MS);
+    await this.queue.holdWhile(f.sessionId, () => forgetFrom(f.sessionId, f.position, s, this.opts.backend, this.opts.spotCheck));
     s.pipelineError = null;
     s.tentative = Infinity;
     s.settings = settings;
@@ -427,9 +420,7 @@ export class StageService {
         // link stay in order; a failure surfaces on this session's next frame)
         void next.request(out).then(
           () => undefined,
-          (e) => {
-            if (s.epoch === epoch) s.pipelineError ??= this.downstreamError(e, next);
-          },
+          (e) => void (s.epoch === epoch && (s.pipelineError ??= this.downstreamError(e, next))), // (not a failure of a rewound session's)
         );
         return jsonFrame(FrameType.Status, { routeId: f.routeId, sessionId: f.sessionId }, { stage: this.opts.stage, position: f.position + f.nTokens, pipelined: true });
       }
@@ -442,9 +433,7 @@ export class StageService {
         const end = f.position + f.nTokens;
         void next.request(sending).then(
           () => undefined,
-          (e) => {
-            if (s.epoch === epoch) owner({ ...errorReplyFor(f, (s.pipelineError ??= this.downstreamError(e, next))), position: end });
-          },
+          (e) => void (s.epoch === epoch && owner({ ...errorReplyFor(f, (s.pipelineError ??= this.downstreamError(e, next))), position: end })),
         );
         return jsonFrame(FrameType.Status, at, { stage: this.opts.stage, position: end, forwarded: true });
       }
