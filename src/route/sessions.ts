@@ -306,11 +306,7 @@ export class SessionManager {
     return reply;
   }
 
-  /**
-   * A client continues an idle session from position p (KV reuse: a new chat turn that shares
-   * the first p tokens): every stage forgets positions from p on and takes the new sampler
-   * settings; the kept history (what a repair replays) is cut at p.
-   */
+  /** A client continues an idle session from position p (KV reuse: a chat turn sharing the first p tokens): every stage forgets positions from p on and takes the new sampler settings; the kept history is cut at p. */
   private async continueAt(f: Frame): Promise<Frame> {
     const s = this.get(f.sessionId);
     if (s.life.state !== 'idle') throw new MeshError('SESSION_BAD_STATE', `session ${f.sessionId} is ${s.life.state}; only an idle session continues at a new position`);
