@@ -7,8 +7,8 @@
 
 import type { IncomingMessage } from 'node:http';
 import { Readable } from 'node:stream';
-import { MeshError } from '../src/errors.ts';
 import { HEADER_BYTES } from '../src/protocol/frame.ts';
+import { readBody } from '../src/transport/http.ts';
 import type { Cluster } from './cluster.ts';
 import type { InstanceRecord } from './directory.ts';
 import type { RoomRegistry } from './room-registry.ts';
@@ -25,22 +25,6 @@ export interface RequestOwner {
   body?: Buffer;
   /** a completion request (its body read) */
   completion?: boolean;
-}
-
-function readBody(req: IncomingMessage): Promise<Buffer> {
-  return new Promise((resolve, reject) => {
-    const parts: Buffer[] = [];
-    let size = 0;
-    req.on('data', (c: Buffer) => {
-      size += c.length;
-      if (size > MAX_PEEKED_BODY) {
-        req.destroy();
-        reject(new MeshError('BODY_TOO_LARGE', `request body: over the limit of ${MAX_PEEKED_BODY} bytes`, { limitBytes: MAX_PEEKED_BODY }));
-      } else parts.push(c);
-    });
-    req.on('end', () => resolve(Buffer.concat(parts)));
-    req.on('error', (e) => reject(new MeshError('LINK_FAILED', `request body: ${e.message}`)));
-  });
 }
 
 /** The request again, its body already read: what answers it here reads the same bytes. */
@@ -63,13 +47,13 @@ export async function ownerOfRequest(cluster: Cluster, registry: RoomRegistry, r
     if (driver) return { target: driver };
     if (req.method !== 'POST') return { target: null };
     // an opening frame: the route it names says which instance runs it
-    const body = await readBody(req);
+    const body = await readBody(req, MAX_PEEKED_BODY);
     if (body.length < HEADER_BYTES) return { target: null, body };
     return { target: await cluster.instanceOfRoute(body.readUInt32LE(8)), body };
   }
   if (req.method === 'POST' && (path === '/v1/chat/completions' || path === '/v1/completions')) {
     // read here: a completion passed on is kept alive across its holder's death (resumable-completion.ts)
-    const body = await readBody(req);
+    const body = await readBody(req, MAX_PEEKED_BODY);
     if (rooms.length === 1) return { target: await cluster.holderOf(rooms[0]!.id), roomId: rooms[0]!.id, body, completion: true };
     let model: unknown;
     try {

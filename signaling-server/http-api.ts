@@ -7,7 +7,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { MeshError } from '../src/errors.ts';
 import { headerToWire } from '../src/protocol/header-wire.ts';
-import { handleFrameHttp, sendError, sendJson } from '../src/transport/http.ts';
+import { handleFrameHttp, sendError, sendJson, SSE_HEAD } from '../src/transport/http.ts';
 import type { Cluster } from './cluster.ts';
 import { ownerOfRequest, replayed } from './cluster-routing.ts';
 import { linkRequest } from './instance-link.ts';
@@ -52,7 +52,6 @@ type Endpoint = [methods: string[], path: RegExp, roles: Role[], serve: (r: Requ
 
 const OPENAI_PATHS = new Set(['/v1/chat/completions', '/v1/completions', '/v1/models']);
 
-const SSE_HEAD = { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' };
 
 export class HttpApi {
   private readonly endpoints: Endpoint[] = [
@@ -97,11 +96,11 @@ export class HttpApi {
         // what another instance holds is answered there (a link from an instance is answered here)
         const owner = await ownerOfRequest(cluster, this.registry, req, path);
         const links = owner.roomId && this.opts.linked ? { roomId: owner.roomId, all: this.opts.linked } : undefined;
-        const ca = this.opts.tls?.ca?.pem;
+        const trust = this.opts.tls?.ca ? { ca: this.opts.tls.ca.pem } : {};
         // a completion outlives its holder: asked again of the room's next one (resumable-completion.ts)
         const resumable = owner.target && owner.completion && owner.body ? resumableBody(owner.body) : null;
-        if (owner.target && resumable) return await resumableCompletion(cluster, owner.roomId!, req, res, owner.target, resumable, ca, this.opts.linked);
-        if (owner.target) return await linkRequest(req, res, owner.target, cluster.linkProof(), owner.body, ca ? { ca } : {}, links);
+        if (owner.target && resumable) return await resumableCompletion(cluster, owner.roomId!, req, res, owner.target, resumable, trust, this.opts.linked);
+        if (owner.target) return await linkRequest(req, res, owner.target, cluster.linkProof(), owner.body, trust, links);
         if (owner.body) req = replayed(req, owner.body);
       }
       const grant = this.registry.requireAuth(req);

@@ -7,7 +7,7 @@
 // answer (an SSE stream included) piped back as it comes.
 
 import { request as httpRequest } from 'node:http';
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { ClientRequest, IncomingMessage, ServerResponse } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import type { Duplex } from 'node:stream';
 import WebSocket from 'ws';
@@ -99,16 +99,27 @@ function join(peer: WebSocket, upstream: WebSocket): void {
   upstream.on('error', () => peer.terminate());
 }
 
+/** `req` again, to `target`: its method, path and headers with this instance's proof, `body` in place of its own when given (the caller ends it). */
+export function resend(req: IncomingMessage, target: InstanceRecord, proof: string, trust: LinkTrust, body: Buffer | undefined, onAnswer: (answer: IncomingMessage) => void): ClientRequest {
+  const url = new URL(req.url ?? '/', target.url);
+  const headers = passedHeaders(req, proof);
+  if (body) headers['content-length'] = String(body.length);
+  const send = url.protocol === 'https:' ? httpsRequest : httpRequest;
+  return send(url, { method: req.method ?? 'GET', headers, ...(trust.ca ? { ca: trust.ca } : {}) }, onAnswer);
+}
+
+/** An answer's headers, less those of its own hop. */
+export function answerHeaders(answer: IncomingMessage): Record<string, string | string[]> {
+  const h: Record<string, string | string[]> = {};
+  for (const [k, v] of Object.entries(answer.headers)) if (v !== undefined && !HOP_HEADERS.has(k)) h[k] = v;
+  return h;
+}
+
 /** Re-sends an HTTP request to `target` and pipes its answer back; `body`: the body already read here (else the request's stream is piped). */
 export function linkRequest(req: IncomingMessage, res: ServerResponse, target: InstanceRecord, proof: string, body?: Buffer, trust: LinkTrust = {}, links?: { roomId: string; all: RoomLinks }): Promise<void> {
   return new Promise((resolve) => {
-    const url = new URL(req.url ?? '/', target.url);
-    const headers = passedHeaders(req, proof);
-    if (body) headers['content-length'] = String(body.length);
-    const send = url.protocol === 'https:' ? httpsRequest : httpRequest;
-    const out = send(url, { method: req.method ?? 'GET', headers, ...(trust.ca ? { ca: trust.ca } : {}) }, (answer) => {
-      const h: Record<string, string | string[]> = {};
-      for (const [k, v] of Object.entries(answer.headers)) if (v !== undefined && !HOP_HEADERS.has(k)) h[k] = v;
+    const out = resend(req, target, proof, trust, body, (answer) => {
+      const h = answerHeaders(answer);
       res.writeHead(answer.statusCode ?? 502, h);
       answer.pipe(res);
       answer.on('end', resolve);

@@ -21,7 +21,7 @@ import type { SampledLogprob } from '../src/protocol/payload.ts';
 import type { SessionManager } from '../src/route/sessions.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { LocalLink } from '../src/transport/link.ts';
-import { readJsonBody, sendJson } from '../src/transport/http.ts';
+import { readJsonBody, sendJson, SSE_HEAD } from '../src/transport/http.ts';
 import type { AdmissionGate } from './admission.ts';
 import type { Room } from './room.ts';
 import { badParam, choiceSampler, messageText, parseRequest } from './openai-request.ts';
@@ -388,7 +388,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     };
     if (parsed.stream) {
       streaming = true;
-      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+      res.writeHead(200, SSE_HEAD);
       if (chat) for (let i = 0; i < parsed.n; i++) sse(chunkOf(run, i, { role: 'assistant', content: '' }, null));
     }
     const progress = (e: TelemetryEvent): void => {

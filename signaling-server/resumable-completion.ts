@@ -12,20 +12,16 @@
 // are not text to line up). Everything else is passed on as before.
 
 import { randomInt } from 'node:crypto';
-import { request as httpRequest } from 'node:http';
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
-import { request as httpsRequest } from 'node:https';
 import { MeshError } from '../src/errors.ts';
-import { sendError } from '../src/transport/http.ts';
+import { sendError, SSE_HEAD } from '../src/transport/http.ts';
 import type { Cluster } from './cluster.ts';
-import { INSTANCE_HEADER } from './cluster.ts';
 import type { InstanceRecord } from './directory.ts';
-import type { RoomLinks } from './instance-link.ts';
+import { answerHeaders, resend } from './instance-link.ts';
+import type { LinkTrust, RoomLinks } from './instance-link.ts';
 
 /** How long a broken-off completion waits for its room to come back before it fails. */
 export const RESUME_DEADLINE_MS = 60_000;
-
-const HOP = new Set(['connection', 'keep-alive', 'transfer-encoding', 'content-length', 'host']);
 
 interface Parsed {
   body: Record<string, unknown>;
@@ -53,15 +49,9 @@ interface Answer {
   stream: IncomingMessage;
 }
 
-function ask(target: InstanceRecord, path: string, headers: IncomingHttpHeaders, proof: string, body: Buffer, ca: string | undefined, onRequest: (abort: () => void) => void): Promise<Answer> {
+function ask(req: IncomingMessage, target: InstanceRecord, proof: string, body: Buffer, trust: LinkTrust, onRequest: (abort: () => void) => void): Promise<Answer> {
   return new Promise((resolve, reject) => {
-    const url = new URL(path, target.url);
-    const h: Record<string, string> = {};
-    for (const [k, v] of Object.entries(headers)) if (v !== undefined && !HOP.has(k)) h[k] = Array.isArray(v) ? v.join(', ') : v;
-    h[INSTANCE_HEADER] = proof;
-    h['content-length'] = String(body.length);
-    const send = url.protocol === 'https:' ? httpsRequest : httpRequest;
-    const out = send(url, { method: 'POST', headers: h, ...(ca ? { ca } : {}) }, (res) => resolve({ status: res.statusCode ?? 502, headers: res.headers, stream: res }));
+    const out = resend(req, target, proof, trust, body, (res) => resolve({ status: res.statusCode ?? 502, headers: res.headers, stream: res }));
     out.on('error', reject);
     onRequest(() => out.destroy(new MeshError('ROOM_ELSEWHERE', 'the room moved to this instance')));
     out.end(body);
@@ -78,8 +68,7 @@ function pieceOf(chunk: { choices?: Array<{ text?: string; delta?: { content?: s
  * Passes a completion on to the room's holder, and asks again — of the room's next holder —
  * when the answer breaks off. Resolves once the client has its whole answer, or an error.
  */
-export async function resumableCompletion(cluster: Cluster, roomId: string, req: IncomingMessage, res: ServerResponse, first: InstanceRecord, parsed: Parsed, ca?: string, links?: RoomLinks): Promise<void> {
-  const path = req.url ?? '/';
+export async function resumableCompletion(cluster: Cluster, roomId: string, req: IncomingMessage, res: ServerResponse, first: InstanceRecord, parsed: Parsed, trust: LinkTrust = {}, links?: RoomLinks): Promise<void> {
   const body = Buffer.from(JSON.stringify(parsed.body));
   let clientGone = false;
   res.on('close', () => (clientGone = !res.writableFinished));
@@ -96,7 +85,7 @@ export async function resumableCompletion(cluster: Cluster, roomId: string, req:
     try {
       target ??= (await cluster.holderOf(roomId)) ?? cluster.record;
       const to = target;
-      answer = await ask(to, path, req.headers, cluster.linkProof(), body, ca, (abort) => {
+      answer = await ask(req, to, cluster.linkProof(), body, trust, (abort) => {
         if (to.id !== cluster.id) remove = links?.add(roomId, abort) ?? remove;
       });
     } catch {
@@ -129,9 +118,7 @@ function relayWhole(answer: Answer, res: ServerResponse): Promise<'done' | 'brok
     answer.stream.on('data', (c: Buffer) => parts.push(c));
     answer.stream.on('end', () => {
       if (!answer.stream.complete) return resolve('broke');
-      const h: Record<string, string | string[]> = {};
-      for (const [k, v] of Object.entries(answer.headers)) if (v !== undefined && !HOP.has(k)) h[k] = v;
-      res.writeHead(answer.status, h);
+      res.writeHead(answer.status, answerHeaders(answer.stream));
       res.end(Buffer.concat(parts));
       resolve('done');
     });
@@ -153,7 +140,7 @@ function relayStream(answer: Answer, res: ServerResponse, seen: { sent: string; 
     let text = '';
     let buffer = '';
     let finished = false;
-    if (!res.headersSent) res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' });
+    if (!res.headersSent) res.writeHead(200, SSE_HEAD);
     const pass = (event: string): void => {
       const data = /^data: (.*)$/m.exec(event)?.[1];
       if (data === undefined || data === '[DONE]' || /^event: error/m.test(event)) {

@@ -37,11 +37,10 @@ export function sendError(res: ServerResponse, e: unknown): void {
 }
 
 /**
- * A JSON request body of at most `limitBytes`. Over the limit: `BODY_TOO_LARGE` as soon as the
- * limit is passed (the rest is read and dropped, so the error reply still reaches the client);
- * not UTF-8 JSON: `BODY_NOT_JSON`, with `expected` (e.g. `{"model": "<GGUF URL>"}`) in the message.
+ * A request body of at most `limitBytes`. Over the limit: `BODY_TOO_LARGE` as soon as the limit
+ * is passed (the rest is read and dropped, so the error reply still reaches the client).
  */
-export function readJsonBody(req: IncomingMessage, limitBytes: number, expected = 'a JSON value'): Promise<unknown> {
+export function readBody(req: IncomingMessage, limitBytes: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const parts: Buffer[] = [];
     let size = 0;
@@ -58,12 +57,7 @@ export function readJsonBody(req: IncomingMessage, limitBytes: number, expected 
       parts.push(chunk);
     });
     req.on('end', () => {
-      if (failed) return;
-      try {
-        resolve(JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(Buffer.concat(parts))));
-      } catch {
-        reject(new MeshError('BODY_NOT_JSON', `request body: not JSON (expected ${expected})`));
-      }
+      if (!failed) resolve(Buffer.concat(parts));
     });
     req.on('error', (e) => {
       if (!failed) reject(new MeshError('LINK_FAILED', `request body: ${e.message}`));
@@ -71,6 +65,22 @@ export function readJsonBody(req: IncomingMessage, limitBytes: number, expected 
     });
   });
 }
+
+/**
+ * A JSON request body of at most `limitBytes` (readBody's limit); not UTF-8 JSON: `BODY_NOT_JSON`,
+ * with `expected` (e.g. `{"model": "<GGUF URL>"}`) in the message.
+ */
+export async function readJsonBody(req: IncomingMessage, limitBytes: number, expected = 'a JSON value'): Promise<unknown> {
+  const body = await readBody(req, limitBytes);
+  try {
+    return JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(body));
+  } catch {
+    throw new MeshError('BODY_NOT_JSON', `request body: not JSON (expected ${expected})`);
+  }
+}
+
+/** The head of a Server-Sent Events answer (the OpenAI streams, telemetry streams). */
+export const SSE_HEAD = { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive' } as const;
 
 function sendFrameResponse(res: ServerResponse, reply: Frame): void {
   const body = encodeFrame(reply);
