@@ -117,10 +117,11 @@ export class Directory {
   async register(id: string, url: string, ttlMs: number): Promise<InstanceRecord> {
     const seq = (await this.redis.incr(this.key('instance-seq'))) % 0xffff || 0xffff;
     const rec: InstanceRecord = { id, url, seq, startedAt: Date.now() };
-    await this.redis.multi().set(this.key(`instance:${id}`), JSON.stringify(rec), 'PX', ttlMs).set(this.key(`seq:${seq}`), id, 'PX', ttlMs).exec();
+    await this.refresh(rec, ttlMs);
     return rec;
   }
 
+  /** Writes (or renews) the instance's record and number for another `ttlMs`. */
   async refresh(rec: InstanceRecord, ttlMs: number): Promise<void> {
     await this.redis.multi().set(this.key(`instance:${rec.id}`), JSON.stringify(rec), 'PX', ttlMs).set(this.key(`seq:${rec.seq}`), rec.id, 'PX', ttlMs).exec();
   }

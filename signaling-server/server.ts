@@ -28,6 +28,7 @@ import { networkInterfaces } from 'node:os';
 import { WebSocketServer } from 'ws';
 import type WebSocket from 'ws';
 import type { IceServer } from '../src/protocol/control.ts';
+import { isTerminal } from '../src/route/session-state.ts';
 import type { SessionManager } from '../src/route/sessions.ts';
 import { refuseUpgrade } from '../src/transport/frame-server.ts';
 import { serveFrames } from '../src/transport/ws.ts';
@@ -131,7 +132,7 @@ async function joinRooms(cluster: Cluster, registry: RoomRegistry, linked: RoomL
   cluster.onLost = (id, why) => byId(id)?.handOff(why);
   cluster.movable = (id) => {
     const room = byId(id);
-    return !!room && room.peers.size === 0 && !registry.sessions.list().some((s) => registry.findRoute(s.routeId)?.room === room && !['closed', 'expired', 'failed'].includes(s.state));
+    return !!room && room.peers.size === 0 && !registry.sessions.list().some((s) => registry.findRoute(s.routeId)?.room === room && !isTerminal(s.state));
   };
   cluster.onGained = (id) => {
     // sockets and requests passed on to the room's last holder (dead, or stale and frozen) end: their peers rejoin here
