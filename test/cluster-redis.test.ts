@@ -13,6 +13,7 @@ import { isMeshError } from '../src/errors.ts';
 import { getJson, killAll, spawnCommand, spawnMesh } from './support/mesh.ts';
 import type { MeshProcess } from './support/mesh.ts';
 import { freePort } from './support/ports.ts';
+import { readSse } from './support/sse.ts';
 import { STORIES_CONTINUATION_PREFIX, stories260K } from './support/models.ts';
 import { startTcpBalancer } from './support/tcp-balancer.ts';
 import type { TcpBalancer } from './support/tcp-balancer.ts';
@@ -103,29 +104,18 @@ async function streamed(base: string, maxTokens: number, onPiece: (pieces: numbe
     body: JSON.stringify({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: maxTokens, temperature: 0, stream: true }),
   });
   expect(res.status).toBe(200);
-  const reader = res.body!.getReader();
   const out = { text: '', ids: [] as string[], errors: [] as string[], done: false };
-  let buffer = '';
   let pieces = 0;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += new TextDecoder().decode(value);
-    for (let i = buffer.indexOf('\n\n'); i >= 0; i = buffer.indexOf('\n\n')) {
-      const event = buffer.slice(0, i);
-      buffer = buffer.slice(i + 2);
-      if (/^event: error/m.test(event)) out.errors.push(event);
-      const data = /^data: (.*)$/m.exec(event)?.[1];
-      if (data === '[DONE]') out.done = true;
-      else if (data) {
-        const c = JSON.parse(data);
-        out.ids.push(c.id);
-        const piece = c.choices?.[0]?.text ?? '';
-        if (piece) onPiece(++pieces);
-        out.text += piece;
-      }
-    }
-  }
+  await readSse(res, ({ event, data }) => {
+    if (event === 'error') return void out.errors.push(data);
+    if (data === '[DONE]') return void (out.done = true);
+    if (!data) return;
+    const c = JSON.parse(data);
+    out.ids.push(c.id);
+    const piece = c.choices?.[0]?.text ?? '';
+    if (piece) onPiece(++pieces);
+    out.text += piece;
+  });
   return out;
 }
 
