@@ -43,6 +43,12 @@ export function resumableBody(raw: Buffer): Parsed | null {
   return { body: b.seed === undefined || b.seed === null ? { ...b, seed: randomInt(0, 2 ** 31) } : b, stream: b.stream === true };
 }
 
+/** What the client has of a streamed reply: its text so far and the stream's id (null before the first chunk). */
+interface Seen {
+  sent: string;
+  id: string | null;
+}
+
 interface Answer {
   status: number;
   headers: IncomingHttpHeaders;
@@ -72,9 +78,8 @@ export async function resumableCompletion(cluster: Cluster, roomId: string, req:
   const body = Buffer.from(JSON.stringify(parsed.body));
   let clientGone = false;
   res.on('close', () => (clientGone = !res.writableFinished));
-  /** what the client was sent of the text, and the stream's id */
-  let sent = '';
-  let id: string | null = null;
+  /** what the client was sent of the text, and the stream's id (relayStream moves both on) */
+  const seen: Seen = { sent: '', id: null };
   let target: InstanceRecord | null = first;
   const deadline = Date.now() + RESUME_DEADLINE_MS;
   for (let attempt = 0; ; attempt++) {
@@ -92,7 +97,7 @@ export async function resumableCompletion(cluster: Cluster, roomId: string, req:
       answer = null;
     }
     if (answer && answer.status === 200) {
-      const done = parsed.stream ? await relayStream(answer, res, { sent, id }, (s, i) => ((sent = s), (id = i))) : await relayWhole(answer, res);
+      const done = parsed.stream ? await relayStream(answer, res, seen) : await relayWhole(answer, res);
       remove();
       if (done !== 'broke') return;
     } else if (answer && attempt === 0 && answer.status < 500) {
@@ -131,11 +136,9 @@ function relayWhole(answer: Answer, res: ServerResponse): Promise<'done' | 'brok
  * A streamed answer, event by event: the first answer's events go on as they come; a second
  * answer's are passed on from where the client's text stops (their id rewritten to the first's).
  */
-function relayStream(answer: Answer, res: ServerResponse, seen: { sent: string; id: string | null }, note: (sent: string, id: string | null) => void): Promise<'done' | 'broke'> {
+function relayStream(answer: Answer, res: ServerResponse, seen: Seen): Promise<'done' | 'broke'> {
   return new Promise((resolve) => {
     const resumed = seen.id !== null;
-    let sent = seen.sent;
-    let id = seen.id;
     /** this answer's text so far */
     let text = '';
     let buffer = '';
@@ -155,28 +158,27 @@ function relayStream(answer: Answer, res: ServerResponse, seen: { sent: string; 
       } catch {
         return void res.write(`${event}\n\n`);
       }
-      id ??= chunk.id ?? null;
-      if (id) chunk.id = id;
+      seen.id ??= chunk.id ?? null;
+      if (seen.id) chunk.id = seen.id;
       const piece = pieceOf(chunk as never);
       const before = text.length;
       text += piece;
-      if (resumed && before < sent.length) {
+      if (resumed && before < seen.sent.length) {
         // the part the client already has: it must be the same text, and is not sent again
-        if (!(text.length <= sent.length ? sent.startsWith(text) : text.startsWith(sent))) {
+        if (!(text.length <= seen.sent.length ? seen.sent.startsWith(text) : text.startsWith(seen.sent))) {
           const err = new MeshError('RESUME_DIVERGED', "the room's new holder generated a different continuation; the reply stops here");
           res.write(`event: error\ndata: ${JSON.stringify({ error: { code: err.code, message: err.message } })}\n\n`);
           finished = true;
           answer.stream.destroy();
           return;
         }
-        if (text.length <= sent.length) return; // wholly seen
-        const rest = text.slice(sent.length);
+        if (text.length <= seen.sent.length) return; // wholly seen
+        const rest = text.slice(seen.sent.length);
         const c = chunk.choices![0]!;
         if (typeof c.text === 'string') c.text = rest;
         else (c.delta as { content?: string }).content = rest;
       } else if (resumed && piece === '' && !chunk.choices?.[0]?.finish_reason && !chunk.usage && !chunk.gguf_mesh) return; // a second role chunk
-      if (text.length > sent.length) sent = text;
-      note(sent, id);
+      if (text.length > seen.sent.length) seen.sent = text;
       res.write(`data: ${JSON.stringify(chunk)}\n\n`);
     };
     res.once('close', () => answer.stream.destroy());
