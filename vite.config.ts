@@ -37,6 +37,7 @@ export default defineConfig(({ mode }) => ({
   test: {
     reporters: ['default', './test/support/count-reporter.ts'],
     globalSetup: ['./test/support/global-setup.ts'],
+    setupFiles: ['./test/support/typed-array-equality.ts'],
     testTimeout: 120_000,
     hookTimeout: 180_000,
     projects: [

@@ -352,8 +352,9 @@ describe('make-model determinism and errors', () => {
     ['pre without gpt2', ['make-model', '--out', 'x.gguf', '--pre', 'qwen2'], /--pre applies to the gpt2 tokenizer only/],
     ['unknown option', ['make-model', '--out', 'x.gguf', '--bogus', '1'], /bogus/],
   ];
+  // each case is a process of its own: run them side by side
   for (const [what, args, reason] of bad) {
-    it(`exits non-zero with one line for ${what}`, async () => {
+    it.concurrent(`exits non-zero with one line for ${what}`, async ({ expect }) => {
       const r = await runCli(args.map((a) => (a === 'x.gguf' ? join(dir, 'never.gguf') : a)));
       expect(r.code).not.toBe(0);
       expect(r.stderr.trim().split('\n')).toHaveLength(1);

@@ -57,7 +57,8 @@ async function rawStream(path: string, body: unknown, stopAfter?: number): Promi
 
 beforeAll(async () => {
   const model = await stories260K();
-  serve = await spawnServe(model, ['--min-peers', '2']);
+  // no spare: a node killed mid-stream fails its session after 2 s of waiting for one, not 30
+  serve = await spawnServe(model, ['--min-peers', '2', '--repair-timeout', '2000']);
   for (const name of ['a', 'b']) {
     const n = spawnMesh(['node', '--join', serve.joinUrl, '--name', name, '--no-cache']);
     await n.waitFor(/joined room/);

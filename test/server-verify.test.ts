@@ -72,7 +72,8 @@ describe('verified shards on native peers', () => {
   });
 
   it('a peer restarted with a warm cache advertises its units, gets the same range and fetches zero bytes', async () => {
-    const serve = await spawnServe(model, ['--min-peers', '2']);
+    // the lost stage is not repaired here (no spare): its route turns degraded after 1 s, not 30
+    const serve = await spawnServe(model, ['--min-peers', '2', '--repair-timeout', '1000']);
     const cacheA = join(work, 'cache-a');
     const cacheB = join(work, 'cache-b');
     const a = spawnMesh(['node', '--join', serve.joinUrl, '--name', 'a', '--cache-dir', cacheA]);

@@ -11,16 +11,32 @@ import { isMeshError } from '../errors.ts';
 
 const COMMANDS_DIR = join(dirname(fileURLToPath(import.meta.url)), 'commands');
 
-async function loadCommands(): Promise<Map<string, Command>> {
+/** The command files, each named by its command (`serve.ts` holds `serve`). */
+function commandFiles(): string[] {
   // git keeps no empty folders: a clean clone before the first command has none
-  if (!existsSync(COMMANDS_DIR)) return new Map();
-  const files = readdirSync(COMMANDS_DIR).filter((f) => f.endsWith('.ts')).sort();
+  if (!existsSync(COMMANDS_DIR)) return [];
+  return readdirSync(COMMANDS_DIR).filter((f) => f.endsWith('.ts')).sort();
+}
+
+async function loadCommand(file: string): Promise<Command | undefined> {
+  return ((await import(pathToFileURL(join(COMMANDS_DIR, file)).href)) as { command?: Command }).command;
+}
+
+async function loadCommands(): Promise<Map<string, Command>> {
   const commands = new Map<string, Command>();
-  for (const file of files) {
-    const mod = (await import(pathToFileURL(join(COMMANDS_DIR, file)).href)) as { command?: Command };
-    if (mod.command) commands.set(mod.command.name, mod.command);
+  for (const file of commandFiles()) {
+    const cmd = await loadCommand(file);
+    if (cmd) commands.set(cmd.name, cmd);
   }
   return commands;
+}
+
+/** Only the named command's module: each command's imports (llama.cpp, WebRTC, the server) cost
+ * a second or more of start-up, paid by every process a user or a test starts. */
+async function findCommand(name: string): Promise<Command | undefined> {
+  const file = commandFiles().find((f) => f === `${name}.ts`);
+  const cmd = file ? await loadCommand(file) : undefined;
+  return cmd?.name === name ? cmd : (await loadCommands()).get(name);
 }
 
 function optionLine(name: string, spec: OptionSpec): string {
@@ -52,15 +68,14 @@ function mainHelp(commands: Map<string, Command>): string {
 }
 
 export async function main(argv: string[]): Promise<number> {
-  const commands = await loadCommands();
   const [name, ...rest] = argv;
   if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
-    console.log(mainHelp(commands));
+    console.log(mainHelp(await loadCommands()));
     return 0;
   }
-  const cmd = commands.get(name);
+  const cmd = await findCommand(name);
   if (!cmd) {
-    console.error(`gguf-mesh: unknown command '${name}' (commands: ${[...commands.keys()].join(', ')})`);
+    console.error(`gguf-mesh: unknown command '${name}' (commands: ${[...(await loadCommands()).keys()].join(', ')})`);
     return 2;
   }
   try {

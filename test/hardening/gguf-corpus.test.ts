@@ -93,7 +93,7 @@ async function ourGreedy(file: string): Promise<{ prompt: number[]; tokens: numb
  * llama.cpp's verdict on each file, from child processes: a file that aborts one is 'ended the
  * process', one it works on for more than `stallMs` (allocating for a lying count) 'stalled'.
  */
-async function llamaVerdicts(jobs: Array<{ file: string; generate: boolean }>, stallMs = 8000): Promise<Map<string, Record<string, any>>> {
+async function llamaVerdicts(jobs: Array<{ file: string; generate: boolean }>, stallMs = 4000): Promise<Map<string, Record<string, any>>> {
   const out = new Map<string, Record<string, any>>();
   let rest = [...jobs];
   while (rest.length) {

@@ -26,7 +26,8 @@ const TRUSTED = 'trusted-test-secret';
 
 /** A public room with spot checks on every session, two trusted nodes and a lying donor, its route ready as trusted, donor, trusted. */
 async function publicRoom(): Promise<{ s: ServeInfo; route: any; setLying: (on: boolean) => void }> {
-  const s = await spawnServe(await stories260K(), ['--trusted-secret', TRUSTED, '--spot-check', '1', '--min-peers', '2', '--plan-delay', '4000']);
+  // a repair waits 3 s for a replacement (a spare, when there is one, is ready long before), not 30
+  const s = await spawnServe(await stories260K(), ['--trusted-secret', TRUSTED, '--spot-check', '1', '--min-peers', '2', '--plan-delay', '4000', '--repair-timeout', '3000']);
   for (const name of ['first', 'last']) spawnMesh(['node', '--join', s.joinUrl, '--trusted', TRUSTED, '--name', name, '--cache-dir', mkdtempSync(join(tmpdir(), `trusted-${name}-`))]);
   let lying = false;
   // the trusted nodes join first, the donor within the plan delay: the join order must not matter
