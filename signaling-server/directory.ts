@@ -229,5 +229,5 @@ export class Directory implements JournalStore {
 function failed(results: Array<[Error | null, unknown]> | null): void {
   const e = results?.find(([err]) => err)?.[0];
   if (e) throw e;
-  if (!results) throw new Error('the transaction was discarded');
+  if (!results) throw new MeshError('REDIS_UNREACHABLE', 'Redis discarded a journal write (MULTI)');
 }

@@ -4,15 +4,18 @@
 // (stream-resume.ts). Every event of a stream carries `id: <completion id>:<offset>`, the length
 // of the text the client has once it read that event. The journal is written ahead: an event
 // carrying text goes out only once Redis holds that text, so whatever id a client last saw, the
-// record covers it. Writes are batched by themselves: one write is in flight at a time, carrying
-// everything produced while the last one was out (one round trip added to the stream, not one
-// per token). The record is the request's digest, the seed it runs with, its room and the text;
+// record covers it. Writes are batched: text waits up to JOURNAL_BATCH_MS for more, and one write
+// is in flight at a time, carrying everything produced while the last one was out — a stream's
+// text reaches its client that much later, and a fast stream costs Redis a write per batch, not
+// per token. The record is the request's digest, the seed it runs with, its room and the text;
 // it expires a while after its last write and is removed when the stream ends.
 
 import { createHash } from 'node:crypto';
 
 /** A record lives this long after its last write: the time a client has to reconnect. */
 export const JOURNAL_TTL_MS = 5 * 60_000;
+/** How long text waits for more before it is written: the most a journal delays a stream (beside one round trip to Redis). */
+export const JOURNAL_BATCH_MS = 20;
 
 export interface JournalMeta {
   roomId: string;
@@ -68,6 +71,7 @@ export class StreamJournal {
   private inflight: Promise<void> | null = null;
   private store: JournalStore | null;
   private drained: (() => void) | null = null;
+  private batch: NodeJS.Timeout | null = null;
 
   /**
    * `resumed`: the text the client already has of a stream it reconnected to (its record is
@@ -128,14 +132,25 @@ export class StreamJournal {
   }
 
   private kick(): void {
-    if (this.inflight) return;
+    if (this.inflight || this.batch) return;
+    if (this.store && this.pendingText) {
+      this.batch = setTimeout(() => {
+        this.batch = null;
+        this.flush();
+      }, JOURNAL_BATCH_MS);
+      return;
+    }
+    this.release(this.queue.length);
+    this.drained?.();
+    this.drained = null;
+  }
+
+  private flush(): void {
     if (this.store && this.pendingText) {
       const text = this.pendingText;
       this.pendingText = '';
       return this.track(this.store.journalAppend(this.id!, text, JOURNAL_TTL_MS));
     }
-    this.release(this.queue.length);
-    this.drained?.();
-    this.drained = null;
+    this.kick();
   }
 }
