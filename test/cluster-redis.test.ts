@@ -269,7 +269,8 @@ describe('two instances share a room', () => {
       expect(Number.isInteger(rec.seed)).toBe(true);
       expect(await refusedResume(other.base, { ...body, max_tokens: 401 }, cut.lastId!)).toEqual([409, 'RESUME_MISMATCH']);
       expect(await refusedResume(other.base, { ...body, seed: rec.seed + 1 }, cut.lastId!)).toEqual([409, 'RESUME_MISMATCH']);
-      expect(await refusedResume(other.base, body, `${id}:${rec.text.length + 1}`)).toEqual([400, 'RESUME_BEYOND']);
+      // (the holder may still be recording what it generated before it saw the client go: far past that)
+      expect(await refusedResume(other.base, body, `${id}:${rec.text.length + 100_000}`)).toEqual([400, 'RESUME_BEYOND']);
       expect(await refusedResume(other.base, body, `cmpl-${'0'.repeat(24)}:0`)).toEqual([404, 'RESUME_UNKNOWN']);
       expect(await refusedResume(other.base, body, 'garbage')).toEqual([400, 'RESUME_BAD_EVENT_ID']);
       const rest = await streamPiece(other.base, body, { lastEventId: cut.lastId! });
