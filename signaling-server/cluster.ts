@@ -167,6 +167,11 @@ export class Cluster {
     if (h) await this.directory.claimSession(sessionId, roomId, h.lease, ttlMs).catch((e: Error) => this.opts.log(`cluster: session ${sessionId}: ${e.message}`));
   }
 
+  /** A line in this instance's log, prefixed as the cluster's. */
+  log(line: string): void {
+    this.opts.log(`cluster: ${line}`);
+  }
+
   async health(): Promise<ClusterHealth> {
     return { instance: this.id, redis: (await this.directory.reachable()) ? 'ok' : 'unreachable', holds: [...this.held.keys()] };
   }

@@ -13,9 +13,12 @@
 //   room:{id}:epoch    INCR counter: bumped each time the lease changes hands
 //   room:{id}:state    JSON the holder publishes (route, stages) written only under its epoch
 //   session:{id}       the instance id driving the session       PX session TTL
+//   stream:{id}        a streamed completion's journal: {room, digest, seed}  PX journal TTL (stream-journal.ts)
+//   stream:{id}:text   the text its client was sent so far (APPENDed)       PX journal TTL
 
 import { Redis } from 'ioredis';
 import { MeshError } from '../src/errors.ts';
+import type { JournalMeta, JournalRecord, JournalStore } from './stream-journal.ts';
 
 export interface InstanceRecord {
   id: string;
@@ -68,7 +71,7 @@ export interface DirectoryOptions {
   prefix?: string;
 }
 
-export class Directory {
+export class Directory implements JournalStore {
   private readonly prefix: string;
 
   private constructor(
@@ -194,7 +197,37 @@ export class Directory {
     await this.redis.del(this.key(`session:${sessionId}`));
   }
 
+  /** Starts (or, resumed, cuts back) a stream's journal. */
+  async journalBegin(id: string, meta: JournalMeta, text: string, ttlMs: number): Promise<void> {
+    const k = this.key(`stream:${id}`);
+    await this.redis.multi().set(k, JSON.stringify(meta), 'PX', ttlMs).set(`${k}:text`, text, 'PX', ttlMs).exec().then(failed);
+  }
+
+  /** Adds the text a stream's client is about to be sent; both keys live another `ttlMs`. */
+  async journalAppend(id: string, text: string, ttlMs: number): Promise<void> {
+    const k = this.key(`stream:${id}`);
+    await this.redis.multi().append(`${k}:text`, text).pexpire(`${k}:text`, ttlMs).pexpire(k, ttlMs).exec().then(failed);
+  }
+
+  async journalRead(id: string): Promise<JournalRecord | null> {
+    const k = this.key(`stream:${id}`);
+    const [meta, text] = await this.redis.mget(k, `${k}:text`);
+    return meta && text !== null ? { ...(JSON.parse(meta) as JournalMeta), text } : null;
+  }
+
+  async journalDrop(id: string): Promise<void> {
+    const k = this.key(`stream:${id}`);
+    await this.redis.del(k, `${k}:text`);
+  }
+
   async close(): Promise<void> {
     await this.redis.quit().catch(() => this.redis.disconnect());
   }
+}
+
+/** A MULTI's answers: the first command that failed inside it, thrown. */
+function failed(results: Array<[Error | null, unknown]> | null): void {
+  const e = results?.find(([err]) => err)?.[0];
+  if (e) throw e;
+  if (!results) throw new MeshError('REDIS_UNREACHABLE', 'Redis discarded a journal write (MULTI)');
 }

@@ -7,11 +7,12 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { MeshError } from '../src/errors.ts';
 import { headerToWire } from '../src/protocol/header-wire.ts';
-import { handleFrameHttp, sendError, sendJson, SSE_HEAD } from '../src/transport/http.ts';
+import { handleFrameHttp, readBody, sendError, sendJson, SSE_HEAD } from '../src/transport/http.ts';
 import type { Cluster } from './cluster.ts';
 import { ownerOfRequest, replayed } from './cluster-routing.ts';
 import { linkRequest } from './instance-link.ts';
 import { resumableBody, resumableCompletion } from './resumable-completion.ts';
+import { asksResume, resumeStream } from './stream-resume.ts';
 import type { RoomLinks } from './instance-link.ts';
 import { serveFile } from './model-host.ts';
 import { handleOpenAi } from './openai.ts';
@@ -92,11 +93,18 @@ export class HttpApi {
       }
       if (method === 'GET' && (path === '/v1/health' || path === '/health')) return await this.health(res);
       const cluster = this.opts.cluster;
-      if (cluster && !cluster.fromInstance(req)) {
+      const trust = this.opts.tls?.ca ? { ca: this.opts.tls.ca.pem } : {};
+      const fromInstance = cluster?.fromInstance(req) ?? false;
+      // a broken stream's client back with Last-Event-ID: the rest of it, from the journal (a link from an instance runs the request itself)
+      if (!fromInstance && asksResume(req, path)) {
+        const grant = this.registry.requireAuth(req);
+        need(grant, ['api', 'admin'], path);
+        return await resumeStream(req, res, path, await readBody(req, 4 * 1024 * 1024), { cluster: cluster ?? null, grant, trust, ...(this.opts.linked ? { links: this.opts.linked } : {}) });
+      }
+      if (cluster && !fromInstance) {
         // what another instance holds is answered there (a link from an instance is answered here)
         const owner = await ownerOfRequest(cluster, this.registry, req, path);
         const links = owner.roomId && this.opts.linked ? { roomId: owner.roomId, all: this.opts.linked } : undefined;
-        const trust = this.opts.tls?.ca ? { ca: this.opts.tls.ca.pem } : {};
         // a completion outlives its holder: asked again of the room's next one (resumable-completion.ts)
         const resumable = owner.target && owner.completion && owner.body ? resumableBody(owner.body) : null;
         if (owner.target && resumable) return await resumableCompletion(cluster, owner.roomId!, req, res, owner.target, resumable, trust, this.opts.linked);
@@ -112,7 +120,9 @@ export class HttpApi {
         return void (await serve({ req, res, allowed, grant, m }));
       }
       if (OPENAI_PATHS.has(path)) need(grant, ['api', 'admin'], path);
-      if (await handleOpenAi(req, res, allowed, { sessions: this.registry.sessions, gate: this.registry.gate, principal: grant.principal })) return;
+      // a stream this instance sends its own client is journaled for a reconnect (one passed on is journaled by the instance facing the client)
+      const journal = cluster && !fromInstance ? { store: cluster.directory, log: (line: string) => cluster.log(line) } : null;
+      if (await handleOpenAi(req, res, allowed, { sessions: this.registry.sessions, gate: this.registry.gate, principal: grant.principal, journal })) return;
       const handled = await handleFrameHttp(req, res, async (f) => {
         this.registry.checkFrame(f, grant);
         return this.registry.sessions.handle(f, undefined, grant.principal);

@@ -33,6 +33,9 @@ import type { ParsedRequest } from './openai-request.ts';
 import { chatLogprobs, completionLogprobs, toolDelta } from './openai-format.ts';
 import { PrefixCache } from '../src/route/prefix-cache.ts';
 import { controlEscaper, outputConstraint } from './structured-output.ts';
+import { reproducible } from './resumable-completion.ts';
+import { bodyDigest, pieceOf, StreamJournal } from './stream-journal.ts';
+import type { JournalStore } from './stream-journal.ts';
 
 const MAX_BODY_BYTES = 4 * 1024 * 1024;
 /** positions a kept session reserves beyond its request, so that the next chat turn fits in its KV cache */
@@ -48,6 +51,8 @@ export interface OpenAiContext {
   gate: AdmissionGate;
   /** who is asking (an API key's id), the owner of the session it opens */
   principal?: string | null;
+  /** where a stream sent to this client is journaled for a reconnect (serve --redis; not for a request another instance passed on) */
+  journal?: { store: JournalStore; log: (line: string) => void } | null;
 }
 
 /** one prefix cache per session manager (one per server): KV reuse across requests */
@@ -348,8 +353,15 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
   if (req.method !== 'POST' || (!chat && path !== '/v1/completions')) return false;
   let streaming = false;
   let leave: (() => void) | null = null;
+  let clientGone = false;
+  res.once('close', () => (clientGone = !res.writableFinished));
+  /** a stream's events on their way out (numbered, and journaled for a reconnect where there is a store) */
+  let journal: StreamJournal | null = null;
   try {
-    const raw = await readJsonBody(req, MAX_BODY_BYTES, 'an OpenAI request object');
+    let raw = await readJsonBody(req, MAX_BODY_BYTES, 'an OpenAI request object');
+    // a stream journaled for a reconnect runs seeded, so that it can be generated again (stream-resume.ts)
+    const journaled = ctx.journal && (raw as { stream?: unknown } | null)?.stream === true ? reproducible(raw) : null;
+    if (journaled) raw = journaled.body;
     const name = typeof raw === 'object' && raw !== null && typeof (raw as { model?: unknown }).model === 'string' ? (raw as { model: string }).model : undefined;
     const room = pickRoom(name, allowed);
     const tokenizer = tokenizerOf(room);
@@ -376,9 +388,13 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
       abort.abort();
       void ctx.sessions.ownerGone(req);
     });
-    const sse = (data: unknown, event?: string): void => {
-      if (!res.writableEnded) res.write(`${event ? `event: ${event}\n` : ''}data: ${typeof data === 'string' ? data : JSON.stringify(data)}\n\n`);
-    };
+    const write = (s: string): void => void (res.writableEnded || res.write(s));
+    journal = journaled
+      ? new StreamJournal(ctx.journal!.store, { roomId: room.id, digest: bodyDigest(journaled.body), seed: journaled.body.seed as number }, write, (e) => ctx.journal!.log(`journaling a stream failed: ${e.message}`))
+      : new StreamJournal(null, null, write);
+    // every event carries `id: <completion id>:<text offset>`, what a reconnect names in Last-Event-ID
+    const events = journal;
+    const sse = (data: unknown, event?: string): void => events.event(`${event ? `event: ${event}\n` : ''}data: ${typeof data === 'string' ? data : JSON.stringify(data)}`, typeof data === 'string' ? '' : pieceOf(data));
     const run: RequestRun = {
       req: parsed, room, tokenizer, promptTokens: prompt.tokens, promptText: prompt.text,
       maxTokens,
@@ -388,6 +404,7 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     };
     if (parsed.stream) {
       streaming = true;
+      events.setId(run.id);
       res.writeHead(200, SSE_HEAD);
       if (chat) for (let i = 0; i < parsed.n; i++) sse(chunkOf(run, i, { role: 'assistant', content: '' }, null));
     }
@@ -404,6 +421,8 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     if (streaming) {
       if (parsed.includeUsage) sse({ id: run.id, object: chat ? 'chat.completion.chunk' : 'text_completion', created: run.created, model: run.model, choices: [], usage: usageOf(run.promptTokens.length, choices) });
       sse('[DONE]');
+      // a cancelled generation ends here too: a client that went away keeps its stream's record
+      await events.close(!clientGone);
       res.end();
     } else {
       sendJson(res, 200, responseOf(run, choices));
@@ -412,7 +431,9 @@ export async function handleOpenAi(req: IncomingMessage, res: ServerResponse, al
     const err = e instanceof MeshError ? e : new MeshError('INTERNAL', String(e));
     if (streaming) {
       if (!res.writableEnded) {
-        res.write(`event: error\ndata: ${JSON.stringify({ error: { message: err.message, type: 'server_error', code: err.code, ...err.details } })}\n\n`);
+        journal!.event(`event: error\ndata: ${JSON.stringify({ error: { message: err.message, type: 'server_error', code: err.code, ...err.details } })}`);
+        // a client that went away may reconnect: its stream's record stays
+        await journal!.close(!clientGone);
         res.end();
       }
     } else if (!res.headersSent) openAiError(res, err);

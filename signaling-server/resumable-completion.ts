@@ -9,7 +9,9 @@
 // was already sent ends the stream with an error event rather than splice two texts.
 //
 // Taken on: completions and chat completions with n = 1 and no tools (a call's argument deltas
-// are not text to line up). Everything else is passed on as before.
+// are not text to line up). Everything else is passed on as before. What the client is sent is
+// journaled (stream-journal.ts) under the stream's id, so a client that loses this instance
+// reconnects elsewhere with Last-Event-ID and resumes here, from the journal (stream-resume.ts).
 
 import { randomInt } from 'node:crypto';
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
@@ -19,6 +21,7 @@ import type { Cluster } from './cluster.ts';
 import type { InstanceRecord } from './directory.ts';
 import { answerHeaders, resend } from './instance-link.ts';
 import type { LinkTrust, RoomLinks } from './instance-link.ts';
+import { bodyDigest, pieceOf, StreamJournal, withoutId } from './stream-journal.ts';
 
 /** How long a broken-off completion waits for its room to come back before it fails. */
 export const RESUME_DEADLINE_MS = 60_000;
@@ -36,6 +39,11 @@ export function resumableBody(raw: Buffer): Parsed | null {
   } catch {
     return null;
   }
+  return reproducible(body);
+}
+
+/** A parsed request object made reproducible (a seed where it names none), when it is one a stream can be resumed of; null otherwise. */
+export function reproducible(body: unknown): Parsed | null {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) return null;
   const b = body as Record<string, unknown>;
   if ((b.n !== undefined && b.n !== 1) || (b.tools !== undefined && b.tools !== null) || b.echo === true) return null;
@@ -44,7 +52,7 @@ export function resumableBody(raw: Buffer): Parsed | null {
 }
 
 /** What the client has of a streamed reply: its text so far and the stream's id (null before the first chunk). */
-interface Seen {
+export interface Seen {
   sent: string;
   id: string | null;
 }
@@ -64,22 +72,20 @@ function ask(req: IncomingMessage, target: InstanceRecord, proof: string, body: 
   });
 }
 
-/** The content a streamed chunk adds (completions: `text`; chat: `delta.content`). */
-function pieceOf(chunk: { choices?: Array<{ text?: string; delta?: { content?: string | null } }> }): string {
-  const c = chunk.choices?.[0];
-  return c?.text ?? c?.delta?.content ?? '';
-}
-
 /**
  * Passes a completion on to the room's holder, and asks again — of the room's next holder —
  * when the answer breaks off. Resolves once the client has its whole answer, or an error.
+ * `first`: the holder to ask first (null: whichever holds the room once one does); `seen`:
+ * what the client already has of the stream, when it reconnected to resume it.
  */
-export async function resumableCompletion(cluster: Cluster, roomId: string, req: IncomingMessage, res: ServerResponse, first: InstanceRecord, parsed: Parsed, trust: LinkTrust = {}, links?: RoomLinks): Promise<void> {
+export async function resumableCompletion(cluster: Cluster, roomId: string, req: IncomingMessage, res: ServerResponse, first: InstanceRecord | null, parsed: Parsed, trust: LinkTrust = {}, links?: RoomLinks, seen: Seen = { sent: '', id: null }): Promise<void> {
   const body = Buffer.from(JSON.stringify(parsed.body));
   let clientGone = false;
   res.on('close', () => (clientGone = !res.writableFinished));
-  /** what the client was sent of the text, and the stream's id (relayStream moves both on) */
-  const seen: Seen = { sent: '', id: null };
+  const journal = parsed.stream
+    ? new StreamJournal(cluster.directory, { roomId, digest: bodyDigest(parsed.body), seed: parsed.body.seed as number }, (s) => void (res.writableEnded || res.write(s)), (e) => cluster.log(`journaling a stream failed: ${e.message}`), seen.sent)
+    : null;
+  if (seen.id) journal?.setId(seen.id);
   let target: InstanceRecord | null = first;
   const deadline = Date.now() + RESUME_DEADLINE_MS;
   for (let attempt = 0; ; attempt++) {
@@ -97,9 +103,12 @@ export async function resumableCompletion(cluster: Cluster, roomId: string, req:
       answer = null;
     }
     if (answer && answer.status === 200) {
-      const done = parsed.stream ? await relayStream(answer, res, seen) : await relayWhole(answer, res);
+      const done = journal ? await relayStream(answer, res, seen, journal) : await relayWhole(answer, res);
       remove();
-      if (done !== 'broke') return;
+      if (done !== 'broke') {
+        if (journal) await journal.close(true).then(() => res.end());
+        return;
+      }
     } else if (answer && attempt === 0 && answer.status < 500) {
       // refused for what it is (a bad parameter, the credential): the client gets that refusal
       return relayWhole(answer, res).then(() => undefined);
@@ -107,9 +116,10 @@ export async function resumableCompletion(cluster: Cluster, roomId: string, req:
     remove();
     if (Date.now() > deadline) {
       const err = new MeshError('ROOM_ELSEWHERE', `room ${roomId}: its holder went away mid-reply and no instance took the room over within ${RESUME_DEADLINE_MS / 1000} s`);
-      if (!res.headersSent) sendError(res, err);
-      else if (!res.writableEnded) res.end(`event: error\ndata: ${JSON.stringify({ error: { code: err.code, message: err.message } })}\n\n`);
-      return;
+      if (!res.headersSent) return sendError(res, err);
+      journal?.event(`event: error\ndata: ${JSON.stringify({ error: { code: err.code, message: err.message } })}`);
+      await journal?.close(true);
+      return void res.end();
     }
     target = null; // the room's next holder, once there is one
     await new Promise((r) => setTimeout(r, 500));
@@ -135,8 +145,9 @@ function relayWhole(answer: Answer, res: ServerResponse): Promise<'done' | 'brok
 /**
  * A streamed answer, event by event: the first answer's events go on as they come; a second
  * answer's are passed on from where the client's text stops (their id rewritten to the first's).
+ * They reach the client through the journal, under this instance's event ids.
  */
-function relayStream(answer: Answer, res: ServerResponse, seen: Seen): Promise<'done' | 'broke'> {
+function relayStream(answer: Answer, res: ServerResponse, seen: Seen, journal: StreamJournal): Promise<'done' | 'broke'> {
   return new Promise((resolve) => {
     const resumed = seen.id !== null;
     /** this answer's text so far */
@@ -144,30 +155,34 @@ function relayStream(answer: Answer, res: ServerResponse, seen: Seen): Promise<'
     let buffer = '';
     let finished = false;
     if (!res.headersSent) res.writeHead(200, SSE_HEAD);
-    const pass = (event: string): void => {
+    const pass = (raw: string): void => {
+      const event = withoutId(raw);
       const data = /^data: (.*)$/m.exec(event)?.[1];
       if (data === undefined || data === '[DONE]' || /^event: error/m.test(event)) {
         // the end, or the holder's own error (a stage lost for good): final either way
         if (data === '[DONE]' || /^event: error/m.test(event)) finished = true;
-        res.write(`${event}\n\n`);
+        journal.event(event);
         return;
       }
       let chunk: Record<string, unknown> & { id?: string; choices?: Array<Record<string, unknown>> };
       try {
         chunk = JSON.parse(data) as typeof chunk;
       } catch {
-        return void res.write(`${event}\n\n`);
+        return void journal.event(event);
       }
       seen.id ??= chunk.id ?? null;
-      if (seen.id) chunk.id = seen.id;
-      const piece = pieceOf(chunk as never);
+      if (seen.id) {
+        chunk.id = seen.id;
+        journal.setId(seen.id);
+      }
+      const piece = pieceOf(chunk);
       const before = text.length;
       text += piece;
       if (resumed && before < seen.sent.length) {
         // the part the client already has: it must be the same text, and is not sent again
         if (!(text.length <= seen.sent.length ? seen.sent.startsWith(text) : text.startsWith(seen.sent))) {
           const err = new MeshError('RESUME_DIVERGED', "the room's new holder generated a different continuation; the reply stops here");
-          res.write(`event: error\ndata: ${JSON.stringify({ error: { code: err.code, message: err.message } })}\n\n`);
+          journal.event(`event: error\ndata: ${JSON.stringify({ error: { code: err.code, message: err.message } })}`);
           finished = true;
           answer.stream.destroy();
           return;
@@ -178,8 +193,9 @@ function relayStream(answer: Answer, res: ServerResponse, seen: Seen): Promise<'
         if (typeof c.text === 'string') c.text = rest;
         else (c.delta as { content?: string }).content = rest;
       } else if (resumed && piece === '' && !chunk.choices?.[0]?.finish_reason && !chunk.usage && !chunk.gguf_mesh) return; // a second role chunk
-      if (text.length > seen.sent.length) seen.sent = text;
-      res.write(`data: ${JSON.stringify(chunk)}\n\n`);
+      const added = text.length > seen.sent.length ? text.slice(seen.sent.length) : '';
+      if (added) seen.sent = text;
+      journal.event(`data: ${JSON.stringify(chunk)}`, added);
     };
     res.once('close', () => answer.stream.destroy());
     answer.stream.setEncoding('utf8');
@@ -190,14 +206,8 @@ function relayStream(answer: Answer, res: ServerResponse, seen: Seen): Promise<'
         buffer = buffer.slice(i + 2);
       }
     });
-    const end = (): void => {
-      if (finished) {
-        res.end();
-        resolve('done');
-      } else resolve('broke');
-    };
-    answer.stream.on('end', end);
-    answer.stream.on('aborted', () => resolve('broke'));
-    answer.stream.on('error', () => resolve('broke'));
+    // a stream destroyed here (diverged) ends final; one cut off elsewhere is asked again
+    const over = (): void => resolve(finished ? 'done' : 'broke');
+    for (const e of ['end', 'aborted', 'error', 'close']) answer.stream.on(e, over);
   });
 }

@@ -217,6 +217,10 @@ const SERVER = {
   STALE_LEASE: { status: 409, meaning: "an instance wrote a room's state under a lease that has passed to another instance (the write is refused)" },
   ROOM_ELSEWHERE: { status: 503, meaning: 'the instance holding this room cannot be reached now (retry: the room passes to a live instance when its lease expires)' },
   RESUME_DIVERGED: { status: 502, meaning: "a completion resumed after its room's holder died came back different from what the client was already sent (the stream stops there)" },
+  RESUME_BAD_EVENT_ID: { status: 400, meaning: "a completion's Last-Event-ID is not an event id of this server's streams (<completion id>:<offset>)" },
+  RESUME_UNKNOWN: { status: 404, meaning: 'the stream a Last-Event-ID names is unknown, expired, ended, or journaled nowhere (resuming a stream takes serve --redis)' },
+  RESUME_MISMATCH: { status: 409, meaning: 'a reconnect with Last-Event-ID sent another request (body, endpoint or seed) than the one that opened the stream' },
+  RESUME_BEYOND: { status: 400, meaning: "a Last-Event-ID's offset is past the text its stream was sent" },
   CLUSTER_NEEDS_SECRET: { status: 400, meaning: 'serve --redis needs --secret (or --join-secret): every instance must open the same rooms' },
 } as const satisfies Codes;
 

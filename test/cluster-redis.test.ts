@@ -48,8 +48,8 @@ interface Instance {
   port: number;
 }
 
-async function instance(prefix: string, extra: string[] = []): Promise<Instance> {
-  const port = await freePort();
+async function instance(prefix: string, extra: string[] = [], port?: number): Promise<Instance> {
+  port ??= await freePort();
   const proc = spawnMesh(['serve', '--port', String(port), '--ui', 'off', '--model', model, '--secret', SECRET, '--redis', redisUrl, '--redis-prefix', prefix, '--redis-lease', String(LEASE_MS), ...extra]);
   await proc.waitFor(/join:\s+(\S+)/);
   return { proc, base: `http://127.0.0.1:${port}`, port };
@@ -96,27 +96,54 @@ async function complete(base: string, stream = false): Promise<string> {
   return [...text.matchAll(/^data: (\{.*\})$/gm)].map((m) => JSON.parse(m[1]!).choices?.[0]?.text ?? '').join('');
 }
 
-/** A streamed greedy completion of `maxTokens`, `onPiece` told how many text pieces came so far. */
-async function streamed(base: string, maxTokens: number, onPiece: (pieces: number) => void): Promise<{ text: string; ids: string[]; errors: string[]; done: boolean }> {
+interface Piece {
+  text: string;
+  /** the last event's id (what a reconnect sends as Last-Event-ID) */
+  lastId: string | null;
+  ids: string[];
+  errors: string[];
+  done: boolean;
+}
+
+/** A streamed request read until it ends or breaks off (its instance killed, or `cut` after that many text pieces). */
+async function streamPiece(base: string, body: Record<string, unknown>, opts: { lastEventId?: string; onPiece?: (pieces: number) => void; cut?: number } = {}): Promise<Piece> {
+  const ctl = new AbortController();
   const res = await fetch(`${base}/v1/completions`, {
     method: 'POST',
-    headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: maxTokens, temperature: 0, stream: true }),
+    signal: ctl.signal,
+    headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json', ...(opts.lastEventId ? { 'last-event-id': opts.lastEventId } : {}) },
+    body: JSON.stringify(body),
   });
-  expect(res.status).toBe(200);
-  const out = { text: '', ids: [] as string[], errors: [] as string[], done: false };
+  expect(res.status, res.status === 200 ? '' : await res.clone().text()).toBe(200);
+  const out: Piece = { text: '', lastId: null, ids: [], errors: [], done: false };
   let pieces = 0;
-  await readSse(res, ({ event, data }) => {
+  await readSse(res, ({ event, data, id }) => {
+    if (ctl.signal.aborted) return; // cut: what came after is not the client's
+    if (id !== undefined) out.lastId = id;
     if (event === 'error') return void out.errors.push(data);
     if (data === '[DONE]') return void (out.done = true);
     if (!data) return;
     const c = JSON.parse(data);
     out.ids.push(c.id);
     const piece = c.choices?.[0]?.text ?? '';
-    if (piece) onPiece(++pieces);
     out.text += piece;
-  });
+    if (!piece) return;
+    pieces++;
+    opts.onPiece?.(pieces);
+    if (pieces === opts.cut) ctl.abort();
+  }).catch(() => undefined); // broken off: what came so far is the client's
   return out;
+}
+
+/** A streamed greedy completion of `maxTokens`, `onPiece` told how many text pieces came so far. */
+function streamed(base: string, maxTokens: number, onPiece: (pieces: number) => void): Promise<Piece> {
+  return streamPiece(base, { model: 'stories260K', prompt: 'Once upon a time', max_tokens: maxTokens, temperature: 0, stream: true }, { onPiece });
+}
+
+/** A resume request with `lastEventId`, refused: its status and error code. */
+async function refusedResume(base: string, body: Record<string, unknown>, lastEventId: string): Promise<[number, string]> {
+  const res = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json', 'last-event-id': lastEventId }, body: JSON.stringify(body) });
+  return [res.status, ((await res.json()) as any).error?.code];
 }
 
 function expectStoriesText(text: string): void {
@@ -220,6 +247,64 @@ describe('two instances share a room', () => {
     expect(await complete(survivor.base)).toBe(before);
     expect(await complete(lb.url)).toBe(before); // the balancer skips the dead instance
   }, 120_000);
+
+  it('a stream cut off at its client resumes at the other instance with Last-Event-ID: the seed the holder chose, the same text; bad resumes are refused by name', async () => {
+    // the instance killed above comes back on its port (the balancer's backend again)
+    const dead = [a, b].find((i) => i.proc.child.exitCode !== null || i.proc.child.signalCode !== null)!;
+    const back = await instance('two:', ['--min-peers', '2'], dead.port);
+    if (dead === a) a = back;
+    else b = back;
+    const holder = await holderOf([a, b]);
+    const other = holder === a ? b : a;
+    // sampled with no seed: the holder chooses one and journals it
+    const body = { model: 'stories260K', prompt: 'Once upon a time', max_tokens: 400, temperature: 0.9, stream: true };
+    const cut = await streamPiece(holder.base, body, { cut: 5 });
+    expect(cut.done).toBe(false);
+    const [id, offset] = cut.lastId!.split(':');
+    expect(Number(offset)).toBe(cut.text.length);
+    const dir = await Directory.connect(redisUrl, { prefix: 'two:' });
+    try {
+      const rec = (await dir.journalRead(id!))!;
+      expect(rec.text.startsWith(cut.text), rec.text).toBe(true);
+      expect(Number.isInteger(rec.seed)).toBe(true);
+      expect(await refusedResume(other.base, { ...body, max_tokens: 401 }, cut.lastId!)).toEqual([409, 'RESUME_MISMATCH']);
+      expect(await refusedResume(other.base, { ...body, seed: rec.seed + 1 }, cut.lastId!)).toEqual([409, 'RESUME_MISMATCH']);
+      // (the holder may still be recording what it generated before it saw the client go: far past that)
+      expect(await refusedResume(other.base, body, `${id}:${rec.text.length + 100_000}`)).toEqual([400, 'RESUME_BEYOND']);
+      expect(await refusedResume(other.base, body, `cmpl-${'0'.repeat(24)}:0`)).toEqual([404, 'RESUME_UNKNOWN']);
+      expect(await refusedResume(other.base, body, 'garbage')).toEqual([400, 'RESUME_BAD_EVENT_ID']);
+      const rest = await streamPiece(other.base, body, { lastEventId: cut.lastId! });
+      expect(rest.errors).toEqual([]);
+      expect(rest.done).toBe(true);
+      expect(new Set([...cut.ids, ...rest.ids])).toEqual(new Set([id])); // one stream, one id
+      // the uninterrupted run under the seed the holder chose
+      const whole = await streamPiece(lb.url, { ...body, seed: rec.seed });
+      expect(cut.text + rest.text).toBe(whole.text);
+      expect(await dir.journalRead(id!)).toBeNull(); // a stream that ended leaves no record
+    } finally {
+      await dir.close();
+    }
+  }, 60_000);
+
+  it('the holder killed while its own client streams: the client reconnects through the balancer with Last-Event-ID and gets the rest, the uninterrupted text', async () => {
+    const holder = await holderOf([a, b]);
+    const survivor = holder === a ? b : a;
+    const body = { model: 'stories260K', prompt: 'Once upon a time', max_tokens: 160, temperature: 0, stream: true };
+    const reference = await streamPiece(holder.base, body);
+    let killed: Promise<number> | null = null;
+    const cut = await streamPiece(holder.base, body, { onPiece: (n) => void (n === 6 && (killed = holder.proc.kill('SIGKILL'))) });
+    expect(killed).not.toBeNull();
+    expect(cut.done).toBe(false);
+    expect(cut.text.length).toBeGreaterThan(0);
+    await killed;
+    // the survivor waits for the room (the lease expires, the nodes rejoin it) and sends the rest
+    const rest = await streamPiece(lb.url, body, { lastEventId: cut.lastId! });
+    expect(rest.errors).toEqual([]);
+    expect(rest.done).toBe(true);
+    expect(cut.text + rest.text).toBe(reference.text);
+    expect(new Set([...cut.ids, ...rest.ids]).size).toBe(1);
+    expect(survivor.proc.output()).toMatch(/stream \S+: resumed at \d+/);
+  }, 60_000);
 });
 
 describe('a holder frozen past its lease', () => {

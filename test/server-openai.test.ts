@@ -11,6 +11,7 @@ import type { MeshProcess, ServeInfo } from './support/mesh.ts';
 import { Tokenizer } from '../src/model/tokenizer/tokenizer.ts';
 import { ChatTemplate } from '../src/model/chat-template.ts';
 import { readHeader } from '../src/gguf/parse.ts';
+import { readSse } from './support/sse.ts';
 
 let serve: ServeInfo;
 const nodes: MeshProcess[] = [];
@@ -172,6 +173,28 @@ describe('OpenAI-compatible API over a two-node route', () => {
   it('a wrong key is refused', async () => {
     const bad = new OpenAI({ apiKey: 'nope', baseURL: `${serve.base}/v1`, maxRetries: 0 });
     await expect(bad.models.list()).rejects.toMatchObject({ status: 401 });
+  });
+
+  it('every streamed event carries id <completion id>:<text offset>; without --redis a Last-Event-ID is refused by name', async () => {
+    const body = JSON.stringify({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: 12, temperature: 0, stream: true });
+    const post = (lastEventId?: string): Promise<Response> =>
+      fetch(`${serve.base}/v1/completions`, { method: 'POST', headers: { authorization: `Bearer ${serve.secret}`, 'content-type': 'application/json', ...(lastEventId ? { 'last-event-id': lastEventId } : {}) }, body });
+    let text = '';
+    const ids: string[] = [];
+    await readSse(await post(), ({ data, id }) => {
+      ids.push(id ?? '(none)');
+      if (data && data !== '[DONE]') text += JSON.parse(data).choices?.[0]?.text ?? '';
+      expect(id, data).toMatch(/^cmpl-[0-9a-f]{24}:\d+$/);
+      expect(Number(id!.split(':')[1])).toBe(text.length); // the client's text once it read this event
+    });
+    expect(text.length).toBeGreaterThan(0);
+    expect(new Set(ids.map((i) => i.split(':')[0])).size).toBe(1);
+    const unknown = await post(ids.at(-1));
+    expect(unknown.status).toBe(404);
+    expect(((await unknown.json()) as any).error.code).toBe('RESUME_UNKNOWN');
+    const bad = await post('not-an-id');
+    expect(bad.status).toBe(400);
+    expect(((await bad.json()) as any).error.code).toBe('RESUME_BAD_EVENT_ID');
   });
 
   it('a body over 4 MiB is BODY_TOO_LARGE (413), one that is not a JSON object a named 400, and the API goes on', async () => {

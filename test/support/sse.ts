@@ -31,8 +31,8 @@ export async function streamCompletion(base: string, secret: string, body: Recor
   return out;
 }
 
-/** Reads a server-sent-events body to its end, one `{event?, data}` message at a time. */
-export async function readSse(res: Response, onMessage: (m: { event?: string; data: string }) => void): Promise<void> {
+/** Reads a server-sent-events body to its end, one `{event?, data, id?}` message at a time. */
+export async function readSse(res: Response, onMessage: (m: { event?: string; data: string; id?: string }) => void): Promise<void> {
   const reader = res.body!.getReader();
   let buf = '';
   for (;;) {
@@ -45,7 +45,8 @@ export async function readSse(res: Response, onMessage: (m: { event?: string; da
       buf = buf.slice(i + 2);
       const event = /^event: (.*)$/m.exec(block)?.[1];
       const data = /^data: (.*)$/m.exec(block)?.[1] ?? '';
-      onMessage({ ...(event ? { event } : {}), data });
+      const id = /^id: (.*)$/m.exec(block)?.[1];
+      onMessage({ ...(event ? { event } : {}), data, ...(id !== undefined ? { id } : {}) });
     }
   }
 }
