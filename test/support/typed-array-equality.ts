@@ -3,16 +3,15 @@
 // logits, hidden rows and KV bytes of that size for exact equality. Registered for every test file.
 import { expect } from 'vitest';
 
-type Typed = Exclude<ArrayBufferView, DataView>;
+/** Any typed array (Uint8Array … BigInt64Array), indexable by element. */
+type Typed = ArrayBufferView & ArrayLike<number | bigint>;
 
 const isTyped = (x: unknown): x is Typed => ArrayBuffer.isView(x) && !(x instanceof DataView);
 
 function typedArraysEqual(a: unknown, b: unknown): boolean | undefined {
   if (!isTyped(a) || !isTyped(b)) return undefined; // not ours: vitest decides
   if (Object.getPrototypeOf(a) !== Object.getPrototypeOf(b) || a.length !== b.length) return false;
-  const x = a as unknown as ArrayLike<number | bigint>;
-  const y = b as unknown as ArrayLike<number | bigint>;
-  for (let i = 0; i < x.length; i++) if (!Object.is(x[i], y[i])) return false;
+  for (let i = 0; i < a.length; i++) if (!Object.is(a[i], b[i])) return false;
   return true;
 }
 
