@@ -1,6 +1,10 @@
 // Test-only shaping of a native node, for benchmarks of slow and far peers on one machine (the
 // kernel here has no netem): `node --test-slow-factor F` makes every forward pass take F times
-// its measured time (the stage sleeps the difference, like a slower device, not burning a core);
+// its own time (the stage sleeps the difference, like a slower device, not burning a core) —
+// its own: the pass's wall time, but on the CPU engine no more than the CPU time this process
+// spent in it, so time spent waiting for a core that another process on this machine holds is
+// not multiplied by F (three slowed nodes on two shared cores are three devices, not one
+// device's queue; a GPU's pass costs no CPU time, so other engines keep the wall time);
 // `node --test-link-delay-ms D` holds every frame and control message this node receives for D
 // ms before handling it and every one it sends for D ms before sending — its links gain 2·D of
 // round trip, as the server's heartbeat measures it. Nothing else turns these on.
@@ -11,26 +15,40 @@ import type { FrameHandler, FrameLink } from '../transport/link.ts';
 
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
 
-/** `backend` whose forward passes take `factor` times as long (and say so in computeMs). */
+/** CPU time this process has used, every thread of it (ms). */
+function processCpuMs(): number {
+  const u = process.cpuUsage();
+  return (u.user + u.system) / 1000;
+}
+
+/** `backend` whose forward passes take `factor` times their own time (and say so in computeMs). */
 export function slowedBackend(backend: StageBackend, factor: number): StageBackend {
   if (!(factor > 1)) return backend;
-  const slow = async <R extends { computeMs: number }>(run: Promise<R>): Promise<R> => {
-    const r = await run;
-    await sleep(r.computeMs * (factor - 1));
-    return { ...r, computeMs: r.computeMs * factor };
+  const onCores = backend.kind === 'cpu';
+  /** runs `pass`, then sleeps until `factor` times its own time has passed; returns that time */
+  const slowed = async <R>(pass: () => Promise<R>, computeMs: (r: R) => number): Promise<{ r: R; ms: number }> => {
+    const cpu0 = processCpuMs();
+    const t0 = performance.now();
+    const r = await pass();
+    const own = onCores ? Math.min(computeMs(r), processCpuMs() - cpu0) : computeMs(r);
+    const ms = Math.max(own * factor, performance.now() - t0);
+    await sleep(ms - (performance.now() - t0));
+    return { r, ms };
+  };
+  const slow = async <R extends { computeMs: number }>(pass: () => Promise<R>): Promise<R> => {
+    const { r, ms } = await slowed(pass, (x) => x.computeMs);
+    return { ...r, computeMs: ms };
   };
   const forwardRows = backend.forwardRows?.bind(backend);
-  const forward = (...a: Parameters<StageBackend['forward']>): ReturnType<StageBackend['forward']> => slow(backend.forward(...a));
-  const rows = forwardRows && ((...a: Parameters<NonNullable<StageBackend['forwardRows']>>): ReturnType<NonNullable<StageBackend['forwardRows']>> => slow(forwardRows(...a)));
+  const forward = (...a: Parameters<StageBackend['forward']>): ReturnType<StageBackend['forward']> => slow(() => backend.forward(...a));
+  const rows = forwardRows && ((...a: Parameters<NonNullable<StageBackend['forwardRows']>>): ReturnType<NonNullable<StageBackend['forwardRows']>> => slow(() => forwardRows(...a)));
   // a batched pass is slowed as a whole, as one pass of a slower device
   const forwardBatch = backend.forwardBatch?.bind(backend);
   const batch =
     forwardBatch &&
     (async (...a: Parameters<NonNullable<StageBackend['forwardBatch']>>): ReturnType<NonNullable<StageBackend['forwardBatch']>> => {
-      const rs = await forwardBatch(...a);
-      const ms = rs[0]?.computeMs ?? 0;
-      await sleep(ms * (factor - 1));
-      return rs.map((r) => ({ ...r, computeMs: r.computeMs * factor }));
+      const { r: rs, ms } = await slowed(() => forwardBatch(...a), (x) => x[0]?.computeMs ?? 0);
+      return rs.map((r) => ({ ...r, computeMs: ms }));
     });
   // everything else is the backend's own, called on it (its fields stay its own)
   return new Proxy(backend, {
