@@ -55,16 +55,18 @@ export const median = (xs: readonly number[]): number => {
 
 export interface RunPrediction {
   predicted_ms_per_token: number;
-  terms: Omit<StepCost, 'ms'> & { added_latency_ms: number; loopback_hop_ms: number; socket_hops: number };
+  /** loopback_hop_ms null: not measured (a one-stage route has no stage-to-stage hop), the prediction has no loopback term */
+  terms: Omit<StepCost, 'ms'> & { added_latency_ms: number; loopback_hop_ms: number | null; socket_hops: number };
 }
 
-/** The prediction from a step's stage costs, each node's added one-way delay (ms) and one loopback message's time (ms). */
+/** The prediction from a step's stage costs, each node's added one-way delay (ms) and one loopback message's time (ms; NaN: not measured). */
 export function predictFromRun(costs: Omit<StepCost, 'ms'>, nodeDelaysMs: readonly number[], loopbackHopMs: number): RunPrediction {
   const added = nodeDelaysMs.reduce((a, d) => a + 2 * d, 0); // in and out of each node
   const socketHops = nodeDelaysMs.length + 3;
+  const hop = Number.isFinite(loopbackHopMs) ? loopbackHopMs : null;
   const r = (x: number): number => Math.round(x * 1000) / 1000;
   return {
-    predicted_ms_per_token: r(costs.compute_ms + costs.stage_overhead_ms + added + socketHops * loopbackHopMs),
-    terms: { compute_ms: r(costs.compute_ms), stage_overhead_ms: r(costs.stage_overhead_ms), added_latency_ms: added, loopback_hop_ms: r(loopbackHopMs), socket_hops: socketHops },
+    predicted_ms_per_token: r(costs.compute_ms + costs.stage_overhead_ms + added + socketHops * (hop ?? 0)),
+    terms: { compute_ms: r(costs.compute_ms), stage_overhead_ms: r(costs.stage_overhead_ms), added_latency_ms: added, loopback_hop_ms: hop === null ? null : r(hop), socket_hops: socketHops },
   };
 }
