@@ -4,7 +4,10 @@
 // chunk on without waiting: route/prefill-pipeline.ts) or stage by stage (each chunk's answer,
 // its last row sampled, comes back from the last stage before the next chunk is sent). The
 // nodes run with --test-slow-factor (and optionally --test-link-delay-ms) so each stage's compute
-// dominates as on three real devices, instead of three processes sharing this machine's cores.
+// dominates as on three real devices, instead of three processes sharing this machine's cores,
+// and on one thread each: a pass is slowed by its own CPU time (peer/test-shaping.ts), and two
+// threads of one node that wait for a core another node holds spin-wait for each other, CPU
+// time that only the pipelined passes (three nodes computing at once) paid.
 import { RouteSessionClient } from '../src/route/client.ts';
 import { joinRoom } from '../src/route/remote.ts';
 import { killAllCli, spawnCli } from './processes.ts';
@@ -35,7 +38,7 @@ export async function prefillComparison(model: string, vocab: number, opts: { to
     const [, joinUrl] = await serve.waitFor(/join:\s+(\S+)/);
     const shaping = [...(opts.slow > 1 ? ['--test-slow-factor', String(opts.slow)] : []), ...(opts.delayMs > 0 ? ['--test-link-delay-ms', String(opts.delayMs)] : [])];
     for (let i = 0; i < nStages; i++) {
-      const n = spawnCli(['node', '--join', joinUrl!, '--no-cache', '--memory', '4GiB', '--name', `p${i}`, ...shaping]);
+      const n = spawnCli(['node', '--join', joinUrl!, '--no-cache', '--memory', '4GiB', '--name', `p${i}`, '--threads', '1', ...shaping]);
       procs.push(n);
       await n.waitFor(/joined room/);
     }

@@ -2,8 +2,11 @@
 //   [--pipeline-tokens 512 --pipeline-chunk 64 --pipeline-slow 10 --pipeline-delay 0 | --no-pipeline]`
 // Routes of real `serve` + `node` processes on loopback, slow and far peers made with the nodes'
 // test-only shaping (peer/test-shaping.ts: the kernel here has no netem): decode ms/token and
-// prefill tok/s (the one-way token path; the climbing path's ms/token beside it) beside the model's prediction (route/speed-planner.ts predictStepMs: Σ compute
-// + the hops' latency), against the single process measured in the same run.
+// prefill tok/s (the one-way token path; the climbing path's ms/token beside it) beside the
+// model's prediction `Σ compute + (S − 1)·hop + 1 return` (goal: within 10 %), its terms from
+// this run (bench/lib/wan-predict.ts: the stages' compute and overhead, the added latency, the
+// loopback hops from the heartbeat) — the prediction from the single process's compute and
+// 0.2 ms a hop beside it — against the single process measured in the same run.
 //  - planner cases: 3 nodes, one 4× slower (slow-peer) or 40 ms of round trip away (far-peer);
 //    the memory split (serve --planner memory) against the planner that knows speed and links
 //    (goal ≥ 1.5×);
@@ -22,6 +25,10 @@ import { argmax } from '../src/model/sampler.ts';
 import { killAllCli, spawnCli } from './processes.ts';
 import { arg, benchModel } from './route.ts';
 import { prefillComparison } from './wan-prefill.ts';
+import { hopRoundTrips, median, medianStep, predictFromRun, stepCost } from './lib/wan-predict.ts';
+import type { RunPrediction, StepCost } from './lib/wan-predict.ts';
+import { finishLoad, goal, machineLoad } from './lib/goals.ts';
+import type { Goal } from './lib/goals.ts';
 
 const round = (x: number, d = 2): number => Math.round(x * 10 ** d) / 10 ** d;
 
@@ -36,13 +43,22 @@ interface RouteRun {
   decode_ms_per_token: number;
   /** the same route with the token climbing back through every stage (session tokenPath 'climb') */
   climbing_path_ms_per_token: number;
+  /** the prediction from what this run measured (bench/lib/wan-predict.ts) */
   predicted_ms_per_token: number | null;
+  prediction: RunPrediction['terms'] | null;
+  /** the prediction from the single process's compute and 0.2 ms a hop (the model's own) */
+  predicted_from_single_ms_per_token: number | null;
+  /** the median one-way step and its stages' costs (each figure's median over the run's tokens) */
+  median_step: StepCost;
+  /** one loopback message's time: the median climbing hop's round trip less its added delays, halved */
+  loopbackHopMs: number;
   calibrated: Array<{ peer: string; decode_ms_per_layer: number | null; rtt_ms: number | null }>;
   prefill_tok_s: { one_frame: number; chunks_of_16: number };
   same_tokens_as_single: boolean;
 }
 
 export async function run(args: string[]): Promise<unknown> {
+  const load = machineLoad();
   const { shape, path } = await benchModel(args);
   const nDecode = arg(args, 'decode', 12);
   const rounds = arg(args, 'rounds', 3);
@@ -54,7 +70,8 @@ export async function run(args: string[]): Promise<unknown> {
   const predict = (stages: RouteRun['stages']): number => predictDecodeMs(best, shape.layers, head, stages);
   const measure = async (planner: 'memory' | 'speed', nodes: NodeShape[]): Promise<RouteRun> => {
     const r = await routeRun(path, planner, nodes, prompt, nDecode, rounds, singleTokens);
-    return { ...r, predicted_ms_per_token: round(predict(r.stages)) };
+    const run = predictFromRun(r.median_step, r.stages.map((st) => st.delayMs), r.loopbackHopMs);
+    return { ...r, predicted_ms_per_token: round(run.predicted_ms_per_token), prediction: run.terms, predicted_from_single_ms_per_token: round(predict(r.stages)) };
   };
   const cases: Record<string, unknown> = {};
   for (const [name, nodes] of args.includes('--no-cases') ? [] : [
@@ -75,14 +92,23 @@ export async function run(args: string[]): Promise<unknown> {
           sweep.push({ n_stages: stages, added_rtt_ms: rtt, error: r.message });
           continue;
         }
-        sweep.push({ n_stages: stages, added_rtt_ms: rtt, ...r, ratio_vs_single: round(best / r.decode_ms_per_token, 3), within_prediction: r.predicted_ms_per_token ? round(r.decode_ms_per_token / r.predicted_ms_per_token, 3) : null });
+        // the median token against the prediction from the median costs; the best round's mean beside it
+        const within = (ms: number): number | null => (r.predicted_ms_per_token ? round(ms / r.predicted_ms_per_token, 3) : null);
+        sweep.push({ n_stages: stages, added_rtt_ms: rtt, ...r, ratio_vs_single: round(best / r.decode_ms_per_token, 3), within_prediction: within(r.median_step.ms), within_prediction_best_round: within(r.decode_ms_per_token) });
       }
     }
   }
   const pipelinedPrefill = args.includes('--no-pipeline')
     ? null
     : await prefillComparison(path, shape.vocab, { tokens: arg(args, 'pipeline-tokens', 512), chunk: arg(args, 'pipeline-chunk', 64), slow: arg(args, 'pipeline-slow', 10), delayMs: arg(args, 'pipeline-delay', 0), rounds });
-  return { model: { path, ...shape }, single_process_decode_ms_per_token: round(best), cases, rtt_sweep: sweep, pipelined_prefill: pipelinedPrefill };
+  const goals: Goal[] = [];
+  for (const [name, c] of Object.entries(cases) as Array<[string, { speedup_speed_vs_memory: number }]>) goals.push(goal(`${name}: speed planner / memory split decode`, c.speedup_speed_vs_memory, 'min', 1.5));
+  for (const r of sweep as Array<{ n_stages: number; added_rtt_ms: number; within_prediction?: number | null }>) {
+    // within 10 %, either way
+    if (r.within_prediction !== undefined) goals.push(goal(`|decode over ${r.n_stages} stages at +${r.added_rtt_ms} ms RTT / prediction − 1|`, Math.abs((r.within_prediction ?? NaN) - 1), 'max', 0.1));
+  }
+  if (pipelinedPrefill) goals.push(goal(`${pipelinedPrefill.prompt_tokens}-token prefill over ${pipelinedPrefill.n_stages} stages: stage by stage / pipelined`, pipelinedPrefill.speedup_pipelined, 'min', pipelinedPrefill.goal));
+  return { model: { path, ...shape }, single_process_decode_ms_per_token: round(best), cases, rtt_sweep: sweep, pipelined_prefill: pipelinedPrefill, goals, machine: finishLoad(load) };
 }
 
 /** The single process's best decode ms/token over `rounds` of `nDecode` after `prompt`, its greedy tokens, and the head's layer-equivalents. */
@@ -125,17 +151,30 @@ export function predictDecodeMs(singleMs: number, layers: number, head: number, 
   return ms + head * layerMs * stages.at(-1)!.slow;
 }
 
-/** Best decode ms/token over `rounds` of `nDecode` on the one-way token path and the climbing one of the same route (rounds interleaved), and the one-way path's tokens. */
-export async function decodeRounds(joined: JoinedRoom, prompt: number[], nDecode: number, rounds: number): Promise<{ direct: number; climb: number; tokens: number[] }> {
+/**
+ * Best decode ms/token over `rounds` of `nDecode` on the one-way token path and the climbing one
+ * of the same route (rounds interleaved), the one-way path's tokens, each of its steps with its
+ * stages' costs (their timing records) and one loopback message's time (bench/lib/wan-predict.ts).
+ */
+export async function decodeRounds(joined: JoinedRoom, prompt: number[], nDecode: number, rounds: number): Promise<{ direct: number; climb: number; tokens: number[]; steps: StepCost[]; hopRoundTrips: number[][] }> {
+  const steps: StepCost[] = [];
+  /** per climbing step, each stage-to-stage hop's round trip */
+  const hops: number[][] = [];
   const decoder = async (tokenPath: 'direct' | 'climb'): Promise<{ tokens: number[]; round(): Promise<number>; close(): Promise<void> }> => {
     const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: prompt.length + nDecode * rounds + 8, hiddenDtype: 'f16', tokenPath });
+    c.wantTimings = true;
     let tok = await c.prefill(prompt, prompt.length);
     const tokens = [tok];
     return {
       tokens,
       async round() {
         const t0 = performance.now();
-        for (let i = 0; i < nDecode; i++) tokens.push((tok = await c.decode(tok)));
+        for (let i = 0; i < nDecode; i++) {
+          const s0 = performance.now();
+          tokens.push((tok = await c.decode(tok)));
+          if (tokenPath === 'direct') steps.push(stepCost(performance.now() - s0, c.lastTimings));
+          else hops.push(hopRoundTrips(c.lastTimings));
+        }
         return (performance.now() - t0) / nDecode;
       },
       close: () => c.close(),
@@ -152,7 +191,7 @@ export async function decodeRounds(joined: JoinedRoom, prompt: number[], nDecode
   const tokens = direct.tokens;
   await direct.close();
   await climb.close();
-  return { direct: best, climb: bestClimb, tokens };
+  return { direct: best, climb: bestClimb, tokens, steps, hopRoundTrips: hops };
 }
 
 /** One route of real processes: serve with `planner`, one node per shape, then prefill and decode through the server. */
@@ -168,7 +207,6 @@ async function routeRun(model: string, planner: 'memory' | 'speed', nodes: NodeS
     }
     const joined = await joinRoom(joinUrl!, undefined, 60_000);
     const route = await fetchJson<{ stages: Array<{ peerId: string; shard: { start: number; end: number } }> }>(`${joined.base}/v1/routes/${joined.routeId}`, joined.secret);
-    const { peers } = await fetchJson<{ peers: Array<{ id: string; memoryBytes: number; speed?: { decodeMsPerLayer: number }; rttMs: number | null }> }>(`${joined.base}/v1/rooms/${joined.roomId}/peers`, joined.secret);
     const shapeOf = (peerId: string): NodeShape => nodes[Number(/^w(\d+)/.exec(peerId)?.[1] ?? -1)] ?? {};
     const prefill: Record<string, number> = {};
     for (const chunk of [prompt.length, 16]) {
@@ -178,7 +216,11 @@ async function routeRun(model: string, planner: 'memory' | 'speed', nodes: NodeS
       prefill[chunk === prompt.length ? 'one_frame' : 'chunks_of_16'] = round((prompt.length * 1000) / (performance.now() - t0));
       await p.close();
     }
-    const { direct: best, climb: bestClimb, tokens } = await decodeRounds(joined, prompt, nDecode, rounds);
+    const { peers } = await fetchJson<{ peers: Array<{ id: string; memoryBytes: number; speed?: { decodeMsPerLayer: number }; rttMs: number | null }> }>(`${joined.base}/v1/rooms/${joined.roomId}/peers`, joined.secret);
+    const { direct: best, climb: bestClimb, tokens, steps, hopRoundTrips: hops } = await decodeRounds(joined, prompt, nDecode, rounds);
+    const delays = route.stages.map((s) => shapeOf(s.peerId).delayMs ?? 0);
+    // a climbing hop k → k + 1 waits on k's link delay out and back and k + 1's on the answer (its delay in is in its handling)
+    const loopbackHopMs = median(hops.flatMap((h) => h.map((ms, k) => (ms - 2 * delays[k]! - delays[k + 1]!) / 2)));
     await joined.close();
     return {
       planner,
@@ -186,6 +228,10 @@ async function routeRun(model: string, planner: 'memory' | 'speed', nodes: NodeS
       decode_ms_per_token: round(best),
       climbing_path_ms_per_token: round(bestClimb),
       predicted_ms_per_token: null,
+      prediction: null,
+      predicted_from_single_ms_per_token: null,
+      median_step: medianStep(steps),
+      loopbackHopMs,
       calibrated: peers.map((p) => ({ peer: p.id, decode_ms_per_layer: p.speed ? round(p.speed.decodeMsPerLayer, 3) : null, rtt_ms: p.rttMs === null ? null : round(p.rttMs) })),
       prefill_tok_s: prefill as RouteRun['prefill_tok_s'],
       same_tokens_as_single: JSON.stringify(tokens) === JSON.stringify(singleTokens.slice(0, tokens.length)),
