@@ -52,7 +52,8 @@ export async function startServeRoute(shape: ModelShape): Promise<ServeRoute> {
   const type = shape.type ?? 'f32';
   const path = join(dir, `bench-serve-${shape.layers}x${shape.embd}x${shape.ffn}x${shape.vocab}${type === 'f32' ? '' : `-${type}`}.gguf`);
   if (!existsSync(path)) await makeModelFile(path, { arch: 'llama', ...shape, ctx: 4096, type, seed: 7 });
-  const serve = spawnCli(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', path, '--min-peers', '2']);
+  // admission and per-client limits above the batch bench's 32 sessions (the defaults, 16, would run 32 requests as two waves of 16)
+  const serve = spawnCli(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', path, '--min-peers', '2', '--max-active', '64', '--max-sessions', '64']);
   const [, joinUrl] = await serve.waitFor(/join:\s+(\S+)/);
   const [, secret] = await serve.waitFor(/secret:\s+(\S+)/);
   const base = new URL(joinUrl!).origin;
