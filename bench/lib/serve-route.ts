@@ -45,8 +45,8 @@ export function shapeFrom(args: string[]): ModelShape {
   return { layers: arg('layers', 8), embd: arg('embd', 512), ffn: arg('ffn', 1536), vocab: arg('vocab', 4096), heads: 8, type: type as ModelType };
 }
 
-/** Makes the model (once, under .cache), starts serve and two nodes holding half the layers each, and waits for the route. */
-export async function startServeRoute(shape: ModelShape): Promise<ServeRoute> {
+/** Makes the model (once, under .cache), starts serve and two nodes holding half the layers each (on `threads` threads each, else the node's default: every core), and waits for the route. */
+export async function startServeRoute(shape: ModelShape, threads?: number): Promise<ServeRoute> {
   const dir = join(process.cwd(), '.cache');
   mkdirSync(dir, { recursive: true });
   const type = shape.type ?? 'f32';
@@ -59,7 +59,7 @@ export async function startServeRoute(shape: ModelShape): Promise<ServeRoute> {
   const base = new URL(joinUrl!).origin;
   const half = Math.round(shape.layers / 2);
   for (const [i, layers] of [`0-${half}`, `${half}-${shape.layers}`].entries()) {
-    await spawnCli(['node', '--join', joinUrl!, '--no-cache', '--memory', '2GiB', '--name', `s${i}`, '--layers', layers]).waitFor(/joined room/);
+    await spawnCli(['node', '--join', joinUrl!, '--no-cache', '--memory', '2GiB', '--name', `s${i}`, '--layers', layers, ...(threads ? ['--threads', String(threads)] : [])]).waitFor(/joined room/);
   }
   const models = async () => (await (await fetch(`${base}/v1/models`, { headers: { authorization: `Bearer ${secret}` } })).json()) as { data: Array<{ id: string; route_status: string }> };
   for (let i = 0; i < 600; i++) {
