@@ -44,7 +44,7 @@ async function stream(r: ServeRoute, prompt: string, tokens: number, eos: number
   return { firstTokenAt, endAt: performance.now(), tokens: generated, text };
 }
 
-type Batching = { batches: number; steps: number; largest: number };
+type Batching = { batches: number; steps: number; largest: number; batchMs: number; alone: number; aloneMs: number };
 
 /** each stage's batch counters, from its node's GET /v1/status */
 async function stageBatching(r: ServeRoute): Promise<Batching[]> {
@@ -62,8 +62,8 @@ export interface BatchRun {
   wallMs: number;
   aggregateTokS: number;
   perSessionTokS: number;
-  /** per stage: batches run and the steps in them during this run; `largest`: the largest batch since the stage loaded */
-  stageBatches: Batching[];
+  /** per stage during this run: batches and the steps in them (`largest`: the largest batch since the stage loaded); ms a step took in a batch, and alone */
+  stageBatches: Array<{ batches: number; steps: number; largest: number; msPerStepBatched: number | null; alone: number; msPerStepAlone: number | null }>;
 }
 
 export interface BatchLevel {
@@ -89,7 +89,12 @@ async function level(r: ServeRoute, sessions: number, tokens: number, eos: numbe
     wallMs: round(end - start),
     aggregateTokS: round(decodeTokens / ((end - start) / 1000)),
     perSessionTokS: round(perSession.reduce((a, b) => a + b, 0) / sessions),
-    stageBatches: after.map((a, i) => ({ batches: a.batches - before[i]!.batches, steps: a.steps - before[i]!.steps, largest: a.largest })),
+    stageBatches: after.map((a, i) => {
+      const b = before[i]!;
+      const steps = a.steps - b.steps;
+      const alone = a.alone - b.alone;
+      return { batches: a.batches - b.batches, steps, largest: a.largest, msPerStepBatched: steps > 0 ? round((a.batchMs - b.batchMs) / steps, 2) : null, alone, msPerStepAlone: alone > 0 ? round((a.aloneMs - b.aloneMs) / alone, 2) : null };
+    }),
   };
   return { run, texts: streams.map((s) => s.text) };
 }
@@ -128,8 +133,19 @@ export async function batchedDecode(r: ServeRoute, levels: number[] = [1, 8, 32]
   const last = out[out.length - 1]!;
   const ratio = last.aggregateTokS / one.aggregateTokS;
   const compared = texts.reduce((a, t) => a + t.length, 0);
+  // what batching saves on each stage's compute: a step alone (one session) against a step in the largest level's batches
+  const stageMs = (l: BatchLevel, f: (b: BatchRun['stageBatches'][number]) => number | null, st: number): number | null => {
+    const xs = l.runs.map((x) => f(x.stageBatches[st]!)).filter((x): x is number => x !== null);
+    return xs.length > 0 ? median(xs) : null;
+  };
+  const stagePass = one.runs[0]!.stageBatches.map((_, st) => {
+    const alone = stageMs(one, (b) => b.msPerStepAlone, st);
+    const batched = stageMs(last, (b) => b.msPerStepBatched, st);
+    return { msPerStepAlone: alone, msPerStepBatched: batched, speedup: alone !== null && batched ? round(alone / batched, 2) : null };
+  });
   return {
     levels: out,
+    stagePass,
     ratio: { [`aggregate${last.sessions}OverOne`]: round(ratio, 2) },
     tokens: { sessionsCompared: compared, differingFromAlone: mismatched, note: 'every session text at every level against its prompt run alone' },
     goal: goal(`aggregate decode tok/s at ${last.sessions} sessions / at ${one.sessions} (medians of ${rounds} rounds)`, mismatched === 0 ? ratio : 0, 'min', 5),
