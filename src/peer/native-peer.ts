@@ -17,7 +17,7 @@ import { parseJoinUrl, parseServerMessage } from '../protocol/control.ts';
 import type { PeerSpeed, PeerToServer, ServerMessage } from '../protocol/control.ts';
 import { startFrameServer } from '../transport/frame-server.ts';
 import type { FrameServer } from '../transport/frame-server.ts';
-import { corkForTask, serveFrames } from '../transport/ws.ts';
+import { serveFrames } from '../transport/ws.ts';
 import { tlsOptions } from '../transport/tls-trust.ts';
 import { linkNativeNext, loadNativeShard, nodeWebGpuBackend } from './native-stage.ts';
 import type { BackendKind, NativeStageEnv } from './native-stage.ts';
@@ -215,9 +215,7 @@ async function connect(p: PeerShared): Promise<Connection> {
   // message from before the socket opened (the calibration's load progress) must not arrive
   // after it opened, ahead of the hello
   const sendLater = later((ws: WebSocket, text: string): void => {
-    if (ws.readyState !== WebSocket.OPEN) return;
-    corkForTask(ws); // a batched pass's tokens return in one write
-    ws.send(text);
+    if (ws.readyState === WebSocket.OPEN) ws.send(text);
   }, delay);
   const send = (m: PeerToServer): void => {
     if (control?.readyState === WebSocket.OPEN) sendLater(control, JSON.stringify(m));

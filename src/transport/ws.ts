@@ -36,7 +36,7 @@ const corked = new WeakSet<WebSocket>();
  * batched pass's answers, one per session) leave in one write instead of one system call each.
  * ws keeps its socket as `_socket` (ws 8); where it has none, frames go out one by one.
  */
-export function corkForTask(ws: WebSocket): void {
+function corkForTask(ws: WebSocket): void {
   const socket = (ws as unknown as { _socket?: { cork(): void; uncork(): void } })._socket;
   if (!socket || corked.has(ws)) return;
   corked.add(ws);
