@@ -28,28 +28,8 @@ function toBytes(data: WebSocket.RawData): Uint8Array {
   return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
 }
 
-/** sockets corked until the current task's microtasks are done */
-const corked = new WeakSet<WebSocket>();
-
-/**
- * Holds `ws`'s socket writes until the current task is done, so frames sent together (a
- * batched pass's answers, one per session) leave in one write instead of one system call each.
- * ws keeps its socket as `_socket` (ws 8); where it has none, frames go out one by one.
- */
-function corkForTask(ws: WebSocket): void {
-  const socket = (ws as unknown as { _socket?: { cork(): void; uncork(): void } })._socket;
-  if (!socket || corked.has(ws)) return;
-  corked.add(ws);
-  socket.cork();
-  process.nextTick(() => {
-    corked.delete(ws);
-    socket.uncork();
-  });
-}
-
 /** Sends an encoded frame, fragmenting it when the link has a limit. */
 function sendFrame(ws: WebSocket, frame: Frame, fragmenter: Fragmenter | null): void {
-  corkForTask(ws);
   const bytes = encodeFrame(frame);
   for (const msg of fragmenter ? fragmenter.split(bytes) : [bytes]) ws.send(msg, { binary: true });
 }
