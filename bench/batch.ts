@@ -68,7 +68,7 @@ export interface BatchRun {
 
 export interface BatchLevel {
   sessions: number;
-  /** the median run's figures */
+  /** the runs' medians */
   aggregateTokS: number;
   perSessionTokS: number;
   /** each round's run */
@@ -99,7 +99,12 @@ async function level(r: ServeRoute, sessions: number, tokens: number, eos: numbe
   return { run, texts: streams.map((s) => s.text) };
 }
 
-const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+/** the middle value; of an even count, the mean of the two middle ones */
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = Math.floor(s.length / 2);
+  return s.length % 2 === 1 ? s[m]! : round((s[m - 1]! + s[m]!) / 2);
+}
 
 /** Part (b) of the serve bench, on a route already up: the levels side by side `rounds` times, their medians, the ratio of the largest to one session, and the token check. */
 export async function batchedDecode(r: ServeRoute, levels: number[] = [1, 8, 32], tokens = 32, rounds = 3) {
@@ -127,7 +132,7 @@ export async function batchedDecode(r: ServeRoute, levels: number[] = [1, 8, 32]
   const out: BatchLevel[] = levels.map((sessions, i) => {
     const rs = runs[i]!;
     const m = median(rs.map((x) => x.aggregateTokS));
-    return { sessions, aggregateTokS: m, perSessionTokS: rs.find((x) => x.aggregateTokS === m)!.perSessionTokS, runs: rs };
+    return { sessions, aggregateTokS: m, perSessionTokS: median(rs.map((x) => x.perSessionTokS)), runs: rs };
   });
   const one = out.find((l) => l.sessions === 1) ?? out[0]!;
   const last = out[out.length - 1]!;
