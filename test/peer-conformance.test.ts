@@ -306,7 +306,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'open, not JSON': stageErr(25, 'FRAME_BAD_PAYLOAD', { field: 'payload' }),
       open: { status: { stage: 0, state: 'open', position: 0 }, seq: 26 },
       'open again': stageErr(27, 'SESSION_EXISTS'),
-      'stage status': { status: { stage: 0, shard, sessions: [{ sessionId: SID, position: 0, kvBytes: kv, processedTokens: [0, 0, 0, 0, 0] }], batching: { batches: 0, steps: 0, largest: 0, fallbacks: 0 } }, backend: 'string', seq: 40 },
+      'stage status': { status: { stage: 0, shard, sessions: [{ sessionId: SID, position: 0, kvBytes: kv, processedTokens: [0, 0, 0, 0, 0] }], batching: { batches: 0, steps: 0, largest: 0, fallbacks: 0, batchMs: 0, alone: 0, aloneMs: 0 } }, backend: 'string', seq: 40 },
       'prefill at position 3': stageErr(28, 'POSITION_MISMATCH', { expected: 0, got: 3 }),
       'hidden into stage 0': stageErr(29, 'STAGE_INPUT_KIND'),
       'a token frame': stageErr(30, 'FRAME_BAD_TYPE', { field: 'type' }),

@@ -42,6 +42,9 @@ interface Batching {
   steps: number;
   largest: number;
   fallbacks: number;
+  batchMs: number;
+  alone: number;
+  aloneMs: number;
 }
 
 async function stageBatching(): Promise<Batching[]> {
@@ -60,6 +63,7 @@ describe('batched decode on a two-stage CPU route', () => {
     for (const r of REQUESTS) alone.push(await complete(r));
     const before = await stageBatching();
     expect(before.map((b) => b.batches)).toEqual([0, 0]); // one at a time: nothing to batch
+    for (const b of before) expect(b.alone > 0 && b.aloneMs > 0, JSON.stringify(b)).toBe(true); // every decode step ran alone, timed
 
     const together = await Promise.all(REQUESTS.map((r) => complete(r)));
     expect(together).toEqual(alone);
@@ -69,6 +73,7 @@ describe('batched decode on a two-stage CPU route', () => {
       expect(b.largest).toBeGreaterThan(1);
       expect(b.largest).toBeLessThanOrEqual(REQUESTS.length);
       expect(b.fallbacks).toBe(0);
+      expect(b.batchMs).toBeGreaterThan(0);
     }
   }, 120_000);
 });

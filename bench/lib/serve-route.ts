@@ -45,20 +45,21 @@ export function shapeFrom(args: string[]): ModelShape {
   return { layers: arg('layers', 8), embd: arg('embd', 512), ffn: arg('ffn', 1536), vocab: arg('vocab', 4096), heads: 8, type: type as ModelType };
 }
 
-/** Makes the model (once, under .cache), starts serve and two nodes holding half the layers each, and waits for the route. */
-export async function startServeRoute(shape: ModelShape): Promise<ServeRoute> {
+/** Makes the model (once, under .cache), starts serve and two nodes holding half the layers each (on `threads` threads each, else the node's default: every core), and waits for the route. */
+export async function startServeRoute(shape: ModelShape, threads?: number): Promise<ServeRoute> {
   const dir = join(process.cwd(), '.cache');
   mkdirSync(dir, { recursive: true });
   const type = shape.type ?? 'f32';
   const path = join(dir, `bench-serve-${shape.layers}x${shape.embd}x${shape.ffn}x${shape.vocab}${type === 'f32' ? '' : `-${type}`}.gguf`);
   if (!existsSync(path)) await makeModelFile(path, { arch: 'llama', ...shape, ctx: 4096, type, seed: 7 });
-  const serve = spawnCli(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', path, '--min-peers', '2']);
+  // admission and per-client limits above the batch bench's 32 sessions (the defaults, 16, would run 32 requests as two waves of 16)
+  const serve = spawnCli(['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', path, '--min-peers', '2', '--max-active', '64', '--max-sessions', '64']);
   const [, joinUrl] = await serve.waitFor(/join:\s+(\S+)/);
   const [, secret] = await serve.waitFor(/secret:\s+(\S+)/);
   const base = new URL(joinUrl!).origin;
   const half = Math.round(shape.layers / 2);
   for (const [i, layers] of [`0-${half}`, `${half}-${shape.layers}`].entries()) {
-    await spawnCli(['node', '--join', joinUrl!, '--no-cache', '--memory', '2GiB', '--name', `s${i}`, '--layers', layers]).waitFor(/joined room/);
+    await spawnCli(['node', '--join', joinUrl!, '--no-cache', '--memory', '2GiB', '--name', `s${i}`, '--layers', layers, ...(threads ? ['--threads', String(threads)] : [])]).waitFor(/joined room/);
   }
   const models = async () => (await (await fetch(`${base}/v1/models`, { headers: { authorization: `Bearer ${secret}` } })).json()) as { data: Array<{ id: string; route_status: string }> };
   for (let i = 0; i < 600; i++) {

@@ -34,6 +34,12 @@ export interface BatchCounters {
   largest: number;
   /** batches that failed and ran their steps one by one */
   fallbacks: number;
+  /** ms the batches took, summed */
+  batchMs: number;
+  /** decode steps that could have joined a batch but ran alone (nobody else's was waiting) */
+  alone: number;
+  /** ms those took, summed */
+  aloneMs: number;
 }
 
 /** How long a just-opened session's first frame is waited for before long prompts go on (ms): a round trip through the server. */
@@ -61,7 +67,7 @@ export class ComputeQueue<S = never> {
   private readonly prefills = new Map<string, Job<S>[]>();
   /** the job (or batch of jobs) computing now */
   private running: Job<S>[] | null = null;
-  readonly batching: BatchCounters = { batches: 0, steps: 0, largest: 0, fallbacks: 0 };
+  readonly batching: BatchCounters = { batches: 0, steps: 0, largest: 0, fallbacks: 0, batchMs: 0, alone: 0, aloneMs: 0 };
   private scheduled = false;
   /** when each session's last job started (performance.now()) */
   private readonly lastServed = new Map<string, number>();
@@ -192,6 +198,7 @@ export class ComputeQueue<S = never> {
         this.batching.batches++;
         this.batching.steps += group.length;
         this.batching.largest = Math.max(this.batching.largest, group.length);
+        this.batching.batchMs += performance.now() - started;
         group.forEach((j, i) => j.done(values[i], started - j.queuedAt));
         return;
       }
@@ -199,6 +206,10 @@ export class ComputeQueue<S = never> {
     }
     // alone (or a failed batch's steps, one by one): each job meets its own result or error
     for (const j of group) await j.run().then((v) => j.done(v, started - j.queuedAt), j.reject);
+    if (group.length === 1 && group[0]!.step !== undefined && this.batcher) {
+      this.batching.alone++;
+      this.batching.aloneMs += performance.now() - started;
+    }
   }
 
   /**

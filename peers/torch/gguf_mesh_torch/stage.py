@@ -292,7 +292,7 @@ class StageService:
             "backend": self.engine.kind,
             "sessions": [{"sessionId": sid, **self.engine.session_stats(sid)} for sid in self.sessions],
             # this peer runs every step on its own (no batched decode): nothing to count
-            "batching": {"batches": 0, "steps": 0, "largest": 0, "fallbacks": 0},
+            "batching": {"batches": 0, "steps": 0, "largest": 0, "fallbacks": 0, "batchMs": 0, "alone": 0, "aloneMs": 0},
         }
 
     async def release_all(self) -> None:
