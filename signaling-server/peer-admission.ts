@@ -10,6 +10,7 @@ import { helloProof, parsePeerMessage } from '../src/protocol/control.ts';
 import type { PeerHello, PeerMessage } from '../src/protocol/control.ts';
 import { secretMatches } from '../src/transport/frame-server.ts';
 import { handleBrowserPeerMessage } from './browser-peers.ts';
+import { notePong } from './live-speed.ts';
 import type { BrowserPeerRoom, RelayLedger } from './browser-peers.ts';
 import type { Room } from './room.ts';
 import type { Peer } from './room-peer.ts';
@@ -35,13 +36,14 @@ function watchLiveness(room: Room, peer: Peer, ws: WebSocket, l: Liveness): () =
   let lastPong = Date.now();
   ws.on('pong', (data: Buffer) => {
     lastPong = peer.lastPongAt = Date.now();
-    // the planner's link estimate: the control socket's round trip, smoothed. Each ping carries
-    // its send time and the pong echoes it (RFC 6455), so a round trip longer than the ping
-    // interval is measured whole, not against the latest ping
+    // the planner's link estimate: the control socket's round trip (live-speed.ts). Each ping
+    // carries its send time (this process's performance.now(), sub-millisecond) and the pong
+    // echoes it (RFC 6455), so a round trip longer than the ping interval is measured whole,
+    // not against the latest ping
     const sentAt = Number(data.toString());
-    if (!(sentAt > 0) || sentAt > lastPong) return;
-    const rtt = lastPong - sentAt;
-    peer.rttMs = peer.rttMs === undefined ? rtt : 0.7 * peer.rttMs + 0.3 * rtt;
+    const now = performance.now();
+    if (!(sentAt > 0) || sentAt > now) return;
+    notePong(peer, now - sentAt);
   });
   const timer = setInterval(() => {
     const silent = Date.now() - lastPong;
@@ -51,7 +53,7 @@ function watchLiveness(room: Room, peer: Peer, ws: WebSocket, l: Liveness): () =
       ws.terminate();
       return;
     }
-    if (ws.readyState === ws.OPEN) ws.ping(String(Date.now()));
+    if (ws.readyState === ws.OPEN) ws.ping(performance.now().toFixed(3));
   }, l.heartbeatMs);
   timer.unref();
   return () => clearInterval(timer);

@@ -1,5 +1,5 @@
 // A peer of a room as the server holds it: its hello, its control socket, and what the room has
-// learnt of it since (excluded, leaving, trusted, its round trip, a memory failure). The room and
+// learnt of it since (excluded, leaving, trusted, its round trip and live speed, a memory failure). The room and
 // its helpers share this shape; it knows nothing of routes or rooms.
 
 import type WebSocket from 'ws';
@@ -22,8 +22,12 @@ export interface Peer {
   leaving?: boolean;
   /** proved the trusted secret (public rooms: may serve the first and last stages) */
   trusted?: boolean;
-  /** the control socket's round trip (ms), smoothed over heartbeats */
+  /** the control socket's round trip (ms): the least of the recent heartbeats' (live-speed.ts) */
   rttMs?: number;
+  /** the recent heartbeats' round trips (ms), oldest first */
+  rttWindow?: number[];
+  /** the recent live decode steps' own compute per layer on this peer's stage (ms) and when (Date.now(); live-speed.ts), oldest first */
+  liveDecode?: Array<{ ms: number; at: number }>;
   /** Date.now() of the last heartbeat pong: a peer that answers pings is not stopped */
   lastPongAt?: number;
   /** bytes of the smallest shard that failed here for want of memory (peer-memory.ts) */

@@ -49,6 +49,8 @@ export interface RoomRegistryOptions extends CredentialOptions {
   standby?: boolean;
   /** which planner plans routes (room.ts) */
   planner?: 'speed' | 'memory';
+  /** a speed-planned room re-plans an idle route predicted this many times slower than another chain under live figures (speed-replan.ts; default 1.3; 0: never) */
+  replanGain?: number;
   /** who may be a stage: a minimum stay and memory (stage-policy.ts; default: anyone, at once) */
   stagePolicy?: StagePolicy;
   /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
@@ -171,6 +173,7 @@ export class RoomRegistry {
         ...(this.opts.standby === false ? { standby: false } : {}),
         ...(this.opts.publicRoom ? { publicRoom: this.opts.publicRoom } : {}),
         ...(this.opts.planner ? { planner: this.opts.planner } : {}),
+        ...(this.opts.replanGain !== undefined ? { replanGain: this.opts.replanGain } : {}),
         ...(this.opts.stagePolicy ? { stagePolicy: this.opts.stagePolicy } : {}),
       },
     );

@@ -1,16 +1,20 @@
 // A room's route: its stages (which peer serves which layers), its status — forming → loading
 // → ready ⇄ repairing, → degraded → closed — and what the session manager asks of it (the entry
-// link, each stage's link and peer, the repair under way, a stall probe). The room plans and
-// changes it (room.ts); the keeper repairs it (route-repair.ts). A route sees its room only
-// through RouteOwner, so this module imports no room file.
+// link, each stage's link and peer, the repair under way, a stall probe) or tells it (its decode
+// steps' stage timings). The room plans and changes it (room.ts); the keeper repairs it
+// (route-repair.ts). A route sees its room only through RouteOwner, so this module imports no
+// room file.
 
 import { MeshError } from '../src/errors.ts';
 import type { GgufHeader, ShardRange } from '../src/gguf/types.ts';
 import { HYBRID_ARCHITECTURES } from '../src/model/qwen35-config.ts';
 import type { CandidatePair } from '../src/protocol/control.ts';
+import type { StepTiming } from '../src/protocol/payload.ts';
 import type { RouteHandle } from '../src/route/sessions.ts';
 import type { HopLink, TelemetryEvent } from '../src/route/telemetry.ts';
 import type { FrameLink } from '../src/transport/link.ts';
+import { noteDecodeCost } from './live-speed.ts';
+import { headLayers } from './plan-choice.ts';
 import type { RepairState, Spare } from './repair-state.ts';
 import type { Peer } from './room-peer.ts';
 
@@ -34,7 +38,7 @@ export interface RouteStage {
 /** What a route asks of the room that owns it (room.ts implements it). */
 export interface RouteOwner {
   readonly id: string;
-  readonly model: { readonly id: string; readonly contextLength?: number; readonly header: GgufHeader };
+  readonly model: { readonly id: string; readonly contextLength?: number; readonly header: GgufHeader; readonly nLayer: number };
   readonly peers: ReadonlyMap<string, Peer>;
   readonly keeper: { summary(): Spare[] };
   log(line: string): void;
@@ -55,6 +59,8 @@ export class Route implements RouteHandle {
   private recurrentModel: boolean | undefined;
   /** the stall probe in flight, shared by every session whose step is overdue */
   private probing: Promise<void> | null = null;
+  /** the head's decode cost in layers (plan-choice.ts), once a step is observed */
+  private head: number | undefined;
 
   get contextLimit(): number | undefined {
     return this.room.model.contextLength;
@@ -122,6 +128,22 @@ export class Route implements RouteHandle {
   suspectStall(): Promise<void> {
     this.probing ??= this.room.probeStages(this).finally(() => (this.probing = null));
     return this.probing;
+  }
+
+  /**
+   * A decode step that ran alone (route/step-observer.ts): each stage's own compute over its
+   * layers — the last stage's head counted in layers, as the planner models it — refreshes its
+   * peer's live decode figure (live-speed.ts)
+   */
+  observeStep(records: readonly StepTiming[]): void {
+    if (this.status !== 'ready') return;
+    const head = (this.head ??= headLayers(this.room.model.header, this.room.model.nLayer));
+    for (const r of records) {
+      const st = this.stages[r.stage];
+      const p = st && this.room.peers.get(st.peerId);
+      const layers = st ? st.shard.end - st.shard.start + (r.stage === this.stages.length - 1 ? head : 0) : 0;
+      if (p && !p.gone && layers > 0) noteDecodeCost(p, r.computeUs / 1000 / layers);
+    }
   }
 
   /** How each hop is carried, from the stages' own reports (a native node without WebRTC reports none: ws to a listen address, else the relay). */

@@ -2,8 +2,9 @@
 // them. The route's status moves forming → loading → ready; a ready route whose stage loses its
 // peer goes repairing and back to ready once a replacement serves the stage (route-repair.ts);
 // degraded when a stage is lost with no repair, fails to load, or the repair timed out; closed
-// when a new route replaces it or the server stops. A peer excluded (a refused shard, a failed
-// spot check) loses its stage as if it had left.
+// when a new route replaces it (an idle one too, where live speeds say another chain is much
+// faster: speed-replan.ts) or the server stops. A peer excluded (a refused shard, a failed spot
+// check) loses its stage as if it had left.
 
 import { randomBytes } from 'node:crypto';
 import type WebSocket from 'ws';
@@ -27,6 +28,8 @@ import { MEMORY_FAILURE_CODES, memoryLowered, noteMemoryFailure, plannedMemory }
 import { RouteKeeper } from './route-repair.ts';
 import { Route } from './room-route.ts';
 import { choosePlan } from './plan-choice.ts';
+import { plannedSpeed } from './live-speed.ts';
+import { SpeedReplanner } from './speed-replan.ts';
 import type { PlannerKind, SpeedFacts } from './plan-choice.ts';
 import { shardSources } from './shard-sources.ts';
 import type { Downstream, ModelArtifact, RoomHost } from './room-host.ts';
@@ -66,6 +69,8 @@ export interface RoomOptions {
   publicRoom?: PublicRoomOptions;
   /** 'memory' (default): in proportion to memory, in join order; 'speed': by measured speed and round trips where every peer reports a speed */
   planner?: PlannerKind;
+  /** a speed-planned room re-plans its idle route when another chain is predicted this many times faster under live figures (speed-replan.ts; default 1.3; 0: never) */
+  replanGain?: number;
   /** who may be a stage (stage-policy.ts; default: every peer, at once) */
   stagePolicy?: StagePolicy;
 }
@@ -86,6 +91,7 @@ export class Room implements RoomHost {
   readonly keeper: RouteKeeper;
   /** trusted ends and spot checks, in a public room */
   readonly publicRoom: PublicRoom | null;
+  private readonly replanner: SpeedReplanner | null;
 
   constructor(
     readonly id: string,
@@ -95,6 +101,7 @@ export class Room implements RoomHost {
   ) {
     this.keeper = new RouteKeeper(this, { repairTimeoutMs: opts.repairTimeoutMs ?? 30_000, standby: opts.standby ?? true });
     this.publicRoom = opts.publicRoom ? new PublicRoom(this, opts.publicRoom) : null;
+    this.replanner = opts.planner === 'speed' && opts.replanGain !== 0 ? new SpeedReplanner(this, opts.replanGain) : null;
   }
 
   get sessions(): SessionManager {
@@ -361,17 +368,7 @@ export class Room implements RoomHost {
       if (current?.status === 'forming') current.reason = `waiting for peers: ${peers.length} of ${this.opts.minPeers}`;
       return;
     }
-    // only what each peer can compute, decided here, before anyone fetches a byte
-    const able = peers.map((p) => ({ p, can: this.servableBy(p) })).filter(({ can }) => can.wholeModel);
-    const plannerPeers: Array<PlannerPeer & SpeedFacts> = able.map(({ p, can }) => ({
-      id: p.id,
-      memoryBytes: plannedMemory(p),
-      layers: p.hello.layers,
-      held: this.heldRangeOf(p),
-      serves: can.ranges ? 'ranges' : 'whole-model',
-      speed: p.hello.speed,
-      rttMs: p.rttMs,
-    }));
+    const plannerPeers = this.plannerPeers(peers);
     const unable = peers.filter((p) => !this.servableBy(p).wholeModel);
     const trusted = this.publicRoom ? (id: string) => this.peers.get(id)?.trusted === true : undefined;
     const choice = plannerPeers.length ? choosePlan(this.opts.planner ?? 'memory', this.model.header, this.model.nLayer, plannerPeers, trusted) : null;
@@ -400,6 +397,20 @@ export class Room implements RoomHost {
     route.setStatus('loading');
     // downstream first: the last stage starts loading before the ones that will send to it
     for (const st of [...route.stages].reverse()) this.assignStage(route, st.stage, this.peers.get(st.peerId)!);
+  }
+
+  /** The stage candidates that can compute this room's model — decided here, before anyone fetches a byte — as the planners take them (speed: the live figure once there is one: live-speed.ts). */
+  plannerPeers(peers = stageCandidates(this, this.opts.stagePolicy ?? OPEN_POLICY)): Array<PlannerPeer & SpeedFacts> {
+    const able = peers.map((p) => ({ p, can: this.servableBy(p) })).filter(({ can }) => can.wholeModel);
+    return able.map(({ p, can }) => ({ id: p.id, memoryBytes: plannedMemory(p), layers: p.hello.layers, held: this.heldRangeOf(p), serves: can.ranges ? 'ranges' : 'whole-model', speed: plannedSpeed(p), rttMs: p.rttMs }));
+  }
+
+  /** The idle route is closed and planned anew (speed-replan.ts: live figures say another chain is much faster). */
+  replan(why: string): void {
+    if (!this.route || this.route.status !== 'ready') return;
+    this.log(`route ${this.route.id}: re-planned: ${why}`);
+    this.closeRoute(this.route);
+    this.plan();
   }
 
   /** What of this room's model a peer can compute, from the capability its hello advertised. */
@@ -439,7 +450,7 @@ export class Room implements RoomHost {
     const { proof: _proof, t: _t, ...hello } = p.hello;
     const stage = this.route?.stages.find((s) => s.peerId === id);
     const can = this.servableBy(p);
-    return { id, ...hello, rttMs: p.rttMs ?? null, plannedMemoryBytes: plannedMemory(p), excluded: p.excluded ?? null, trusted: p.trusted === true, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+    return { id, ...hello, speed: plannedSpeed(p), rttMs: p.rttMs ?? null, plannedMemoryBytes: plannedMemory(p), excluded: p.excluded ?? null, trusted: p.trusted === true, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
   }
 
   summary(): Record<string, unknown> {
@@ -468,6 +479,7 @@ export class Room implements RoomHost {
    */
   handOff(why: string): void {
     if (this.planTimer) clearTimeout(this.planTimer);
+    this.replanner?.stop();
     const r = this.route;
     if (r?.repairState) this.keeper.giveUp(r, why);
     if (r) {
@@ -480,6 +492,7 @@ export class Room implements RoomHost {
 
   dispose(): void {
     if (this.planTimer) clearTimeout(this.planTimer);
+    this.replanner?.stop();
     if (this.route?.repairState) this.keeper.giveUp(this.route, 'the server is stopping');
     if (this.route) this.closeRoute(this.route);
     for (const p of this.peers.values()) p.ws.terminate();

@@ -47,7 +47,7 @@ import type { StagePolicy } from './stage-policy.ts';
 import type { ServerTls } from './tls.ts';
 
 /** what the server passes to its rooms as they are (room-registry.ts says what each means) */
-type RoomSettings = Pick<RoomRegistryOptions, 'repairTimeoutMs' | 'standby' | 'planner' | 'stagePolicy' | 'heartbeatMs' | 'heartbeatTimeoutMs' | 'stepTimeoutMs' | 'speculate' | 'turn'>;
+type RoomSettings = Pick<RoomRegistryOptions, 'repairTimeoutMs' | 'standby' | 'planner' | 'replanGain' | 'stagePolicy' | 'heartbeatMs' | 'heartbeatTimeoutMs' | 'stepTimeoutMs' | 'speculate' | 'turn'>;
 
 export interface SignalingServerOptions extends CredentialOptions, RoomSettings {
   host?: string;

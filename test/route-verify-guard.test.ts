@@ -11,7 +11,7 @@ function routeOf(architecture: string, verify: boolean[]): Route {
   const peers = new Map(verify.map((v, i) => [`p${i}`, { id: `p${i}`, hello: { verify: v, directReturn: true } } as unknown as Peer]));
   const owner: RouteOwner = {
     id: 'room',
-    model: { id: 'm', header: { metadata: { 'general.architecture': architecture } } as unknown as GgufHeader },
+    model: { id: 'm', header: { metadata: { 'general.architecture': architecture } } as unknown as GgufHeader, nLayer: verify.length },
     peers,
     keeper: { summary: () => [] },
     log: () => undefined,

@@ -1,7 +1,8 @@
 // A peer's own speed, measured once it joins: one layer of the room's model loaded on its own
 // backend (only that layer's bytes are read, verified like any shard), a few decode steps and
 // one prefill chunk through it, then released. The planner (route/speed-planner.ts) reads the
-// result from the hello; stages refresh it from live steps (stage-service.ts timing).
+// result from the hello; the server refreshes the decode figure from the stage timings of live
+// steps (signaling-server/live-speed.ts).
 
 import { MeshError } from '../errors.ts';
 import type { PeerSpeed } from '../protocol/control.ts';
@@ -11,6 +12,8 @@ import type { LoadContext, ShardLoad, Standby } from './peer-core.ts';
 const WARM_STEPS = 3;
 const DECODE_STEPS = 8;
 const PREFILL_TOKENS = 16;
+/** Forward passes one calibration runs (two prefill chunks, then the decode steps): `node --test-slow-after` counts them. */
+export const CALIBRATION_PASSES = 2 + WARM_STEPS + DECODE_STEPS;
 
 export interface CalibrationTarget {
   /** where the room's model is read */

@@ -25,6 +25,7 @@ import { fetchRoomModel, PeerCore } from './peer-core.ts';
 import type { HelloOffer, LoadContext, RoomModel, ShardLoad, StageLimits } from './peer-core.ts';
 import { calibrate } from './calibrate.ts';
 import { delayedHandler, delayedLink, later, slowedBackend } from './test-shaping.ts';
+import type { PassCount } from './test-shaping.ts';
 import { hyperParameters } from '../gguf/summary.ts';
 import { NativeRtc } from './native-rtc.ts';
 import { rejoin } from './reconnect.ts';
@@ -66,6 +67,8 @@ export interface NodePeerOptions {
   calibrate?: boolean;
   /** test only (test-shaping.ts): forward passes take this many times as long */
   testSlowFactor?: number;
+  /** test only (test-shaping.ts): … from this many of the node's forward passes on (default 0: all) */
+  testSlowAfter?: number;
   /** test only (test-shaping.ts): every frame and control message in and out waits this long (ms) */
   testLinkDelayMs?: number;
   log?: (line: string) => void;
@@ -196,6 +199,8 @@ interface PeerShared {
   adapter: HelloOffer['adapter'];
   /** test only: the link delay every frame and control message waits (ms; test-shaping.ts) */
   delay: number;
+  /** test only: the node's forward passes so far (`testSlowAfter`; test-shaping.ts) */
+  passes: PassCount;
   /** which peer may send this node's stage hidden states over its listen address */
   fence: UpstreamFence;
   log: (line: string) => void;
@@ -231,7 +236,7 @@ async function connect(p: PeerShared): Promise<Connection> {
   };
   const loadShard = async (ctx: LoadContext): Promise<ShardLoad> => {
     const load = await loadNativeShard(ctx, env);
-    return { ...load, backend: slowedBackend(load.backend, opts.testSlowFactor ?? 1) };
+    return { ...load, backend: slowedBackend(load.backend, opts.testSlowFactor ?? 1, opts.testSlowAfter ?? 0, p.passes) };
   };
   const core = new PeerCore({
     secret: opts.secret, send, log,
@@ -337,6 +342,7 @@ export async function startNodePeer(opts: NodePeerOptions): Promise<NodePeer> {
   });
   const shared: PeerShared = {
     opts, base, roomId, cacheDir, server, log, delay, fence,
+    passes: { passes: 0 },
     rtc: null,
     send: () => undefined,
     adapter: adapter ? { ...adapter } : undefined,

@@ -5,6 +5,10 @@
 // spent in it, so time spent waiting for a core that another process on this machine holds is
 // not multiplied by F (three slowed nodes on two shared cores are three devices, not one
 // device's queue; a GPU's pass costs no CPU time, so other engines keep the wall time);
+// `node --test-slow-after N` lets the node's first N forward passes (over every shard it loads,
+// its calibration's among them: peer/calibrate.ts CALIBRATION_PASSES) run at their own speed
+// and slows the ones after — a device that calibrated fast and then got slower (throttled,
+// busy), which the server sees only in its live step timings (signaling-server/live-speed.ts);
 // `node --test-link-delay-ms D` holds every frame and control message this node receives for D
 // ms before handling it and every one it sends for D ms before sending — its links gain 2·D of
 // round trip, as the server's heartbeat measures it. Nothing else turns these on.
@@ -28,12 +32,21 @@ function processCpuMs(): number {
   return (u.user + u.system) / 1000;
 }
 
-/** `backend` whose forward passes take `factor` times their own time (and say so in computeMs). */
-export function slowedBackend(backend: StageBackend, factor: number): StageBackend {
+/** The forward passes a node has run, over every backend it loaded (`--test-slow-after` counts them). */
+export interface PassCount {
+  passes: number;
+}
+
+/**
+ * `backend` whose forward passes take `factor` times their own time (and say so in computeMs),
+ * once `count` has seen `after` passes (a batched pass is one)
+ */
+export function slowedBackend(backend: StageBackend, factor: number, after = 0, count: PassCount = { passes: 0 }): StageBackend {
   if (!(factor > 1)) return backend;
   const onCores = backend.kind === 'cpu';
-  /** runs `pass`, then sleeps until `factor` times its own time has passed; returns that time */
-  const slowed = async <R>(pass: () => Promise<R>, computeMs: (r: R) => number): Promise<{ r: R; ms: number }> => {
+  /** runs `pass`, then sleeps until `factor` times its own time has passed; returns that time (null: not slowed yet) */
+  const slowed = async <R>(pass: () => Promise<R>, computeMs: (r: R) => number): Promise<{ r: R; ms: number | null }> => {
+    if (++count.passes <= after) return { r: await pass(), ms: null };
     const cpu0 = processCpuMs();
     const t0 = performance.now();
     const r = await pass();
@@ -44,7 +57,7 @@ export function slowedBackend(backend: StageBackend, factor: number): StageBacke
   };
   const slow = async <R extends { computeMs: number }>(pass: () => Promise<R>): Promise<R> => {
     const { r, ms } = await slowed(pass, (x) => x.computeMs);
-    return { ...r, computeMs: ms };
+    return ms === null ? r : { ...r, computeMs: ms };
   };
   const forwardRows = backend.forwardRows?.bind(backend);
   const forward = (...a: Parameters<StageBackend['forward']>): ReturnType<StageBackend['forward']> => slow(() => backend.forward(...a));
@@ -55,7 +68,7 @@ export function slowedBackend(backend: StageBackend, factor: number): StageBacke
     forwardBatch &&
     (async (...a: Parameters<NonNullable<StageBackend['forwardBatch']>>): ReturnType<NonNullable<StageBackend['forwardBatch']>> => {
       const { r: rs, ms } = await slowed(() => forwardBatch(...a), (x) => x[0]?.computeMs ?? 0);
-      return rs.map((r) => ({ ...r, computeMs: ms }));
+      return ms === null ? rs : rs.map((r) => ({ ...r, computeMs: ms }));
     });
   // everything else is the backend's own, called on it (its fields stay its own)
   return new Proxy(backend, {

@@ -43,8 +43,8 @@ const peerSpeed = v.object({
   decodeMsPerLayer: msCost,
   /** prefill: one token through one layer, in a 16-token chunk (ms) */
   prefillMsPerTokenLayer: msCost,
-  /** 'calibration' at join; 'steps' from the stage's live decode steps */
-  source: v.picklist(['calibration', 'steps']),
+  /** 'calibration': measured at join (peer/calibrate.ts); the server's figure from live steps is its own (signaling-server/live-speed.ts) */
+  source: v.picklist(['calibration']),
 });
 export type PeerSpeed = v.InferOutput<typeof peerSpeed>;
 

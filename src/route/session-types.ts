@@ -7,6 +7,7 @@
 import { MeshError } from '../errors.ts';
 import { FrameType, makeFrame } from '../protocol/frame.ts';
 import { decodeJson } from '../protocol/payload.ts';
+import type { StepTiming } from '../protocol/payload.ts';
 import type { SessionOpenBody } from '../protocol/session.ts';
 import type { FrameLink } from '../transport/link.ts';
 import type { HistoryEntry } from './repair.ts';
@@ -47,6 +48,8 @@ export interface RouteHandle {
   directReturn?(): boolean;
   /** every stage takes FrameFlag.Verify: the session manager may speculate (speculation.ts) */
   verify?(): boolean;
+  /** a single-token decode step that ran alone on the route: each stage's timing record (step-observer.ts) */
+  observeStep?(records: readonly StepTiming[]): void;
 }
 
 export interface SessionInfo {

@@ -15,6 +15,7 @@ import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, jsonFrame, repairFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
 import { DirectReturns } from './token-return.ts';
+import { StepObserver } from './step-observer.ts';
 import { Speculation } from './speculation.ts';
 import { PrefillPipeline } from './prefill-pipeline.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
@@ -38,6 +39,7 @@ export class SessionManager {
   private sweeper: NodeJS.Timeout;
   /** one-way answers of steps in flight (token-return.ts) */
   private returns = new DirectReturns();
+  private observer = new StepObserver(); // single-token decode steps' stage timings, to their route
   readonly idleTtlMs: number;
   /** told of each session opened (a cluster instance records that it drives it) */
   onOpened: ((sessionId: string, routeId: number) => void) | null = null;
@@ -156,7 +158,7 @@ export class SessionManager {
       reply = await this.locked(s, async () => {
         const sent = s.spec ? await s.spec.prepare(s, f, maxTokens) : f;
         s.history.push({ type: sent.type as HistoryEntry['type'], position: sent.position, tokens: decodeI32(sent.payload), flags: sent.flags });
-        const answer = await (PrefillPipeline.takes(sent, s.route) ? s.pipe.send(s.route, s.peers, sent) : this.deliver(s, sent));
+        const answer = await this.observer.run(s.route, sent, (g) => (PrefillPipeline.takes(g, s.route) ? s.pipe.send(s.route, s.peers, g) : this.deliver(s, g)));
         return s.spec ? s.spec.answered(s, f, sent, answer) : answer;
       });
     } catch (e) {
@@ -427,9 +429,9 @@ export class SessionManager {
     return [...this.sessions.keys()].map((id) => this.brief(id));
   }
 
-  /** Live sessions; `kept`: only those kept idle for reuse (KV reuse's prefix cache), which no client's session limit counts. */
-  liveCount(kept = false): number {
-    return [...this.sessions.values()].filter((s) => !isTerminal(s.life.state) && (!kept || s.kept)).length;
+  /** Live sessions (on route `routeId`, when given); `kept`: only those kept idle for reuse (KV reuse's prefix cache), which no client's session limit counts. */
+  liveCount(kept = false, routeId?: number): number {
+    return [...this.sessions.values()].filter((s) => !isTerminal(s.life.state) && (!kept || s.kept) && (routeId === undefined || s.route.id === routeId)).length;
   }
 
   /** The session stays open, idle, for a later request to continue (a prefix cache holds it): no client's any more until continued. */
@@ -489,9 +491,8 @@ export class SessionManager {
 
   /** Forgets the oldest finished sessions beyond the keep limit. */
   private prune(): void {
-    const keep = this.opts.keepFinished ?? 1000;
     const finished = [...this.sessions.entries()].filter(([, s]) => isTerminal(s.life.state));
-    for (const [id] of finished.slice(0, Math.max(0, finished.length - keep))) {
+    for (const [id] of finished.slice(0, Math.max(0, finished.length - (this.opts.keepFinished ?? 1000)))) {
       this.sessions.delete(id);
       this.buffers.delete(id);
     }

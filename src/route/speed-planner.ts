@@ -20,9 +20,9 @@ export interface PeerSpeedRecord {
   id: string;
   /** bytes the peer offers for weights (its budget) */
   memoryBytes: number;
-  /** measured decode cost of one layer for one token (ms): calibration at join, refreshed from step telemetry */
+  /** measured decode cost of one layer for one token (ms): calibration at join, then live steps' (signaling-server/live-speed.ts) */
   decodeMsPerLayer: number;
-  /** round trip between the server and the peer (ms): its control socket's heartbeat */
+  /** round trip between the server and the peer (ms): the least of its control socket's recent heartbeats */
   rttMs: number;
 }
 

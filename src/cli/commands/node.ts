@@ -15,11 +15,16 @@ import type { BackendKind } from '../../peer/native-peer.ts';
 import { runTorchPeer } from '../../peer/torch-process.ts';
 
 /** The test-only shaping flags (peer/test-shaping.ts), checked. */
-function testShaping(slow: string | undefined, delay: string | undefined): { testSlowFactor?: number; testLinkDelayMs?: number } {
-  const out: { testSlowFactor?: number; testLinkDelayMs?: number } = {};
+function testShaping(slow: string | undefined, after: string | undefined, delay: string | undefined): { testSlowFactor?: number; testSlowAfter?: number; testLinkDelayMs?: number } {
+  const out: { testSlowFactor?: number; testSlowAfter?: number; testLinkDelayMs?: number } = {};
   if (slow !== undefined) {
     if (!(Number(slow) >= 1)) throw new UsageError(`--test-slow-factor must be a number ≥ 1, got '${slow}'`);
     out.testSlowFactor = Number(slow);
+  }
+  if (after !== undefined) {
+    if (!/^\d+$/.test(after)) throw new UsageError(`--test-slow-after must be a whole number of forward passes, got '${after}'`);
+    if (slow === undefined) throw new UsageError('--test-slow-after needs --test-slow-factor');
+    out.testSlowAfter = Number(after);
   }
   if (delay !== undefined) {
     if (!(Number(delay) >= 0)) throw new UsageError(`--test-link-delay-ms must be a number ≥ 0, got '${delay}'`);
@@ -60,6 +65,7 @@ export const command: Command = {
     'no-webrtc': { type: 'boolean', description: 'no WebRTC data channels to and from tabs: those hops go through the server relay' },
     'no-calibrate': { type: 'boolean', description: 'join without measuring this node\'s speed on one layer of the model (the planner then splits by memory)' },
     'test-slow-factor': { type: 'string', description: 'test only: every forward pass takes this many times as long (a slow peer on one machine)', valueName: '<factor>' },
+    'test-slow-after': { type: 'string', description: "test only: --test-slow-factor applies only after this node's first N forward passes (its calibration's among them): a peer that calibrated fast and then got slower", valueName: '<passes>' },
     'test-link-delay-ms': { type: 'string', description: 'test only: every frame and control message in and out waits this long (a far peer on one machine: 2× this of round trip)', valueName: '<ms>' },
     'ca-fingerprint': { type: 'string', description: "an https room server's local CA: its sha256 fingerprint (default: the link's #ca=)", valueName: '<sha256>' },
     'ca-file': { type: 'string', description: "an https room server's CA certificate (PEM), trusted beside the system's", valueName: '<file>' },
@@ -118,7 +124,7 @@ export const command: Command = {
       ...(optionalIntOption(args, 'threads') ? { threads: optionalIntOption(args, 'threads')! } : {}),
       ...(args.values['no-webrtc'] ? { webrtc: false } : {}),
       ...(args.values['no-calibrate'] ? { calibrate: false } : {}),
-      ...testShaping(stringOption(args, 'test-slow-factor'), stringOption(args, 'test-link-delay-ms')),
+      ...testShaping(stringOption(args, 'test-slow-factor'), stringOption(args, 'test-slow-after'), stringOption(args, 'test-link-delay-ms')),
       ...(cacheDir !== undefined ? { cacheDir } : {}),
       ...(stringOption(args, 'trusted') ? { trustedSecret: stringOption(args, 'trusted')! } : {}),
       limits: { idleTtlMs: intOption(args, 'session-ttl', 900) * 1000, maxSessions: intOption(args, 'max-sessions', 64) },

@@ -60,6 +60,14 @@ function plannerOption(v: string | undefined): 'speed' | 'memory' {
   throw new UsageError(`--planner must be speed or memory, got '${v}'`);
 }
 
+/** `--replan-gain`: a number ≥ 1, or off (0: never re-plan). */
+function replanGainOption(v: string | undefined): number {
+  if (v === undefined) return 1.3;
+  if (v === 'off') return 0;
+  if (Number(v) >= 1) return Number(v);
+  throw new UsageError(`--replan-gain must be a number ≥ 1 or off, got '${v}'`);
+}
+
 function standbyOption(v: string | undefined): boolean {
   if (v === undefined || v === 'on') return true;
   if (v === 'off') return false;
@@ -101,6 +109,7 @@ export const command: Command = {
     heartbeat: { type: 'string', description: 'ping every peer this often (ms)', default: '500', valueName: '<ms>' },
     'heartbeat-timeout': { type: 'string', description: 'a peer that answers no ping for this long is lost (ms)', default: '3500', valueName: '<ms>' },
     planner: { type: 'string', description: 'how routes are planned: in proportion to memory (memory), or by measured speed and round trips where every peer reports one (speed: nodes then measure themselves on one layer as they join)', default: 'memory', valueName: '<memory|speed>' },
+    'replan-gain': { type: 'string', description: "with --planner speed: an idle route (no session on it) is re-planned when the peers' live step timings predict another chain this many times faster (off: never; a route never changes mid-session)", default: '1.3', valueName: '<x|off>' },
     standby: { type: 'string', description: 'spares load the shard they would take over ahead of time (on), or only when they take it over (off)', default: 'on', valueName: '<on|off>' },
     speculate: { type: 'string', description: `speculative decoding for greedy requests: up to N drafts (prompt lookup over the session's own tokens) verified per route pass, so a route pays its hop latency once per accepted run (0 = off, at most ${MAX_DRAFT_TOKENS})`, default: '0', valueName: '<N>' },
     'step-timeout': { type: 'string', description: 'a step unanswered this long makes the server probe its stages for a stalled one (ms; a live stage answers the probe at once)', default: '1000', valueName: '<ms>' },
@@ -150,6 +159,7 @@ export const command: Command = {
       heartbeatTimeoutMs: intOption(args, 'heartbeat-timeout', 3_500),
       standby: standbyOption(stringOption(args, 'standby')),
       planner: plannerOption(stringOption(args, 'planner')),
+      replanGain: replanGainOption(stringOption(args, 'replan-gain')),
       stagePolicy: { minStayMs: intOption(args, 'stage-min-stay', 0), minMemoryBytes: sizeOption(args, 'stage-min-memory') },
       stepTimeoutMs: intOption(args, 'step-timeout', DEFAULT_STEP_TIMEOUT_MS),
       speculate: speculateOption(intOption(args, 'speculate', 0)),
