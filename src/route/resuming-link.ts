@@ -52,6 +52,8 @@ export class ResumingLink implements FrameLink {
   /** route ids of earlier connections: a frame naming one goes to the current route */
   private readonly pastRoutes = new Set<number>();
   private droppedAt: number | null = null;
+  /** when the connection the last rejoin replaced was lost (a resume's time counts from it) */
+  private lostAt = 0;
   private lastLoss: MeshError | null = null;
   private closed = false;
 
@@ -162,7 +164,7 @@ export class ResumingLink implements FrameLink {
 
   private async rejoin(deadline: number): Promise<void> {
     this.pastRoutes.add(this.conn.routeId);
-    this.droppedAt ??= Date.now();
+    this.lostAt = this.droppedAt ?? Date.now();
     const next = await this.opts.rejoin(deadline);
     if (this.closed) {
       await next.link.close();
@@ -185,7 +187,8 @@ export class ResumingLink implements FrameLink {
       return;
     }
     const from = t.rec.wire;
-    const since = this.droppedAt ?? Date.now();
+    const since = this.lostAt;
+    const replayFrom = Date.now();
     try {
       await link.request(t.rec.reopenFrame(wire));
       for (const f of t.rec.replayFrames(wire)) await link.request(f);
@@ -197,7 +200,7 @@ export class ResumingLink implements FrameLink {
     t.rec.wire = wire;
     t.epoch = epoch;
     const tokensReplayed = t.rec.history.reduce((n, h) => n + h.tokens.length, 0);
-    this.opts.onEvent?.({ type: 'session_resumed', sessionId: t.rec.caller.sessionId, wireSessionId: wire.sessionId, routeId, previousRouteId: from.routeId, position: t.rec.position, tokensReplayed, resumeMs: Date.now() - since });
+    this.opts.onEvent?.({ type: 'session_resumed', sessionId: t.rec.caller.sessionId, wireSessionId: wire.sessionId, routeId, previousRouteId: from.routeId, position: t.rec.position, tokensReplayed, replayMs: Date.now() - replayFrom, resumeMs: Date.now() - since });
   }
 
   private gaveUp(t: Tracked | null, e: unknown): MeshError {
