@@ -221,6 +221,7 @@ const SERVER = {
   RESUME_UNKNOWN: { status: 404, meaning: 'the stream a Last-Event-ID names is unknown, expired, ended, or journaled nowhere (resuming a stream takes serve --redis)' },
   RESUME_MISMATCH: { status: 409, meaning: 'a reconnect with Last-Event-ID sent another request (body, endpoint or seed) than the one that opened the stream' },
   RESUME_BEYOND: { status: 400, meaning: "a Last-Event-ID's offset is past the text its stream was sent" },
+  SESSION_RESUME_FAILED: { status: 503, meaning: "a frame-API session's link to its instance dropped and no instance of the room had a ready route to continue it on within the resume bound (joinRoom's resumeMs), or reopening it there was refused" },
   CLUSTER_NEEDS_SECRET: { status: 400, meaning: 'serve --redis needs --secret (or --join-secret): every instance must open the same rooms' },
 } as const satisfies Codes;
 

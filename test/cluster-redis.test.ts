@@ -4,17 +4,22 @@
 // instance holds the room at a time (a lease fenced by an epoch); the other passes its peers,
 // clients and API requests on over a direct link; completions through either instance give
 // llama.cpp's greedy tokens; killing the holder passes the room to the other, whose peers rejoin
-// through the balancer; peers joining both instances at once get one plan, never two.
+// through the balancer, and a frame-API client's session goes on there with the same tokens;
+// peers joining both instances at once get one plan, never two.
 import { execFileSync } from 'node:child_process';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { preferredInstance } from '../signaling-server/cluster.ts';
 import { Directory } from '../signaling-server/directory.ts';
 import { isMeshError } from '../src/errors.ts';
+import { RouteSessionClient } from '../src/route/client.ts';
+import { joinRoom } from '../src/route/remote.ts';
+import type { TelemetryEvent } from '../src/route/telemetry.ts';
+import type { SamplerSettings } from '../src/protocol/session.ts';
 import { getJson, killAll, spawnCommand, spawnMesh } from './support/mesh.ts';
 import type { MeshProcess } from './support/mesh.ts';
 import { freePort } from './support/ports.ts';
 import { readSse } from './support/sse.ts';
-import { STORIES_CONTINUATION_PREFIX, stories260K } from './support/models.ts';
+import { STORIES_CONTINUATION_PREFIX, STORIES_PROMPT_TOKENS, stories260K } from './support/models.ts';
 import { startTcpBalancer } from './support/tcp-balancer.ts';
 import type { TcpBalancer } from './support/tcp-balancer.ts';
 
@@ -203,6 +208,14 @@ describe('two instances share a room', () => {
     expect(await roomIdOf(b)).toBe(roomId);
   }, 60_000);
 
+  /** The instance killed last comes back on its port (the balancer's backend again). */
+  async function revive(): Promise<void> {
+    const dead = [a, b].find(exited)!;
+    const back = await instance('two:', ['--min-peers', '2'], dead.port);
+    if (dead === a) a = back;
+    else b = back;
+  }
+
   it('a node through each instance makes one route; completions through A, through B and streamed give llama.cpp\'s tokens', async () => {
     // through the balancer: the first node's socket lands on A, the second's on B
     for (const name of ['n1', 'n2']) await spawnMesh(['node', '--join', `${lb.url}/room/${roomId}#secret=${SECRET}`, '--name', name, '--no-cache']).waitFor(/joined room/);
@@ -249,11 +262,7 @@ describe('two instances share a room', () => {
   }, 120_000);
 
   it('a stream cut off at its client resumes at the other instance with Last-Event-ID: the seed the holder chose, the same text; bad resumes are refused by name', async () => {
-    // the instance killed above comes back on its port (the balancer's backend again)
-    const dead = [a, b].find((i) => i.proc.child.exitCode !== null || i.proc.child.signalCode !== null)!;
-    const back = await instance('two:', ['--min-peers', '2'], dead.port);
-    if (dead === a) a = back;
-    else b = back;
+    await revive();
     const holder = await holderOf([a, b]);
     const other = holder === a ? b : a;
     // sampled with no seed: the holder chooses one and journals it
@@ -305,7 +314,81 @@ describe('two instances share a room', () => {
     expect(new Set([...cut.ids, ...rest.ids]).size).toBe(1);
     expect(survivor.proc.output()).toMatch(/stream \S+: resumed at \d+/);
   }, 60_000);
+
+  it('frame-API clients through the balancer: the holder they talk to killed mid-generation, their sessions go on at the next holder with the uninterrupted runs\' tokens, greedy and seeded', async () => {
+    await revive();
+    const holder = await holderOf([a, b]);
+    const survivor = holder === a ? b : a;
+    await waitReady(holder.base, roomId, 2);
+    lb.pin(holder === a ? 0 : 1); // the clients' sockets go to the holder: it drives their sessions and carries their frames
+    const joinUrl = `${lb.url}/room/${roomId}#secret=${SECRET}`;
+    // (the seeded session is longer: still generating when the greedy one's step kills the holder)
+    const seeded = { sampler: { temperature: 0.9, seed: 7 } };
+    const [reference, referenceSeeded] = await Promise.all([frameGenerate(joinUrl, 48), frameGenerate(joinUrl, 96, seeded)]);
+    expect(reference.events).toEqual([]);
+    let killed: Promise<number> | null = null;
+    const [cut, cutSeeded] = await Promise.all([frameGenerate(joinUrl, 48, { onStep: (n) => void (n === 12 && (killed = holder.proc.kill('SIGKILL'))) }), frameGenerate(joinUrl, 96, seeded)]);
+    lb.pin(null);
+    expect(killed).not.toBeNull();
+    await killed;
+    expect(cut.tokens).toEqual(reference.tokens);
+    expect(cutSeeded.tokens).toEqual(referenceSeeded.tokens);
+    expect(cutSeeded.tokens.slice(0, 48)).not.toEqual(reference.tokens); // sampled: its draws had to continue
+    // one resume each, on the survivor's route (its own route ids), at the position the client had reached
+    const route = await waitReady(survivor.base, roomId, 2);
+    for (const run of [cut, cutSeeded]) {
+      expect(run.events).toHaveLength(1);
+      const resumed = run.events[0] as Extract<TelemetryEvent, { type: 'session_resumed' }>;
+      expect(resumed).toMatchObject({ type: 'session_resumed', routeId: route.id });
+      expect(resumed.routeId).not.toBe(resumed.previousRouteId);
+      expect(resumed.tokensReplayed).toBe(resumed.position);
+    }
+    expect((cut.events[0] as Extract<TelemetryEvent, { type: 'session_resumed' }>).position).toBeGreaterThanOrEqual(STORIES_PROMPT_TOKENS.length + 11);
+  }, 60_000);
+
+  it('no instance comes back: the session gives up within its bound with SESSION_RESUME_FAILED, and nothing hangs', async () => {
+    const joined = await joinRoom(`${lb.url}/room/${roomId}#secret=${SECRET}`, undefined, 30_000, { resumeMs: 1_000 });
+    const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: 32 });
+    const first = await c.prefill(STORIES_PROMPT_TOKENS);
+    // a refused frame is the caller's at once, never resumed
+    c.position = 99;
+    await expect(c.decode(first)).rejects.toMatchObject({ code: 'POSITION_MISMATCH' });
+    c.position = STORIES_PROMPT_TOKENS.length;
+    await Promise.all([a, b].filter((i) => !exited(i)).map((i) => i.proc.kill('SIGKILL')));
+    const t0 = Date.now();
+    const err = await c.decode(first).then(() => null, (e: unknown) => e);
+    expect(isMeshError(err) && err.code, String(err)).toBe('SESSION_RESUME_FAILED');
+    expect((err as Error).message).toMatch(new RegExp(`session ${c.sessionId} \\(at position ${STORIES_PROMPT_TOKENS.length}\\).*no ready route through`));
+    expect(Date.now() - t0).toBeLessThan(1_000 + 1_500);
+    // the next step is bounded the same way; closing ends at once
+    await expect(c.decode(first)).rejects.toMatchObject({ code: 'SESSION_RESUME_FAILED' });
+    await c.close().catch(() => undefined);
+    await joined.close();
+  }, 30_000);
 });
+
+/** A generation of `n` tokens over the frame API through `joinUrl` (greedy unless `sampler`), `onStep` told how many tokens came before each decode is sent; the link's telemetry with it. */
+async function frameGenerate(joinUrl: string, n: number, opts: { sampler?: SamplerSettings; onStep?: (n: number) => void } = {}): Promise<{ tokens: number[]; events: TelemetryEvent[] }> {
+  const events: TelemetryEvent[] = [];
+  const joined = await joinRoom(joinUrl, undefined, 30_000, { onEvent: (e) => events.push(e) });
+  try {
+    const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: STORIES_PROMPT_TOKENS.length + n, ...(opts.sampler ? { sampler: opts.sampler } : {}) });
+    const tokens = [await c.prefill(STORIES_PROMPT_TOKENS)];
+    while (tokens.length < n) {
+      const step = c.decode(tokens.at(-1)!);
+      opts.onStep?.(tokens.length);
+      tokens.push(await step);
+    }
+    await c.close();
+    return { tokens, events };
+  } finally {
+    await joined.close();
+  }
+}
+
+function exited(i: Instance): boolean {
+  return i.proc.child.exitCode !== null || i.proc.child.signalCode !== null;
+}
 
 describe('a holder frozen past its lease', () => {
   it('kill -STOP: the other instance takes the room under a new epoch; resumed, the old holder hands the room off and plans nothing', async () => {

@@ -1,6 +1,8 @@
 // The client's view of one session on a route: open, prefill the prompt in chunks, decode one
 // token at a time, close. It speaks frames over any FrameLink (to the signaling server, or to
 // an in-process SessionManager) and keeps the position so every frame names where it goes.
+// Over a joinRoom link (remote.ts) its session outlives the server instance it goes through:
+// the link opens it again elsewhere and replays it (resuming-link.ts), under the same ids here.
 
 import { MeshError } from '../errors.ts';
 import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';

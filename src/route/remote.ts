@@ -13,7 +13,9 @@ import type { ModelBrief } from '../protocol/control.ts';
 import type { StageChain } from './generation.ts';
 import { newSessionId } from '../protocol/session.ts';
 import type { SessionInfo } from './sessions.ts';
-import type { StageTiming } from './telemetry.ts';
+import type { StageTiming, TelemetryEvent } from './telemetry.ts';
+import { ResumingLink } from './resuming-link.ts';
+import type { RoomConnection } from './resuming-link.ts';
 import type { SessionOpenBody } from '../protocol/session.ts';
 
 export interface RoomSummary {
@@ -27,41 +29,84 @@ export interface JoinedRoom {
   base: string;
   roomId: string;
   secret: string;
+  /** the room as it was when joined */
   room: RoomSummary;
-  routeId: number;
-  link: WsLink;
+  /** the room's ready route now: after a resume, the one the link's sessions continue on */
+  readonly routeId: number;
+  /** frames to the room; a session opened through it outlives the instance it went through (resuming-link.ts) */
+  link: ResumingLink;
   /** reads the model's header through the server (tokenizer, config) */
   header(): Promise<GgufHeader>;
   close(): Promise<void>;
 }
 
+export interface JoinOptions {
+  /**
+   * how long a session whose link to the server dropped (the instance died, a restart) waits for
+   * the room's ready route to continue on, reached through the same join URL (ms; default: the
+   * join's waitMs; 0: no resume — the lost link's error is the caller's)
+   */
+  resumeMs?: number;
+  /** the link's telemetry (session_resumed) */
+  onEvent?: (e: TelemetryEvent) => void;
+}
+
+interface RoomTarget {
+  base: string;
+  roomId: string;
+  key: string;
+}
+
 /** Waits (up to `waitMs`) for the room's route to be ready, then connects. */
-export async function joinRoom(joinUrl: string, secret: string | undefined, waitMs = 30_000): Promise<JoinedRoom> {
+export async function joinRoom(joinUrl: string, secret: string | undefined, waitMs = 30_000, options: JoinOptions = {}): Promise<JoinedRoom> {
   const parsed = parseJoinUrl(joinUrl);
   const key = secret ?? parsed.secret;
   if (!key) throw new MeshError('AUTH_FAILED', 'no room secret: pass --secret or a join URL with #secret=…');
-  const deadline = Date.now() + waitMs;
-  let room: RoomSummary;
-  for (;;) {
-    room = await fetchJson<RoomSummary>(`${parsed.base}/v1/rooms/${parsed.roomId}`, key);
-    if (room.route?.status === 'ready') break;
-    if (Date.now() > deadline) {
-      throw new MeshError('ROUTE_NOT_READY', `room ${parsed.roomId}: route is ${room.route ? `${room.route.status}${room.route.reason ? ` (${room.route.reason})` : ''}` : 'not planned yet'} after ${waitMs} ms`);
-    }
-    await new Promise((r) => setTimeout(r, 200));
-  }
-  const link = await WsLink.connect(`${parsed.base.replace(/^http/, 'ws')}/v1/rooms/${parsed.roomId}/client`, { headers: { authorization: `Bearer ${key}` } });
+  const target: RoomTarget = { base: parsed.base, roomId: parsed.roomId, key };
+  const first = await connectRoom(target, Date.now() + waitMs, waitMs, false);
+  const resumeMs = options.resumeMs ?? waitMs;
+  const link = new ResumingLink(first, { waitMs: resumeMs, rejoin: (deadline) => connectRoom(target, deadline, resumeMs, true), ...(options.onEvent ? { onEvent: options.onEvent } : {}) });
   return {
     base: parsed.base,
     roomId: parsed.roomId,
     secret: key,
-    room,
-    routeId: room.route!.id,
+    room: first.room,
+    get routeId() {
+      return link.routeId;
+    },
     link,
     // the header as JSON from the server: an API key may not read model bytes (only peers may)
-    header: async () => headerFromWire(await fetchJson<unknown>(`${parsed.base}/v1/models/${encodeURIComponent(room.model.id)}/header`, key)),
+    header: async () => headerFromWire(await fetchJson<unknown>(`${parsed.base}/v1/models/${encodeURIComponent(first.room.model.id)}/header`, key)),
     close: () => link.close(),
   };
+}
+
+/**
+ * Waits until `deadline` for the room's route to be ready, then opens a frame socket to the
+ * room. `patient` (a resume): a server that does not answer, refuses for now (the room passing
+ * to another instance) or drops the socket is asked again until then, every request bounded by
+ * the time left; only a refused secret ends it early. Otherwise only a route not ready yet is
+ * waited for.
+ */
+async function connectRoom(t: RoomTarget, deadline: number, waitMs: number, patient: boolean): Promise<RoomConnection & { room: RoomSummary }> {
+  let last = '';
+  for (;;) {
+    const left = (): number => Math.max(1, deadline - Date.now());
+    try {
+      const room = await fetchJson<RoomSummary>(`${t.base}/v1/rooms/${t.roomId}`, t.key, patient ? { timeoutMs: left() } : {});
+      const r = room.route;
+      if (r?.status === 'ready') {
+        const link = await WsLink.connect(`${t.base.replace(/^http/, 'ws')}/v1/rooms/${t.roomId}/client`, { headers: { authorization: `Bearer ${t.key}` }, ...(patient ? { connectTimeoutMs: Math.min(10_000, left()) } : {}) });
+        return { room, routeId: r.id, link };
+      }
+      last = `route is ${r ? `${r.status}${r.reason ? ` (${r.reason})` : ''}` : 'not planned yet'}`;
+    } catch (e) {
+      if (!patient || (e instanceof MeshError && e.code === 'AUTH_FAILED')) throw e;
+      last = (e as Error).message;
+    }
+    if (Date.now() > deadline) throw new MeshError('ROUTE_NOT_READY', `room ${t.roomId}: ${patient ? `no ready route through ${t.base} within ${waitMs} ms (last: ${last})` : `${last} after ${waitMs} ms`}`);
+    await new Promise((r) => setTimeout(r, Math.min(200, left())));
+  }
 }
 
 /** The room's route as a StageChain: logits come back from the last stage. */

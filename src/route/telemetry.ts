@@ -126,6 +126,8 @@ export type TelemetryEvent =
       firstDivergentPosition: number | null;
       divergenceChecked: boolean;
     }
+  /** a frame-API client's session went on after its link to the instance dropped (route/resuming-link.ts): opened again on the room's route, its tokens replayed; sessionId is the caller's, wireSessionId the one it runs under now */
+  | { type: 'session_resumed'; sessionId: string; wireSessionId: string; routeId: number; previousRouteId: number; position: number; tokensReplayed: number; replayMs: number; resumeMs: number }
   | { type: 'error'; sessionId?: string; code: string; message: string; stage?: number };
 
 export type TelemetryListener = (e: TelemetryEvent) => void;

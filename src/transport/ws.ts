@@ -97,6 +97,11 @@ export class WsLink implements FrameLink {
     return this.pending.size;
   }
 
+  /** whether the socket still carries frames (false once it closed, failed or began closing): a rejected request on a link no longer open was lost with the carrier, not refused by the other side */
+  get open(): boolean {
+    return !this.closing && this.ws.readyState === WebSocket.OPEN;
+  }
+
   async close(): Promise<void> {
     this.closing = true;
     this.pending.failAll(new MeshError('LINK_CLOSED', `link to ${this.remote} closed`));

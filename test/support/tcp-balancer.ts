@@ -13,11 +13,14 @@ export interface TcpBalancer {
   url: string;
   /** connections each backend accepted */
   accepted: number[];
+  /** new connections go to backend `i` while it is live (as a sticky balancer would send one client); null: in turn again */
+  pin(i: number | null): void;
   close(): Promise<void>;
 }
 
 export async function startTcpBalancer(backends: ReadonlyArray<{ host: string; port: number }>): Promise<TcpBalancer> {
   let next = 0;
+  let pinned: number | null = null;
   const accepted = backends.map(() => 0);
   const live = backends.map(() => true);
   /** open connections per backend: upstream → client */
@@ -39,6 +42,8 @@ export async function startTcpBalancer(backends: ReadonlyArray<{ host: string; p
   const open = new Set<Socket>();
   const connect = (client: Socket, tries: number): void => {
     if (tries >= backends.length) return void client.destroy();
+    // (pinned: a refusal goes on to the backend after it)
+    if (pinned !== null && live[pinned] && tries === 0) next = pinned;
     let i = next++ % backends.length;
     for (let k = 0; k < backends.length && !live[i]; k++) i = next++ % backends.length;
     const upstream = createConnection(backends[i]!);
@@ -67,6 +72,7 @@ export async function startTcpBalancer(backends: ReadonlyArray<{ host: string; p
   return {
     url: `http://127.0.0.1:${port}`,
     accepted,
+    pin: (i) => void (pinned = i),
     close: () =>
       new Promise((r) => {
         clearInterval(checker);

@@ -25,7 +25,7 @@ import { StepperGenerator } from '../../route/generation-loop.ts';
 import type { GenerationResult, TextGenerator } from '../../model/generation-output.ts';
 import { joinRoom, RemoteChain, timingTable } from '../../route/remote.ts';
 import { trustRoomServer } from '../../transport/tls-trust.ts';
-import type { HopTelemetry } from '../../route/telemetry.ts';
+import type { HopTelemetry, TelemetryEvent } from '../../route/telemetry.ts';
 
 const BACKENDS = ['cpu', 'llamacpp', 'webgpu'] as const;
 type Backend = (typeof BACKENDS)[number];
@@ -64,7 +64,9 @@ export const command: Command = {
     const opts = readOptions(args);
     const joinUrl = stringOption(args, 'join');
     if (joinUrl) await trustRoomServer(joinUrl, { fingerprint: stringOption(args, 'ca-fingerprint'), caFile: stringOption(args, 'ca-file') });
-    const joined = joinUrl ? await joinRoom(joinUrl, stringOption(args, 'secret'), intOption(args, 'wait', 30) * 1000) : null;
+    // a session whose server went away goes on once the room is back (resuming-link.ts): say so on stderr
+    const onEvent = (e: TelemetryEvent): void => void (e.type === 'session_resumed' && process.stderr.write(`session resumed at position ${e.position} on route ${e.routeId} after ${e.resumeMs} ms\n`));
+    const joined = joinUrl ? await joinRoom(joinUrl, stringOption(args, 'secret'), intOption(args, 'wait', 30) * 1000, { onEvent }) : null;
     const source = joined ? null : await openTensorSource(opts.model);
     let generator: TextGenerator | null = null;
     try {
