@@ -110,8 +110,7 @@ export class SessionManager {
     }
     // a session opened while the route is being repaired opens on the repaired route
     await route.repair?.()?.done;
-    // (confirmedDraws from body.draws: a session opened again elsewhere, resuming-link.ts, samples on after the draws it made)
-    const s: Session = {
+    const s: Session = { // (confirmedDraws: a session opened again elsewhere, resuming-link.ts, samples on after its draws)
       life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, principal, promptLength: body.promptLength ?? null, onFail: new Set(),
       body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: body.draws ?? 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0, parked: false, onPark: new Set(), pipe: new PrefillPipeline(), spec: Speculation.forSession(body, this.opts.speculate),
     };
