@@ -67,6 +67,28 @@ function mainHelp(commands: Map<string, Command>): string {
   return lines.join('\n');
 }
 
+/**
+ * `--opt -value` as `--opt=-value` where `--opt` takes a value and `-value` is none of this
+ * command's options: generated secrets are base64url and may start with '-', which parseArgs
+ * alone refuses as ambiguous (a TURN secret did, 1 run in 64). A missing value before a real
+ * option (`--secret --port 1`) stays an error.
+ */
+function valuesWithDashes(args: string[], options: Record<string, { type: 'string' | 'boolean'; short?: string }>): string[] {
+  const known = new Set(Object.entries(options).flatMap(([k, o]) => [`--${k}`, ...(o.short ? [`-${o.short}`] : [])]));
+  const out: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i]!;
+    if (a === '--') return [...out, ...args.slice(i)]; // the end of options: the rest as they are
+    const next = args[i + 1];
+    const spec = a.startsWith('--') && !a.includes('=') ? options[a.slice(2)] : undefined;
+    if (spec?.type === 'string' && next !== undefined && next.startsWith('-') && next !== '--' && !known.has(next.split('=')[0]!)) {
+      out.push(`${a}=${next}`);
+      i++;
+    } else out.push(a);
+  }
+  return out;
+}
+
 export async function main(argv: string[]): Promise<number> {
   const [name, ...rest] = argv;
   if (name === undefined || name === '--help' || name === '-h' || name === 'help') {
@@ -87,9 +109,9 @@ export async function main(argv: string[]): Promise<number> {
     }
     let parsed;
     try {
-      parsed = parseArgs({ args: rest, options, allowPositionals: true, strict: true });
+      parsed = parseArgs({ args: valuesWithDashes(rest, options), allowPositionals: true, options, strict: true });
     } catch (e) {
-      throw new UsageError((e as Error).message.split('\n')[0]!);
+      throw new UsageError((e as Error).message.replace(/\s*\n\s*/g, ' ').trim());
     }
     if (parsed.values.help) {
       console.log(commandHelp(cmd));
