@@ -93,6 +93,15 @@ export function parseRewind(body: unknown): RewindBody {
   return validate(rewindSchema, body, 'rewind', 'BAD_REQUEST');
 }
 
+/**
+ * The session's settings once a Rewind continued it: the rewind's sampler and logprobs from
+ * now on (logprobs null: none), and a penalty history started afresh when it carries tokens.
+ * One rule for the session manager and for a client's own record of the session.
+ */
+export function continuedBody(open: SessionOpenBody, rewind: RewindBody): SessionOpenBody {
+  return { ...open, ...(rewind.sampler ? { sampler: rewind.sampler } : {}), ...(rewind.logprobs !== undefined ? { logprobs: rewind.logprobs ?? undefined } : {}), ...(rewind.tokens ? { tokens: [] } : {}) };
+}
+
 const resendSchema = v.object({ end: count, maxTokens: v.optional(v.pipe(v.number(), v.integer(), v.minValue(1), v.maxValue(1 << 24)), 1) });
 /** Body of a Resend frame: resend positions [frame position, end), at most `maxTokens` per frame (1: as they were sent). */
 export type ResendBody = v.InferOutput<typeof resendSchema>;

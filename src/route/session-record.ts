@@ -8,7 +8,7 @@ import { FrameType } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, decodeSampled, jsonFrame, tokensFrame } from '../protocol/payload.ts';
 import type { Addressing } from '../protocol/payload.ts';
-import { parseRewind, parseSessionOpen, usesPenalties } from '../protocol/session.ts';
+import { continuedBody, parseRewind, parseSessionOpen, usesPenalties } from '../protocol/session.ts';
 import type { SessionOpenBody } from '../protocol/session.ts';
 import { historyBefore, historyTokens } from './repair.ts';
 import type { HistoryEntry } from './repair.ts';
@@ -60,15 +60,10 @@ export class SessionRecord {
       }
       case FrameType.Rewind: {
         // as the session manager does: the history cut, the sampler restarted (no draws), new settings from now on
-        const body = parseRewind(decodeJson(f.payload));
         this.history = historyBefore(this.history, f.position);
         this.draws = 0;
         this.lastSampled = null;
-        const next: SessionOpenBody = { ...this.body };
-        if (body.sampler) next.sampler = body.sampler;
-        if (body.logprobs === null) delete next.logprobs;
-        else if (body.logprobs !== undefined) next.logprobs = body.logprobs;
-        this.body = next;
+        this.body = continuedBody(this.body, parseRewind(decodeJson(f.payload)));
         return;
       }
       default:

@@ -20,7 +20,7 @@ import { Speculation } from './speculation.ts';
 import { PrefillPipeline } from './prefill-pipeline.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
-import { parseRewind, parseSessionOpen } from '../protocol/session.ts';
+import { continuedBody, parseRewind, parseSessionOpen } from '../protocol/session.ts';
 import type { RewindBody, SessionOpenBody } from '../protocol/session.ts';
 import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
 import { hopTelemetry } from './telemetry.ts';
@@ -329,7 +329,7 @@ export class SessionManager {
     s.position = s.confirmedPosition = f.position;
     s.confirmedEntries = s.history.length;
     s.confirmedDraws = 0;
-    s.body = { ...s.body, ...(body.sampler ? { sampler: body.sampler } : {}), ...(body.logprobs !== undefined ? { logprobs: body.logprobs ?? undefined } : {}), ...(body.tokens ? { tokens: [] } : {}) };
+    s.body = continuedBody(s.body, body);
     s.spec = Speculation.forSession(s.body, this.opts.speculate); // the new turn's sampler says whether it may
     return jsonFrame(FrameType.Status, replyAddress(f), this.brief(f.sessionId));
   }
