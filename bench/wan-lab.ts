@@ -14,7 +14,8 @@ import { killAll, spawnCommand, spawnMesh } from '../test/support/mesh.ts';
 import { stories260K, STORIES_PROMPT_TOKENS } from '../test/support/models.ts';
 import { arg } from './route.ts';
 import { predictDecodeMs, singleProcessDecode } from './wan.ts';
-import { median, medianStep, predictFromRun } from './lib/wan-predict.ts';
+import { medianStep, predictFromRun } from './lib/wan-predict.ts';
+import { median } from '../src/stats.ts';
 import type { RunPrediction, StepCost } from './lib/wan-predict.ts';
 import { goal } from './lib/goals.ts';
 

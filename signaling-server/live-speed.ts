@@ -15,6 +15,7 @@
 // The prefill cost stays the calibration's: a pipelined prefill's chunks are answered before
 // they are computed, so their timings do not come back whole.
 
+import { median } from '../src/stats.ts';
 import type { Peer } from './room-peer.ts';
 
 /** Heartbeats whose least round trip is the peer's link figure (8 s at the default 500 ms). */
@@ -49,12 +50,6 @@ export function noteDecodeCost(peer: Peer, msPerLayer: number, at = Date.now()):
   const window = (peer.liveDecode ??= []);
   window.push({ ms: msPerLayer, at });
   if (window.length > LIVE_WINDOW) window.shift();
-}
-
-function median(xs: readonly number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
 }
 
 /** The peer's decode figure: live once it has stepped MIN_LIVE_STEPS times (a peer that did not calibrate too), else its calibration's; undefined when it has neither. */

@@ -20,6 +20,7 @@
 // the wire, which a round's mean carries and the path's model does not.
 import { stepBreakdown } from '../../src/route/telemetry.ts';
 import type { StepTiming } from '../../src/protocol/payload.ts';
+import { median } from '../../src/stats.ts';
 
 /** One decode step on the one-way path: its time as the client saw it, Σ compute and Σ overhead of the route's stages (ms). */
 export interface StepCost {
@@ -48,10 +49,6 @@ export function hopRoundTrips(records: readonly StepTiming[]): number[] {
   return stepBreakdown(records).slice(0, -1).map((s) => s.transferMs);
 }
 
-export const median = (xs: readonly number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
 
 export interface RunPrediction {
   predicted_ms_per_token: number;
