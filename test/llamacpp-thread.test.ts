@@ -5,11 +5,12 @@
 // thread's timers are watched; the same call on the stage in this thread stalls them for as
 // long as it computes (so the check can fail). Both give the same bytes: rows out of stage 0,
 // logits out of the last stage fed those rows, and the whole-model stage's logits on
-// stories260K. Error codes cross the thread; a thread that dies fails calls with its code.
+// stories260K; so do batched steps of concurrent sessions (forwardBatch). Error codes cross the
+// thread; a thread that dies fails calls with its code.
 import { afterAll, describe, expect, it } from 'vitest';
 import { LlamaCppRangeStage } from '../src/backends/llamacpp/range-stage.ts';
 import { LlamaCppStage } from '../src/backends/llamacpp/stage.ts';
-import type { HiddenRows, RowsForwardResult, StageBackend } from '../src/backends/types.ts';
+import type { BatchStep, HiddenRows, RowsForwardResult, StageBackend } from '../src/backends/types.ts';
 import { MeshError } from '../src/errors.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import type { TensorSource } from '../src/gguf/types.ts';
@@ -89,8 +90,31 @@ describe('the llama.cpp stages in a worker thread', () => {
     expect((await codeOf(worker.first.truncateSession('s', 1100))).code).toBe('POSITION_MISMATCH');
     expect((await codeOf(worker.first.releaseSession('nope'))).code).toBe('SESSION_UNKNOWN');
     expect((await codeOf(worker.first.openSession('s', { contextLength: 16 }))).code).toBe('SESSION_EXISTS');
-    expect(worker.first.forwardBatch).toBeUndefined();
   }, 300_000);
+
+  it("carries forwardBatch through the thread: concurrent sessions' steps give the in-thread stage's batched rows and logits", async () => {
+    const source = kept(await openTensorSource(await stories260K()));
+    const prompts = [STORIES_PROMPT_TOKENS, [1, 90, 250], [1, 450, 93, 12, 7, 8]];
+    const run = async (make: () => StageBackend) => {
+      const [first, last] = [kept(make()), kept(make())];
+      await first.load(source, { start: 0, end: 3 });
+      await last.load(source, { start: 3, end: 5 });
+      for (const [i, p] of prompts.entries()) {
+        for (const b of [first, last]) await b.openSession(`s${i}`, { contextLength: 32 });
+        await last.forwardRows!(`s${i}`, rowsOf(await first.forwardRows!(`s${i}`, { kind: 'tokens', tokens: Int32Array.from(p) }, 0, 'f16')), 0, 'f16');
+      }
+      const steps = (inputs: Array<BatchStep['input']>) => prompts.map((p, i): BatchStep => ({ sessionId: `s${i}`, input: inputs[i]!, position: p.length, outDtype: 'f16' }));
+      const rows = (await first.forwardBatch!(steps(prompts.map((_, i) => ({ kind: 'tokens', tokens: Int32Array.of(10 + i) }))))).map((r) => rowsOf(r as RowsForwardResult));
+      const logits = (await last.forwardBatch!(steps(rows))).map((r) => logitsOf(r as RowsForwardResult));
+      return { rows: rows.map((r) => r.bytes), logits, stats: prompts.map((_, i) => [first.sessionStats(`s${i}`), last.sessionStats(`s${i}`)]) };
+    };
+    const inThread = await run(() => new LlamaCppRangeStage(OPTIONS));
+    const worker = await run(() => stageBackendInThread('llamacpp-range', OPTIONS));
+    expect(worker.rows).toEqual(inThread.rows);
+    expect(worker.logits).toEqual(inThread.logits);
+    expect(worker.stats).toEqual(inThread.stats);
+    expect(worker.stats[2]![0]!.position).toBe(7);
+  }, 120_000);
 
   it("fails a load with the source's own code when a read fails (a shard whose bytes fail verification)", async () => {
     const source = kept(await openTensorSource(await stories260K()));

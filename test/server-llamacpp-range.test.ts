@@ -14,6 +14,7 @@ import { RouteSessionClient } from '../src/route/client.ts';
 import { joinRoom } from '../src/route/remote.ts';
 import { runCli } from './support/cli.ts';
 import { LlamaModelFfi, oracleGreedy } from './support/llamacpp-oracle.ts';
+import { defaultLlamaThreads } from '../src/backends/llamacpp/ffi.ts';
 import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
@@ -90,12 +91,18 @@ describe('llama.cpp nodes serving layer ranges', () => {
     await serve.proc.kill();
   });
 
-  it('two llama.cpp nodes on a synthetic qwen3 Q4_K_M model: llama.cpp\'s tokens with f32 hops', async () => {
+  it('two llama.cpp nodes on a synthetic qwen3 Q4_K_M model: llama.cpp\'s tokens with f32 hops; --threads reaches llama.cpp', async () => {
     const model = await syntheticModel({ arch: 'qwen3', type: 'q4_k_m', layers: 3, embd: 256, heads: 4, kvHeads: 2, ffn: 512 });
     const serve = await spawnServe(model, ['--min-peers', '2']);
-    await spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'llamacpp', '--layers', '0-1']).waitFor(/joined room/);
-    await spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'llamacpp', '--layers', '1-3']).waitFor(/joined room/);
+    const asked = defaultLlamaThreads() + 1; // not the default, so only the option explains it
+    const a = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'llamacpp', '--layers', '0-1', '--threads', String(asked)]);
+    await a.waitFor(/joined room/);
+    const b = spawnMesh(['node', '--join', serve.joinUrl, '--backend', 'llamacpp', '--layers', '1-3']);
+    await b.waitFor(/joined room/);
     await waitForRoute(serve, 'ready');
+    // the engine says what its contexts compute on: the option given, else llama.cpp's default (all cores but one)
+    await a.waitFor(new RegExp(`layers 0-1 ready \\([^)]*; ${asked} threads;`));
+    await b.waitFor(new RegExp(`layers 1-3 ready \\([^)]*; ${defaultLlamaThreads()} threads?;`));
     const oracle = await LlamaModelFfi.load(model);
     const prompt = oracle.tokenize('The quick brown fox jumps over the lazy dog. It was');
     const expected = oracleGreedy(oracle, prompt, N).tokens;

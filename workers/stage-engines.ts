@@ -16,9 +16,9 @@ export interface ThreadEngines {
   /** the CPU engine, its kernels on this thread and threads − 1 more (node-threads.ts) */
   cpu: { options: Pick<CpuBackendOptions, 'threads' | 'weightStorage'>; info: CpuWorkerInfo };
   /** llama.cpp over a layer range, from a shard GGUF written from the shard's tensors */
-  'llamacpp-range': { options: LlamaCppRangeOptions; info: { weightBytes: number; weightBuffers: Record<string, number> } };
+  'llamacpp-range': { options: LlamaCppRangeOptions; info: { weightBytes: number; weightBuffers: Record<string, number>; threads: number } };
   /** llama.cpp over the whole model, from the artifact's own local file (source.location) */
-  llamacpp: { options: LlamaCppStageOptions; info: Record<string, never> };
+  llamacpp: { options: LlamaCppStageOptions; info: { threads: number } };
 }
 export type ThreadEngine = keyof ThreadEngines;
 
@@ -26,8 +26,9 @@ const LLAMACPP = { kind: 'llamacpp', failCode: 'LLAMACPP_THREAD_FAILED' } as con
 
 export const THREAD_ENGINES: { [E in ThreadEngine]: WorkerEngineSpec } = {
   cpu: CPU_ENGINE,
-  // frames' rows go to llama.cpp's batch as they are (forwardRows), one session at a time
-  'llamacpp-range': { ...LLAMACPP, forwardRows: true, forwardBatch: false },
+  // frames' rows go to llama.cpp's batch as they are (forwardRows); concurrent sessions' steps
+  // as one llama_decode (forwardBatch, range-pool.ts)
+  'llamacpp-range': { ...LLAMACPP, forwardRows: true, forwardBatch: true },
   llamacpp: { ...LLAMACPP, forwardRows: false, forwardBatch: false },
 };
 
@@ -42,11 +43,11 @@ export async function threadEngineApi<E extends ThreadEngine>(engine: E, options
     },
     'llamacpp-range': async (o) => {
       const { LlamaCppRangeStage } = await import('../src/backends/llamacpp/range-stage.ts');
-      return stageWorkerApi(() => new LlamaCppRangeStage(o), (b) => ({ weightBytes: b.weightBytes, weightBuffers: b.weightBuffers }), fail);
+      return stageWorkerApi(() => new LlamaCppRangeStage(o), (b) => ({ weightBytes: b.weightBytes, weightBuffers: b.weightBuffers, threads: b.threads }), fail);
     },
     llamacpp: async (o) => {
       const { LlamaCppStage } = await import('../src/backends/llamacpp/stage.ts');
-      return stageWorkerApi(() => new LlamaCppStage(o), () => ({}), fail);
+      return stageWorkerApi(() => new LlamaCppStage(o), (b) => ({ threads: b.threads }), fail);
     },
   };
   return (apis[engine] as (o: ThreadEngines[E]['options']) => Promise<StageWorkerApi<ThreadEngines[E]['info']>>)(options);

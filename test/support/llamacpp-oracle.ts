@@ -53,13 +53,7 @@ export function oracleHidden(model: LlamaModelFfi, prompt: readonly number[], k:
   }
 }
 
-/** max |a[i] - b[i]| */
-export function maxAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  if (a.length !== b.length) throw new Error(`length ${a.length} != ${b.length}`);
-  let d = 0;
-  for (let i = 0; i < a.length; i++) d = Math.max(d, Math.abs(a[i]! - b[i]!));
-  return d;
-}
+export { maxAbsDiff } from './batch-check.ts';
 
 /**
  * The largest logit change one 8-bit activation-rounding flip has caused on the synthetic

@@ -181,11 +181,14 @@ function declareFunctions(libs: { llama: Library; ggml: Library; ggmlBase: Libra
     tensor_name: ggmlBase.func('const char *ggml_get_name(void *t)') as Fn,
     tensor_nbytes: ggmlBase.func('size_t ggml_nbytes(void *t)') as Fn,
     tensor_get: ggmlBase.func('void ggml_backend_tensor_get(void *t, _Out_ void *data, size_t offset, size_t size)') as Fn,
-    // for layer ranges (range-context.ts): batches of embeddings, per-sequence KV removal,
-    // graph tensors' data read in place, ggml's own row conversions
+    // for layer ranges (range-pool.ts): batches of embeddings, per-sequence KV removal and
+    // copies, graph tensors' data read in place, ggml's own row conversions
     batch_init: llama.func('llama_batch_init', Batch, ['int32_t', 'int32_t', 'int32_t']) as Fn,
     batch_free: llama.func('llama_batch_free', 'void', [Batch]) as Fn,
     memory_seq_rm: llama.func('bool llama_memory_seq_rm(void *mem, int32_t seq_id, int32_t p0, int32_t p1)') as Fn,
+    state_seq_get_size: llama.func('size_t llama_state_seq_get_size(void *ctx, int32_t seq_id)') as Fn,
+    state_seq_get_data: llama.func('size_t llama_state_seq_get_data(void *ctx, _Out_ uint8_t *dst, size_t size, int32_t seq_id)') as Fn,
+    state_seq_set_data: llama.func('size_t llama_state_seq_set_data(void *ctx, const uint8_t *src, size_t size, int32_t dest_seq_id)') as Fn,
     model_size: llama.func('uint64_t llama_model_size(void *model)') as Fn,
     tensor_data: ggmlBase.func('void *ggml_get_data(void *t)') as Fn,
     fp16_to_fp32_row: ggmlBase.func('void ggml_fp16_to_fp32_row(const void *x, void *y, int64_t n)') as Fn,
@@ -195,7 +198,7 @@ function declareFunctions(libs: { llama: Library; ggml: Library; ggmlBase: Libra
 }
 
 /** the calls during which llama.cpp logs (loads, contexts, decode errors, frees) */
-const LOGGING_CALLS = ['backend_init', 'load_all', 'model_load', 'model_free', 'init_from_model', 'free', 'decode'];
+const LOGGING_CALLS = ['backend_init', 'load_all', 'model_load', 'model_free', 'init_from_model', 'free', 'decode', 'state_seq_set_data'];
 
 async function bind(): Promise<Bindings> {
   if (bindings) return bindings;
@@ -295,28 +298,25 @@ export interface LlamaContextOptions {
   kvType?: KvType;
   /** also compute embeddings (output_norm(h_last)), readable with `embeddings()` */
   embeddings?: boolean;
-  /**
-   * graph tensor names to capture after each decode (e.g. 'l_out-3'), read with `captured()`.
-   * Uses llama.cpp's eval callback.
-   */
+  /** graph tensor names to capture after each decode (e.g. 'l_out-3'; by the eval callback), read with `captured()` */
   capture?: string[];
 }
 
-/** llama_context_params for one sequence of `contextLength` positions (the options' defaults applied). */
-export function contextParams(b: Bindings, options: Omit<LlamaContextOptions, 'capture' | 'embeddings'>): Record<string, unknown> {
+/** llama_context_params for `sequences` (default 1) sequences of `contextLength` positions, each in cells of its own (kv_unified off) */
+export function contextParams(b: Bindings, options: Omit<LlamaContextOptions, 'capture' | 'embeddings'> & { sequences?: number }): Record<string, unknown> {
   const p = b.fn.context_default_params!() as Record<string, unknown>;
   const contextLength = options.contextLength ?? 2048;
-  p.n_ctx = contextLength;
+  const sequences = options.sequences ?? 1;
+  p.n_ctx = contextLength * sequences;
   p.n_batch = options.batchSize ?? contextLength;
   p.n_ubatch = options.batchSize ?? contextLength;
-  p.n_seq_max = 1;
+  p.n_seq_max = sequences;
+  p.kv_unified = false;
   const threads = options.threads ?? defaultLlamaThreads();
-  p.n_threads = threads;
-  p.n_threads_batch = threads;
+  p.n_threads = p.n_threads_batch = threads;
   p.flash_attn_type = options.flashAttention ? 1 : 0;
   const kv = KV_TYPES[options.kvType ?? 'f32'];
-  p.type_k = kv;
-  p.type_v = kv;
+  p.type_k = p.type_v = kv;
   p.no_perf = true;
   return p;
 }

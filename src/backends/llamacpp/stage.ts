@@ -11,7 +11,7 @@ import { hyperParameters } from '../../gguf/summary.ts';
 import type { HyperParameters } from '../../gguf/summary.ts';
 import { checkTruncate } from '../types.ts';
 import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
-import { LlamaModelFfi } from './ffi.ts';
+import { LlamaModelFfi, defaultLlamaThreads } from './ffi.ts';
 import type { LlamaContextFfi, LlamaContextOptions } from './ffi.ts';
 
 export type LlamaCppStageOptions = Omit<LlamaContextOptions, 'contextLength' | 'capture' | 'embeddings'>;
@@ -29,6 +29,11 @@ export class LlamaCppStage implements StageBackend {
   private readonly sessions = new Map<string, Session>();
 
   constructor(private readonly options: LlamaCppStageOptions = {}) {}
+
+  /** CPU threads each session's llama_decode runs on (the option, else llama.cpp's default here) */
+  get threads(): number {
+    return this.options.threads ?? defaultLlamaThreads();
+  }
 
   async load(source: TensorSource, shard: ShardRange): Promise<void> {
     const config = hyperParameters(source.header, source.location);

@@ -49,7 +49,7 @@ export const command: Command = {
     secret: { type: 'string', description: 'room secret (default: from the URL fragment)', valueName: '<secret>' },
     backend: { type: 'string', description: 'cpu, llamacpp, webgpu (Dawn in this process; exits if it finds no adapter), or torch (the PyTorch peer of peers/torch/, needs python3-torch)', default: 'cpu', valueName: '<kind>' },
     device: { type: 'string', description: 'torch only: cpu or cuda', default: 'cpu', valueName: '<cpu|cuda>' },
-    threads: { type: 'string', description: 'cpu: threads the engine computes on (default: every core); torch: CPU threads for torch (default 1)', valueName: '<n>' },
+    threads: { type: 'string', description: 'cpu, llamacpp: threads the engine computes on (default: cpu every core, llamacpp all but one); torch: CPU threads for torch (default 1)', valueName: '<n>' },
     layers: { type: 'string', description: 'serve exactly layers [a, b) instead of what the planner picks', valueName: '<a-b>' },
     memory: { type: 'string', description: 'memory offered for weights (a llama.cpp range also admits sessions only while their KV fits beside them)', default: '4GiB', valueName: '<size>' },
     listen: { type: 'string', description: 'where other stages reach this node', default: '127.0.0.1:0', valueName: '<host:port>' },
