@@ -1,22 +1,33 @@
-// `npm run bench -- batch [--sessions 1,8,32] [--tokens 32] [--rounds 3] [--threads N] [--layers 8 --embd 512 --ffn 1536 --vocab 4096] [--type f32|q8_0|…]`:
+// `npm run bench -- batch [--backend cpu|llamacpp] [--sessions 1,8,32] [--tokens 32] [--rounds 3] [--threads N] [--layers 8 --embd 512 --ffn 1536 --vocab 4096] [--type f32|q8_0|…]`:
 // aggregate decode tokens per second with 1, 8 and 32 sessions decoding at once on `serve` + a
-// two-node CPU route over a synthetic model (issue 22 part 6: concurrent sessions' decode steps
-// that reach a stage together run as one batched pass). Each session is a streamed
+// two-node route over a synthetic model — CPU nodes, or with `--backend llamacpp` llama.cpp
+// ones (each stage's sessions sequences of a pooled llama_context) — (issue 22 part 6:
+// concurrent sessions' decode steps that reach a stage together run as one batched pass). Each session is a streamed
 // /v1/completions request of a short prompt and `tokens` greedy tokens (end of text biased
 // away, so every session decodes them all); a level's aggregate is the decode tokens streamed
 // back over the time from the first session's first token to the last session's end. The
 // machine is shared, so the levels run side by side `rounds` times (1, 8, 32, 1, 8, 32, …) and
 // each level's figure is its median. Every session's text at every level must be the text its
 // prompt gives alone: the largest level's prompts are also run one at a time (the reference).
-// Each node computes on `threads` threads (default: its share of the cores, the two nodes
-// splitting them). Each stage's batch counters (GET /v1/status) are reported per level.
+// Each CPU node computes on `threads` threads (default: its share of the cores, the two nodes
+// splitting them); a llama.cpp node on llama.cpp's default (all cores but one). With
+// --backend llamacpp, after the route is gone, `stagePassInProcess`: one llama.cpp stage
+// holding the whole model in this process (bench/lib/stage-batch.ts) — ms of a step alone
+// against ms per row in one forwardBatch at each level, and each level's rows against the
+// same steps alone (bits, max |Δ|): what batching saves where no route or other process
+// shares the cores. Each stage's batch counters (GET /v1/status) are reported per level.
 // Goal: at 32 sessions ≥ 5× one's.
 import { availableParallelism } from 'node:os';
+import { defaultLlamaThreads } from '../src/backends/llamacpp/ffi.ts';
+import { LlamaCppRangeStage } from '../src/backends/llamacpp/range-stage.ts';
 import { readHeader } from '../src/gguf/parse.ts';
+import { openTensorSource } from '../src/gguf/source.ts';
+import { cpuMs } from './lib/cpu-time.ts';
 import { finishLoad, goal, machineLoad } from './lib/goals.ts';
 import { WORDS, numberArg, round, shapeFrom, startServeRoute } from './lib/serve-route.ts';
 import type { ServeRoute } from './lib/serve-route.ts';
 import { readSseJson } from './lib/sse.ts';
+import { stageBatchFigure } from './lib/stage-batch.ts';
 import { killAllCli } from './processes.ts';
 
 interface Stream {
@@ -62,6 +73,8 @@ export interface BatchRun {
   wallMs: number;
   aggregateTokS: number;
   perSessionTokS: number;
+  /** CPU ms each process spent per decode token during this run: serve, each node, and this bench's client (null where /proc cannot tell) */
+  cpuMsPerToken: { serve: number | null; nodes: Array<number | null>; client: number };
   /** per stage during this run: batches and the steps in them (`largest`: the largest batch since the stage loaded); ms a step took in a batch, and alone */
   stageBatches: Array<{ batches: number; steps: number; largest: number; msPerStepBatched: number | null; alone: number; msPerStepAlone: number | null }>;
 }
@@ -78,14 +91,21 @@ export interface BatchLevel {
 /** `sessions` streams at once; decode tokens (all but each one's first) over first token → last end. Texts: what each session generated. */
 async function level(r: ServeRoute, sessions: number, tokens: number, eos: number, first = 0): Promise<{ run: BatchRun; texts: string[] }> {
   const before = await stageBatching(r);
+  const procs = [r.pids.serve, ...r.pids.nodes];
+  const cpuBefore = procs.map(cpuMs);
+  const clientBefore = process.cpuUsage();
   const streams = await Promise.all(Array.from({ length: sessions }, (_, s) => stream(r, promptOf(first + s), tokens, eos)));
+  const client = process.cpuUsage(clientBefore);
+  const cpuAfter = procs.map(cpuMs);
   const after = await stageBatching(r);
   const start = Math.min(...streams.map((s) => s.firstTokenAt));
   const end = Math.max(...streams.map((s) => s.endAt));
   const decodeTokens = streams.reduce((a, s) => a + s.tokens - 1, 0);
   const perSession = streams.map((s) => (s.tokens - 1) / ((s.endAt - s.firstTokenAt) / 1000));
+  const perToken = (i: number): number | null => (cpuBefore[i] === null || cpuAfter[i] === null ? null : round((cpuAfter[i]! - cpuBefore[i]!) / decodeTokens, 3));
   const run = {
     decodeTokens,
+    cpuMsPerToken: { serve: perToken(0), nodes: r.pids.nodes.map((_, i) => perToken(i + 1)), client: round((client.user + client.system) / 1000 / decodeTokens, 3) },
     wallMs: round(end - start),
     aggregateTokS: round(decodeTokens / ((end - start) / 1000)),
     perSessionTokS: round(perSession.reduce((a, b) => a + b, 0) / sessions),
@@ -165,12 +185,31 @@ export async function run(args: string[]): Promise<unknown> {
   const rounds = numberArg(args, 'rounds', 3);
   // the two nodes share this machine: each computes on its half of the cores
   const threads = numberArg(args, 'threads', Math.max(1, Math.floor(availableParallelism() / 2)));
+  const b = args.indexOf('--backend');
+  const backend = b >= 0 ? args[b + 1] : 'cpu';
+  if (backend !== 'cpu' && backend !== 'llamacpp') throw new Error(`--backend must be cpu or llamacpp, got '${backend}'`);
   const load = machineLoad();
   try {
-    const r = await startServeRoute(shape, threads);
-    const b = await batchedDecode(r, levels, tokens, rounds);
-    return { bench: 'batch', model: { ...shape, path: r.path }, route: `2 CPU nodes (node processes, ${threads} thread(s) each) + serve, loopback`, tokensPerSession: tokens, rounds, ...b, goals: [b.goal], load: finishLoad(load) };
+    const r = await startServeRoute(shape, threads, backend);
+    const res = await batchedDecode(r, levels, tokens, rounds);
+    const route = backend === 'cpu' ? `2 CPU nodes (node processes, ${threads} thread(s) each) + serve, loopback` : '2 llama.cpp nodes (node processes, --backend llamacpp, its default threads) + serve, loopback';
+    killAllCli();
+    const inProcess = backend === 'llamacpp' ? { stagePassInProcess: await llamacppStagePass(r.path, shape.layers, shape.vocab, levels, rounds) } : {};
+    return { bench: 'batch', backend, model: { ...shape, path: r.path }, route, tokensPerSession: tokens, rounds, ...res, ...inProcess, goals: [res.goal], load: finishLoad(load) };
   } finally {
     killAllCli();
+  }
+}
+
+/** One llama.cpp stage holding the whole model in this process, on llama.cpp's default threads: a step alone against rows batched. */
+async function llamacppStagePass(path: string, layers: number, vocab: number, levels: number[], rounds: number) {
+  const source = await openTensorSource(path);
+  const stage = new LlamaCppRangeStage({ threads: defaultLlamaThreads() });
+  try {
+    await stage.load(source, { start: 0, end: layers });
+    return { threads: defaultLlamaThreads(), ...(await stageBatchFigure(stage, vocab, levels, rounds)) };
+  } finally {
+    await stage.dispose();
+    await source.close();
   }
 }

@@ -2,7 +2,8 @@
 //   [--heads 8] [--kv-heads 4] [--vocab 2048] [--prompt 64] [--decode 16] [--kernel-k 1024]
 //   [--kernel-rows 1024] [--attn-ctx 512] [--attn-queries 16] [--copy-mb 64] [--inner 8]
 //   [--reps 3] [--contexts 16,256] [--backends webgpu,cpu,llamacpp] [--arch llama]
-//   [--kernel-types f32,q5_k,…] [--experts 8] [--experts-used 2] [--expert-ffn 512]`
+//   [--kernel-types f32,q5_k,…] [--experts 8] [--experts-used 2] [--expert-ffn 512]
+//   [--batch-rows 1,8,32] [--batch-rounds 3] [--only-batch]`
 //
 // Kernels are timed for the six original weight types plus those --type's model holds (or the
 // --kernel-types list). With a MoE --arch (qwen3moe, qwen2moe) the JSON also says how many
@@ -23,7 +24,10 @@
 // WebGPU (Dawn in this process) against the CPU engine and llama.cpp in the same run: per-kernel
 // GB/s against a plain copy kernel's GB/s on the same adapter (bench/lib/webgpu-kernels.ts),
 // then prefill and decode tok/s of a synthetic model, and the decode step time at several
-// contexts. Goal, on a hardware adapter: Q4_K mat-vec at 4096 × 14336 ≥ 70 % of the copy
+// contexts; then batched decode on the WebGPU stage (bench/lib/webgpu-batch.ts: ms of a step
+// alone against ms per row of one forwardBatch of 1, 8 and 32 sessions' steps, each batch's rows
+// checked bit for bit against twin sessions decoded alone; --only-batch runs just that section).
+// Goal, on a hardware adapter: Q4_K mat-vec at 4096 × 14336 ≥ 70 % of the copy
 // kernel's GB/s (on a software adapter it is reported, not checked).
 
 import { createNodeCpuBackend } from '../src/backends/cpu/node-threads.ts';
@@ -36,6 +40,7 @@ import type { MakeModelOptions, ModelType, SyntheticArch } from '../src/model/sy
 import { syntheticModel } from '../test/support/synthetic.ts';
 import { finishLoad, goal, machineLoad, round2, skippedGoal } from './lib/goals.ts';
 import type { Goal } from './lib/goals.ts';
+import { batchedDecode } from './lib/webgpu-batch.ts';
 import { kernelFigures } from './lib/webgpu-kernels.ts';
 import { kernelTypes, moeDecodeBytes } from './lib/webgpu-moe.ts';
 
@@ -151,8 +156,14 @@ export async function run(args: string[]): Promise<unknown> {
     reps: Number(opt('reps', '3')),
   };
 
-  const { adapter, kernels } = await kernelFigures(shapes, kernelTypes(model, opt('kernel-types', '')));
   const path = await syntheticModel(model);
+  const batchRows = opt('batch-rows', '1,8,32').split(',').map(Number);
+  const batched = () => batchedDecode(path, layers, model.vocab, batchRows, Number(opt('batch-rounds', '3')));
+  if (args.includes('--only-batch')) {
+    const batchedDecode = await batched();
+    return { machine: finishLoad(load), model: { ...model, path }, batched_decode: batchedDecode };
+  }
+  const { adapter, kernels } = await kernelFigures(shapes, kernelTypes(model, opt('kernel-types', '')));
   const prompt = Array.from({ length: nPrompt }, (_, i) => (i === 0 ? 1 : 3 + ((i * 131) % (model.vocab - 3))));
   const engines: EngineFigure[] = [];
   for (const b of backends) {
@@ -177,7 +188,7 @@ export async function run(args: string[]): Promise<unknown> {
     model: { ...model, path },
     kernels: kernels.map((k) => ({ ...k, ms: round2(k.ms * 1000) / 1000, gb_s: round2(k.gb_s), gflop_s: round2(k.gflop_s) })),
     engines,
-    ...(moeArch ? { moe_decode: await moeDecodeBytes(path, prompt, nDecode) } : {}),
+    ...(moeArch ? { moe_decode: await moeDecodeBytes(path, prompt, nDecode) } : { batched_decode: await batched() }),
     ratios: {
       decode_webgpu_over_cpu: ratio('webgpu', 'cpu', 'decode_tok_s'),
       decode_webgpu_over_llamacpp: ratio('webgpu', 'llamacpp', 'decode_tok_s'),

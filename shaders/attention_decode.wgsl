@@ -19,13 +19,14 @@ struct Params {
   head0: u32,     // split: first query head of this dispatch
   kv_head0: u32,  // split: first KV head this cache part holds
   kv_heads: u32,  // split: KV heads this cache part holds (= n_head_kv unsplit)
+  out_offset: u32, // combine: elements: where this query's output starts in out (a batch's row)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;               // [n_head × head_dim]
 // bindings 2 and 3: the KV cache and its k_at / v_at readers, from shaders/kv/ (f32 or packed f16)
 @group(0) @binding(4) var<storage, read_write> partial: array<f32>;   // [n_head × n_chunks × (head_dim + 2)]: o, max, sum
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;       // [n_head × head_dim]
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;       // [n_head × head_dim] from out_offset
 
 const CHUNK: u32 = 64u; // = workgroup size (the width of workgroup_max/sum): one cached position per thread
 const NEG_BIG: f32 = -3.0e38;
@@ -94,6 +95,6 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     for (var c = 0u; c < p.n_chunks; c++) {
       num += exp(partial[base + c * stride + hd] - m) * partial[base + c * stride + d];
     }
-    out[h * hd + d] = num / den;
+    out[p.out_offset + h * hd + d] = num / den;
   }
 }

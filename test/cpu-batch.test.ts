@@ -8,13 +8,12 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
 import { createNodeCpuBackend } from '../src/backends/cpu/node-threads.ts';
-import type { ForwardResult, RowsForwardResult, ShardRange, StageInput } from '../src/backends/types.ts';
-import { isMeshError } from '../src/errors.ts';
+import type { ShardRange } from '../src/backends/types.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import type { TensorSource } from '../src/gguf/types.ts';
 import { configFromHeader } from '../src/model/config.ts';
 import type { MakeModelOptions } from '../src/model/synthetic-model.ts';
-import { argmax } from '../src/model/sampler.ts';
+import { decodeBothWays, expectRefusedBatchesChangeNothing } from './support/batch-check.ts';
 import { stories260K } from './support/models.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
@@ -22,21 +21,6 @@ const toClose: Array<{ dispose(): Promise<void> } | TensorSource> = [];
 afterAll(async () => {
   for (const d of toClose.reverse()) await ('dispose' in d ? d.dispose() : d.close());
 });
-
-/** index of the first element whose bits differ, -1 when none (lengths must match) */
-function firstBitDifference(a: Float32Array, b: Float32Array): number {
-  if (a.length !== b.length) return 0;
-  const x = new Uint32Array(a.buffer, a.byteOffset, a.length);
-  const y = new Uint32Array(b.buffer, b.byteOffset, b.length);
-  for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return i;
-  return -1;
-}
-
-function values(r: ForwardResult | RowsForwardResult): Float32Array {
-  if (r.output.kind === 'logits') return r.output.logits;
-  if (r.output.kind === 'hidden') return r.output.hidden;
-  throw new Error('the CPU engine answers f32');
-}
 
 async function chain(source: TensorSource, ranges: ShardRange[], make: () => CpuBackend = () => new CpuBackend()): Promise<CpuBackend[]> {
   const stages: CpuBackend[] = [];
@@ -47,54 +31,6 @@ async function chain(source: TensorSource, ranges: ShardRange[], make: () => Cpu
     stages.push(b);
   }
   return stages;
-}
-
-/**
- * Opens `ref-i` and `bat-i` for each prompt on every stage, prefills both, then decodes
- * `steps` greedy steps: the ref sessions one by one through `forward`, the bat sessions in one
- * forwardBatch per stage (a varying subset each step, so positions drift apart). Every stage's
- * output must match bit for bit. Returns how many rows went through batches.
- */
-async function decodeBothWays(stages: CpuBackend[], prompts: number[][], steps: number): Promise<number> {
-  const ctx = Math.max(...prompts.map((p) => p.length)) + steps + 1;
-  const next: number[] = [];
-  for (const [i, p] of prompts.entries()) {
-    for (const id of [`ref-${i}`, `bat-${i}`]) {
-      let input: StageInput = { kind: 'tokens', tokens: Int32Array.from(p) };
-      for (const st of stages) {
-        await st.openSession(id, { contextLength: ctx });
-        const out: ForwardResult['output'] = (await st.forward(id, input, 0)).output;
-        input = out.kind === 'hidden' ? out : input;
-        if (out.kind === 'logits') next[i] = argmax(out.logits);
-      }
-    }
-  }
-  let batched = 0;
-  for (let step = 0; step < steps; step++) {
-    const active = prompts.map((_, i) => i).filter((i) => (i + step) % 3 !== 2 || prompts.length === 1);
-    const pos = (i: number) => stages[0]!.sessionStats(`ref-${i}`).position;
-    let refIn: StageInput[] = active.map((i) => ({ kind: 'tokens', tokens: Int32Array.of(next[i]!) }));
-    let batIn: StageInput[] = refIn;
-    let last: ForwardResult[] = [];
-    const positions = active.map(pos);
-    for (const [s, st] of stages.entries()) {
-      const ref: ForwardResult[] = [];
-      for (const [j, i] of active.entries()) ref.push(await st.forward(`ref-${i}`, refIn[j]!, positions[j]!));
-      const bat = await st.forwardBatch(active.map((i, j) => ({ sessionId: `bat-${i}`, input: batIn[j]!, position: positions[j]!, outDtype: 'f32' as const })));
-      expect(bat).toHaveLength(active.length);
-      for (const [j, i] of active.entries()) {
-        expect(firstBitDifference(values(ref[j]!), values(bat[j]!)), `stage ${s}, session ${i}, position ${positions[j]}`).toBe(-1);
-        expect(st.sessionStats(`bat-${i}`)).toEqual(st.sessionStats(`ref-${i}`));
-      }
-      // a stage's hidden states are the next stage's input
-      refIn = ref.map((r) => r.output as StageInput);
-      batIn = bat.map((r) => r.output as StageInput);
-      last = ref;
-      batched += active.length;
-    }
-    for (const [j, i] of active.entries()) next[i] = argmax(values(last[j]!));
-  }
-  return batched;
 }
 
 const STORY_PROMPTS = [[1, 403, 407, 261, 378], [1, 29871], [1, 365, 2354, 322, 4335, 3512, 304, 278], [1, 9038, 2501, 263, 931], [1, 450]];
@@ -134,31 +70,10 @@ describe('forwardBatch on the CPU engine', () => {
     }, 60_000);
   }
 
-  it('a batch that cannot run changes no session: a wrong position, a full context, a repeated session', async () => {
+  it('a batch that cannot run changes no session: a wrong position, a full context, a repeated session, a bad token', async () => {
     const source = await openTensorSource(await stories260K());
     toClose.push(source);
     const [st] = await chain(source, [{ start: 0, end: 5 }]);
-    const b = st!;
-    await b.openSession('a', { contextLength: 16 });
-    await b.openSession('full', { contextLength: 4 });
-    await b.forward('a', { kind: 'tokens', tokens: Int32Array.of(1, 2, 3) }, 0);
-    await b.forward('full', { kind: 'tokens', tokens: Int32Array.of(1, 2, 3, 4) }, 0);
-    const tok = (t: number): StageInput => ({ kind: 'tokens', tokens: Int32Array.of(t) });
-    const refuse = async (steps: Parameters<CpuBackend['forwardBatch']>[0], code: string) => {
-      const e = await b.forwardBatch(steps).catch((x: unknown) => x);
-      expect(isMeshError(e) && e.code, String(e)).toBe(code);
-      expect(b.sessionStats('a').position).toBe(3);
-      expect(b.sessionStats('full').position).toBe(4);
-    };
-    await refuse([{ sessionId: 'a', input: tok(5), position: 3, outDtype: 'f32' }, { sessionId: 'full', input: tok(5), position: 3, outDtype: 'f32' }], 'POSITION_MISMATCH');
-    await refuse([{ sessionId: 'a', input: tok(5), position: 3, outDtype: 'f32' }, { sessionId: 'full', input: tok(5), position: 4, outDtype: 'f32' }], 'CONTEXT_FULL');
-    await refuse([{ sessionId: 'a', input: tok(5), position: 3, outDtype: 'f32' }, { sessionId: 'a', input: tok(6), position: 3, outDtype: 'f32' }], 'BAD_STAGE_INPUT');
-    await refuse([{ sessionId: 'a', input: { kind: 'tokens', tokens: Int32Array.of(5, 6) }, position: 3, outDtype: 'f32' }], 'BAD_STAGE_INPUT');
-    // after the refusals the session decodes as one that never saw them
-    await b.openSession('fresh', { contextLength: 16 });
-    await b.forward('fresh', { kind: 'tokens', tokens: Int32Array.of(1, 2, 3) }, 0);
-    const [again] = await b.forwardBatch([{ sessionId: 'a', input: tok(5), position: 3, outDtype: 'f32' }]);
-    const alone = await b.forward('fresh', tok(5), 3);
-    expect(firstBitDifference(values(again!), values(alone))).toBe(-1);
+    await expectRefusedBatchesChangeNothing(st!);
   }, 60_000);
 });

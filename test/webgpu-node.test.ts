@@ -9,6 +9,9 @@ import type { WebGpuBackend } from '../src/backends/webgpu/backend.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import type { TensorSource } from '../src/gguf/types.ts';
 import { STORIES_PROMPT_TOKENS, stories260K } from './support/models.ts';
+import { syntheticModel } from './support/synthetic.ts';
+import { ForwardPass } from '../src/backends/webgpu/forward-pass.ts';
+import { MeshError } from '../src/errors.ts';
 
 let source: TensorSource;
 let cpu: CpuBackend;
@@ -64,6 +67,42 @@ describe('WebGPU stage on Dawn in Node', () => {
     });
     expect(maxDiff / maxRef).toBeLessThan(1e-3);
   });
+
+  it('a pass that fails after its session\'s cache grew leaves the session as it was: no buffer left behind, and the retry gives the bits of a session that never failed', async () => {
+    const tiny = await openTensorSource(await syntheticModel({ layers: 1, embd: 64, ffn: 128, heads: 2, vocab: 384, seed: 3 }));
+    const b = await createNodeWebGpuBackend();
+    try {
+      await b.load(tiny, { start: 0, end: 1 });
+      const prompt = Int32Array.from({ length: 250 }, (_, i) => 1 + ((i * 7) % 383));
+      const tail = { kind: 'tokens' as const, tokens: Int32Array.from({ length: 10 }, (_, i) => 1 + ((i * 5) % 383)) };
+      for (const s of ['kept', 'hurt']) {
+        await b.openSession(s, { contextLength: 512 });
+        await b.forward(s, { kind: 'tokens', tokens: prompt }, 0);
+      }
+      const before = await b.bufferStats();
+      // positions 250-259 need more than the first 256: the cache grows in this pass, which then fails on the GPU's side
+      const pass = ForwardPass.prototype as unknown as { finish: (...a: unknown[]) => Promise<unknown> };
+      const finish = pass.finish;
+      pass.finish = async () => {
+        throw new MeshError('WEBGPU_ERROR', 'injected: the device lost the submission');
+      };
+      try {
+        await expect(b.forward('hurt', tail, 250)).rejects.toThrow(/injected/);
+      } finally {
+        pass.finish = finish;
+      }
+      // the grown cache's buffers are freed (its 2 × 256 more positions); the pass's scratch for 260 positions stays, for the retry
+      const after = await b.bufferStats();
+      expect(after.count).toBe(before.count);
+      expect(after.bytes - before.bytes).toBeLessThan(4096);
+      const retried = await b.forward('hurt', tail, 250);
+      const reference = await b.forward('kept', tail, 250);
+      expect(retried.output.kind === 'logits' && Array.from(retried.output.logits)).toEqual(reference.output.kind === 'logits' && Array.from(reference.output.logits));
+    } finally {
+      await b.dispose();
+      await tiny.close();
+    }
+  }, 120_000);
 
   it('dispose frees every GPU buffer', async () => {
     const b = await createNodeWebGpuBackend();

@@ -6,7 +6,7 @@ import * as Comlink from 'comlink';
 import { acquireDevice } from '../src/backends/webgpu/device.ts';
 import type { AdapterSummary } from '../src/backends/webgpu/device.ts';
 import { toWireError } from '../src/backends/webgpu/engine.ts';
-import type { BufferStats, WireResult, WorkerApi } from '../src/backends/webgpu/engine.ts';
+import type { BufferStats, EngineStep, WireResult, WorkerApi } from '../src/backends/webgpu/engine.ts';
 import { SHADERS } from '../src/backends/webgpu/shaders-vite.ts';
 import { WebGpuStage } from '../src/backends/webgpu/stage.ts';
 import type { StageModel, WebGpuStageOptions } from '../src/backends/webgpu/stage.ts';
@@ -48,6 +48,11 @@ const api: WorkerApi = {
     const out = r.value.output;
     const buffer = (out.kind === 'logits' ? out.logits : out.hidden).buffer as ArrayBuffer;
     return Comlink.transfer(r, [buffer]);
+  },
+  forwardBatch: async (steps: EngineStep[]): Promise<WireResult<ForwardResult[]>> => {
+    const r = await wrap(() => current().forwardBatch(steps));
+    if (!r.ok) return r;
+    return Comlink.transfer(r, r.value.map(({ output: out }) => (out.kind === 'logits' ? out.logits : out.hidden).buffer as ArrayBuffer));
   },
   whenLost: (): Promise<WireResult<string>> => wrap(() => current().lostReason),
   bufferStats: (): Promise<WireResult<BufferStats>> => wrap(() => (!stage && disposedStats ? disposedStats : current().bufferStats())),

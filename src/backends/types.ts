@@ -104,8 +104,9 @@ export interface StageBackend {
   /**
    * Optional: one-token steps of distinct sessions run as one pass (the weights read once for
    * all of them), each against its own session's KV: every result equal, bit for bit, to that
-   * step's own `forward` (or `forwardRows` where the backend has it). A failure changes no
-   * session, so the caller may run the steps one by one instead.
+   * step's own `forward` (or `forwardRows` where the backend has it) — llama.cpp's within the
+   * bounds its range stage states, its batched kernels summing in another order. A failure
+   * changes no session, so the caller may run the steps one by one instead.
    */
   forwardBatch?(steps: readonly BatchStep[]): Promise<Array<ForwardResult | RowsForwardResult>>;
   sessionStats(sessionId: string): SessionStats;

@@ -1,7 +1,8 @@
 // A stage's forwards through its compute queue: each frame (or chunk) of a session waits its
 // turn, and a one-token step carries what the backend's forwardBatch takes, so when other
 // sessions' decode steps wait beside it they run as one pass (./compute-queue.ts batching;
-// backends/cpu/batch-forward.ts). A backend without forwardBatch runs every step alone.
+// backends/cpu/batch-forward.ts, backends/webgpu/rows-attention.ts). A backend without
+// forwardBatch runs every step alone.
 
 import { MeshError } from '../errors.ts';
 import type { BatchStep, ForwardResult, HiddenRows, RowsForwardResult, StageBackend, StageInput } from '../backends/types.ts';

@@ -163,9 +163,15 @@ export class ComputePool {
     });
     const gen = (this.generation = (this.generation + 1) | 0);
     const tag = (gen & 0x7fff) << 16;
+    // The claim word first: a worker still in the last job's loop holds that job's claim word and
+    // checks it against TOTAL before its compare-exchange. Were TOTAL raised first, a worker that
+    // read the old word and then the new TOTAL could claim "call n of the old job" out of this
+    // job's list (run twice, and counted into this job's DONE, so this call could return while a
+    // call still ran): a busy machine's rare wrong token. With the word replaced first, its
+    // exchange fails, and TOTAL still reads the old count until the word has moved on.
+    Atomics.store(ctl, CLAIM, tag);
     Atomics.store(ctl, DONE, 0);
     Atomics.store(ctl, TOTAL, calls.length);
-    Atomics.store(ctl, CLAIM, tag);
     Atomics.store(ctl, GEN, gen);
     Atomics.notify(ctl, GEN);
     const fns = this.kernels.fns;

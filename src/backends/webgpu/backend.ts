@@ -10,7 +10,7 @@ import type { TensorSource } from '../../gguf/types.ts';
 import { configFromHeader, loadRopeFreqFactors, ROPE_FACTOR_TENSORS } from '../../model/config.ts';
 import type { ModelConfig } from '../../model/config.ts';
 import { shardTensors, validateShard } from '../shard.ts';
-import type { ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
+import type { BatchStep, ForwardResult, SessionOptions, SessionStats, ShardRange, StageBackend, StageInput } from '../types.ts';
 import type { AdapterSummary } from './device.ts';
 import { fromWire } from './engine.ts';
 import type { BufferStats, StageEngine, WireResult, WorkerApi } from './engine.ts';
@@ -19,6 +19,7 @@ import type { KvType } from './shader-library.ts';
 import { CHUNK } from '../cpu/delta-chunk.ts';
 import { gpuDeltaLayerBytes } from './delta-net.ts';
 import { kvCapacity } from './kv-capacity.ts';
+import { batchesShard } from './rows-attention.ts';
 import type { StageModel, StageTensor, WebGpuStageOptions } from './stage.ts';
 
 interface MirroredSession {
@@ -38,6 +39,13 @@ export class WebGpuBackend implements StageBackend {
   private readonly sessions = new Map<string, MirroredSession>();
   /** what the stage reported after dispose, once the engine (and its worker) are gone */
   private finalStats: BufferStats | null = null;
+  /**
+   * One-token steps of distinct sessions as one pass, each result the bits of that step's own
+   * `forward`; a failure changes no session. Set by `load` where the shard batches
+   * (rows-attention.ts batchesShard: no Gated DeltaNet or expert layers); absent otherwise, so
+   * the stage service runs those shards' steps one by one.
+   */
+  forwardBatch?: (steps: readonly BatchStep[]) => Promise<ForwardResult[]>;
 
   constructor(
     private readonly engine: StageEngine,
@@ -115,6 +123,7 @@ export class WebGpuBackend implements StageBackend {
     await this.engine.load(model);
     this.config = config;
     this.shard = { ...shard };
+    if (batchesShard(config, shard)) this.forwardBatch = (steps) => this.batch(steps);
   }
 
   async openSession(sessionId: string, options: SessionOptions): Promise<void> {
@@ -145,14 +154,28 @@ export class WebGpuBackend implements StageBackend {
 
   async forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult> {
     const result = await this.engine.forward(sessionId, input, position);
+    this.advanced(sessionId, position, input.kind === 'tokens' ? input.tokens.length : input.nTokens);
+    return result;
+  }
+
+  private async batch(steps: readonly BatchStep[]): Promise<ForwardResult[]> {
+    const engineSteps = steps.map(({ sessionId, input, position }) => {
+      if (input.kind === 'rows') throw new MeshError('BAD_STAGE_INPUT', 'internal: encoded rows for a backend that takes f32');
+      return { sessionId, input, position };
+    });
+    const results = await this.engine.forwardBatch(engineSteps);
+    for (const s of steps) this.advanced(s.sessionId, s.position, 1);
+    return results;
+  }
+
+  /** the mirror of a session whose forward of n tokens at `position` succeeded */
+  private advanced(sessionId: string, position: number, n: number): void {
     const s = this.sessions.get(sessionId)!;
-    const n = input.kind === 'tokens' ? input.tokens.length : input.nTokens;
     // a forward that folds a chunk checkpoints the DeltaNet state first
     if ((position % CHUNK) + n >= CHUNK) s.checkpointed = true;
     s.position = position + n;
     s.capacity = kvCapacity(s.capacity, s.position, s.contextLength);
     for (let l = 0; l < s.processedTokens.length; l++) s.processedTokens[l]! += n;
-    return result;
   }
 
   sessionStats(sessionId: string): SessionStats {
@@ -200,6 +223,7 @@ function workerEngine(remote: Comlink.Remote<WorkerApi>, adapter: AdapterSummary
     releaseSession: (id) => call(remote.releaseSession(id)),
     truncateSession: (id, position) => call(remote.truncateSession(id, position)),
     forward: (id, input, position) => call(remote.forward(id, input, position)),
+    forwardBatch: (steps) => call(remote.forwardBatch(steps)),
     bufferStats: () => call(remote.bufferStats()),
     whenLost: () => call(remote.whenLost()),
     dispose: () => call(remote.dispose()),

@@ -13,6 +13,13 @@ export interface BufferStats {
   bytes: number;
 }
 
+/** One session's step in a batch, as the stage takes it (f32 hidden states: the WebGPU backend has no forwardRows). */
+export interface EngineStep {
+  sessionId: string;
+  input: StageInput;
+  position: number;
+}
+
 export interface StageEngine {
   readonly adapter: AdapterSummary;
   load(model: StageModel): Promise<void>;
@@ -20,6 +27,8 @@ export interface StageEngine {
   releaseSession(sessionId: string): Promise<void>;
   truncateSession(sessionId: string, position: number): Promise<void>;
   forward(sessionId: string, input: StageInput, position: number): Promise<ForwardResult>;
+  /** one-token steps of distinct sessions as one pass (WebGpuStage.forwardBatch) */
+  forwardBatch(steps: EngineStep[]): Promise<ForwardResult[]>;
   bufferStats(): Promise<BufferStats>;
   /** resolves with why the GPU device was lost while the stage lived */
   whenLost(): Promise<string>;
@@ -43,6 +52,7 @@ export function inThreadEngine(stage: WebGpuStage): StageEngine {
     releaseSession: (id) => stage.releaseSession(id),
     truncateSession: (id, position) => stage.truncateSession(id, position),
     forward: (id, input, position) => stage.forward(id, input, position),
+    forwardBatch: (steps) => stage.forwardBatch(steps),
     bufferStats: async () => stage.bufferStats(),
     whenLost: () => stage.lostReason,
     dispose: () => stage.dispose(),
@@ -57,6 +67,7 @@ export interface WorkerApi {
   releaseSession(sessionId: string): Promise<WireResult<void>>;
   truncateSession(sessionId: string, position: number): Promise<WireResult<void>>;
   forward(sessionId: string, input: StageInput, position: number): Promise<WireResult<ForwardResult>>;
+  forwardBatch(steps: EngineStep[]): Promise<WireResult<ForwardResult[]>>;
   bufferStats(): Promise<WireResult<BufferStats>>;
   /** answers once the device is lost (a pending call until then) */
   whenLost(): Promise<WireResult<string>>;

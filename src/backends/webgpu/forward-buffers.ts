@@ -1,6 +1,7 @@
 // The activation buffers a forward pass works in, shared by every session of a stage (calls run
-// one at a time): scratch sized for the largest batch seen so far, and the split-K attention
-// partials sized for the longest context seen so far.
+// one at a time): scratch sized for the largest batch seen so far, the split-K attention
+// partials sized for the longest context seen so far, and for batched decode steps the rope
+// tables and logits of their rows.
 
 import type { GpuMemory } from './gpu-memory.ts';
 import * as op from './ops.ts';
@@ -36,6 +37,11 @@ export class ForwardBuffers {
   private scratch: Scratch | null = null;
   private partial: GPUBuffer | null = null; // split-K attention partials, grown to the longest context
   private partialElements = 0;
+  /** a batch's rope tables (one per distinct row of configs) and its rows' logits, grown to the largest batch */
+  private rowTables: GPUBuffer[] = [];
+  private rowTablesRows = 0;
+  private rowLogits: GPUBuffer | null = null;
+  private rowLogitsRows = 0;
 
   constructor(
     private readonly memory: GpuMemory,
@@ -96,7 +102,32 @@ export class ForwardBuffers {
     return this.partial;
   }
 
+  /** `count` rope tables of `rows` rows each, for a batch of sessions' steps */
+  tablesFor(count: number, rows: number): GPUBuffer[] {
+    if (this.rowTablesRows < rows) {
+      for (const b of this.rowTables) this.memory.destroy(b);
+      this.rowTables = [];
+      this.rowTablesRows = rows;
+    }
+    while (this.rowTables.length < count) this.rowTables.push(this.memory.create(`rope rows ${this.rowTables.length}`, rows * this.weights.config.rope.nRot * 4, ACTIVATION));
+    return this.rowTables.slice(0, count);
+  }
+
+  /** [rows × nVocab] logits of a batch (the shard holds the head) */
+  logitsFor(rows: number): GPUBuffer {
+    if (!this.rowLogits || this.rowLogitsRows < rows) {
+      this.memory.destroy(this.rowLogits);
+      this.rowLogitsRows = rows;
+      this.rowLogits = this.memory.create('logits rows', rows * this.weights.output!.rows * 4, ACTIVATION);
+    }
+    return this.rowLogits;
+  }
+
   dispose(): void {
+    for (const b of this.rowTables) this.memory.destroy(b);
+    this.rowTables = [];
+    this.memory.destroy(this.rowLogits);
+    this.rowLogits = null;
     this.freeScratch();
     this.memory.destroy(this.partial);
     this.partial = null;

@@ -4,6 +4,7 @@
 // Formulas shared with the CPU reference (RoPE angles, ggml's activation rounding rule) are
 // imported from it, so the two backends cannot drift apart.
 
+import { MeshError } from '../../errors.ts';
 import { activationFormatFor } from '../cpu/act-round.ts';
 import { ropeFor } from '../../model/config.ts';
 import type { RopeConfig } from '../../model/config.ts';
@@ -22,6 +23,8 @@ import { MoePass } from './moe-pass.ts';
 import type { DensePath } from './moe-pass.ts';
 import * as op from './ops.ts';
 import { ropeTable } from './rope-table.ts';
+import { recordQueries, recordRowsAttention } from './rows-attention.ts';
+import type { RowsMatmul } from './rows-attention.ts';
 import type { KvPart, SessionKv } from './session-kv.ts';
 import type { BlockWeights, LayerWeights, ShardWeights } from './shard-weights.ts';
 import type { StageKernels } from './stage-kernels.ts';
@@ -50,8 +53,7 @@ export class ForwardPass {
     const sc = this.buffers.scratchFor(n);
     const partial = this.buffers.partialFor(position + n);
     const queue = this.library.device.queue;
-    if (input.kind === 'tokens') queue.writeBuffer(sc.ids, 0, new Uint32Array(input.tokens));
-    else queue.writeBuffer(sc.x, 0, input.hidden as Float32Array<ArrayBuffer>);
+    this.writeInputs(sc, [input]);
     // the rope tables this session's layers use (sliding-window layers and long Phi-3 sessions have their own)
     const tables = new Map<RopeConfig, GPUBuffer>();
     const ropes = m.layers.map((_, l) => ropeFor(c, m.shard.start + l, kv.contextLength));
@@ -63,12 +65,9 @@ export class ForwardPass {
     }
 
     const rec = new Recorder(this.library, this.resources);
-    const retired = kv.grow(rec, position + n);
+    kv.grow(rec, position + n);
     kv.recurrent?.beginForward(rec, position, n);
-    if (m.tokenEmbd) {
-      op.getRows(rec, m.tokenEmbd, sc.ids, sc.x, n);
-      if (c.embedScale !== 1) op.scale(rec, sc.x, 0, n * c.nEmbd, c.embedScale);
-    }
+    this.embed(rec, sc, n);
     m.layers.forEach((layer, l) => {
       const il = m.shard.start + l;
       // the block kind: a Gated DeltaNet over the session's recurrent state, or attention over its KV cache
@@ -81,28 +80,112 @@ export class ForwardPass {
       }
       this.recordFfn(rec, layer, sc, n);
     });
+    const out = await this.finish(rec, sc, n, 1, sc.logits!, this.kernels.matMul);
+    return out.logits ? { kind: 'logits', logits: out.logits[0]! } : { kind: 'hidden', hidden: out.hidden!, nTokens: n };
+  }
 
-    if (m.output && m.outputNorm) {
-      // logits of the last position only: output norm, then the head
-      op.rmsNorm(rec, sc.x, (n - 1) * c.nEmbd, c.nEmbd, m.outputNorm, sc.xb, 0, c.nEmbd, c.nEmbd, 1, c.rmsEps);
-      op.matmul(rec, m.output, this.input(rec, sc, m.output, sc.xb, 1, new Map()), 0, sc.logits!, 0, m.output.rows, 1, this.kernels.matVec);
-      const bytes = await rec.submit({ buffer: sc.logits!, offset: 0, bytes: m.output.rows * 4 });
-      for (const b of retired) this.memory.destroy(b);
-      const logits = new Float32Array(bytes!);
-      // gemma: logits = c · tanh(logits / c), on the host as the CPU reference does it
-      const cap = c.finalLogitSoftcap;
-      if (cap > 0) for (let i = 0; i < logits.length; i++) logits[i] = Math.fround(Math.fround(Math.tanh(Math.fround(logits[i]! * Math.fround(1 / cap)))) * cap);
-      return { kind: 'logits', logits };
-    }
-    const bytes = await rec.submit({ buffer: sc.x, offset: 0, bytes: n * c.nEmbd * 4 });
-    for (const b of retired) this.memory.destroy(b);
-    return { kind: 'hidden', hidden: new Float32Array(bytes!), nTokens: n };
+  /**
+   * One-token steps of distinct sessions (already checked; every layer attends, no experts) as
+   * one pass: B rows through the projections, the feed-forward and the head together, each
+   * row's attention against its own session's cache (./rows-attention.ts). Each row's result is
+   * the bits of that session's own `run`: the matmuls take the decode kernel for every row.
+   * The caches may grow: the caller saves them first and commits or restores them after.
+   */
+  async runBatch(steps: readonly { kv: SessionKv; input: StageInput; position: number }[]): Promise<StageOutput[]> {
+    const m = this.weights;
+    const c = m.config;
+    const B = steps.length;
+    const sc = this.buffers.scratchFor(B);
+    const partial = this.buffers.partialFor(Math.max(...steps.map((s) => s.position)) + 1);
+    this.writeInputs(sc, steps.map((s) => s.input));
+    const tables = this.rowTables(steps);
+    const rec = new Recorder(this.library, this.resources);
+    for (const s of steps) s.kv.grow(rec, s.position + 1);
+    this.embed(rec, sc, B);
+    const mm: RowsMatmul = (w, x, memo, out, outOffset, outStride) => op.matmul(rec, w, this.input(rec, sc, w, x, B, memo), 0, out, outOffset, outStride, B, this.kernels.matVec, 'decode');
+    m.layers.forEach((layer, l) => {
+      if (isDeltaNet(layer)) throw new MeshError('BATCH_UNSUPPORTED', 'internal: a batch reached a Gated DeltaNet layer');
+      const il = m.shard.start + l;
+      const rows = steps.map((s) => ({ keys: s.kv.keys[l]!, values: s.kv.values[l]!, parts: s.kv.parts, position: s.position }));
+      recordRowsAttention(rec, c, this.kernels.kvType, layer, rows, sc, partial, tables[l]!, c.swaLayers[il] ? c.slidingWindow : 0, mm);
+      this.addResidual(rec, sc, layer.attnPostNorm, B);
+      this.recordFfn(rec, layer, sc, B, 'decode');
+    });
+    const out = await this.finish(rec, sc, B, B, m.output ? this.buffers.logitsFor(B) : sc.x, 'decode');
+    if (out.logits) return out.logits.map((logits) => ({ kind: 'logits', logits }));
+    return steps.map((_, i) => ({ kind: 'hidden', hidden: out.hidden!.slice(i * c.nEmbd, (i + 1) * c.nEmbd), nTokens: 1 }));
   }
 
   dispose(): void {
     this.buffers.dispose();
     this.moe?.dispose();
     this.delta?.dispose();
+  }
+
+  /** token ids, or hidden rows, of the inputs one after another */
+  private writeInputs(sc: Scratch, inputs: readonly StageInput[]): void {
+    const queue = this.library.device.queue;
+    if (inputs[0]!.kind === 'tokens') {
+      const ids = inputs.flatMap((i) => (i.kind === 'tokens' ? [...i.tokens] : []));
+      queue.writeBuffer(sc.ids, 0, new Uint32Array(ids));
+      return;
+    }
+    let at = 0;
+    for (const i of inputs) {
+      if (i.kind !== 'hidden') continue;
+      queue.writeBuffer(sc.x, at, i.hidden as Float32Array<ArrayBuffer>);
+      at += i.hidden.byteLength;
+    }
+  }
+
+  /** the first stage: the rows' token embeddings into the residual stream */
+  private embed(rec: Recorder, sc: Scratch, n: number): void {
+    const m = this.weights;
+    if (!m.tokenEmbd) return;
+    op.getRows(rec, m.tokenEmbd, sc.ids, sc.x, n);
+    if (m.config.embedScale !== 1) op.scale(rec, sc.x, 0, n * m.config.nEmbd, m.config.embedScale);
+  }
+
+  /**
+   * Submits the pass and reads back its output: on the shard with the head, the logits of the
+   * last `headRows` of the n rows (output norm, then the head, into `logitsBuf`); otherwise the
+   * hidden states [n × n_embd].
+   */
+  private async finish(rec: Recorder, sc: Scratch, n: number, headRows: number, logitsBuf: GPUBuffer, rowsKernel: op.RowsKernel): Promise<{ logits?: Float32Array[]; hidden?: Float32Array }> {
+    const m = this.weights;
+    const c = m.config;
+    if (!m.output || !m.outputNorm) return { hidden: new Float32Array((await rec.submit({ buffer: sc.x, offset: 0, bytes: n * c.nEmbd * 4 }))!) };
+    const vocab = m.output.rows;
+    op.rmsNorm(rec, sc.x, (n - headRows) * c.nEmbd, c.nEmbd, m.outputNorm, sc.xb, 0, c.nEmbd, c.nEmbd, headRows, c.rmsEps);
+    op.matmul(rec, m.output, this.input(rec, sc, m.output, sc.xb, headRows, new Map()), 0, logitsBuf, 0, vocab, headRows, this.kernels.matVec, rowsKernel);
+    const all = new Float32Array((await rec.submit({ buffer: logitsBuf, offset: 0, bytes: headRows * vocab * 4 }))!);
+    // gemma: logits = c · tanh(logits / c), on the host as the CPU reference does it
+    const cap = c.finalLogitSoftcap;
+    if (cap > 0) for (let i = 0; i < all.length; i++) all[i] = Math.fround(Math.fround(Math.tanh(Math.fround(all[i]! * Math.fround(1 / cap)))) * cap);
+    return { logits: Array.from({ length: headRows }, (_, r) => (headRows === 1 ? all : all.slice(r * vocab, (r + 1) * vocab))) };
+  }
+
+  /** per layer, the rope table of a batch: row i session i's angles at its position (one table per distinct row of configs) */
+  private rowTables(steps: readonly { kv: SessionKv; position: number }[]): GPUBuffer[] {
+    const m = this.weights;
+    const ids = new Map<RopeConfig, number>();
+    const keyOf = (ropes: RopeConfig[]) => ropes.map((r) => ids.get(r) ?? ids.set(r, ids.size).get(r)!).join(',');
+    const perLayer = m.layers.map((_, l) => steps.map((s) => ropeFor(m.config, m.shard.start + l, s.kv.contextLength)));
+    const keys = perLayer.map(keyOf);
+    const distinct = [...new Set(keys)];
+    const buffers = this.buffers.tablesFor(distinct.length, steps.length);
+    distinct.forEach((key, t) => {
+      const ropes = perLayer[keys.indexOf(key)]!;
+      const rows = ropes.map((r, i) => ropeTable(r, steps[i]!.position, 1));
+      const table = new Float32Array(rows.reduce((a, r) => a + r.length, 0));
+      let at = 0;
+      for (const r of rows) {
+        table.set(r, at);
+        at += r.length;
+      }
+      this.library.device.queue.writeBuffer(buffers[t]!, 0, table);
+    });
+    return keys.map((k) => buffers[distinct.indexOf(k)]!);
   }
 
   /** One block's attention over n tokens at positions [pos, pos + n), with its residual add. */
@@ -121,12 +204,11 @@ export class ForwardPass {
   ): void {
     const c = this.weights.config;
     const { nEmbd, nHead, nHeadKv, headDim, rmsEps } = c;
-    const qDim = nHead * headDim;
     const kvDim = nHeadKv * headDim;
     const kvAt = pos * kvDim; // this batch's rows of the cache
     const { matVec, matMul, kvType } = this.kernels;
     const neox = c.rope.mode === 'neox';
-    const mm = (w: GpuMatrix, x: GPUBuffer, memo: Map<string, GPUBuffer>, out: GPUBuffer, outOffset: number, outStride: number) =>
+    const mm: RowsMatmul = (w, x, memo, out, outOffset, outStride) =>
       op.matmul(rec, w, this.input(rec, sc, w, x, n, memo), 0, out, outOffset, outStride, n, matVec, matMul);
 
     // attention norm
@@ -140,16 +222,7 @@ export class ForwardPass {
     const vCache = vParts[0]!;
     const storeParts = (src: GPUBuffer, dst: GPUBuffer[]) => parts.forEach((part, i) => op.kvStore(rec, src, dst[i]!, part, headDim, kvDim, n, pos, kvType));
     const normed = new Map<string, GPUBuffer>();
-    // Qwen3.5: per head the query, then its output gate
-    const gated = w.outputGate === true;
-    const qRaw = gated ? sc.qGate! : w.qNorm ? sc.att : sc.q;
-    const qStride = gated ? 2 * headDim : headDim;
-    mm(w.wq, sc.xb, normed, qRaw, 0, gated ? 2 * qDim : qDim);
-    if (w.bq) op.add(rec, qRaw, 0, w.bq, n * qDim, qDim);
-    if (w.qNorm) op.rmsNorm(rec, qRaw, 0, qStride, w.qNorm, sc.q, 0, headDim, headDim, n * nHead, rmsEps);
-    op.rope(rec, sc.q, 0, ropeTab, n, nHead, headDim, c.rope.nRot, neox);
-    // gemma3, phi3: queries scaled before attention, scores not scaled again
-    if (c.queryScale !== null) op.scale(rec, sc.q, 0, n * qDim, c.queryScale);
+    const { qRaw, qStride } = recordQueries(rec, c, w, sc, n, ropeTab, normed, mm);
 
     const direct = !w.kNorm && !f16kv && !split; // k computed in place in the cache
     let kBuf = direct ? kCache : sc.kTmp!;
@@ -181,18 +254,18 @@ export class ForwardPass {
     const slices = parts.map((part, i) => ({ k: kParts[i]!, v: vParts[i]!, slice: split ? part : { h0: 0, heads: nHeadKv } }));
     if (n === 1) op.attentionDecode(rec, shape, sc.q, 0, kCache, vCache, partial, sc.att, pos + 1, kvType, window, scoreScale, slices);
     else for (const p of slices) op.attentionPrefill(rec, shape, sc.q, p.k, p.v, sc.att, n, pos, kvType, window, scoreScale, p.slice);
-    if (gated) op.sigmoidGate(rec, sc.att, qRaw, n * nHead, headDim, headDim, qStride);
+    if (w.outputGate) op.sigmoidGate(rec, sc.att, qRaw, n * nHead, headDim, headDim, qStride);
     // output projection (and its post-norm, gemma3), residual
     mm(w.wo, sc.att, new Map(), sc.tmp, 0, nEmbd);
     this.addResidual(rec, sc, w.attnPostNorm, n);
   }
 
   /** One block's feed-forward: norm, dense gated FFN or mixture of experts, residual add. */
-  private recordFfn(rec: Recorder, w: BlockWeights, sc: Scratch, n: number): void {
+  private recordFfn(rec: Recorder, w: BlockWeights, sc: Scratch, n: number, rowsKernel: op.RowsKernel = this.kernels.matMul): void {
     const c = this.weights.config;
     op.rmsNorm(rec, sc.x, 0, c.nEmbd, w.ffnNorm, sc.xb, 0, c.nEmbd, c.nEmbd, n, c.rmsEps);
     if (w.ffn.kind === 'moe') this.moe!.record(rec, w.ffn, sc.xb, sc.tmp, n, this.densePath(rec, sc));
-    else this.densePath(rec, sc).ffn(w.ffn, sc.xb, sc.tmp, n);
+    else this.densePath(rec, sc, rowsKernel).ffn(w.ffn, sc.xb, sc.tmp, n);
     this.addResidual(rec, sc, 'ffnPostNorm' in w ? w.ffnPostNorm : undefined, n);
   }
 
@@ -213,16 +286,16 @@ export class ForwardPass {
     return (w, x, n, memo, out, outOffset, outStride) => op.matmul(rec, w, this.input(rec, sc, w, x, n, memo), 0, out, outOffset, outStride, n, matVec, matMul);
   }
 
-  /** The dense building blocks, with ggml's activation rounding: a matmul, the gated FFN, its activation. */
-  private densePath(rec: Recorder, sc: Scratch): DensePath {
+  /** The dense building blocks, with ggml's activation rounding: a matmul (several rows through `rowsKernel`), the gated FFN, its activation. */
+  private densePath(rec: Recorder, sc: Scratch, rowsKernel: op.RowsKernel = this.kernels.matMul): DensePath {
     const c = this.weights.config;
-    const { matVec, matMul } = this.kernels;
+    const { matVec } = this.kernels;
     const activation = (gate: GPUBuffer, up: GPUBuffer, count: number) => {
       if (c.ffnActivation === 'gelu') op.geglu(rec, gate, up, this.weights.geluTable!, count);
       else op.swiglu(rec, gate, up, count);
     };
     const matmul = (w: GpuMatrix, x: GPUBuffer, out: GPUBuffer, outStride: number, n: number, memo = new Map<string, GPUBuffer>()) =>
-      op.matmul(rec, w, this.input(rec, sc, w, x, n, memo), 0, out, 0, outStride, n, matVec, matMul);
+      op.matmul(rec, w, this.input(rec, sc, w, x, n, memo), 0, out, 0, outStride, n, matVec, rowsKernel);
     return {
       matmul,
       activation,

@@ -19,6 +19,13 @@ export type MatVecKernel = 'mul_mat_vec' | 'mul_mat';
 /** Batched kernel: 'mul_mat_tiled' (shared-memory tiles, for GPUs) or 'mul_mat' (no barriers). */
 export type MatMulKernel = 'mul_mat' | 'mul_mat_tiled';
 
+/**
+ * What a matmul of several rows runs: a MatMulKernel (prefill), or 'decode': every row through
+ * the decode kernel (`vecKernel`), which sums each row in the order it sums one alone — a batch
+ * of sessions' decode steps, each row the bits of that session's own step.
+ */
+export type RowsKernel = MatMulKernel | 'decode';
+
 const TILE_K = 32; // TK in mul_mat_tiled.wgsl
 const TILE_ROWS = 64;
 const TILE_TOKENS = 64;
@@ -42,7 +49,7 @@ export function matmul(
   outStride: number,
   nTokens: number,
   vecKernel: MatVecKernel = 'mul_mat_vec',
-  batchKernel: MatMulKernel = 'mul_mat',
+  batchKernel: RowsKernel = 'mul_mat',
 ): void {
   for (const c of w.chunks) {
     if (nTokens > 1 && batchKernel === 'mul_mat_tiled' && tiledFits(w.k)) {
@@ -54,15 +61,15 @@ export function matmul(
         buffers: [c.buffer, x, out],
         groups: [Math.ceil(c.rows / TILE_ROWS), Math.ceil(nTokens / TILE_TOKENS)],
       });
-    } else if (nTokens === 1 && vecKernel === 'mul_mat_vec') {
+    } else if (vecKernel === 'mul_mat_vec' && (nTokens === 1 || batchKernel === 'decode')) {
       const [gx, gy] = grid2d(c.rows);
       rec.dispatch({
         kernel: 'mul_mat_vec',
         quant: w.quant,
         reads: c.rows * w.rowBytes,
-        params: [w.k, c.rows, w.rowBytes, xOffset, outOffset + c.row0, gx],
+        params: [w.k, c.rows, w.rowBytes, xOffset, outOffset + c.row0, gx, w.k, outStride],
         buffers: [c.buffer, x, out],
-        groups: [gx, gy],
+        groups: [gx, gy, nTokens],
       });
     } else {
       rec.dispatch({
@@ -160,8 +167,9 @@ export function attentionPartialElements(s: AttentionShape, nKv: number): number
 }
 
 /**
- * One query token (q[qOffset …] = [nHead × headDim]) over nKv cached positions → out [nHead × headDim];
- * only the last `window` positions in a sliding-window layer (0: all). Scores are q·k × scale.
+ * One query token (q[qOffset …] = [nHead × headDim]) over nKv cached positions → out[outOffset …]
+ * [nHead × headDim]; only the last `window` positions in a sliding-window layer (0: all). Scores
+ * are q·k × scale.
  */
 export function attentionDecode(
   rec: Recorder,
@@ -177,13 +185,14 @@ export function attentionDecode(
   window = 0,
   scale = 1 / Math.sqrt(s.headDim),
   parts: readonly { k: GPUBuffer; v: GPUBuffer; slice: KvSlice }[] = [{ k: kCache, v: vCache, slice: { h0: 0, heads: s.nHeadKv } }],
+  outOffset = 0,
 ): void {
   const nChunks = Math.ceil(nKv / ATTENTION_CHUNK);
   const group = s.nHead / s.nHeadKv;
-  const params = [s.nHead, s.nHeadKv, s.headDim, nKv, nChunks, f32(scale), qOffset, window, 0, 0, s.nHeadKv];
+  const params = [s.nHead, s.nHeadKv, s.headDim, nKv, nChunks, f32(scale), qOffset, window, 0, 0, s.nHeadKv, outOffset];
   // each part's query heads score its cached heads; the combine merges every head's chunks
   for (const part of parts) {
-    const partParams = [...params.slice(0, 8), part.slice.h0 * group, part.slice.h0, part.slice.heads];
+    const partParams = [...params.slice(0, 8), part.slice.h0 * group, part.slice.h0, part.slice.heads, outOffset];
     rec.dispatch({ kernel: 'attention_decode', quant: kvType, entry: 'split', params: partParams, buffers: [q, part.k, part.v, partial], groups: [nChunks, part.slice.heads * group] });
   }
   rec.dispatch({
@@ -222,17 +231,18 @@ export function attentionPrefill(
 }
 
 /**
- * Writes a batch's keys or values (src: [nTokens × nHeadKv·headDim] f32) into one part of a
- * cache split by heads, at positions pos0…: f32, or packed f16.
+ * Writes a batch's keys or values (src: [nTokens × nHeadKv·headDim] f32 from row `srcRow`) into
+ * one part of a cache split by heads (or a whole one: h0 0, all heads), at positions pos0…:
+ * f32, or packed f16.
  */
-export function kvStore(rec: Recorder, src: GPUBuffer, dst: GPUBuffer, slice: KvSlice, headDim: number, kvDim: number, nTokens: number, pos0: number, kvType: KvType): void {
+export function kvStore(rec: Recorder, src: GPUBuffer, dst: GPUBuffer, slice: KvSlice, headDim: number, kvDim: number, nTokens: number, pos0: number, kvType: KvType, srcRow = 0): void {
   const width = slice.heads * headDim;
   const units = kvType === 'f16' ? (nTokens * width) / 2 : nTokens * width;
   const [gx, gy] = grid2d(Math.ceil(units / WG));
   rec.dispatch({
     kernel: 'kv_store',
     entry: kvType === 'f16' ? 'store_f16' : 'store_f32',
-    params: [nTokens, width, kvDim, slice.h0 * headDim, pos0, gx],
+    params: [nTokens, width, kvDim, srcRow * kvDim + slice.h0 * headDim, pos0, gx],
     buffers: [src, dst],
     groups: [gx, gy],
   });

@@ -36,6 +36,14 @@ export function kvParts(nHeadKv: number, headDim: number, elementBytes: number, 
   return parts;
 }
 
+/** What `grow` changes, saved before a forward that may fail (SessionKv.save). */
+export interface SavedKv {
+  keys: GPUBuffer[][];
+  values: GPUBuffer[][];
+  capacity: number;
+  kvBytes: number;
+}
+
 export class SessionKv {
   /** positions the cache buffers hold now (grown by doubling up to contextLength) */
   capacity: number;
@@ -91,28 +99,62 @@ export class SessionKv {
 
   /**
    * Makes the cache hold `needed` positions: bigger buffers, with the filled positions copied
-   * over at the start of `rec`'s submission. Returns the old buffers, to free once that
-   * submission is made.
+   * over at the start of `rec`'s submission. The caller saved the cache first: it commits once
+   * the submission succeeded (the old buffers are freed) or restores it after a failure.
    */
-  grow(rec: Recorder, needed: number): GPUBuffer[] {
-    if (needed <= this.capacity) return [];
+  grow(rec: Recorder, needed: number): void {
+    if (needed <= this.capacity) return;
     const capacity = kvCapacity(this.capacity, needed, this.contextLength);
     const eb = this.elementBytes;
+    const made: GPUBuffer[] = [];
     const grow = (old: GPUBuffer[][], name: string) =>
       old.map((parts, l) =>
         parts.map((b, p) => {
           const bigger = this.memory.create(`${name}[${l}.${p}] ${this.sessionId}`, capacity * this.partWidth(p) * eb, KV_USAGE);
+          made.push(bigger);
           const filled = this.position * this.partWidth(p) * eb;
           if (filled > 0) rec.copyBefore(b, bigger, filled);
           return bigger;
         }),
       );
-    const retired = [...this.keys.flat(), ...this.values.flat()];
-    this.keys = grow(this.keys, 'k');
-    this.values = grow(this.values, 'v');
+    let keys: GPUBuffer[][], values: GPUBuffer[][];
+    try {
+      keys = grow(this.keys, 'k');
+      values = grow(this.values, 'v');
+    } catch (e) {
+      // nothing replaced yet: the cache stays as it was
+      for (const b of made) this.memory.destroy(b);
+      throw e;
+    }
+    this.keys = keys;
+    this.values = values;
     this.capacity = capacity;
     this.kvBytes = 2 * this.kvLayers * capacity * this.kvDim * eb;
-    return retired;
+  }
+
+  /** the buffers a forward may replace by growing: for restore (it failed) or commit (it succeeded) */
+  save(): SavedKv {
+    return { keys: this.keys, values: this.values, capacity: this.capacity, kvBytes: this.kvBytes };
+  }
+
+  /** back to `saved` after a forward that failed: the buffers grown since are freed, the old ones (intact: their copy never ran) kept */
+  restore(saved: SavedKv): void {
+    this.freeAllBut(saved, this);
+    this.keys = saved.keys;
+    this.values = saved.values;
+    this.capacity = saved.capacity;
+    this.kvBytes = saved.kvBytes;
+  }
+
+  /** after a forward that succeeded: frees the buffers of `saved` that growing replaced */
+  commit(saved: SavedKv): void {
+    this.freeAllBut(this, saved);
+  }
+
+  /** frees the buffers of `from` that `keep` does not hold */
+  private freeAllBut(keep: SavedKv | SessionKv, from: SavedKv | SessionKv): void {
+    const kept = new Set([...keep.keys.flat(), ...keep.values.flat()]);
+    for (const b of [...from.keys.flat(), ...from.values.flat()]) if (!kept.has(b)) this.memory.destroy(b);
   }
 
   /** records that every layer of the shard took `n` more positions */

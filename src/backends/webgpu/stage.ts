@@ -15,6 +15,7 @@ import { GpuMemory } from './gpu-memory.ts';
 import { KernelLibrary, SubmitResources } from './kernels.ts';
 import * as op from './ops.ts';
 import { checkDeltaShapes } from './delta-net.ts';
+import { batchesShard } from './rows-attention.ts';
 import { kvParts, SessionKv } from './session-kv.ts';
 import { SessionRecurrent } from './session-recurrent.ts';
 import type { ShaderSources } from './shader-library.ts';
@@ -165,14 +166,56 @@ export class WebGpuStage {
     const kv = this.session(sessionId);
     const n = this.checkInput(m, kv, sessionId, input, position);
     const started = performance.now();
+    // a cache that grows in this pass is put back if the pass fails (its old buffers are intact: the copy never ran)
+    const saved = kv.save();
     const output = await this.guard(shardLabel(m), `forward of session ${sessionId}`, () => this.pass!.run(kv, input, n, position)).catch((e) => {
+      kv.restore(saved);
       // a forward that failed part-way must not leave the recurrent state advanced
       kv.recurrent?.abandon();
       throw e;
     });
+    kv.commit(saved);
     kv.advance(n);
     kv.recurrent?.advance(n);
     return { output, computeMs: performance.now() - started };
+  }
+
+  /**
+   * One-token steps of distinct sessions as one pass (ForwardPass.runBatch), each result the
+   * bits of that step's own `forward`. Every step is checked before anything runs, and a pass
+   * that fails leaves every session as it was (caches that grew are put back), so the caller
+   * may run the steps one by one instead. computeMs: the whole pass's.
+   */
+  forwardBatch(steps: readonly { sessionId: string; input: StageInput; position: number }[]): Promise<ForwardResult[]> {
+    return this.exclusive(() => this.forwardBatchNow(steps));
+  }
+
+  private async forwardBatchNow(steps: readonly { sessionId: string; input: StageInput; position: number }[]): Promise<ForwardResult[]> {
+    this.check();
+    const m = this.loadedModel();
+    if (!batchesShard(m.config, m.shard)) {
+      throw new MeshError('BATCH_UNSUPPORTED', `${shardLabel(m)} has Gated DeltaNet or expert layers, whose sessions' steps run one by one`);
+    }
+    if (steps.length === 0) throw new MeshError('BAD_STAGE_INPUT', 'a batch needs at least one step');
+    if (new Set(steps.map((s) => s.sessionId)).size !== steps.length) throw new MeshError('BAD_STAGE_INPUT', 'a batch holds one step per session');
+    const kvs = steps.map((s) => {
+      const kv = this.session(s.sessionId);
+      const n = this.checkInput(m, kv, s.sessionId, s.input, s.position);
+      if (n !== 1) throw new MeshError('BAD_STAGE_INPUT', `a batched step is one token, session ${s.sessionId} sent ${n}`);
+      return kv;
+    });
+    const started = performance.now();
+    const saved = kvs.map((kv) => kv.save());
+    const outputs = await this.guard(shardLabel(m), `a batch of ${steps.length} sessions' steps`, () => this.pass!.runBatch(steps.map((s, i) => ({ kv: kvs[i]!, input: s.input, position: s.position })))).catch((e) => {
+      kvs.forEach((kv, i) => kv.restore(saved[i]!));
+      throw e;
+    });
+    kvs.forEach((kv, i) => {
+      kv.commit(saved[i]!);
+      kv.advance(1);
+    });
+    const computeMs = performance.now() - started;
+    return outputs.map((output) => ({ output, computeMs }));
   }
 
   /** The number of tokens in `input`, once it is known to fit the shard and the session. */
