@@ -4,7 +4,9 @@
 // its /v1/frames WebSocket and binary HTTP paths — malformed frames and fragments, unknown
 // sessions, refused steps, a whole session — and expects the answers docs/protocol.md gives
 // ("Strict decoding", "Fragments", "A stage"; the API's SessionOpen tokens/logprobs, wide Token frames
-// and Rewind's sampler/logprobs/tokens/from), identical for both. A tampered shard is refused
+// and Rewind's sampler/logprobs/tokens/from; Verify frames — the greedy token after each
+// position, llama.cpp's, and rejected drafts dropped by the next — and one-way steps, answered
+// Status {returned}), identical for both. A tampered shard is refused
 // by both with TENSOR_HASH_MISMATCH naming the tensor, after one re-fetch.
 import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -17,8 +19,9 @@ import { DType, encodeFrame, FrameFlag, FrameType, makeFrame } from '../src/prot
 import type { Frame } from '../src/protocol/frame.ts';
 import { fragment } from '../src/protocol/fragment.ts';
 import { decodeFrame } from '../src/protocol/frame.ts';
-import { decodeJson, decodeSampled, hiddenFrame, jsonFrame, repairFrame, sampledFrame, tokensFrame } from '../src/protocol/payload.ts';
+import { decodeI32, decodeJson, decodeSampled, hiddenFrame, payloadBody, jsonFrame, repairFrame, sampledFrame, tokensFrame } from '../src/protocol/payload.ts';
 import { newSessionId } from '../src/protocol/session.ts';
+import { greedyGenerate, loadModel } from './support/llama.ts';
 import { getJson, killAll, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
 import { stories260K, STORIES_PROMPT_TOKENS } from './support/models.ts';
 
@@ -27,10 +30,15 @@ type Impl = (typeof IMPLEMENTATIONS)[number];
 
 let model: string;
 let work: string;
+/** llama.cpp's greedy tokens after the prompt (positions 5 to 10): what Verify frames answer */
+let greedy: number[];
 
 beforeAll(async () => {
   model = await stories260K();
   work = mkdtempSync(join(tmpdir(), 'gguf-mesh-conformance-'));
+  const llama = await loadModel(model);
+  greedy = await greedyGenerate(llama, STORIES_PROMPT_TOKENS, 6);
+  await llama.dispose();
 });
 
 afterAll(async () => {
@@ -85,6 +93,7 @@ function summary(f: Frame): unknown {
     const { backend, timing, ...rest } = decodeJson<Record<string, unknown>>(f.payload);
     return { status: rest, ...(backend !== undefined ? { backend: typeof backend } : {}), ...(timing ? { timing: Object.keys(timing as object).sort() } : {}), seq: f.seq };
   }
+  if (f.type === FrameType.Token && f.flags & FrameFlag.Verify) return { verified: [...decodeI32(payloadBody(f))], position: f.position, seq: f.seq };
   if (f.type === FrameType.Token) {
     // log-probabilities to 2 decimals: the two implementations' logits differ in their last bits
     const { token, logprob } = decodeSampled(f);
@@ -108,7 +117,7 @@ const SID2 = 'c0ffee00' + '0'.repeat(23) + '2';
 const at = (seq: number, sessionId = SID) => ({ routeId: 1, sessionId, seq });
 
 /** The probes, in order (a session is opened, stepped and closed along the way), each with its reply. */
-async function frameProbes(sock: RawSocket): Promise<Record<string, unknown>> {
+async function frameProbes(sock: RawSocket, greedy: number[]): Promise<Record<string, unknown>> {
   const out: Record<string, unknown> = {};
   const probe = async (name: string, ...messages: Uint8Array[]): Promise<void> => {
     out[name] = summary(await sock.send(...messages));
@@ -195,7 +204,41 @@ async function frameProbes(sock: RawSocket): Promise<Record<string, unknown>> {
   await probe('rewind with tokens from 1', rewind2(79, 5, { draws: 0, sampler: { presencePenalty: -100 }, logprobs: 0, tokens: [432, 432, 432, 432], from: 1 }));
   await probe('decode with the rewound history', encodeFrame(tokensFrame(FrameType.Decode, at2(80), 5, [432])));
   await probe('close the second session', encodeFrame(makeFrame({ type: FrameType.SessionClose, ...at2(81) })));
+  await verifyProbes(sock, out, greedy);
   return out;
+}
+
+const SID3 = 'c0ffee00' + '0'.repeat(23) + '3';
+
+/**
+ * Speculative decoding (the Verify flag) and the one-way token path (ReturnDirect) on a lone
+ * stage: `greedy` is llama.cpp's greedy continuation of the prompt, from position 5.
+ */
+async function verifyProbes(sock: RawSocket, out: Record<string, unknown>, greedy: number[]): Promise<void> {
+  const at3 = (seq: number) => at(seq, SID3);
+  const probe = async (name: string, ...messages: Uint8Array[]): Promise<void> => {
+    out[name] = summary(await sock.send(...messages));
+  };
+  const verify = (seq: number, pos: number, tokens: number[], flags = 0) => encodeFrame(tokensFrame(FrameType.Prefill, at3(seq), pos, tokens, FrameFlag.Sample | FrameFlag.Verify | flags));
+  const status = (seq: number) => encodeFrame(makeFrame({ type: FrameType.Status, ...at3(seq) }));
+  const [g5, g6, g7, g8, g9, g10] = greedy as [number, number, number, number, number, number];
+  await probe('verify, no session', encodeFrame(tokensFrame(FrameType.Prefill, at(90, 'e'.repeat(32)), 0, [1, 2], FrameFlag.Sample | FrameFlag.Verify)));
+  await probe('a verify token frame of 0 tokens', patched(tokensFrame(FrameType.Token, at3(91), 0, [1], FrameFlag.Verify), [36, 0]));
+  await probe('open a speculating session', encodeFrame(jsonFrame(FrameType.SessionOpen, at3(92), { contextLength: 16 })));
+  await probe('prefill the prompt', encodeFrame(tokensFrame(FrameType.Prefill, at3(93), 0, STORIES_PROMPT_TOKENS, FrameFlag.Sample)));
+  // the step's token, a right draft and a wrong one: the greedy token after each position
+  await probe('verify: a right draft, a wrong one', verify(94, 5, [g5, g6, 7]));
+  await probe('status after the verify', status(95));
+  // the server kept one draft: the next Verify frame starts at the wrong draft's position, and drops it
+  await probe('verify over the rejected draft', verify(96, 7, [g7, g8, g9]));
+  await probe('status after the rollback', status(97));
+  // positions a plain frame wrote are never dropped so
+  await probe('verify where a plain frame wrote', verify(98, 3, [1, 2]));
+  // one-way: the token goes to the server on the control socket; the stage answers that it did
+  await probe('decode, one-way', encodeFrame(tokensFrame(FrameType.Decode, at3(99), 10, [g10], FrameFlag.ReturnDirect | FrameFlag.WantTimings)));
+  await probe('verify, one-way', verify(100, 11, [1, 2], FrameFlag.ReturnDirect));
+  await probe('status after the one-way steps', status(101));
+  await probe('close the speculating session', encodeFrame(makeFrame({ type: FrameType.SessionClose, ...at3(102) })));
 }
 
 /** The binary HTTP paths and the secret checks. */
@@ -249,7 +292,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
     await waitForRoute(serve, 'ready', 120_000);
     const peer = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}/peers`, serve.secret)).body.peers[0];
     const sock = await RawSocket.open(peer.listen, serve.secret);
-    const frames = await frameProbes(sock);
+    const frames = await frameProbes(sock, greedy);
     sock.ws.close();
     const http = await httpProbes(peer.listen.replace(/^ws/, 'http').replace(/\/v1\/frames$/, ''), peer.listen, serve.secret);
     answers[impl] = { frames, http };
@@ -260,6 +303,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
     const stageErr = (seq: number, code: string, details?: Record<string, unknown>) => ({ error: code, stage: 0, ...(details ? { details } : {}), seq, reply: true });
     const shard = { start: 0, end: 5 };
     const kv = 2 * 5 * 8 * 4 * 8 * 4; // K and V, 5 layers, 8 positions, 4 KV heads × 8 dims, f32
+    const kv16 = 2 * kv; // a context of 16
     // [1, 403, 407, 261, 378] is the prompt; logprobs are of the raw logits, whatever the penalties picked
     const apiAnswers = {
       'a token frame with logprobs': stageErr(70, 'FRAME_BAD_TYPE', { field: 'type' }),
@@ -280,6 +324,24 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'rewind with tokens from 1': { status: { stage: 0, position: 5 }, seq: 79 },
       'decode with the rewound history': { token: 432, width: 2, logprob: -8.88, top: [], position: 6, seq: 80 },
       'close the second session': { status: { stage: 0, state: 'closed' }, seq: 81 },
+    };
+    const [, g6, g7, g8, g9, g10] = greedy;
+    const verifyAnswers = {
+      'verify, no session': stageErr(90, 'SESSION_UNKNOWN', { field: 'session id' }),
+      'a verify token frame of 0 tokens': bad('FRAME_BAD_DIMENSION', 'token count'),
+      'open a speculating session': { status: { stage: 0, state: 'open', position: 0 }, seq: 92 },
+      'prefill the prompt': { token: greedy[0], position: 5, seq: 93 },
+      // after the wrong draft: whatever follows it (the same on both, compared below)
+      'verify: a right draft, a wrong one': { verified: [g6, g7, expect.any(Number)], position: 8, seq: 94 },
+      'status after the verify': { status: { stage: 0, shard, open: true, position: 8, kvBytes: kv16, processedTokens: new Array(5).fill(8), replayLogBytes: 0 }, backend: 'string', timing: TIMING_KEYS, seq: 95 },
+      'verify over the rejected draft': { verified: [g8, g9, g10], position: 10, seq: 96 },
+      // position 7 computed twice: the rejected draft's work counts, its KV does not
+      'status after the rollback': { status: { stage: 0, shard, open: true, position: 10, kvBytes: kv16, processedTokens: new Array(5).fill(11), replayLogBytes: 0 }, backend: 'string', timing: TIMING_KEYS, seq: 97 },
+      'verify where a plain frame wrote': stageErr(98, 'POSITION_MISMATCH', { expected: 10, got: 3 }),
+      'decode, one-way': { status: { stage: 0, position: 11, returned: true }, seq: 99 },
+      'verify, one-way': { status: { stage: 0, position: 13, returned: true }, seq: 100 },
+      'status after the one-way steps': { status: { stage: 0, shard, open: true, position: 13, kvBytes: kv16, processedTokens: new Array(5).fill(14), replayLogBytes: 0 }, backend: 'string', timing: TIMING_KEYS, seq: 101 },
+      'close the speculating session': { status: { stage: 0, state: 'closed' }, seq: 102 },
     };
     expect(frames).toEqual({
       garbage: bad('FRAME_BAD_MAGIC', 'magic'),
@@ -336,6 +398,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       close: { status: { stage: 0, state: 'closed' }, seq: 62 },
       'decode after close': stageErr(39, 'SESSION_UNKNOWN', { field: 'session id' }),
       ...apiAnswers,
+      ...verifyAnswers,
     });
     expect(http).toEqual({
       'POST garbage': { http: 400, ...bad('FRAME_BAD_MAGIC', 'magic') },

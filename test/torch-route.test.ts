@@ -3,12 +3,19 @@
 // reference (PyTorch → TypeScript over binary HTTP and WebSocket, TypeScript → PyTorch over
 // WebSocket), give llama.cpp's greedy tokens
 // on stories260K and on synthetic llama/qwen2/qwen3 models; the hidden state a PyTorch stage
-// sends equals the CPU reference's; no stage recomputes the prompt while decoding.
+// sends equals the CPU reference's; no stage recomputes the prompt while decoding. With PyTorch
+// stages in the middle and last, tokens take the one-way path (ReturnDirect) and speculative
+// decoding (Verify frames) gives llama.cpp's greedy tokens, the rejected drafts rolled back.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { LlamaModel } from 'node-llama-cpp';
 import { CpuBackend } from '../src/backends/cpu/backend.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import { Sampler, tokenLogprob } from '../src/model/sampler.ts';
+import { DType, FrameFlag, FrameType } from '../src/protocol/frame.ts';
+import { hiddenFrame, jsonFrame } from '../src/protocol/payload.ts';
+import type { StepTiming } from '../src/protocol/payload.ts';
+import { newSessionId } from '../src/protocol/session.ts';
+import { WsLink } from '../src/transport/ws.ts';
 import type { SamplerOptions } from '../src/model/sampler.ts';
 import { RouteSessionClient } from '../src/route/client.ts';
 import { joinRoom } from '../src/route/remote.ts';
@@ -45,16 +52,17 @@ async function node(serve: ServeInfo, backend: 'torch' | 'cpu', name: string, me
 }
 
 /** Greedy tokens sampled on the last stage, and the session's status before it closes. */
-async function generateOnRoute(joined: JoinedRoom, serve: ServeInfo, prompt: number[], n: number, body: Record<string, unknown> = {}): Promise<{ tokens: number[]; info: any; after: any; timings: number[] }> {
+async function generateOnRoute(joined: JoinedRoom, serve: ServeInfo, prompt: number[], n: number, body: Record<string, unknown> = {}): Promise<{ tokens: number[]; info: any; after: any; timings: number[]; records: StepTiming[] }> {
   const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: 64, ...body });
   c.wantTimings = true;
   const tokens = [await c.prefill(prompt, 2)];
   while (tokens.length < n) tokens.push(await c.decode(tokens.at(-1)!));
-  const timings = c.lastTimings.map((t) => t.stage);
+  const records = [...c.lastTimings];
+  const timings = records.map((t) => t.stage);
   const info = (await getJson(`${serve.base}/v1/sessions/${c.sessionId}`, serve.secret)).body;
   await c.close();
   const after = (await getJson(`${serve.base}/v1/sessions/${c.sessionId}`, serve.secret)).body;
-  return { tokens, info, after, timings };
+  return { tokens, info, after, timings, records };
 }
 
 /** Every stage processed prompt + fed tokens exactly once per layer, held KV, and freed it on close. */
@@ -244,6 +252,106 @@ describe.each(['llama', 'qwen2', 'qwen3'] as const)('synthetic %s (f32, 4 heads 
     } finally {
       await cpu.dispose();
       await source.close();
+    }
+  });
+});
+
+describe('stories260K with PyTorch stages in the middle and last (CPU 0-1 → PyTorch 1-3 → PyTorch 3-5): the one-way token path, speculative decoding', () => {
+  let serve: ServeInfo;
+  let joined: JoinedRoom;
+  let route: any;
+
+  beforeAll(async () => {
+    serve = await spawnServe(storiesPath, ['--min-peers', '3']);
+    await node(serve, 'cpu', 'w0', '1GiB', ['--layers', '0-1']);
+    await node(serve, 'torch', 'w1', '1GiB', ['--layers', '1-3']);
+    await node(serve, 'torch', 'w2', '1GiB', ['--layers', '3-5']);
+    await waitForRoute(serve, 'ready', 120_000);
+    joined = await joinRoom(serve.joinUrl, serve.secret);
+    route = (await getJson(`${serve.base}/v1/routes/${joined.routeId}`, serve.secret)).body;
+  });
+  afterAll(async () => {
+    await joined?.close();
+    await serve?.proc.kill();
+  });
+
+  it("takes the one-way token path with llama.cpp's tokens: the stages before the last answer once their hidden states are sent, the last stage's token goes to the server on its own", async () => {
+    expect(route.stages.map((s: any) => [s.peer.backend, s.shard.start, s.shard.end])).toEqual([['cpu', 0, 1], ['torch', 1, 3], ['torch', 3, 5]]);
+    const expected = await greedyGenerate(llama, STORIES_PROMPT_TOKENS, N);
+    const oneWay = await generateOnRoute(joined, serve, STORIES_PROMPT_TOKENS, N);
+    const climb = await generateOnRoute(joined, serve, STORIES_PROMPT_TOKENS, N, { tokenPath: 'climb' });
+    expect(oneWay.tokens).toEqual(expected);
+    expect(climb.tokens).toEqual(expected);
+    expectNoRecompute(oneWay, STORIES_PROMPT_TOKENS.length + N - 1);
+    // every stage's record came forward on the hidden states and reached the client with the token
+    expect(oneWay.timings).toEqual([0, 1, 2]);
+    const waited = (r: { info: any }) => r.info.stages.map((st: any) => st.timing.downstreamMs);
+    // one-way: no stage waited for the one after it (the torch middle stage included) …
+    expect(waited(oneWay)).toEqual([0, 0, 0]);
+    // … while climbing, the stages before the last waited for every token to come back
+    expect(waited(climb).slice(0, 2).every((ms: number) => ms > 0), JSON.stringify(waited(climb))).toBe(true);
+    // the last stage's record holds the return hop to the server only on the one-way path
+    expect(oneWay.records[2]!.downstreamUs).toBeGreaterThan(0);
+    expect(climb.records[2]!.downstreamUs).toBe(0);
+  });
+
+  it("speculates: llama.cpp's greedy tokens in fewer route passes, the drafts the route rejected rolled back on the PyTorch stages", async () => {
+    const prompts = ['Tom had a red ball. Tom had a red ball. Tom had a red ball. Tom had a red ball.', 'The sun was hot. A dog ran to the park, and a bird sang.'];
+    const n = 48;
+    let proposed = 0;
+    let accepted = 0;
+    for (const text of prompts) {
+      const prompt = tokenize(llama, text);
+      const expected = await greedyGenerate(llama, prompt, n, prompt.length + n + 24);
+      const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: prompt.length + n + 24, speculate: 4 });
+      c.wantTimings = true;
+      const tokens = [await c.prefill(prompt)];
+      while (tokens.length < n) tokens.push(await c.decode(tokens.at(-1)!));
+      const info = (await getJson(`${serve.base}/v1/sessions/${c.sessionId}`, serve.secret)).body;
+      await c.close();
+      expect(tokens).toEqual(expected);
+      const spec = info.speculation;
+      console.log(`torch route, ${JSON.stringify(text.slice(0, 16))}: ${JSON.stringify(spec)}; tokens per pass ${(spec.tokens / spec.passes).toFixed(2)}`);
+      expect(spec.tokens).toBe(n - 1);
+      expect(spec.passes).toBeLessThan(spec.tokens);
+      proposed += spec.proposed;
+      accepted += spec.accepted;
+      // the torch stages computed the drafts too: more positions than the client fed
+      const fed = prompt.length + n - 1;
+      for (const st of info.stages.slice(1)) expect(st.processedTokens[0], `stage ${st.stage}`).toBeGreaterThan(fed);
+    }
+    // some drafts were rejected, and the next Verify frame dropped them on every stage: else its
+    // position would not match (POSITION_MISMATCH) or the tokens would differ from llama.cpp's
+    expect(accepted).toBeGreaterThan(0);
+    expect(proposed).toBeGreaterThan(accepted);
+  });
+
+  it("a one-way step whose next stage does not know the session is answered at once; the failure, naming stage 2, answers the session's next frame", async () => {
+    const torchMiddle = route.stages[1].peer.listen as string;
+    const link = await WsLink.connect(torchMiddle, { headers: { authorization: `Bearer ${serve.secret}` } });
+    try {
+      const at = { routeId: joined.routeId, sessionId: newSessionId() };
+      // opened on this stage only: the last stage never heard of it
+      await link.request(jsonFrame(FrameType.SessionOpen, at, { contextLength: 8 }));
+      const room = (await getJson(`${serve.base}/v1/rooms/${serve.roomId}`, serve.secret)).body;
+      const width = (await getJson(`${serve.base}/v1/models/${room.model.id}/manifest`, serve.secret)).body.hyper_parameters.n_embd as number;
+      const step = (position: number) => hiddenFrame(at, position, new Float32Array(width), 1, DType.F16, FrameFlag.Sample | FrameFlag.ReturnDirect);
+      const first = await link.request(step(0));
+      expect(first.type).toBe(FrameType.Status);
+      expect(JSON.parse(new TextDecoder().decode(first.payload))).toEqual({ stage: 1, position: 1, forwarded: true });
+      // a frame at a position the stage does not hold changes nothing: POSITION_MISMATCH until the
+      // failure downstream came back, which then answers first
+      let err: any;
+      for (let i = 0; i < 100; i++) {
+        err = await link.request(step(5)).then(() => null, (e: unknown) => e);
+        if (err?.code !== 'POSITION_MISMATCH') break;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      expect(err?.code).toBe('SESSION_UNKNOWN');
+      expect(err.details?.stage).toBe(2);
+      expect(err.message).toMatch(/is not open on stage 2/);
+    } finally {
+      await link.close();
     }
   });
 });

@@ -28,9 +28,9 @@ NIL_SESSION = "0" * 32
 SESSION_OPEN, SESSION_CLOSE, PREFILL, DECODE, HIDDEN, TOKEN, STATUS, ERROR, LOGITS, REWIND, RESEND = range(1, 12)
 TYPE_NAMES = {1: "SessionOpen", 2: "SessionClose", 3: "Prefill", 4: "Decode", 5: "Hidden", 6: "Token", 7: "Status", 8: "Error", 9: "Logits", 10: "Rewind", 11: "Resend"}
 
-# flags
-SAMPLE, REPLY, WANT_LOGITS, WANT_TIMINGS, TIMINGS, REPLAY = 1, 2, 4, 8, 16, 32
-KNOWN_FLAGS = SAMPLE | REPLY | WANT_LOGITS | WANT_TIMINGS | TIMINGS | REPLAY
+# flags (RETURN_DIRECT: the one-way token path; VERIFY: speculative decoding)
+SAMPLE, REPLY, WANT_LOGITS, WANT_TIMINGS, TIMINGS, REPLAY, RETURN_DIRECT, VERIFY = 1, 2, 4, 8, 16, 32, 64, 128
+KNOWN_FLAGS = SAMPLE | REPLY | WANT_LOGITS | WANT_TIMINGS | TIMINGS | REPLAY | RETURN_DIRECT | VERIFY
 
 # dtypes
 NONE, F32, F16, I32, JSON = range(5)
@@ -99,7 +99,11 @@ def validate_header(type_: int, flags: int, dtype: int, n_tokens: int, width: in
     name = TYPE_NAMES[type_]
     if count_rule == "zero" and n_tokens != 0:
         raise _fail("FRAME_BAD_DIMENSION", "token count", f"a {name} frame carries no tokens, got {n_tokens}")
-    if count_rule == "one" and n_tokens != 1:
+    # a Verify answer is a Token frame of one token per verified position (width 1)
+    verified = type_ == TOKEN and bool(flags & VERIFY)
+    if verified and (not 1 <= n_tokens <= MAX_TOKENS or width != 1):
+        raise _fail("FRAME_BAD_DIMENSION", "token count", f"a Verify Token frame carries 1..{MAX_TOKENS} tokens of width 1, got {n_tokens} x {width}")
+    if count_rule == "one" and n_tokens != 1 and not verified:
         raise _fail("FRAME_BAD_DIMENSION", "token count", f"a {name} frame carries exactly 1 token, got {n_tokens}")
     if count_rule == "some" and not 1 <= n_tokens <= MAX_TOKENS:
         raise _fail("FRAME_BAD_DIMENSION", "token count", f"a {name} frame carries 1..{MAX_TOKENS} tokens, got {n_tokens}")
@@ -252,12 +256,17 @@ def timings_of(f: Frame) -> list[tuple[int, ...]]:
     return [_RECORD.unpack_from(f.payload, body + i * TIMING_RECORD_BYTES) for i in range(n)]
 
 
-def with_timings(f: Frame, record: tuple[float, ...]) -> Frame:
-    """The frame with one more 8-u32 record appended to its trailer (JSON/None replies carry none)."""
+def without_timings(f: Frame) -> Frame:
+    """The frame with its timing trailer (if any) taken off."""
+    return f.with_(flags=f.flags & ~TIMINGS, payload=payload_body(f)) if f.flags & TIMINGS else f
+
+
+def with_timings(f: Frame, *added: tuple[float, ...]) -> Frame:
+    """The frame with 8-u32 records appended to its trailer (JSON/None replies carry none)."""
     if f.dtype not in ELEMENT_BYTES:
         return f
     clamp = lambda x: max(0, min(0xFFFFFFFF, int(round(x))))  # noqa: E731
-    records = timings_of(f) + [tuple(clamp(x) for x in record)]
+    records = timings_of(f) + [tuple(clamp(x) for x in record) for record in added]
     out = bytearray(payload_body(f))
     for r in records:
         out += _RECORD.pack(*r)

@@ -11,6 +11,7 @@ The server's heartbeat pings are answered by the WebSocket layer (ws.py)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import hashlib
 import json
@@ -30,7 +31,7 @@ from .config import ARCHITECTURES
 from .dequant import SUPPORTED
 from .engine import TensorStore, TorchStage
 from .errors import MeshError
-from .frames import Frame
+from .frames import Frame, encode_frame
 from .fence import UpstreamFence
 from .links import HttpLink, RelayLink, WsLink
 from .loader import ProgressGate, ShardCache, load_shard
@@ -240,7 +241,7 @@ class Peer:
                 if link:
                     await link.close()
                 return
-            self.service = StageService(engine, a["stage"], link, self.compute)
+            self.service = StageService(engine, a["stage"], link, self.compute, self._returner(routed))
             self.downstream = link
             late, self.pending_rewire = self.pending_rewire, None
             if late:  # a neighbour replaced while this stage was linking
@@ -258,6 +259,10 @@ class Peer:
             err = e if isinstance(e, MeshError) else MeshError("LOAD_FAILED", f"{e.__class__.__name__}: {e}")
             self.log(f"stage {a['stage']} of route {a['routeId']}: load failed: {err.code} {err.message}")
             self.send({"t": "load-failed", **routed, "code": err.code, "message": err.message})
+
+    def _returner(self, routed: dict):
+        """The one-way way to the server (the ReturnDirect flag): a Token or Error frame as a `return` control message."""
+        return lambda f: self.send({"t": "return", **routed, "frame": base64.b64encode(encode_frame(f)).decode()})
 
     async def rewire(self, m: dict) -> None:
         """A repair replaced a neighbour: link to the new next stage (steps in flight on the old
@@ -323,6 +328,9 @@ class Peer:
         listen = self.args.advertise or server.ws_url
         self.offer = {
             "backend": "torch",
+            # takes the ReturnDirect flag (the one-way token path) and the Verify flag (speculative decoding)
+            "directReturn": True,
+            "verify": True,
             "memoryBytes": self.memory,
             # what this engine computes (docs/protocol.md: a peer without `serves` is given nothing)
             "serves": {"rangeArchitectures": list(ARCHITECTURES), "wholeModelArchitectures": list(ARCHITECTURES), "weightTypes": list(SUPPORTED)},

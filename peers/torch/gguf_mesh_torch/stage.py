@@ -1,13 +1,17 @@
 """One stage as a frame handler, as docs/protocol.md "A stage" specifies: sessions open and
 close here, stage 0 takes token ids, later stages hidden states; hidden states go to the next
 stage, the last stage samples (or answers logits), and each reply passes back up the chain
-with this stage's timing record added when asked.
+with this stage's timing record added when asked — or, on the one-way token path (the
+ReturnDirect flag), the last stage sends the token to the server itself (`return_to`, the
+control socket) and the stages answer each other with a Status off the token's path, their
+timing records travelling forward on the Hidden frames.
 
 For repairs the stage keeps, per session, the hidden states it sent and a hash of each row it
 received (replay_log.py), and answers Rewind (forget positions from p on, restart the sampler
 after n draws, with a new turn's sampler settings, logprobs and penalty tokens where the
 body has them), Resend (send logged hidden states to the next stage again as Replay frames) and
-Replay-flagged input (compute and log, send nothing on, sample nothing)."""
+Replay-flagged input (compute and log, send nothing on, sample nothing); Verify frames
+(speculative decoding) in verify.py."""
 
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ from .frames import Frame
 from .links import unwrap
 from .replay_log import Logged, ReplayLog, row_hashes
 from .sampler import Sampler, token_logprob
+from .serve import error_reply
+from .verify import NONE_TENTATIVE, rejected_from, verifies, verify_answer
 
 
 @dataclass
@@ -38,15 +44,23 @@ class _Session:
     # hidden states sent downstream, hashes of rows received (for repairs)
     log: ReplayLog = field(default_factory=ReplayLog)
     pipeline_error: MeshError | None = None
+    # positions from here on were written as drafts by the last Verify frame (inf: none)
+    tentative: float = NONE_TENTATIVE
+    # bumped by every Rewind: a one-way failure of a frame passed on before it is not this session's
+    epoch: int = 0
     # totals over the session's steps (ms, bytes)
     timing: dict = field(default_factory=lambda: {"steps": 0, "computeMs": 0.0, "downstreamMs": 0.0, "handleMs": 0.0, "bytesIn": 0, "bytesOut": 0})
 
 
 class StageService:
-    def __init__(self, engine: TorchStage, stage: int, downstream, compute: ThreadPoolExecutor):
+    def __init__(self, engine: TorchStage, stage: int, downstream, compute: ThreadPoolExecutor, return_to=None):
         self.engine, self.stage, self.downstream = engine, stage, downstream
         self.compute = compute  # one thread: torch runs one forward at a time
+        # the one-way way to the session's owner (a Token or Error frame); None: answers climb back
+        self.return_to = return_to
         self.sessions: dict[str, _Session] = {}
+        # tokens this (last) stage sent one-way to the session's owner
+        self.tokens_returned = 0
 
     @property
     def shard(self) -> dict:
@@ -83,7 +97,10 @@ class StageService:
         if f.type == fr.HIDDEN:
             if self.engine.is_first:
                 raise MeshError("STAGE_INPUT_KIND", "stage 0 takes token ids, not hidden states")
-            return await self._compute(f, hidden=fr.decode_rows(f))
+            # on the one-way path the stages before send their timing records forward in a trailer
+            carried = fr.timings_of(f)
+            h = fr.without_timings(f)
+            return await self._compute(h, hidden=fr.decode_rows(h), carried=carried)
         raise MeshError("FRAME_BAD_TYPE", f"frame type: a stage does not accept {fr.TYPE_NAMES.get(f.type, f.type)} frames", {"field": "type"})
 
     async def _run(self, fn, *args, **kw):
@@ -136,6 +153,8 @@ class StageService:
         await self._run(self.engine.truncate_session, f.session_id, f.position)
         s.log.truncate(f.position)
         s.pipeline_error = None
+        s.tentative = NONE_TENTATIVE
+        s.epoch += 1
         s.settings, s.sample = settings, sample
         if "logprobs" in body:
             s.logprobs = _logprobs(body["logprobs"])
@@ -168,7 +187,7 @@ class StageService:
             sent += fr.HEADER_BYTES + len(part.payload)
         return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": end, "frames": frames, "bytes": sent})
 
-    async def _compute(self, f: Frame, tokens=None, hidden=None) -> Frame:
+    async def _compute(self, f: Frame, tokens=None, hidden=None, carried=()) -> Frame:
         s = self._session(f.session_id)
         started = time.perf_counter()
         arrived = f.received_at or started
@@ -176,16 +195,38 @@ class StageService:
         s.timing["steps"] += 1
         s.timing["bytesIn"] += bytes_in
         step = {"computeMs": 0.0, "downstreamMs": 0.0, "bytesOut": 0}
+
+        def records() -> list[tuple]:
+            """The records of the stages before (from the Hidden frame's trailer) and this one's, as of now."""
+            us = lambda ms: ms * 1000  # noqa: E731
+            own = (self.stage, f.position, us(step["computeMs"]), us(step["downstreamMs"]), (time.perf_counter() - arrived) * 1e6, (started - arrived) * 1e6, bytes_in, step["bytesOut"])
+            return [*carried, own]
+
+        step["records"] = records
         try:
-            reply = await self._step(f, s, tokens, hidden, step)
+            if f.flags & fr.VERIFY:
+                await self._drop_rejected(f, s)
+            if verifies(f) and self.engine.is_last:
+                token = await verify_answer(f, tokens, hidden, lambda row, t, h: self._step(row, s, t, h, step))
+                reply = self._answer(f, token, step)
+            else:
+                reply = await self._step(f, s, tokens, hidden, step)
         finally:
             s.timing["handleMs"] += (time.perf_counter() - started) * 1000
-        if not f.flags & fr.WANT_TIMINGS:
+        # on the one-way path the records went forward with the hidden states, not back
+        if not f.flags & fr.WANT_TIMINGS or f.flags & fr.RETURN_DIRECT:
             return reply
-        now = time.perf_counter()
-        us = lambda ms: ms * 1000  # noqa: E731
-        record = (self.stage, f.position, us(step["computeMs"]), us(step["downstreamMs"]), (now - arrived) * 1e6, (started - arrived) * 1e6, bytes_in, step["bytesOut"])
-        return fr.with_timings(reply, record)
+        return fr.with_timings(reply, *records()[len(carried) :])
+
+    async def _drop_rejected(self, f: Frame, s: _Session) -> None:
+        """Before a Verify frame's forward: the rejected drafts at [f.position, held) go (KV,
+        replay log, penalty history, as a Rewind cuts them); the frame's own drafts become the tentative positions."""
+        at = rejected_from(f, self.engine.session_stats(f.session_id)["position"], s.tentative)
+        if at is not None:
+            await self._run(self.engine.truncate_session, f.session_id, at)
+            s.log.truncate(at)
+            del s.history[at:]
+        s.tentative = f.position + 1
 
     async def _step(self, f: Frame, s: _Session, tokens, hidden, step: dict) -> Frame:
         if s.pipeline_error:
@@ -194,7 +235,7 @@ class StageService:
         if hidden is not None:
             s.log.received(f.position, row_hashes(fr.payload_body(f), f.n_tokens))
         s.timing["computeMs"] += compute_ms
-        step["computeMs"] = compute_ms
+        step["computeMs"] += compute_ms
         replay = bool(f.flags & fr.REPLAY)
         sample_now = not replay and (f.type == fr.DECODE or bool(f.flags & fr.SAMPLE))
         end = f.position + f.n_tokens
@@ -208,11 +249,23 @@ class StageService:
         if len(s.history) == end:
             s.history.append(token)  # it occupies position `end`
         if s.logprobs is None:
-            return fr.tokens_frame(fr.TOKEN, f, end, [token])
-        return fr.sampled_frame(f, end, token, *token_logprob(out, token, s.logprobs))
+            return self._answer(f, fr.tokens_frame(fr.TOKEN, f, end, [token]), step)
+        return self._answer(f, fr.sampled_frame(f, end, token, *token_logprob(out, token, s.logprobs)), step)
+
+    def _answer(self, f: Frame, token: Frame, step: dict) -> Frame:
+        """The last stage's Token for step `f`: the reply, or — one-way (ReturnDirect) — sent to
+        the session's owner, and a Status the reply."""
+        if not f.flags & fr.RETURN_DIRECT:
+            return token
+        timed = fr.with_timings(token, *step["records"]()) if f.flags & fr.WANT_TIMINGS else token
+        if self.return_to is None:
+            return timed  # no way to the owner here: the token climbs back
+        self.return_to(timed.with_(seq=0))
+        self.tokens_returned += 1
+        return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": token.position, "returned": True})
 
     async def _forward(self, f: Frame, s: _Session, rows, sample_now: bool, step: dict) -> Frame:
-        flags = (f.flags & (fr.SAMPLE | fr.WANT_LOGITS | fr.WANT_TIMINGS)) | (fr.SAMPLE if sample_now else 0)
+        flags = (f.flags & (fr.SAMPLE | fr.WANT_LOGITS | fr.WANT_TIMINGS | fr.RETURN_DIRECT | fr.VERIFY)) | (fr.SAMPLE if sample_now else 0)
         out = fr.rows_frame(fr.HIDDEN, f.with_(seq=0), f.position, rows, s.hidden_dtype, flags)
         s.log.append(Logged(out.position, out.n_tokens, out.dtype, out.width, out.payload))
         if f.flags & fr.REPLAY:
@@ -224,25 +277,24 @@ class StageService:
         size = fr.HEADER_BYTES + len(out.payload)
         s.timing["bytesOut"] += size
         step["bytesOut"] = size
+        one_way = bool(flags & fr.RETURN_DIRECT)
+        # one-way: this stage's timing (and the ones before) ride forward to the last stage
+        sending = fr.with_timings(out, *step["records"]()) if one_way and flags & fr.WANT_TIMINGS else out
         sent = time.perf_counter()
         try:
-            pending = nxt.start(out)
+            pending = nxt.start(sending)
         except MeshError as e:
             raise self._downstream_error(e, nxt) from None
+        end = f.position + f.n_tokens
         if not sample_now and not f.flags & fr.WANT_LOGITS:
             # pipelined: answer now; a failure downstream answers this session's next frame
-            def done(fut: asyncio.Future) -> None:
-                e = fut.exception() if not fut.cancelled() else MeshError("LINK_CLOSED", "cancelled")
-                if e is None:
-                    try:
-                        unwrap(fut.result())
-                    except MeshError as err:
-                        e = err
-                if e is not None and s.pipeline_error is None:
-                    s.pipeline_error = self._downstream_error(e, nxt)
-
-            pending.add_done_callback(done)
-            return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": f.position + f.n_tokens, "pipelined": True})
+            pending.add_done_callback(self._on_pipelined(s, nxt))
+            return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": end, "pipelined": True})
+        if one_way and self.return_to is not None:
+            # answer at once, so the next step's frame on this connection need not wait for the
+            # answers climbing back; a failure downstream goes to the owner one-way too
+            pending.add_done_callback(self._on_forwarded(f, s, nxt, end))
+            return fr.json_frame(fr.STATUS, f, {"stage": self.stage, "position": end, "forwarded": True})
         try:
             return unwrap(await pending)
         except MeshError as e:
@@ -250,6 +302,44 @@ class StageService:
         finally:
             step["downstreamMs"] = (time.perf_counter() - sent) * 1000
             s.timing["downstreamMs"] += step["downstreamMs"]
+
+    def _failure_of(self, fut: asyncio.Future) -> BaseException | None:
+        """What a frame passed on failed with (an Error answer included), None when it succeeded."""
+        if fut.cancelled():
+            return MeshError("LINK_CLOSED", "cancelled")
+        e = fut.exception()
+        if e is None:
+            try:
+                unwrap(fut.result())
+            except MeshError as err:
+                e = err
+        return e
+
+    def _on_pipelined(self, s: _Session, nxt):
+        """A pipelined chunk's answer: a failure downstream answers this session's next frame."""
+
+        def done(fut: asyncio.Future) -> None:
+            e = self._failure_of(fut)
+            if e is not None and s.pipeline_error is None:
+                s.pipeline_error = self._downstream_error(e, nxt)
+
+        return done
+
+    def _on_forwarded(self, f: Frame, s: _Session, nxt, end: int):
+        """A one-way step's Hidden frame answered: a failure goes to the owner as an Error at the
+        step's end (and answers the session's next frame here) — unless a Rewind came since."""
+        epoch = s.epoch
+
+        def done(fut: asyncio.Future) -> None:
+            e = self._failure_of(fut)
+            if e is None or s.epoch != epoch:
+                return
+            if s.pipeline_error is None:
+                s.pipeline_error = self._downstream_error(e, nxt)
+            if self.return_to is not None:
+                self.return_to(error_reply(f, s.pipeline_error).with_(position=end, seq=0))
+
+        return done
 
     def _downstream_error(self, e: BaseException, nxt) -> MeshError:
         if isinstance(e, MeshError) and e.stage is not None:
