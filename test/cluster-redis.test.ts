@@ -110,10 +110,26 @@ interface Piece {
   done: boolean;
 }
 
+/**
+ * fetch as an EventSource connects: a network error before any response (a kept-alive
+ * connection to the balancer that died with the killed instance, just as it is reused) is tried
+ * again on a new connection after a moment; an HTTP answer, whatever its status, is the caller's.
+ */
+async function eventSourceFetch(url: string, init: RequestInit, tries = 5): Promise<Response> {
+  for (let i = 1; ; i++) {
+    try {
+      return await fetch(url, init);
+    } catch (e) {
+      if (i >= tries || !(e instanceof TypeError)) throw e;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  }
+}
+
 /** A streamed request read until it ends or breaks off (its instance killed, or `cut` after that many text pieces). */
 async function streamPiece(base: string, body: Record<string, unknown>, opts: { lastEventId?: string; onPiece?: (pieces: number) => void; cut?: number } = {}): Promise<Piece> {
   const ctl = new AbortController();
-  const res = await fetch(`${base}/v1/completions`, {
+  const res = await eventSourceFetch(`${base}/v1/completions`, {
     method: 'POST',
     signal: ctl.signal,
     headers: { authorization: `Bearer ${SECRET}`, 'content-type': 'application/json', ...(opts.lastEventId ? { 'last-event-id': opts.lastEventId } : {}) },
