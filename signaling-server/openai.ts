@@ -163,10 +163,16 @@ function checkContext(promptTokens: number, maxTokens: number, nCtx: number, cha
 
 const finishOf = (r: RouteGenerationResult): string => (r.stopReason === 'max_tokens' || r.stopReason === 'context_full' ? 'length' : 'stop');
 
-/** Waits for the room's route to be ready (streamed requests only wait), reporting its status and loading progress. */
+/**
+ * Waits for the room's route to be ready, reporting its status and loading progress. A streamed
+ * request waits whatever the route's state (its client sees the progress); any other waits only
+ * while a route is on its way — loading (a re-plan's new route too) or repairing — and is told
+ * at once when none is (no peers, a plan that cannot be made).
+ */
 async function readyRoute(run: RequestRun, progress: (e: TelemetryEvent) => void): Promise<NonNullable<Room['route']>> {
   const { room } = run;
-  const deadline = Date.now() + (run.sse ? ROUTE_WAIT_MS : 0);
+  const deadline = Date.now() + ROUTE_WAIT_MS;
+  const coming = (status: string | undefined): boolean => run.sse !== null || status === 'loading' || status === 'repairing';
   const stopLoading = room.route?.status !== 'ready' ? room.subscribe((e) => e.type === 'stage_loading' && progress(e)) : null;
   try {
     for (let last = ''; room.route?.status !== 'ready'; ) {
@@ -176,7 +182,7 @@ async function readyRoute(run: RequestRun, progress: (e: TelemetryEvent) => void
         last = state;
         progress({ type: 'route_status', routeId: r?.id ?? 0, status: r?.status ?? 'forming', reason: r?.reason ?? 'no peers yet' });
       }
-      if (Date.now() >= deadline || run.abort.signal.aborted) throw new MeshError('ROUTE_NOT_READY', `model ${run.model}: route is ${r?.status ?? 'not planned'}${r?.reason ? ` (${r.reason})` : ''}`);
+      if (Date.now() >= deadline || !coming(r?.status) || run.abort.signal.aborted) throw new MeshError('ROUTE_NOT_READY', `model ${run.model}: route is ${r?.status ?? 'not planned'}${r?.reason ? ` (${r.reason})` : ''}`);
       await new Promise((resolve) => setTimeout(resolve, 200));
     }
   } finally {

@@ -86,9 +86,10 @@ function closeReason(text: string): string {
 
 /**
  * Runs the challenge on a new peer socket of `room`, then serves the admitted peer's messages.
- * `origin`: where the peer reached this server (it reads a hosted model there).
+ * `reach.origin`: where the peer reached this server (it reads a hosted model there);
+ * `reach.reachedAt`: the address of this machine its connection reached (where its STUN is).
  */
-export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger, origin?: string, liveness: Liveness = DEFAULT_LIVENESS): void {
+export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger, reach: { origin?: string; reachedAt?: string } = {}, liveness: Liveness = DEFAULT_LIVENESS): void {
   const nonce = randomBytes(16).toString('hex');
   const expectedProof = helloProof(room.secret, nonce);
   // a public room's trusted peers prove the trusted secret instead
@@ -131,7 +132,7 @@ export function admitPeer(room: Room, ws: WebSocket, ledger: RelayLedger, origin
       if (ws.readyState !== ws.OPEN) return;
       clearTimeout(helloTimer);
       const hello: PeerHello = { ...offer, proof: '' };
-      peer = room.addPeer(hello, ws, { trusted: isTrusted, ...(origin ? { origin } : {}) });
+      peer = room.addPeer(hello, ws, { trusted: isTrusted, ...reach });
       stopWatching = watchLiveness(room, peer, ws, liveness);
     });
   };

@@ -15,6 +15,7 @@ import { FrameType } from '../src/protocol/frame.ts';
 import type { Frame } from '../src/protocol/frame.ts';
 import { SessionManager } from '../src/route/sessions.ts';
 import type { SessionManagerOptions } from '../src/route/sessions.ts';
+import type { SessionState } from '../src/route/session-state.ts';
 import { Access, need } from './access.ts';
 import type { CredentialOptions, Grant } from './access.ts';
 import { AdmissionGate } from './admission.ts';
@@ -41,6 +42,8 @@ export interface RoomRegistryOptions extends CredentialOptions {
   sessionTtlMs?: number;
   /** STUN/TURN servers announced to every peer in welcome */
   iceServers?: IceServer[];
+  /** this server's own STUN (signaling-server/stun.ts), named by the address a peer reached; told first in every welcome */
+  stunAt?: (reachedAt: string | undefined) => IceServer;
   /** public rooms: trusted peers at the ends, spot checks of the others (room.ts) */
   publicRoom?: RoomOptions['publicRoom'];
   /** a route that loses a stage waits this long for a replacement (ms, default 30 s; 0 = no repair: sessions fail at once) */
@@ -53,6 +56,8 @@ export interface RoomRegistryOptions extends CredentialOptions {
   replanGain?: number;
   /** who may be a stage: a minimum stay and memory (stage-policy.ts; default: anyone, at once) */
   stagePolicy?: StagePolicy;
+  /** every pair of peers timed again this often (link-probes.ts; ms, default 30 s; 0: only as peers join) */
+  linkProbeMs?: number;
   /** a WebSocket ping to every peer this often (ms, default 0.5 s) */
   heartbeatMs?: number;
   /** a peer silent this long is lost (ms, default 3.5 s) */
@@ -92,6 +97,21 @@ function modelIdFor(location: string, taken: Set<string>): string {
   return id;
 }
 
+/**
+ * A session's changes as log lines: its opening, repairs and end — not the idle ↔ prefilling ↔
+ * decoding churn of every step (two lines a token flooded a serving terminal).
+ */
+function sessionLogger(log: (line: string) => void): (id: string, state: SessionState) => void {
+  const repairing = new Set<string>();
+  return (id, state) => {
+    const churn = state === 'idle' || state === 'prefilling' || state === 'decoding';
+    if (churn && !repairing.has(id)) return;
+    if (state === 'repairing') repairing.add(id);
+    else repairing.delete(id);
+    log(`session ${id}: ${churn ? `repaired, ${state}` : state}`);
+  };
+}
+
 export class RoomRegistry {
   readonly rooms: Room[] = [];
   /** byte ranges each client read, per model hosted from local disk */
@@ -118,7 +138,7 @@ export class RoomRegistry {
         const r = this.findRoute(routeId);
         return r && r.status === 'ready' ? r : undefined;
       },
-      { ...opts.limits, idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: (id, state) => opts.log(`session ${id}: ${state}`), ...(opts.stepTimeoutMs ? { stepTimeoutMs: opts.stepTimeoutMs } : {}), ...(opts.speculate ? { speculate: opts.speculate } : {}) },
+      { ...opts.limits, idleTtlMs: opts.sessionTtlMs ?? 5 * 60_000, onChange: sessionLogger(opts.log), ...(opts.stepTimeoutMs ? { stepTimeoutMs: opts.stepTimeoutMs } : {}), ...(opts.speculate ? { speculate: opts.speculate } : {}) },
     );
     this.routeCounter = opts.routeIdBase ?? 0;
     this.access = new Access(opts, () => this.rooms);
@@ -175,6 +195,7 @@ export class RoomRegistry {
         ...(this.opts.planner ? { planner: this.opts.planner } : {}),
         ...(this.opts.replanGain !== undefined ? { replanGain: this.opts.replanGain } : {}),
         ...(this.opts.stagePolicy ? { stagePolicy: this.opts.stagePolicy } : {}),
+        ...(this.opts.linkProbeMs !== undefined ? { linkProbeMs: this.opts.linkProbeMs } : {}),
       },
     );
     this.rooms.push(room);
@@ -192,10 +213,13 @@ export class RoomRegistry {
   }
 
   /** What peers are told in welcome: the configured servers, or per peer with a minted TURN credential. */
-  private iceServers(): IceServer[] | ((peerId: string) => IceServer[]) | undefined {
-    const servers = this.opts.iceServers;
-    if (!servers?.length) return undefined;
-    return this.opts.turn ? iceServersMinting(servers, this.opts.turn.secret, this.opts.turn.ttlS) : servers;
+  private iceServers(): IceServer[] | ((peerId: string, reachedAt?: string) => IceServer[]) | undefined {
+    const servers = this.opts.iceServers ?? [];
+    const { stunAt, turn } = this.opts;
+    const others = turn && servers.length ? iceServersMinting(servers, turn.secret, turn.ttlS) : () => servers;
+    if (stunAt) return (peerId, reachedAt) => [stunAt(reachedAt), ...others(peerId)];
+    if (!servers.length) return undefined;
+    return turn ? others : servers;
   }
 
   /** The room's manifest; one that failed to build is tried again on the next request. */

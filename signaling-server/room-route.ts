@@ -11,10 +11,12 @@ import { HYBRID_ARCHITECTURES } from '../src/model/qwen35-config.ts';
 import type { CandidatePair } from '../src/protocol/control.ts';
 import type { StepTiming } from '../src/protocol/payload.ts';
 import type { RouteHandle } from '../src/route/sessions.ts';
+import { starLinkMs } from '../src/route/speed-planner.ts';
 import type { HopLink, TelemetryEvent } from '../src/route/telemetry.ts';
 import type { FrameLink } from '../src/transport/link.ts';
 import { noteDecodeCost } from './live-speed.ts';
 import { headLayers } from './plan-choice.ts';
+import type { MeasuredLinks } from './plan-choice.ts';
 import type { RepairState, Spare } from './repair-state.ts';
 import type { Peer } from './room-peer.ts';
 
@@ -40,6 +42,8 @@ export interface RouteOwner {
   readonly id: string;
   readonly model: { readonly id: string; readonly contextLength?: number; readonly header: GgufHeader; readonly nLayer: number };
   readonly peers: ReadonlyMap<string, Peer>;
+  /** the round trips measured between peers (link-matrix.ts) */
+  readonly links?: MeasuredLinks;
   readonly keeper: { summary(): Spare[] };
   log(line: string): void;
   emit(e: TelemetryEvent): void;
@@ -97,12 +101,24 @@ export class Route implements RouteHandle {
     return this.stages.map((s) => s.peerId);
   }
 
-  /** every stage's peer takes ReturnDirect and sends the last stage's token as a `return` message (the PyTorch peer does not yet) */
+  /** every stage's peer takes ReturnDirect and sends the last stage's token as a `return` message */
   directReturn(): boolean {
     return this.stages.every((s) => this.room.peers.get(s.peerId)?.hello.directReturn === true);
   }
 
-  /** every stage's peer takes FrameFlag.Verify (speculative decoding; the PyTorch peer does not yet) */
+  /**
+   * The one-way token path's hops as the planner prices them (ms one way): half the server round
+   * trip of the first and last stages' peers, and between stages the measured link, else the
+   * star through the server. NaN where a peer has no round trip yet (the wire time is then shared evenly).
+   */
+  hopLatencyMs(): number[] {
+    const at = (id: string) => ({ id, rttMs: this.room.peers.get(id)?.rttMs ?? NaN });
+    const peers = this.stagePeers().map(at);
+    const between = peers.slice(1).map((b, i) => this.room.links?.oneWayMs(peers[i]!.id, b.id) ?? starLinkMs(peers[i]!, b));
+    return [peers[0]!.rttMs / 2, ...between, peers.at(-1)!.rttMs / 2];
+  }
+
+  /** every stage's peer takes FrameFlag.Verify (speculative decoding) */
   verify(): boolean {
     return !this.recurrent && this.stages.every((s) => this.room.peers.get(s.peerId)?.hello.verify === true);
   }

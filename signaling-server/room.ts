@@ -22,8 +22,10 @@ import type { SessionManager } from '../src/route/sessions.ts';
 import type { FrameLink } from '../src/transport/link.ts';
 import type { TelemetryEvent } from '../src/route/telemetry.ts';
 import { WsLink } from '../src/transport/ws.ts';
-import { FrameType, makeFrame } from '../src/protocol/frame.ts';
 import { deliverReturn } from './token-return.ts';
+import { probeStages } from './stall-probe.ts';
+import { LinkMatrix } from './link-matrix.ts';
+import { LinkProbes } from './link-probes.ts';
 import { MEMORY_FAILURE_CODES, memoryLowered, noteMemoryFailure, plannedMemory } from './peer-memory.ts';
 import { RouteKeeper } from './route-repair.ts';
 import { Route } from './room-route.ts';
@@ -36,11 +38,6 @@ import type { Downstream, ModelArtifact, RoomHost } from './room-host.ts';
 import type { Peer } from './room-peer.ts';
 import { OPEN_POLICY, stageCandidates } from './stage-policy.ts';
 import type { StagePolicy } from './stage-policy.ts';
-
-/** How long a stage may take to answer a status probe before a stalled step blames it (ms): a live peer answers in milliseconds. */
-const STALL_PROBE_MS = 1_500;
-/** How late the probe's own timer may fire before the probe counts as this server's stall, not a stage's (ms). */
-const STALL_PROBE_SLACK_MS = 500;
 
 /** Replies from a peer's stage to the server (status, tokens, logits) are small: what reassembly may hold. */
 const PEER_REPLY_REASSEMBLY = { maxPendingBytes: 32 * 1024 * 1024, maxAgeMs: 30_000 };
@@ -56,7 +53,7 @@ export interface RoomOptions {
   sessions: SessionManager;
   log: (line: string) => void;
   /** STUN/TURN servers announced to peers in welcome (browser peers across the internet) */
-  iceServers?: IceServer[] | ((peerId: string) => IceServer[]);
+  iceServers?: IceServer[] | ((peerId: string, reachedAt?: string) => IceServer[]);
   /** how long a ready route waits for a replacement of a lost stage (ms; 0 = no repair, sessions fail at once) */
   repairTimeoutMs?: number;
   /** spares load their standby shard ahead of time (default true) */
@@ -73,6 +70,8 @@ export interface RoomOptions {
   replanGain?: number;
   /** who may be a stage (stage-policy.ts; default: every peer, at once) */
   stagePolicy?: StagePolicy;
+  /** every pair of peers timed again this often (link-probes.ts; ms, default 30 s; 0: only as peers join) */
+  linkProbeMs?: number;
 }
 
 export class Room implements RoomHost {
@@ -92,6 +91,9 @@ export class Room implements RoomHost {
   /** trusted ends and spot checks, in a public room */
   readonly publicRoom: PublicRoom | null;
   private readonly replanner: SpeedReplanner | null;
+  /** the measured round trips between peers (link-matrix.ts), asked for as peers join and every while after (link-probes.ts) */
+  readonly links = new LinkMatrix();
+  private readonly probes: LinkProbes;
 
   constructor(
     readonly id: string,
@@ -102,6 +104,7 @@ export class Room implements RoomHost {
     this.keeper = new RouteKeeper(this, { repairTimeoutMs: opts.repairTimeoutMs ?? 30_000, standby: opts.standby ?? true });
     this.publicRoom = opts.publicRoom ? new PublicRoom(this, opts.publicRoom) : null;
     this.replanner = opts.planner === 'speed' && opts.replanGain !== 0 ? new SpeedReplanner(this, opts.replanGain) : null;
+    this.probes = new LinkProbes(this, opts.linkProbeMs);
   }
 
   get sessions(): SessionManager {
@@ -149,16 +152,17 @@ export class Room implements RoomHost {
     return { id: this.model.id, url: this.modelUrlFor(peer), nLayer: this.model.nLayer, fileBytes: this.model.header.fileBytes, files: this.model.files };
   }
 
-  addPeer(hello: PeerHello, ws: WebSocket, how: { trusted?: boolean; origin?: string } = {}): Peer {
+  addPeer(hello: PeerHello, ws: WebSocket, how: { trusted?: boolean; origin?: string; reachedAt?: string } = {}): Peer {
     const { trusted, origin } = how;
     const id = `${hello.name ? hello.name.replace(/[^A-Za-z0-9_.-]/g, '').slice(0, 24) + '-' : 'peer-'}${++this.peerCounter}${randomBytes(2).toString('hex')}`;
     const peer: Peer = { id, hello, ws, control: WsLink.wrap(ws, `peer ${id}`, { reassembly: PEER_REPLY_REASSEMBLY }), joinedAt: Date.now(), gone: false, ...(origin ? { origin } : {}), ...(trusted ? { trusted } : {}) };
     this.peers.set(id, peer);
     const can = this.servableBy(peer);
     this.log(`peer ${id} joined: ${hello.backend}, ${hello.memoryBytes} bytes${hello.layers ? `, layers ${hello.layers.start}-${hello.layers.end}` : ''}${hello.listen ? `, listening at ${hello.listen}` : ''}; serves ${can.ranges ? 'any layer range' : can.wholeModel ? 'the whole model only' : `nothing of this model (${can.reason})`}`);
-    const servers = typeof this.opts.iceServers === 'function' ? this.opts.iceServers(id) : this.opts.iceServers;
+    const servers = typeof this.opts.iceServers === 'function' ? this.opts.iceServers(id, how.reachedAt) : this.opts.iceServers;
     const ice = servers?.length ? { iceServers: servers } : {};
     this.send(peer, { t: 'welcome', peerId: id, roomId: this.id, model: this.brief(peer), ...ice });
+    this.probes.joined(peer);
     const r = this.route;
     if (r?.repairState) this.keeper.fillWaiting(r);
     else if (r?.status === 'ready') this.keeper.assignStandbys(r);
@@ -170,6 +174,8 @@ export class Room implements RoomHost {
     if (peer.gone) return;
     peer.gone = true;
     this.peers.delete(peer.id);
+    this.links.drop(peer.id);
+    this.probes.gone(peer.id);
     this.log(`peer ${peer.id} left: ${why}`);
     this.stageGone(peer, why);
   }
@@ -228,37 +234,9 @@ export class Room implements RoomHost {
     if (p) this.send(p, { t: 'leave-ok', moved });
   }
 
-  /**
-   * Asks every stage of `r` for its status at once; one that does not answer in time is lost
-   * (stalled). A live peer answers a Status at once, however busy its compute (the answer skips
-   * the compute queue): only a stopped process, a frozen tab or a cut link misses it. A slow
-   * control link gets longer (a few of its round trips), a peer that answered a heartbeat ping
-   * meanwhile is alive (its answer is queued behind other frames), and a probe whose own timer
-   * fired late (this server's event loop was held up) blames nobody.
-   */
-  async probeStages(r: Route): Promise<void> {
-    const started = performance.now();
-    const startedAt = Date.now();
-    const late = await Promise.all(
-      r.stages.map(async (st) => {
-        const p = this.peers.get(st.peerId);
-        if (!p || p.gone) return null;
-        const ms = Math.max(STALL_PROBE_MS, 4 * (p.rttMs ?? 0));
-        const t0 = performance.now();
-        const ok = await Promise.race([
-          p.control.request(makeFrame({ type: FrameType.Status })).then(() => true, () => true),
-          new Promise<boolean>((resolve) => setTimeout(() => resolve(false), ms).unref()),
-        ]);
-        if (ok || (p.lastPongAt ?? 0) >= startedAt) return null;
-        return performance.now() - t0 > ms + STALL_PROBE_SLACK_MS ? 'busy' : { p, ms };
-      }),
-    );
-    if (late.includes('busy')) return this.log(`route ${r.id}: a stall probe took ${Math.round(performance.now() - started)} ms (this server was busy); nobody blamed`);
-    for (const x of late) {
-      if (!x || x === 'busy' || x.p.gone) continue;
-      this.peerGone(x.p, `stalled: no answer to a status probe within ${Math.round(x.ms)} ms`);
-      x.p.ws.terminate();
-    }
+  /** Asks every stage of `r` for its status at once; one that does not answer in time is lost (stalled: stall-probe.ts). */
+  probeStages(r: Route): Promise<void> {
+    return probeStages(this, r);
   }
 
   onPeerMessage(peer: Peer, msg: PeerToServer): void {
@@ -266,6 +244,7 @@ export class Room implements RoomHost {
     if (msg.t === 'check') return this.publicRoom?.onReport(peer, msg);
     if (msg.t === 'leave') return this.peerLeaving(peer);
     if (msg.t === 'memory') return memoryLowered(this, peer, msg);
+    if (msg.t === 'links-probed') return this.probes.onResults(peer, msg);
     if (msg.t === 'standby-ready' || msg.t === 'standby-failed') return this.keeper.onStandby(peer, msg.t === 'standby-ready', msg.t === 'standby-failed' ? `${msg.code} ${msg.message}` : '', msg);
     const r = this.route;
     if (!r || msg.routeId !== r.id) return;
@@ -288,6 +267,8 @@ export class Room implements RoomHost {
       // load progress, hop kind and candidate pair, frames per channel; merged, so the cache facts
       // of the 'ready' report survive the periodic counter reports that follow it
       st.telemetry = { ...st.telemetry, ...msg };
+      // ICE's round trip on the data channel to the next stage: a measured link too
+      if (msg.candidatePair?.rttMs !== undefined && r.stages[st.stage + 1]) this.links.record(peer.id, r.stages[st.stage + 1]!.peerId, msg.candidatePair.rttMs, 'ice');
     } else if (msg.t === 'loading') {
       st.loading = { bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal };
       this.emit({ type: 'stage_loading', routeId: r.id, stage: st.stage, bytesDone: msg.bytesDone, bytesTotal: msg.bytesTotal });
@@ -371,7 +352,7 @@ export class Room implements RoomHost {
     const plannerPeers = this.plannerPeers(peers);
     const unable = peers.filter((p) => !this.servableBy(p).wholeModel);
     const trusted = this.publicRoom ? (id: string) => this.peers.get(id)?.trusted === true : undefined;
-    const choice = plannerPeers.length ? choosePlan(this.opts.planner ?? 'memory', this.model.header, this.model.nLayer, plannerPeers, trusted) : null;
+    const choice = plannerPeers.length ? choosePlan(this.opts.planner ?? 'memory', this.model.header, this.model.nLayer, plannerPeers, trusted, this.links) : null;
     const plan = choice
       ? choice.plan
       : { ok: false as const, reason: `no peer can serve ${(this.traits ??= modelTraits(this.model.header)).architecture}: ${unable.map((p) => `${p.id} (${p.hello.backend}): ${this.servableBy(p).reason}`).join('; ')}` };
@@ -450,7 +431,7 @@ export class Room implements RoomHost {
     const { proof: _proof, t: _t, ...hello } = p.hello;
     const stage = this.route?.stages.find((s) => s.peerId === id);
     const can = this.servableBy(p);
-    return { id, ...hello, speed: plannedSpeed(p), rttMs: p.rttMs ?? null, plannedMemoryBytes: plannedMemory(p), excluded: p.excluded ?? null, trusted: p.trusted === true, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
+    return { id, ...hello, speed: plannedSpeed(p), rttMs: p.rttMs ?? null, links: this.links.of(id), plannedMemoryBytes: plannedMemory(p), excluded: p.excluded ?? null, trusted: p.trusted === true, servable: { ranges: can.ranges, wholeModel: can.wholeModel, reason: can.reason }, joinedAt: p.joinedAt, routeId: stage ? this.route!.id : null, stage: stage?.stage ?? null, stageStatus: stage?.status ?? null };
   }
 
   summary(): Record<string, unknown> {
@@ -480,6 +461,7 @@ export class Room implements RoomHost {
   handOff(why: string): void {
     if (this.planTimer) clearTimeout(this.planTimer);
     this.replanner?.stop();
+    this.probes.stop();
     const r = this.route;
     if (r?.repairState) this.keeper.giveUp(r, why);
     if (r) {
@@ -493,6 +475,7 @@ export class Room implements RoomHost {
   dispose(): void {
     if (this.planTimer) clearTimeout(this.planTimer);
     this.replanner?.stop();
+    this.probes.stop();
     if (this.route?.repairState) this.keeper.giveUp(this.route, 'the server is stopping');
     if (this.route) this.closeRoute(this.route);
     for (const p of this.peers.values()) p.ws.terminate();

@@ -41,13 +41,15 @@ import type { FetchLog } from './model-host.ts';
 import { admitPeer, DEFAULT_LIVENESS } from './peer-admission.ts';
 import type { Room } from './room.ts';
 import { RoomRegistry } from './room-registry.ts';
+import { startStunResponder } from './stun.ts';
+import type { StunResponder } from './stun.ts';
 import type { RoomRegistryOptions } from './room-registry.ts';
 import type { Access, CredentialOptions, Grant } from './access.ts';
 import type { StagePolicy } from './stage-policy.ts';
 import type { ServerTls } from './tls.ts';
 
 /** what the server passes to its rooms as they are (room-registry.ts says what each means) */
-type RoomSettings = Pick<RoomRegistryOptions, 'repairTimeoutMs' | 'standby' | 'planner' | 'replanGain' | 'stagePolicy' | 'heartbeatMs' | 'heartbeatTimeoutMs' | 'stepTimeoutMs' | 'speculate' | 'turn'>;
+type RoomSettings = Pick<RoomRegistryOptions, 'repairTimeoutMs' | 'standby' | 'planner' | 'replanGain' | 'stagePolicy' | 'linkProbeMs' | 'heartbeatMs' | 'heartbeatTimeoutMs' | 'stepTimeoutMs' | 'speculate' | 'turn'>;
 
 export interface SignalingServerOptions extends CredentialOptions, RoomSettings {
   host?: string;
@@ -68,6 +70,8 @@ export interface SignalingServerOptions extends CredentialOptions, RoomSettings 
   sessionTtlMs?: number;
   /** STUN/TURN servers announced to every peer in welcome */
   iceServers?: IceServer[];
+  /** answer STUN on UDP at the server's own address and port number (./stun.ts), announced first in welcome */
+  stun?: boolean;
   log?: (line: string) => void;
   /** HTTPS and WSS on the same port with this certificate (./tls.ts); absent: plain HTTP */
   tls?: ServerTls;
@@ -168,14 +172,28 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
   });
   const addr = server.address() as AddressInfo;
   // bound to every interface: links name one address other devices can use, not 0.0.0.0
-  const shown = addr.address === '0.0.0.0' || addr.address === '::' ? (lanAddress() ?? '127.0.0.1') : addr.address;
+  const wildcard = addr.address === '0.0.0.0' || addr.address === '::';
+  const shown = wildcard ? (lanAddress() ?? '127.0.0.1') : addr.address;
   const url = `${opts.tls ? 'https' : 'http'}://${shown.includes(':') ? `[${shown}]` : shown}:${addr.port}`;
+  let stun: StunResponder | null = null;
+  if (opts.stun) {
+    try {
+      stun = await startStunResponder(addr.address, addr.port, shown, log);
+    } catch (e) {
+      server.close();
+      throw e;
+    }
+  }
+  // on a wildcard bind the join link names one of several addresses: each peer is told the STUN
+  // server at the address its own connection reached (a phone on the Wi-Fi is not told a VPN's)
+  const stunAt = stun ? (reachedAt: string | undefined): IceServer => (wildcard && reachedAt ? stun!.iceServerAt(reachedAt) : stun!.iceServer) : undefined;
   let cluster: Cluster | null = null;
   if (opts.cluster) {
     if (!opts.secret) throw new MeshError('CLUSTER_NEEDS_SECRET', 'serve --redis needs --secret: every instance must open the same rooms (their ids come from the secret)');
     try {
       cluster = await Cluster.join({ ...opts.cluster, url: opts.cluster.url ?? url, secret: opts.secret, log }, () => registry.rooms.map((r) => r.id));
     } catch (e) {
+      await stun?.close();
       server.close();
       throw e;
     }
@@ -183,7 +201,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
   // what this instance passed on to another, by room (ended when the room comes here)
   const linked = new RoomLinks();
   // the rooms are made once the address is known: their model URLs name it
-  const registry = new RoomRegistry(url, { ...opts, log, ...(cluster ? { routeIdBase: cluster.routeIdBase } : {}) });
+  const registry = new RoomRegistry(url, { ...opts, ...(stunAt ? { stunAt } : {}), log, ...(cluster ? { routeIdBase: cluster.routeIdBase } : {}) });
   server.on('request', new HttpApi(registry, { ...(opts.app ? { app: opts.app } : {}), tls: opts.tls ?? null, url, cluster, linked }).handle);
   const trust = opts.tls?.ca ? { ca: opts.tls.ca.pem } : {};
 
@@ -230,8 +248,10 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     // the origin this peer reached us at (its Host header, when it is a plain host[:port])
     const host = /^[A-Za-z0-9.:[\]-]+$/.test(req.headers.host ?? '') ? req.headers.host : null;
     const origin = host ? `${opts.tls ? 'https' : 'http'}://${host}` : undefined;
+    // the address of this machine the connection reached (an IPv4 peer on a dual-stack socket shows as ::ffff:a.b.c.d)
+    const reachedAt = req.socket.localAddress?.replace(/^::ffff:(?=\d+\.)/, '');
     const liveness = { heartbeatMs: opts.heartbeatMs ?? DEFAULT_LIVENESS.heartbeatMs, heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? DEFAULT_LIVENESS.heartbeatTimeoutMs };
-    wss.handleUpgrade(req, socket, head, (ws) => (grant ? serveClient(registry, room, ws, grant) : admitPeer(room, ws, registry.relayLedger(room), origin, liveness)));
+    wss.handleUpgrade(req, socket, head, (ws) => (grant ? serveClient(registry, room, ws, grant) : admitPeer(room, ws, registry.relayLedger(room), { ...(origin ? { origin } : {}), ...(reachedAt ? { reachedAt } : {}) }, liveness)));
   }
   // a model it cannot serve ends the server: nothing keeps the port for rooms that never open
   try {
@@ -240,6 +260,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
   } catch (e) {
     await cluster?.close();
     await registry.dispose();
+    await stun?.close();
     wss.close();
     server.closeAllConnections();
     await new Promise<void>((resolve) => server.close(() => resolve()));
@@ -260,6 +281,7 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     async close() {
       await cluster?.close();
       await registry.dispose();
+      await stun?.close();
       wss.close();
       server.closeAllConnections();
       await new Promise<void>((resolve) => server.close(() => resolve()));

@@ -24,7 +24,7 @@ import { HttpLink } from '../src/transport/http.ts';
 import { manifestJson } from '../src/gguf/manifest.ts';
 import type { Manifest } from '../src/gguf/verify.ts';
 import { shardTensors } from '../src/gguf/verify.ts';
-import { closeBrowserTest, launchChromium, peerState, startPeerPage, storiesOracle, waitForPeerState } from './support/browser-route.ts';
+import { closeBrowserTest, expectDirectPair, launchChromium, peerState, startPeerPage, storiesOracle, waitForPeerState } from './support/browser-route.ts';
 import { getJson, spawnMesh, spawnServe, waitForRoute } from './support/mesh.ts';
 import type { ServeInfo } from './support/mesh.ts';
 import { STORIES_PROMPT_TOKENS } from './support/models.ts';
@@ -311,7 +311,7 @@ describe('a mixed route: two browser tabs and a native cpu node', () => {
     expect(await generateOverHttp(serve, route.id, 'mixed: 2 tabs + cpu node')).toEqual(expected);
     const byStage = (await Promise.all(tabs.map((t) => peerState(t.page)))).sort((a, b) => a!.stage! - b!.stage!);
     expect(byStage.map((s) => s!.hop)).toEqual(['webrtc', 'webrtc']); // browser → native over a data channel too (native-rtc.ts)
-    expect(byStage[1]!.candidatePair).toMatchObject({ local: 'host', protocol: 'udp' });
+    expectDirectPair(byStage[1]!.candidatePair);
     // stages report telemetry every few seconds: the native node's upstream pair may come a report later
     const routeNow = async (): Promise<any> => (await getJson(`${serve.base}/v1/routes/${route.id}`, serve.secret)).body;
     await expect.poll(async () => Object.values((await routeNow()).stages[2].telemetry?.upstreamPairs ?? {}), { timeout: 10_000 }).toEqual([expect.objectContaining({ protocol: 'udp' })]);

@@ -20,6 +20,9 @@ import type { Page } from 'playwright-core';
 import type { LlamaModel } from 'node-llama-cpp';
 import { NetLab } from './support/netns.ts';
 import { launchInHost } from './support/lab-browser.ts';
+import { expectDirectPair } from './support/browser-route.ts';
+import { api, generateIn as generateInLab, goto, openRoomPage, readyRoute, serveIn as serveInLab } from './support/lab-room.ts';
+import type { Served } from './support/lab-room.ts';
 import type { LabBrowser } from './support/lab-browser.ts';
 import { killAll, spawnCommand, spawnMesh } from './support/mesh.ts';
 import type { MeshProcess } from './support/mesh.ts';
@@ -51,81 +54,8 @@ afterAll(async () => {
   rmSync(scratch, { recursive: true, force: true });
 });
 
-interface Served {
-  proc: MeshProcess;
-  joinUrl: string;
-  origin: string;
-  roomId: string;
-  secret: string;
-  ca: string;
-}
-
-/** `gguf-mesh serve` in lab host `host`, bound to its address (TLS on by default there). */
-async function serveIn(lab: NetLab, host: string, extra: string[]): Promise<Served> {
-  const h = lab.host(host);
-  const proc = spawnMesh(['serve', '--host', h.ip, '--port', '0', '--ui', 'dist', '--model', modelPath, ...extra], { prefix: lab.exec(host, []), env: { GGUF_MESH_CACHE: serveCache } });
-  const [, joinUrl] = await proc.waitFor(/join:\s+(\S+)/, 60_000);
-  const link = parseJoinUrl(joinUrl!);
-  return { proc, joinUrl: joinUrl!, origin: link.base, roomId: link.roomId, secret: link.secret!, ca: readFileSync(join(serveCache, 'tls', 'ca.pem'), 'utf8') };
-}
-
-/** The room server's API, asked from inside a tab (the test process is in no lab namespace). */
-async function api(page: Page, s: Served, path: string): Promise<any> {
-  return page.evaluate(
-    async ({ url, secret }) => {
-      const res = await fetch(url, { headers: { authorization: `Bearer ${secret}` } });
-      return res.json();
-    },
-    { url: `${s.origin}${path}`, secret: s.secret },
-  );
-}
-
-/** Polls the room (from a tab) until its route is ready; the route summary. */
-async function readyRoute(page: Page, s: Served, timeoutMs = 60_000): Promise<any> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const room = await api(page, s, `/v1/rooms/${s.roomId}`);
-    if (room.route?.status === 'ready') return api(page, s, `/v1/routes/${room.route.id}`);
-    if (Date.now() > deadline) throw new Error(`route not ready: ${JSON.stringify(room)}\n${s.proc.output()}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
-
-/**
- * Navigates, once more when Chromium reports the network changed under the navigation: a lab's
- * interfaces (their IPv6 link-local addresses finishing duplicate detection just after they came
- * up) change right after the lab is made, and Chromium aborts a load in flight then
- * (net::ERR_NETWORK_CHANGED) as it would on a laptop changing Wi-Fi. Nothing else is retried.
- */
-async function goto(page: Page, url: string): Promise<void> {
-  for (let attempt = 0; ; attempt++) {
-    try {
-      await page.goto(url);
-      return;
-    } catch (e) {
-      if (attempt >= 2 || !/ERR_NETWORK_CHANGED/.test((e as Error).message)) throw e;
-      await new Promise((r) => setTimeout(r, 500));
-    }
-  }
-}
-
-/** Opens the room link in a new tab of `b` (the real room page) and waits until it has joined. */
-async function openRoomPage(b: LabBrowser, url: string, label: string): Promise<Page> {
-  const page = await (await b.browser.newContext()).newPage();
-  page.on('console', (m) => m.type() === 'error' && console.log(`[${label}] ${m.text()}`));
-  await goto(page, url);
-  await page.waitForFunction(() => ['idle', 'ready'].includes(document.querySelector('.peer-view')?.getAttribute('data-status') ?? ''), null, { timeout: 45_000 });
-  return page;
-}
-
-/** `generate --join` in lab host `host` (a native client pinning the CA from the link): its JSON result. */
-async function generateIn(lab: NetLab, host: string, joinUrl: string): Promise<any> {
-  const proc = spawnMesh(['generate', '--join', joinUrl, '--prompt', 'Once upon a time', '--n', String(N), '--json'], { prefix: lab.exec(host, []) });
-  const code = await proc.exited;
-  const line = proc.output().trim().split('\n').filter((l) => l.startsWith('{')).at(-1);
-  if (code !== 0 || !line) throw new Error(`generate --join exited with ${code}:\n${proc.output()}`);
-  return JSON.parse(line);
-}
+const serveIn = (lab: NetLab, host: string, extra: string[]): Promise<Served> => serveInLab(lab, host, modelPath, serveCache, extra);
+const generateIn = (lab: NetLab, host: string, joinUrl: string): Promise<any> => generateInLab(lab, host, joinUrl, N);
 
 describe('a LAN of namespaces: serve, two tabs and a native node on four hosts', () => {
   let lab: NetLab;
@@ -183,10 +113,10 @@ describe('a LAN of namespaces: serve, two tabs and a native node on four hosts',
     const result = await generateIn(lab, 'cli', served.joinUrl);
     expect(result.tokens).toEqual(expected);
 
-    // each hop: a data channel (tab→tab on mDNS host candidates, tab→native), its bytes and time
+    // each hop: a direct data channel (tab→tab, tab→native: no relay at either end), its bytes and time
     expect(result.hops.map((h: any) => h.kind)).toEqual(['webrtc', 'webrtc']);
     for (const hop of result.hops) {
-      expect(hop.candidatePair).toMatchObject({ local: 'host', protocol: 'udp' });
+      expectDirectPair(hop.candidatePair);
       expect(hop.bytes).toBeGreaterThan(0);
       expect(hop.transferMs).toBeGreaterThan(0);
       expect(hop.steps).toBe(N);

@@ -13,6 +13,7 @@ import type { Assignment, LoadContext, ShardLoad } from '../src/peer/peer-core.t
 import { helloProof } from '../src/protocol/control.ts';
 import type { PeerToServer } from '../src/protocol/control.ts';
 import { FrameType, makeFrame, NIL_SESSION } from '../src/protocol/frame.ts';
+import { decodeJson } from '../src/protocol/payload.ts';
 import { fetchJson } from '../src/transport/server-json.ts';
 import { startSignalingServer } from '../signaling-server/server.ts';
 import type { SignalingServer } from '../signaling-server/server.ts';
@@ -147,7 +148,9 @@ describe('PeerCore (the peer side every environment shares)', () => {
 
   it('assign → ready, frames served by the stage; release undoes what the load kept', async () => {
     const h = harness();
-    await expect(h.core.handle(makeFrame({ type: FrameType.Status, sessionId: NIL_SESSION }))).rejects.toMatchObject({ code: 'STAGE_NOT_LOADED' });
+    await expect(h.core.handle(makeFrame({ type: FrameType.Status, sessionId: 'ab'.repeat(16) }))).rejects.toMatchObject({ code: 'STAGE_NOT_LOADED' });
+    // a Status of no session is answered before there is a stage (another peer timing its link here)
+    expect(decodeJson((await h.core.handle(makeFrame({ type: FrameType.Status, sessionId: NIL_SESSION }))).payload)).toEqual({ serving: false });
     await h.deliver(h.assign(1));
     h.loads[0]!.resolve();
     await h.settle();

@@ -132,6 +132,15 @@ describe('a stopped stage', () => {
     await victim.proc.kill('SIGKILL');
     spawnNode(STAGES[1]!);
   }, 90_000);
+
+  it("serve's log names each session's start, repairs and end, not every step", () => {
+    const lines = serve.proc.output().split('\n').filter((l) => /^session [0-9a-f]+: /.test(l));
+    // streams of 300 tokens, the ones above repaired: a line a step would be hundreds a stream
+    expect(lines.filter((l) => /: repaired, (idle|prefilling|decoding)$/.test(l)).length, lines.join('\n')).toBeGreaterThanOrEqual(1);
+    expect(lines.filter((l) => /: (idle|prefilling|decoding)$/.test(l))).toEqual([]);
+    // (completions of one prompt continue one kept session: the prefix cache)
+    expect(lines.filter((l) => /: opening$/.test(l)).length).toBeGreaterThanOrEqual(1);
+  });
 });
 
 describe('a graceful leave', () => {

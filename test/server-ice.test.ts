@@ -1,5 +1,9 @@
 // `serve --ice-server` (repeatable): the STUN/TURN servers browser peers need to meet across
 // the internet travel to every peer in the welcome message; a bad value is a usage error.
+// `serve --stun on` (the default beyond loopback): serve answers STUN Binding requests itself on
+// UDP at its own address and port number, and names that first in welcome.
+import { createSocket } from 'node:dgram';
+import { createRequire } from 'node:module';
 import { afterAll, describe, expect, it } from 'vitest';
 import WebSocket from 'ws';
 import { stories260K } from './support/models.ts';
@@ -41,7 +45,7 @@ describe('ICE servers for browser peers', () => {
     }
   });
 
-  it('the welcome carries every --ice-server in order; without the flag it carries none', async () => {
+  it('the welcome carries every --ice-server in order; without the flag it carries none (on loopback serve answers no STUN itself)', async () => {
     const model = await stories260K();
     const withIce = await spawnServe(model, ['--ice-server', 'stun:stun.example.org:3478', '--ice-server', 'turn:alice:s%40cret@turn.example.org:3478?transport=udp']);
     const plain = await spawnServe(model);
@@ -54,6 +58,51 @@ describe('ICE servers for browser peers', () => {
     expect(b).not.toHaveProperty('iceServers');
   });
 
+  it('--stun on: serve answers a Binding request with the address it came from, ignores other datagrams, and names itself first in welcome', async () => {
+    const served = await spawnServe(await stories260K(), ['--stun', 'on', '--ice-server', 'stun:stun.example.org:3478']);
+    const port = Number(new URL(served.base).port);
+    expect(served.proc.output()).toContain(`stun:     udp 127.0.0.1:${port}`);
+    expect((await welcomeOf(served)).iceServers).toEqual([{ urls: `stun:127.0.0.1:${port}` }, { urls: 'stun:stun.example.org:3478' }]);
+    // garbage, and a datagram that looks like STUN but is not one: the server keeps answering
+    const junk = createSocket('udp4');
+    await new Promise<void>((r) => junk.send(Buffer.from('not stun at all'), port, '127.0.0.1', () => r()));
+    await new Promise<void>((r) => junk.send(Buffer.concat([Buffer.from([0, 1, 0, 0x10, 0x21, 0x12, 0xa4, 0x42]), Buffer.alloc(12)]), port, '127.0.0.1', () => r()));
+    junk.close();
+    const socket = createSocket('udp4');
+    await new Promise<void>((r) => socket.bind(0, '127.0.0.1', () => r()));
+    try {
+      const stun = createRequire(import.meta.url)('@msimerson/stun');
+      const res = await stun.request(`127.0.0.1:${port}`, { socket, retries: 2, timeout: 300 });
+      expect(res.getXorAddress()).toEqual({ address: '127.0.0.1', port: socket.address().port, family: 'IPv4' });
+    } finally {
+      socket.close();
+    }
+    expect(served.proc.child.exitCode).toBeNull();
+  });
+
+  it('--host 0.0.0.0: each peer is told the STUN server at the address its own connection reached, not the join link\'s', async () => {
+    const served = await spawnServe(await stories260K(), ['--host', '0.0.0.0', '--insecure-http', '--stun', 'on']);
+    const port = Number(new URL(served.base).port);
+    for (const host of ['127.0.0.1', '127.0.0.2']) {
+      expect((await welcomeOf({ ...served, base: `http://${host}:${port}` })).iceServers, host).toEqual([{ urls: `stun:${host}:${port}` }]);
+    }
+  });
+
+  it('--stun on where its UDP port is taken: serve exits naming the port and how to go without', async () => {
+    const holder = createSocket('udp4');
+    await new Promise<void>((r) => holder.bind(0, '127.0.0.1', () => r()));
+    try {
+      const port = holder.address().port;
+      const r = await runCli(['serve', '--port', String(port), '--ui', 'off', '--stun', 'on', '--model', await stories260K()]);
+      expect(r.code).not.toBe(0);
+      expect(r.stderr).toContain('STUN_BIND_FAILED');
+      expect(r.stderr).toContain(`UDP 127.0.0.1:${port}`);
+      expect(r.stderr).toContain('--stun off');
+    } finally {
+      holder.close();
+    }
+  });
+
   it('serve --help documents --ice-server; a malformed one exits 2 naming the flag', async () => {
     const help = await runCli(['serve', '--help']);
     expect(help.stdout + help.stderr).toMatch(/--ice-server <url>.*STUN\/TURN/s);
@@ -61,5 +110,9 @@ describe('ICE servers for browser peers', () => {
     expect(r.code).toBe(2);
     expect(r.stderr).toContain('--ice-server');
     expect(r.stderr).toContain('user:password@');
+    expect(help.stdout + help.stderr).toMatch(/--stun <on\|off>.*default: on beyond loopback/s);
+    const bad = await runCli(['serve', '--port', '0', '--ui', 'off', '--stun', 'maybe']);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain("--stun must be on or off, got 'maybe'");
   });
 });

@@ -58,7 +58,20 @@ describe('live speed figures in a speed-planned room', () => {
 
     // idle now: re-planned onto the plain node, the slow one left out
     const deadline = Date.now() + 15_000;
-    while ((await roomRoute(serve))?.id === first.id && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+    let next = await roomRoute(serve);
+    while (next?.id === first.id && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 20));
+      next = await roomRoute(serve);
+    }
+    // a request that is not streamed, sent while the new route loads, waits for it (it was a 503)
+    const during = await fetch(`${serve.base}/v1/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${serve.secret}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'stories260K', prompt: 'Once upon a time', max_tokens: 4, temperature: 0 }),
+    });
+    expect(next.status).toBe('loading');
+    expect(during.status, await during.clone().text()).toBe(200);
+    expect((await during.json()).choices[0].text.length).toBeGreaterThan(0);
     const second = await waitForRoute(serve, 'ready');
     expect(second.id).not.toBe(first.id);
     expect(second.stages.map((s: any) => s.peerId)).toEqual([expect.stringMatching(/^plain/)]);

@@ -35,6 +35,7 @@ import { RelayLink } from './relay-link.ts';
 import type { StageService } from './stage-service.ts';
 import { UpstreamFence } from './upstream-fence.ts';
 import { heldUnits } from './verified-source.ts';
+import { probeLinks } from './link-probe.ts';
 
 export type { BackendKind } from './native-stage.ts';
 
@@ -53,7 +54,7 @@ export interface NodePeerOptions {
   name?: string;
   /** where verified shards (cpu) and whole model copies (llama.cpp) are kept; null = no cache */
   cacheDir?: string | null;
-  /** cpu: threads the engine computes on (default: every core) */
+  /** cpu and llama.cpp: threads the engine computes on (default: cpu every core, llama.cpp all but one) */
   threads?: number;
   /** WebRTC data channels to and from tabs (default true; off: those hops use the server relay) */
   webrtc?: boolean;
@@ -162,6 +163,7 @@ function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact:
     ...(has.adapter ? { adapter: has.adapter } : {}),
     ...(has.rtc ? { rtc: true } : {}),
     ...(has.speed ? { speed: has.speed } : {}),
+    probesLinks: true,
   };
 }
 
@@ -277,6 +279,8 @@ async function connect(p: PeerShared): Promise<Connection> {
       return log(`ignored a control message from the server: ${(e as Error).message}`);
     }
     if (core.onMessage(m)) return;
+    // the server learning how far the other listening peers are from here (its link matrix)
+    if (m.t === 'probe-links') return void probeLinks(m, { secret: opts.secret, wrap: (l) => delayedLink(l, delay) }).then(send);
     // a relay reply is for this node's own relay link, else for the relay WebRTC fell back to
     if (m.t === 'relay-reply' && relay?.deliver(m)) return;
     rtc?.onControl(m);

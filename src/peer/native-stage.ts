@@ -38,10 +38,11 @@ async function makeBackend(kind: BackendKind, wholeModel: boolean, memoryBytes: 
   // in a worker thread: a load or a prefill chunk takes seconds on a real model, and this
   // thread must answer the server's heartbeat and read frames meanwhile
   const { stageBackendInThread } = await import('../../workers/stage-thread.ts');
-  if (kind === 'cpu') return stageBackendInThread('cpu', threads ? { threads } : {});
+  const given = threads ? { threads } : {};
+  if (kind === 'cpu') return stageBackendInThread('cpu', given);
   // llama.cpp: the whole model from its own file (any architecture llama.cpp loads), a layer range from a shard GGUF
-  if (!wholeModel) return stageBackendInThread('llamacpp-range', { kvType: 'f32', flashAttention: false, memoryBytes });
-  return stageBackendInThread('llamacpp', { kvType: 'f32', flashAttention: false });
+  if (!wholeModel) return stageBackendInThread('llamacpp-range', { kvType: 'f32', flashAttention: false, memoryBytes, ...given });
+  return stageBackendInThread('llamacpp', { kvType: 'f32', flashAttention: false, ...given });
 }
 
 /** A binary-HTTP link to the node whose frames WebSocket is `wsUrl`, checked with GET /v1/status. */
@@ -60,7 +61,7 @@ async function httpLinkTo(wsUrl: string, auth: Record<string, string>): Promise<
 /** What a native node's loads share. */
 export interface NativeStageEnv {
   backend: BackendKind;
-  /** cpu: threads the engine computes on (default: every core) */
+  /** cpu and llama.cpp: threads the engine computes on (default: cpu every core, llama.cpp all but one) */
   threads?: number;
   /** the memory this node offers (a llama.cpp range stage admits sessions within it) */
   memoryBytes: number;
@@ -169,7 +170,9 @@ export async function loadNativeShard(ctx: LoadContext, env: NativeStageEnv): Pr
   ctx.keep(source, (s) => s.close());
   await backend.load(source, a.shard);
   const bytesRead = fetched();
-  return { backend, bytesRead, detail: `${bytesRead} bytes read` };
+  // what the engine computes on, as it says (a worker thread's engine tells after its load)
+  const engineThreads = (backend as { info?: { threads?: number } | null }).info?.threads;
+  return { backend, bytesRead, detail: `${bytesRead} bytes read${engineThreads ? `; ${engineThreads} thread${engineThreads === 1 ? '' : 's'}` : ''}` };
 }
 
 /** PeerCore's `linkNext` for a native node: the next stage of an assignment, or of a rewire after a repair. */

@@ -15,7 +15,8 @@ import { Sampler } from '../model/sampler.ts';
 import { helloProof, toBase64 } from '../protocol/control.ts';
 import type { CandidatePair, HopKind, PeerHello, PeerToServer, ServerMessage, ServerToPeer } from '../protocol/control.ts';
 import { headerFromWire } from '../protocol/header-wire.ts';
-import { encodeFrame } from '../protocol/frame.ts';
+import { encodeFrame, FrameType, NIL_SESSION } from '../protocol/frame.ts';
+import { jsonFrame, replyAddress } from '../protocol/payload.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { PEER_HEADER } from '../transport/link.ts';
 import type { FrameLink } from '../transport/link.ts';
@@ -215,7 +216,11 @@ export class PeerCore {
 
   /** Frames for this peer's stage (from the server, or an upstream stage). */
   readonly handle = async (f: Frame): Promise<Frame> => {
-    if (!this.serving) throw new MeshError('STAGE_NOT_LOADED', 'this peer serves no stage yet');
+    if (!this.serving) {
+      // a Status of no session is answered serving or not: another peer timing its link to us (link-probe.ts)
+      if (f.type === FrameType.Status && f.sessionId === NIL_SESSION) return jsonFrame(FrameType.Status, replyAddress(f), { serving: false });
+      throw new MeshError('STAGE_NOT_LOADED', 'this peer serves no stage yet');
+    }
     return this.serving.service.handle(f);
   };
 

@@ -11,6 +11,10 @@
 //   server → peer  {t:'relay-reply', id, frame|error}  used when no data channel could open
 //   peer → server  {t:'telemetry', routeId, stage, …}  load progress, hop kind, frame counters
 //
+// Native nodes (hello `probesLinks`) time their frame link to other peers when asked:
+//   server → peer  {t:'probe-links', id, targets}      [{peer, url}]: the peers' listen addresses
+//   peer → server  {t:'links-probed', id, results}     [{peer, rttMs} | {peer, error}]
+//
 // Every peer of this implementation (hello `directReturn: true`) also sends, as the last stage,
 //   peer → server  {t:'return', routeId, stage, frame}  a sampled Token (base64 frame) for the
 //                  session's owner, one-way: the answer to a ReturnDirect step (frame.ts)
@@ -75,6 +79,8 @@ export const helloSchema = v.object({
   verify: v.optional(v.boolean()),
   /** its own measured speed (peer/calibrate.ts), for the planner that knows speed (route/speed-planner.ts) */
   speed: v.optional(peerSpeed),
+  /** measures its round trip to other peers' listen addresses when asked (`probe-links`) */
+  probesLinks: v.optional(v.boolean()),
 });
 export type PeerHello = v.InferOutput<typeof helloSchema>;
 
@@ -103,6 +109,8 @@ const candidatePair = v.object({
   protocol: text(16),
   /** for a relay candidate: how it reaches the TURN server (udp, tcp, tls) */
   relayProtocol: v.optional(text(16)),
+  /** the pair's round trip as ICE measured it (its STUN checks over the same path as the frames), when the browser reports one */
+  rttMs: v.optional(msCost),
 });
 /** The ICE candidate pair a data channel runs over: candidate types host | srflx | prflx | relay. */
 export type CandidatePair = v.InferOutput<typeof candidatePair>;
@@ -134,6 +142,8 @@ export type PeerTelemetry = v.InferOutput<typeof telemetrySchema>;
 const MAX_RELAYED_BASE64 = 48 * 1024 * 1024;
 /** A returned Token frame is one row of at most 42 values; an Error frame a short JSON body. */
 const MAX_RETURN_BASE64 = 64 * 1024;
+/** Most peers one `probe-links` names (a room's other listening peers). */
+export const MAX_PROBED_LINKS = 64;
 const base64 = (max: number) => v.pipe(v.string(), v.maxLength(max), v.regex(/^[A-Za-z0-9+/]*={0,2}$/));
 
 /** Every message a peer may send the server, by `t` (the fuzzer in test/hardening walks this). */
@@ -153,6 +163,8 @@ export const PEER_MESSAGES = {
   leave: v.object({ t: v.literal('leave') }),
   /** the peer holds less than it offered: out of memory or its device lost (code), while serving or loading `stage` of `routeId` if named */
   memory: v.object({ t: v.literal('memory'), memoryBytes: count, code: errorCode, message: text(4096), routeId: v.optional(u32), stage: v.optional(u32) }),
+  /** the answer to `probe-links`: the round trip to each target (the fastest of a few Status frames), or why none was measured */
+  'links-probed': v.object({ t: v.literal('links-probed'), id: u32, results: list(v.object({ peer: text(64), rttMs: v.optional(msCost), error: v.optional(text(512)) }), MAX_PROBED_LINKS) }),
   /** the last stage's one-way answer (a base64 Token or Error frame) for the session manager: the answer to a ReturnDirect step */
   return: v.object({ t: v.literal('return'), routeId: u32, stage: u32, frame: base64(MAX_RETURN_BASE64) }),
   /** a simple-peer offer/answer/candidate for peer `to` (cid: one id per data channel attempt) */
@@ -167,7 +179,8 @@ export const PEER_MESSAGES = {
   check: v.object({ t: v.literal('check'), routeId: u32, sessionId: v.pipe(v.string(), v.regex(/^[0-9a-f]{32}$/)), position: u32, nTokens: u32, role: v.picklist(['expected', 'actual']), row: base64(4 * 65536 * 2) }),
 } as const;
 
-export type PeerToServer = v.InferOutput<(typeof PEER_MESSAGES)['hello' | 'ready' | 'load-failed' | 'loading' | 'telemetry' | 'check' | 'standby-ready' | 'standby-failed' | 'rewired' | 'leave' | 'return' | 'memory']>;
+export type PeerToServer = v.InferOutput<(typeof PEER_MESSAGES)['hello' | 'ready' | 'load-failed' | 'loading' | 'telemetry' | 'check' | 'standby-ready' | 'standby-failed' | 'rewired' | 'leave' | 'return' | 'memory' | 'links-probed']>;
+export type LinksProbed = v.InferOutput<(typeof PEER_MESSAGES)['links-probed']>;
 export type SpotCheckReport = v.InferOutput<(typeof PEER_MESSAGES)['check']>;
 export type SignalToPeer = v.InferOutput<(typeof PEER_MESSAGES)['signal']>;
 export type RelayRequest = v.InferOutput<(typeof PEER_MESSAGES)['relay']>;
@@ -227,6 +240,8 @@ export const SERVER_MESSAGES = {
     downstreamRtc: v.optional(v.boolean()),
     upstreamPeer: v.optional(peerId),
   }),
+  /** measure the round trip to each of these peers' listen addresses (hello `probesLinks`); answered by `links-probed` with the same id */
+  'probe-links': v.object({ t: v.literal('probe-links'), id: u32, targets: list(v.object({ peer: text(64), url: v.pipe(text(512), v.regex(/^wss?:\/\//)) }), MAX_PROBED_LINKS) }),
   /** the answer to `leave`: the peer's sessions are served elsewhere now (or could not be moved: `moved: false`); it may go */
   'leave-ok': v.object({ t: v.literal('leave-ok'), moved: v.boolean() }),
   error: v.object({ t: v.literal('error'), code: errorCode, message: text(4096) }),
@@ -234,7 +249,8 @@ export const SERVER_MESSAGES = {
   'relay-reply': v.object({ t: v.literal('relay-reply'), id: u32, frame: v.optional(base64(MAX_RELAYED_BASE64)), error: v.optional(v.object({ code: errorCode, message: text(4096) })) }),
 } as const;
 
-export type ServerToPeer = v.InferOutput<(typeof SERVER_MESSAGES)['challenge' | 'welcome' | 'assign' | 'release' | 'error' | 'watch' | 'standby' | 'rewire' | 'leave-ok']>;
+export type ServerToPeer = v.InferOutput<(typeof SERVER_MESSAGES)['challenge' | 'welcome' | 'assign' | 'release' | 'error' | 'watch' | 'standby' | 'rewire' | 'leave-ok' | 'probe-links']>;
+export type ProbeLinks = v.InferOutput<(typeof SERVER_MESSAGES)['probe-links']>;
 export type SignalFromPeer = v.InferOutput<(typeof SERVER_MESSAGES)['signal']>;
 export type RelayReply = v.InferOutput<(typeof SERVER_MESSAGES)['relay-reply']>;
 export type ServerMessage = ServerToPeer | SignalFromPeer | RelayReply;

@@ -97,6 +97,8 @@ export interface RouteGenerationResult extends GenerationResult {
   cachedTokens: number;
   /** with `keep`: the session left open */
   kept: KeptSession | null;
+  /** the session's status read just before it ended (per-stage timings, each hop's carrier, bytes and wire time), when it answered */
+  info: SessionInfo | null;
 }
 
 /**
@@ -146,7 +148,7 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
     const held = [...prompt, ...out.tokens.slice(0, Math.max(0, out.tokens.length - 1))];
     keep = !!req.keep && !req.constraint && out.stopReason !== 'aborted' && held.length === stepper.position;
     if (!keep) await stepper.close();
-    return { ...out.result(prompt), sessionId, summary, cachedTokens: cached, kept: keep ? { sessionId, tokens: held, contextLength: stepper.contextLength } : null };
+    return { ...out.result(prompt), sessionId, summary, cachedTokens: cached, kept: keep ? { sessionId, tokens: held, contextLength: stepper.contextLength } : null, info };
   } catch (e) {
     const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
     emit({ type: 'error', sessionId, code: err.code, message: err.message, ...(typeof err.details?.stage === 'number' ? { stage: err.details.stage } : {}) });

@@ -46,6 +46,8 @@ export interface RouteHandle {
   hops?(): HopLink[];
   /** every stage takes FrameFlag.ReturnDirect and the last one reaches the session manager one-way (deliverReturn) */
   directReturn?(): boolean;
+  /** the one-way path's N + 1 hops' estimated one-way latencies (ms: server → stage 0, stage k → k + 1, last → server), to share a step's wire time by (token-return.ts) */
+  hopLatencyMs?(): number[];
   /** every stage takes FrameFlag.Verify: the session manager may speculate (speculation.ts) */
   verify?(): boolean;
   /** a single-token decode step that ran alone on the route: each stage's timing record (step-observer.ts) */
@@ -166,6 +168,8 @@ export interface Session {
   kept?: boolean;
   /** prefill chunks sent on without waiting, and their answers (prefill-pipeline.ts) */
   pipe: PrefillPipeline;
+  /** per stage, its hop's share of the wire time of the one-way steps that carried timings (token-return.ts), summed (ms) */
+  hopWireMs: number[];
   /** speculative decoding, for a greedy session where the server or the session asks for it (speculation.ts) */
   spec: Speculation | null;
 }

@@ -112,7 +112,7 @@ export class SessionManager {
     await route.repair?.()?.done;
     const s: Session = { // (confirmedDraws: a session opened again elsewhere, resuming-link.ts, samples on after its draws)
       life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, principal, promptLength: body.promptLength ?? null, onFail: new Set(),
-      body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: body.draws ?? 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0, parked: false, onPark: new Set(), pipe: new PrefillPipeline(), spec: Speculation.forSession(body, this.opts.speculate),
+      body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: body.draws ?? 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0, parked: false, onPark: new Set(), pipe: new PrefillPipeline(), hopWireMs: [], spec: Speculation.forSession(body, this.opts.speculate),
     };
     this.sessions.set(sessionId, s);
     this.prune();
@@ -231,7 +231,7 @@ export class SessionManager {
   private send(s: Session, f: Frame): Promise<Frame> {
     const entry = s.route.entry();
     if (!(f.flags & FrameFlag.Sample) || f.flags & FrameFlag.WantLogits || s.body.tokenPath === 'climb' || !s.route.directReturn?.()) return entry.request(f);
-    return this.returns.send(entry, f, s.onFail, s.route.id);
+    return this.returns.send(entry, f, s.onFail, s.route.id, s.route.hopLatencyMs?.(), s.hopWireMs);
   }
 
   /** A one-way answer (ReturnDirect): the last stage's Token, or a stage's Error; false when no step waits for it. */
@@ -396,7 +396,7 @@ export class SessionManager {
     // the state before the stage queries: a close racing them shows as not yet closed
     const brief = this.brief(sessionId);
     const stages = await stageStatuses(s.route, sessionId, this.opts.statusTimeoutMs ?? DEFAULT_STATUS_TIMEOUT_MS);
-    return { ...brief, stages, ...(s.route.hops ? { hops: hopTelemetry(stages, s.route.hops()) } : {}) };
+    return { ...brief, stages, ...(s.route.hops ? { hops: hopTelemetry(stages, s.route.hops(), s.hopWireMs) } : {}) };
   }
 
   brief(sessionId: string): Omit<SessionInfo, 'stages'> {

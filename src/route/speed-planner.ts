@@ -51,12 +51,15 @@ export const MAX_EXACT_PEERS = 8;
 
 const DEFAULT_HOP_OVERHEAD_MS = 0.2;
 
+/** The one-way latency between two peers through the server's network (the star), from their round trips to it (ms). */
+export const starLinkMs = (a: { rttMs: number }, b: { rttMs: number }): number => (a.rttMs + b.rttMs) / 2;
+
 /** The model's predicted decode step (ms) of a chain. */
 export function predictStepMs(input: SpeedPlanInput, stages: readonly PlannedStage[]): number {
   const byId = new Map(input.peers.map((p) => [p.id, p]));
   const chain = stages.map((s) => byId.get(s.peerId)!);
   const over = input.hopOverheadMs ?? DEFAULT_HOP_OVERHEAD_MS;
-  const link = input.linkMs ?? ((a, b) => (a.rttMs + b.rttMs) / 2);
+  const link = input.linkMs ?? starLinkMs;
   let t = chain[0]!.rttMs / 2 + chain[chain.length - 1]!.rttMs / 2 + (chain.length + 1) * over;
   stages.forEach((s, i) => {
     t += (s.shard.end - s.shard.start) * chain[i]!.decodeMsPerLayer;
@@ -72,7 +75,7 @@ export function planBySpeed(input: SpeedPlanInput): SpeedPlan | null {
   const P = peers.length;
   if (P === 0 || L < 1) return null;
   const over = input.hopOverheadMs ?? DEFAULT_HOP_OVERHEAD_MS;
-  const link = input.linkMs ?? ((a, b) => (a.rttMs + b.rttMs) / 2);
+  const link = input.linkMs ?? starLinkMs;
   const fits = fitTable(input, peers);
   // best[mask][last][l]: least time of a chain using `mask`, ending with peer `last`, covering layers [0, l)
   const size = (1 << P) * P * (L + 1);

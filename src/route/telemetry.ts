@@ -68,19 +68,24 @@ export interface HopLink {
 export interface HopTelemetry extends HopLink {
   /** whole frames sent over the hop for this session */
   bytes: number;
-  /** wire time summed over the session's steps: the sender's downstream time minus the receiver's handling */
+  /** wire time summed over the session's steps: the sender's downstream time minus the receiver's handling, plus the hop's share of the one-way steps' wire time */
   transferMs: number;
   steps: number;
 }
 
-/** Names each hop of a session with its carrier, bytes and time, from the stages' timings. */
-export function hopTelemetry(stages: ReadonlyArray<Record<string, unknown>>, links: readonly HopLink[]): HopTelemetry[] {
+/**
+ * Names each hop of a session with its carrier, bytes and time, from the stages' timings —
+ * which see no downstream time on the one-way token path, whose steps' wire time the session
+ * manager shares among the hops instead (`oneWayMs`, per sending stage).
+ */
+export function hopTelemetry(stages: ReadonlyArray<Record<string, unknown>>, links: readonly HopLink[], oneWayMs: readonly number[] = []): HopTelemetry[] {
   const t = (i: number): StageTiming | undefined => stages[i]?.timing as StageTiming | undefined;
   return links.map((l) => {
     const a = t(l.from);
     const b = t(l.to);
     const handled = b ? b.computeMs + b.downstreamMs + b.overheadMs : 0;
-    return { ...l, bytes: a?.bytesOut ?? 0, transferMs: a ? Math.round(Math.max(0, a.downstreamMs - handled) * 1000) / 1000 : 0, steps: a?.steps ?? 0 };
+    const measured = a ? Math.max(0, a.downstreamMs - handled) : 0;
+    return { ...l, bytes: a?.bytesOut ?? 0, transferMs: Math.round((measured + (oneWayMs[l.from] ?? 0)) * 1000) / 1000, steps: a?.steps ?? 0 };
   });
 }
 

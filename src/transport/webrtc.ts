@@ -73,6 +73,7 @@ export async function selectedCandidatePair(pc: RTCPeerConnection): Promise<Cand
     remote: String(remote.candidateType ?? 'unknown'),
     protocol: String(local.protocol ?? 'unknown'),
     ...(local.relayProtocol ? { relayProtocol: String(local.relayProtocol) } : {}),
+    ...(typeof pair.currentRoundTripTime === 'number' && Number.isFinite(pair.currentRoundTripTime) ? { rttMs: Math.round(pair.currentRoundTripTime * 1e4) / 10 } : {}),
   };
 }
 

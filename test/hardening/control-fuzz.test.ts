@@ -61,7 +61,7 @@ const SECRET = (): string => server.rooms[0]!.secret;
 /** A valid message of every type a peer sends (the hello's proof is filled in per socket). */
 function fixtures(): Record<keyof typeof PEER_MESSAGES, Record<string, unknown>> {
   return {
-    hello: { t: 'hello', proof: '0'.repeat(64), name: 'fz', backend: 'cpu', memoryBytes: 1 << 20, listen: 'ws://127.0.0.1:9/v1/frames', httpUrl: 'http://127.0.0.1:9', layers: { start: 0, end: 1 }, artifact: 'a'.repeat(64), units: ['embed', 'layer.0'], adapter: { vendor: 'x', features: ['f'] }, serves: { rangeArchitectures: ['llama'], wholeModelArchitectures: ['*'], weightTypes: ['F32', 'Q8_0'] }, rtc: true, directReturn: true, speed: { decodeMsPerLayer: 0.5, prefillMsPerTokenLayer: 0.1, source: 'calibration' } },
+    hello: { t: 'hello', proof: '0'.repeat(64), name: 'fz', backend: 'cpu', memoryBytes: 1 << 20, listen: 'ws://127.0.0.1:9/v1/frames', httpUrl: 'http://127.0.0.1:9', layers: { start: 0, end: 1 }, artifact: 'a'.repeat(64), units: ['embed', 'layer.0'], adapter: { vendor: 'x', features: ['f'] }, serves: { rangeArchitectures: ['llama'], wholeModelArchitectures: ['*'], weightTypes: ['F32', 'Q8_0'] }, rtc: true, directReturn: true, speed: { decodeMsPerLayer: 0.5, prefillMsPerTokenLayer: 0.1, source: 'calibration' }, probesLinks: true },
     ready: { t: 'ready', routeId: 7, stage: 0, loadMs: 1.5, bytesRead: 10 },
     'load-failed': { t: 'load-failed', routeId: 7, stage: 0, code: 'LOAD_FAILED', message: 'no' },
     loading: { t: 'loading', routeId: 7, stage: 0, bytesDone: 1, bytesTotal: 2 },
@@ -72,6 +72,7 @@ function fixtures(): Record<keyof typeof PEER_MESSAGES, Record<string, unknown>>
     leave: { t: 'leave' },
     return: { t: 'return', routeId: 7, stage: 0, frame: 'R01TSA==' },
     memory: { t: 'memory', memoryBytes: 1 << 20, code: 'OUT_OF_MEMORY', message: 'no', routeId: 7, stage: 0 },
+    'links-probed': { t: 'links-probed', id: 1, results: [{ peer: 'p-2', rttMs: 0.4 }, { peer: 'p-3', error: 'refused' }] },
     signal: { t: 'signal', to: 'nobody', cid: 'c1', signal: { type: 'offer', sdp: 'v=0' } },
     relay: { t: 'relay', to: 'nobody', id: 1, frame: 'R01TSA==' },
     check: { t: 'check', routeId: 7, sessionId: 'ab'.repeat(16), position: 0, nTokens: 1, role: 'actual', row: 'AACAPw==' },
@@ -175,6 +176,7 @@ describe('control messages: what a peer reads from the server', () => {
     standby: { t: 'standby', routeId: 1, stage: 1, shard: { start: 2, end: 5 }, nLayer: 5, modelUrl: 'https://127.0.0.1:1/models/m.gguf' },
     rewire: { t: 'rewire', routeId: 1, stage: 0, downstream: 'wss://127.0.0.1:9/v1/frames', downstreamPeer: 'p-3', downstreamRtc: false, upstreamPeer: null },
     'leave-ok': { t: 'leave-ok', moved: true },
+    'probe-links': { t: 'probe-links', id: 1, targets: [{ peer: 'p-2', url: 'ws://127.0.0.1:9/v1/frames' }] },
     watch: { t: 'watch', routeId: 1, sessionId: 'cd'.repeat(16) },
     error: { t: 'error', code: 'AUTH_FAILED', message: 'no' },
     signal: { t: 'signal', from: 'p-2', cid: 'c', signal: { type: 'answer', sdp: 'v=0' } },

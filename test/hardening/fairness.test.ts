@@ -87,8 +87,11 @@ describe('fair scheduling', () => {
     const chunk = Math.max(...chunkMs);
     console.log(`fairness: chunk ${chunk.toFixed(0)} ms, idle TTFT ${idle.toFixed(0)} ms, beside the long prefill ${during.map((x) => x.toFixed(0)).join(', ')} ms; long prefill ${longDone.toFixed(0)} ms`);
     expect(during.length).toBeGreaterThan(0);
-    // the first one surely overlapped the long prefill; each stays within the bound
-    for (const t of during) expect(t).toBeLessThan(2 * idle + chunk);
+    // the first one surely overlapped the long prefill; each stays within the bound. A chunk's
+    // cost is read as its frame's average, and the deepest chunks of a frame cost more than that
+    // (82 ms beside a 55 ms "chunk" in a loaded clean-clone run): two chunks, still far below the
+    // 400+ ms one 500-token frame takes, which an unfair stage would make it wait
+    for (const t of during) expect(t).toBeLessThan(2 * idle + 2 * chunk);
     expect(longDone).toBeGreaterThan(2 * chunk); // it really was long
     await link.close();
   });

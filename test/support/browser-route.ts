@@ -2,6 +2,7 @@
 // served by a vite dev server, headless Chromium (WebGPU on SwiftShader) to open it in, and
 // polling a tab's peer state until it reaches what a test waits for.
 import { join } from 'node:path';
+import { expect } from 'vitest';
 import { chromium } from 'playwright-core';
 import type { Browser, BrowserContext, Page } from 'playwright-core';
 import { createServer } from 'vite';
@@ -79,4 +80,16 @@ export async function joinTab(browser: Browser, pageBase: string, joinUrl: strin
   await page.goto(`${pageBase}#${new URLSearchParams({ join: joinUrl, name, memory: String(1 << 30) })}`);
   await waitForPeerState(page, (s) => s.status === 'idle' || s.status === 'ready', `${name} joined`);
   return { context, page };
+}
+
+/**
+ * A data channel's candidate pair is direct: UDP with no relay candidate at either end. ICE may
+ * nominate a server-reflexive candidate where serve's STUN reflects a peer's own address (no NAT
+ * between them) — the same path as its host candidate, whose mDNS name the other end may not have
+ * resolved first — so which of the two wins is the browser's race, not the test's question.
+ */
+export function expectDirectPair(pair: { local: string; remote: string; protocol: string } | null | undefined): void {
+  expect(pair).toMatchObject({ protocol: 'udp' });
+  expect(['host', 'srflx', 'prflx']).toContain(pair!.local);
+  expect(['host', 'srflx', 'prflx']).toContain(pair!.remote);
 }

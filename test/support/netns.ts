@@ -12,8 +12,8 @@
 //             them (TCP, UDP, ICMP alike) through a user-space shaper (shaper.py) adding each
 //             link's delay, jitter and rate cap — on the way out of the source link and again on
 //             the way into the destination's: RTT a↔b = 2·(delay a + delay b). Multicast is not
-//             routed, so mDNS names do not resolve across it: tabs there would need their real
-//             addresses in host candidates (not tried yet)
+//             routed, so mDNS names do not resolve across it: tabs there meet on the
+//             server-reflexive candidates serve's STUN gives them (e2e-lab-routed.test.ts)
 
 import { execFile, execFileSync, spawn } from 'node:child_process';
 import type { ChildProcess } from 'node:child_process';
@@ -223,6 +223,24 @@ export class NetLab {
     });
     child.stdout!.removeAllListeners('data').resume();
     child.stderr!.removeAllListeners('data').resume();
+  }
+
+  /** The routed topology: host `name`'s link shaped anew from now on (a link that got longer or slower mid-test). */
+  async reshape(name: string, shape: LinkShape): Promise<void> {
+    const shaper = this.shaper;
+    if (!shaper || shaper.exitCode !== null) throw new Error('reshape: this lab has no running shaper (only the routed topology shapes links)');
+    const done = new Promise<void>((resolve, reject) => {
+      const onData = (d: Buffer): void => {
+        if (!d.toString().includes('reshaped')) return;
+        shaper.stdout!.off('data', onData);
+        clearTimeout(timer);
+        resolve();
+      };
+      const timer = setTimeout(() => reject(new Error(`the shaper did not reshape ${name}'s link within 5 s`)), 5000);
+      shaper.stdout!.on('data', onData);
+    });
+    shaper.stdin!.write(`${JSON.stringify({ links: { [this.host(name).ip]: shape } })}\n`);
+    await done;
   }
 
   /** The command line that runs `argv` inside host `name`. */

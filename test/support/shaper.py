@@ -7,6 +7,8 @@
 #
 #   shaper.py '{"links": {"10.203.1.2": {"delayMs": 20, "jitterMs": 0, "rateKbit": 0}, ...}, "queueBytes": 262144}'
 #
+# A line on stdin, `{"links": {"10.203.1.2": {"delayMs": 60}}}`, reshapes those links from then
+# on (a link that got longer: packets already held keep their times) and is answered `reshaped`.
 # Exits when its stdin closes (the lab that started it is gone) or on SIGTERM.
 import fcntl, heapq, json, os, random, select, signal, struct, sys, time
 
@@ -25,9 +27,13 @@ class Direction:
     """One direction of a link: a FIFO at `rate` bytes/s (0: no cap) of at most `limit` bytes, then `delay` s ± `jitter`."""
 
     def __init__(self, delay, jitter, rate, limit):
-        self.delay, self.jitter, self.rate, self.limit = delay, jitter, rate, limit
+        self.reshape(delay, jitter, rate)
+        self.limit = limit
         self.free_at = 0.0  # when the queue has sent everything given to it
         self.last_out = 0.0  # jitter never reorders a direction (TCP would read it as loss)
+
+    def reshape(self, delay, jitter, rate):
+        self.delay, self.jitter, self.rate = delay, jitter, rate
 
     def pass_at(self, t, size):
         """When a packet of `size` bytes entering at `t` is through; None when the queue is full (dropped)."""
@@ -43,14 +49,22 @@ class Direction:
         return out
 
 
+def shape_of(link):
+    """a link's (delay s, jitter s, rate bytes/s) from its JSON shape"""
+    return link.get('delayMs', 0) / 1000, link.get('jitterMs', 0) / 1000, link.get('rateKbit', 0) * 125
+
+
+def key_of(addr):
+    return bytes(int(x) for x in addr.split('.'))
+
+
 def main():
     cfg = json.loads(sys.argv[1])
     limit = cfg.get('queueBytes', 262144)
     up, down = {}, {}
     for addr, link in cfg['links'].items():
-        key = bytes(int(x) for x in addr.split('.'))
-        d, j, r = link.get('delayMs', 0) / 1000, link.get('jitterMs', 0) / 1000, link.get('rateKbit', 0) * 125
-        up[key], down[key] = Direction(d, j, r, limit), Direction(d, j, r, limit)
+        up[key_of(addr)], down[key_of(addr)] = Direction(*shape_of(link), limit), Direction(*shape_of(link), limit)
+    commands = b''
     tin, tout = open_tun('tin'), open_tun('tout')
     os.set_blocking(tin, False)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -59,8 +73,17 @@ def main():
     while True:
         timeout = max(0.0, held[0][0] - time.monotonic()) if held else None
         ready, _, _ = select.select([tin, sys.stdin], [], [], timeout)
-        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 4096):
-            return
+        if sys.stdin in ready:
+            data = os.read(sys.stdin.fileno(), 4096)
+            if not data:
+                return
+            commands += data
+            while b'\n' in commands:
+                line, commands = commands.split(b'\n', 1)
+                for addr, link in json.loads(line)['links'].items():
+                    for d in (up[key_of(addr)], down[key_of(addr)]):
+                        d.reshape(*shape_of(link))
+                print('reshaped', flush=True)
         if tin in ready:
             while True:
                 try:

@@ -23,7 +23,8 @@ import { Tokenizer } from '../../model/tokenizer/tokenizer.ts';
 import { ChainGenerator, InProcessChain } from '../../route/generation.ts';
 import { StepperGenerator } from '../../route/generation-loop.ts';
 import type { GenerationResult, TextGenerator } from '../../model/generation-output.ts';
-import { joinRoom, RemoteChain, timingTable } from '../../route/remote.ts';
+import { joinRoom, timingTable } from '../../route/remote.ts';
+import { generateOnRoute } from '../../route/route-generation.ts';
 import { trustRoomServer } from '../../transport/tls-trust.ts';
 import type { HopTelemetry, TelemetryEvent } from '../../route/telemetry.ts';
 
@@ -73,18 +74,24 @@ export const command: Command = {
       const tokenizer = Tokenizer.fromMetadata((joined ? await joined.header() : source!.header).metadata);
       const promptTokens = tokenizer.encode(opts.prompt);
       const contextLength = opts.ctx ?? promptTokens.length + opts.n;
-      const remote = joined ? new RemoteChain(joined) : null;
-      generator = remote ? new ChainGenerator(remote, tokenizer) : await openGenerator(opts, source!, tokenizer, contextLength);
-      const result = await generator.generate({
+      const request = {
         promptTokens,
         maxTokens: opts.n,
         sampler: opts.sampler,
         stopStrings: opts.stop,
         contextLength,
         ...(opts.json ? {} : { onDelta: (d: string) => process.stdout.write(d) }),
-      });
-      printResult(result, opts.json, remote?.lastInfo?.hops);
-      if (remote?.lastInfo && args.values.telemetry) process.stderr.write(`${timingTable(remote.lastInfo)}\n`);
+      };
+      if (joined) {
+        // the route's last stage samples (with this seed and these settings), so each token takes
+        // the one-way path — N + 1 hops, no logits climbing back through every stage
+        const result = await generateOnRoute(joined.link, joined.routeId, tokenizer, request);
+        printResult(result, opts.json, result.info?.hops);
+        if (result.info && args.values.telemetry) process.stderr.write(`${timingTable(result.info)}\n`);
+        return 0;
+      }
+      generator = await openGenerator(opts, source!, tokenizer, contextLength);
+      printResult(await generator.generate(request), opts.json);
       return 0;
     } finally {
       await generator?.dispose();

@@ -55,6 +55,11 @@ function speculateOption(n: number): number {
   throw new UsageError(`--speculate must be 0..${MAX_DRAFT_TOKENS} drafts, got ${n}`);
 }
 
+function nonNegative(name: string, n: number): number {
+  if (n >= 0) return n;
+  throw new UsageError(`--${name} must be 0 or more, got ${n}`);
+}
+
 function plannerOption(v: string | undefined): 'speed' | 'memory' {
   if (v === undefined || v === 'speed' || v === 'memory') return v ?? 'memory';
   throw new UsageError(`--planner must be speed or memory, got '${v}'`);
@@ -68,16 +73,17 @@ function replanGainOption(v: string | undefined): number {
   throw new UsageError(`--replan-gain must be a number ≥ 1 or off, got '${v}'`);
 }
 
-function standbyOption(v: string | undefined): boolean {
-  if (v === undefined || v === 'on') return true;
-  if (v === 'off') return false;
-  throw new UsageError(`--standby must be on or off, got '${v}'`);
+/** `--<name> on|off`; absent: `fallback`. */
+function onOffOption(name: string, v: string | undefined, fallback: boolean): boolean {
+  if (v === undefined) return fallback;
+  if (v === 'on' || v === 'off') return v === 'on';
+  throw new UsageError(`--${name} must be on or off, got '${v}'`);
 }
 
 export const command: Command = {
   name: 'serve',
   summary: 'run the signaling server: host models, open a room per model, plan routes over joining peers',
-  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S | --join-secret J --api-key K … --admin-secret A] [--tls | --tls-cert F --tls-key F | --insecure-http] [--ice-server <url> … [--turn-secret S]] [--ui dist|dev|off]',
+  usage: '[--host 127.0.0.1] [--port 8080] [--model <path|url> …] [--secret S | --join-secret J --api-key K … --admin-secret A] [--tls | --tls-cert F --tls-key F | --insecure-http] [--stun on|off] [--ice-server <url> … [--turn-secret S]] [--ui dist|dev|off]',
   options: {
     host: { type: 'string', description: 'interface to bind', default: '127.0.0.1', valueName: '<host>' },
     port: { type: 'string', description: 'TCP port (0 = any free port)', default: '8080', valueName: '<port>' },
@@ -94,6 +100,7 @@ export const command: Command = {
     'spot-check-tolerance': { type: 'string', description: 'public rooms: the relative difference of hidden states past which a middle stage is excluded', default: '0.02', valueName: '<x>' },
     'max-sessions': { type: 'string', description: 'live sessions one client (connection or API key) may hold', default: '16', valueName: '<n>' },
     'ice-server': { type: 'string', multiple: true, description: 'STUN/TURN server for browser peers across the internet, sent to them on join (repeatable): stun:host:port or turn:user:pass@host:port (with --turn-secret: turn:host:port)', valueName: '<url>' },
+    stun: { type: 'string', description: 'answer STUN on UDP at this address and port number, so browser tabs on other networks (where their mDNS host candidates mean nothing) reach each other directly (default: on beyond loopback)', valueName: '<on|off>' },
     'turn-secret': { type: 'string', description: "mint each peer a short-lived TURN credential with this shared secret (coturn's use-auth-secret / static-auth-secret)", valueName: '<secret>' },
     'turn-ttl': { type: 'string', description: 'minted TURN credentials expire after this many seconds', default: '3600', valueName: '<s>' },
     tls: { type: 'boolean', description: 'HTTPS/WSS with the local CA even on loopback (the default beyond loopback)' },
@@ -112,6 +119,7 @@ export const command: Command = {
     'replan-gain': { type: 'string', description: "with --planner speed: an idle route (no session on it) is re-planned when the peers' live step timings predict another chain this many times faster (off: never; a route never changes mid-session)", default: '1.3', valueName: '<x|off>' },
     standby: { type: 'string', description: 'spares load the shard they would take over ahead of time (on), or only when they take it over (off)', default: 'on', valueName: '<on|off>' },
     speculate: { type: 'string', description: `speculative decoding for greedy requests: up to N drafts (prompt lookup over the session's own tokens) verified per route pass, so a route pays its hop latency once per accepted run (0 = off, at most ${MAX_DRAFT_TOKENS})`, default: '0', valueName: '<N>' },
+    'link-probe-interval': { type: 'string', description: 'every pair of native peers times its frame link again this often, for the planner and the idle re-planner (ms; 0: only as peers join)', default: '30000', valueName: '<ms>' },
     'step-timeout': { type: 'string', description: 'a step unanswered this long makes the server probe its stages for a stalled one (ms; a live stage answers the probe at once)', default: '1000', valueName: '<ms>' },
     redis: { type: 'string', description: 'run as one instance of a cluster sharing this Redis (redis://host:port): any instance answers any room, one holds each room at a time, a lost instance\'s rooms pass to another (needs --secret; docs/cluster.md)', valueName: '<url>' },
     'instance-url': { type: 'string', description: 'with --redis: how the other instances reach this one (default: the URL this server prints)', valueName: '<url>' },
@@ -134,6 +142,7 @@ export const command: Command = {
     // vite's dev server answers for every file of the repository (sources, node_modules, models)
     if (ui === 'dev' && !isLoopbackHost(host)) throw new UsageError(`--ui dev serves the whole source tree, so it binds 127.0.0.1 only (got --host ${host}); other devices get the build (--ui dist)`);
     const tls = await serverTls(args, host);
+    const stun = onOffOption('stun', stringOption(args, 'stun'), !isLoopbackHost(host));
     // no --model: $GGUF_MESH_MODEL, else the default synthetic model (made once, cached)
     const { models, describe, made } = await modelsToServe((args.values.model as string[] | undefined) ?? []);
     if (made) console.log(`made the default model ${models[0]}`);
@@ -157,13 +166,15 @@ export const command: Command = {
       repairTimeoutMs: intOption(args, 'repair-timeout', 30_000),
       heartbeatMs: intOption(args, 'heartbeat', 500),
       heartbeatTimeoutMs: intOption(args, 'heartbeat-timeout', 3_500),
-      standby: standbyOption(stringOption(args, 'standby')),
+      standby: onOffOption('standby', stringOption(args, 'standby'), true),
       planner: plannerOption(stringOption(args, 'planner')),
       replanGain: replanGainOption(stringOption(args, 'replan-gain')),
+      linkProbeMs: nonNegative('link-probe-interval', intOption(args, 'link-probe-interval', 30_000)),
       stagePolicy: { minStayMs: intOption(args, 'stage-min-stay', 0), minMemoryBytes: sizeOption(args, 'stage-min-memory') },
       stepTimeoutMs: intOption(args, 'step-timeout', DEFAULT_STEP_TIMEOUT_MS),
       speculate: speculateOption(intOption(args, 'speculate', 0)),
       ...(iceServers.length ? { iceServers } : {}),
+      ...(stun ? { stun: true } : {}),
       ...(turnSecret ? { turn: { secret: turnSecret, ttlS: intOption(args, 'turn-ttl', 3600) } } : {}),
       ...(tls ? { tls } : {}),
       ...clusterOption(args, joinSecret),
@@ -176,6 +187,7 @@ export const command: Command = {
     if (server.access.separate) console.log(`credentials: join secret (peers), ${apiKeys.length} API key(s) (completions, own sessions${args.values['api-downloads'] ? ', model downloads' : ''}), admin secret (rooms, peers, routes, all sessions)`);
     if (!isLoopbackHost(host)) console.log(`bound to ${host}: every room still requires its secret`);
     if (tls) console.log(`tls:      ${tls.description}`);
+    if (stun) console.log(`stun:     udp ${new URL(server.url).hostname}:${new URL(server.url).port} (browser peers learn their address for peers on other networks)`);
     if (tls?.ca) console.log(`trust:    ${server.url}/tls/ca.crt  (install once on each device; the landing page says how)`);
     if (!tls && !isLoopbackHost(host)) console.log(`plain HTTP on ${host}: other devices get no WebGPU, SubtleCrypto or OPFS there (browsers give them to https:// pages only); they can chat but not serve layers`);
     // bound to every interface: also print the join URL for each address others can use
