@@ -26,6 +26,7 @@ import { HEADER_BYTES } from '../src/protocol/frame.ts';
 import { stepBreakdown } from '../src/route/telemetry.ts';
 import type { StepStageTiming } from '../src/route/telemetry.ts';
 import { best, finishLoad, goal, machineLoad, round2 } from './lib/goals.ts';
+import { wakeupCost } from './lib/wakeup.ts';
 import { killAllCli, spawnCli } from './processes.ts';
 
 export function arg(args: string[], name: string, fallback: number): number {
@@ -153,6 +154,8 @@ export async function run(args: string[]): Promise<unknown> {
   await chain.releaseSession('single');
   await single.dispose();
   await source.close();
+  // what the route's hand-offs cost here, beside the figures they explain (the step's length as the idle gap)
+  const wakeup = await wakeupCost(Math.max(1, Math.round(times.best.single! / nDecode)));
 
   const tokS = (ms: number): number => round((nDecode * 1000) / ms);
   const ratio = (ms: number, base: number): number => round(base / ms, 3);
@@ -180,15 +183,19 @@ export async function run(args: string[]): Promise<unknown> {
       ? {
           route_3_node_processes: {
             decode_ms_per_round: Object.fromEntries(Object.entries(processes.times.all).map(([k, v]) => [k, v.map((x) => round(x))])),
-            decode_tok_s: { single: tokS(processes.times.best.single!), direct: tokS(processes.times.best.direct!), climb: tokS(processes.times.best.climb!) },
+            decode_tok_s: { single: tokS(processes.times.best.single!), direct: tokS(processes.times.best.direct!), climb: tokS(processes.times.best.climb!), openai_api: tokS(processes.times.best.api!) },
             prefill_tok_s: prefillTokS(processes.prefillMs),
             same_tokens: processes.sameTokens,
           },
-          decode_ratio_processes_vs_single: { direct: ratio(processes.times.best.direct!, processes.times.best.single!), climb: ratio(processes.times.best.climb!, processes.times.best.single!) },
+          // direct and climb: a client process joined to serve drives each step (its round trip to serve on every token's path); openai_api: serve's own API does (docs/openai.md)
+          decode_ratio_processes_vs_single: { direct: ratio(processes.times.best.direct!, processes.times.best.single!), climb: ratio(processes.times.best.climb!, processes.times.best.single!), openai_api: ratio(processes.times.best.api!, processes.times.best.single!) },
         }
       : {}),
     goal_ratio: 0.9,
     hops_per_token: { direct: 'N + 1 = 4 (server → stage 0 → 1 → 2 → server)', climb: '2N = 6 (server → 0 → 1 → 2 → 1 → 0 → server)' },
+    // the processes' one-way token wakes 12 sleeping threads: client → server → (stage's socket
+    // thread → engine thread → socket thread) × 3 → server → client; the single process none
+    wakeups: { ...wakeup, per_token_processes: 12, per_token_ms: round2(12 * wakeup.per_wakeup_ms) },
     decode_step_ms: Object.fromEntries(Object.entries(stepMs).map(([k, v]) => [`context_${k}`, round2(v)])),
     decode_step_breakdown_ms: [0, 1, 2].map((k) => ({
       stage: k,
@@ -244,7 +251,27 @@ async function interleaved(fns: Record<string, () => Promise<number>>, rounds: n
   return { all, best: Object.fromEntries(Object.entries(all).map(([k, v]) => [k, Math.min(...v)])) };
 }
 
-/** Decode rounds of a 3-node route of real processes, driven through the server, over both token paths, interleaved with the single process's rounds. */
+/**
+ * A decode round as OpenAI clients drive the route: a completion of the prompt's ids (greedy,
+ * no KV reuse) generated inside serve, whose token loop then runs serve → stage 0 → 1 → 2 →
+ * serve with the client off that path (the reply waits at the end). The round's time is
+ * nDecode tokens at serve's own decode rate (its summary: decode steps over decode time).
+ */
+function apiDecoder(joinUrl: string, prompt: number[], nDecode: number): () => Promise<number> {
+  const u = new URL(joinUrl);
+  const secret = new URLSearchParams(u.hash.slice(1)).get('secret')!;
+  const headers = { authorization: `Bearer ${secret}`, 'content-type': 'application/json' };
+  return async () => {
+    const model = ((await (await fetch(`${u.origin}/v1/models`, { headers })).json()) as { data: Array<{ id: string }> }).data[0]!.id;
+    const body = { model, prompt, max_tokens: nDecode + 1, temperature: 0, cache_prompt: false };
+    const res = (await (await fetch(`${u.origin}/v1/completions`, { method: 'POST', headers, body: JSON.stringify(body) })).json()) as { gguf_mesh?: { summary?: { decodeTokS?: number } } };
+    const tokS = res.gguf_mesh?.summary?.decodeTokS;
+    if (!tokS) throw new Error(`the completion reported no decode rate: ${JSON.stringify(res).slice(0, 300)}`);
+    return (nDecode * 1000) / tokS;
+  };
+}
+
+/** Decode rounds of a 3-node route of real processes, driven through the server (a client joined to it, and serve's own OpenAI API), over both token paths, interleaved with the single process's rounds. */
 async function processRoute(
   model: string,
   cut: number[],
@@ -266,7 +293,8 @@ async function processRoute(
     const prefillMs = await prefillTimes(target, prompt, ctxLen, rounds);
     const direct = await routeDecoder(joined.link, joined.routeId, 'direct', prompt, ctxLen, nDecode);
     const climb = await routeDecoder(joined.link, joined.routeId, 'climb', prompt, ctxLen, nDecode);
-    const times = await interleaved({ single: singleDecode, direct: direct.round, climb: climb.round }, rounds);
+    const api = apiDecoder(joinUrl!, prompt, nDecode);
+    const times = await interleaved({ single: singleDecode, direct: direct.round, climb: climb.round, api }, rounds);
     const sameTokens = JSON.stringify(direct.tokens) === JSON.stringify(climb.tokens);
     await direct.client.close();
     await climb.client.close();

@@ -1,5 +1,5 @@
-// `serve` + a two-node CPU route over a synthetic model, as real processes on loopback: what
-// the serve and batch benchmarks run against.
+// `serve` + a two-node route (CPU nodes, or llama.cpp ones) over a synthetic model, as real
+// processes on loopback: what the serve and batch benchmarks run against.
 import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { makeModelFile } from '../../src/model/synthetic-model.ts';
@@ -28,6 +28,8 @@ export interface ServeRoute {
   model: string;
   path: string;
   roomId: string;
+  /** the processes' ids: serve, then the nodes in stage order */
+  pids: { serve: number; nodes: number[] };
 }
 
 /** `--name N` from the bench's arguments, else `fallback` */
@@ -45,8 +47,12 @@ export function shapeFrom(args: string[]): ModelShape {
   return { layers: arg('layers', 8), embd: arg('embd', 512), ffn: arg('ffn', 1536), vocab: arg('vocab', 4096), heads: 8, type: type as ModelType };
 }
 
-/** Makes the model (once, under .cache), starts serve and two nodes holding half the layers each (on `threads` threads each, else the node's default: every core), and waits for the route. */
-export async function startServeRoute(shape: ModelShape, threads?: number): Promise<ServeRoute> {
+/**
+ * Makes the model (once, under .cache), starts serve and two nodes holding half the layers each
+ * (CPU nodes on `threads` threads each, else the node's default: every core; or `--backend
+ * llamacpp` nodes, on llama.cpp's default threads), and waits for the route.
+ */
+export async function startServeRoute(shape: ModelShape, threads?: number, backend: 'cpu' | 'llamacpp' = 'cpu'): Promise<ServeRoute> {
   const dir = join(process.cwd(), '.cache');
   mkdirSync(dir, { recursive: true });
   const type = shape.type ?? 'f32';
@@ -58,13 +64,16 @@ export async function startServeRoute(shape: ModelShape, threads?: number): Prom
   const [, secret] = await serve.waitFor(/secret:\s+(\S+)/);
   const base = new URL(joinUrl!).origin;
   const half = Math.round(shape.layers / 2);
+  const nodes: number[] = [];
   for (const [i, layers] of [`0-${half}`, `${half}-${shape.layers}`].entries()) {
-    await spawnCli(['node', '--join', joinUrl!, '--no-cache', '--memory', '2GiB', '--name', `s${i}`, '--layers', layers, ...(threads ? ['--threads', String(threads)] : [])]).waitFor(/joined room/);
+    const node = spawnCli(['node', '--join', joinUrl!, '--no-cache', '--memory', '2GiB', '--name', `s${i}`, '--layers', layers, ...(backend === 'llamacpp' ? ['--backend', 'llamacpp'] : threads ? ['--threads', String(threads)] : [])]);
+    await node.waitFor(/joined room/);
+    nodes.push(node.child.pid!);
   }
   const models = async () => (await (await fetch(`${base}/v1/models`, { headers: { authorization: `Bearer ${secret}` } })).json()) as { data: Array<{ id: string; route_status: string }> };
   for (let i = 0; i < 600; i++) {
     if ((await models()).data[0]!.route_status === 'ready') break;
     await new Promise((r) => setTimeout(r, 200));
   }
-  return { base, secret: secret!, model: (await models()).data[0]!.id, path, roomId: new URL(joinUrl!).pathname.split('/').pop()! };
+  return { base, secret: secret!, model: (await models()).data[0]!.id, path, roomId: new URL(joinUrl!).pathname.split('/').pop()!, pids: { serve: serve.child.pid!, nodes } };
 }

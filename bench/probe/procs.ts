@@ -9,6 +9,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import WebSocket from 'ws';
+import { cpuMs as readCpuMs } from '../lib/cpu-time.ts';
 
 export interface Proc {
   child: ChildProcess;
@@ -68,10 +69,11 @@ export function rssMiB(pid: number): number {
   return m ? Math.round(Number(m[1]) / 1024) : NaN;
 }
 
-/** User + system CPU time of a process (ms), from /proc. */
+/** User + system CPU time of a process (ms), from /proc (../lib/cpu-time.ts); throws where /proc cannot tell. */
 export function cpuMs(pid: number): number {
-  const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ');
-  return ((Number(f[11]) + Number(f[12])) * 1000) / 100;
+  const ms = readCpuMs(pid);
+  if (ms === null) throw new Error(`no CPU time for process ${pid}: /proc/${pid}/stat cannot be read`);
+  return ms;
 }
 
 export interface Served {
