@@ -164,6 +164,8 @@ function roomState(room: Room): Record<string, unknown> {
 
 export async function startSignalingServer(opts: SignalingServerOptions): Promise<SignalingServer> {
   const log = opts.log ?? (() => undefined);
+  // before anything binds: a refused start holds no port
+  if (opts.cluster && !opts.secret) throw new MeshError('CLUSTER_NEEDS_SECRET', 'serve --redis needs --secret: every instance must open the same rooms (their ids come from the secret)');
   const server = opts.tls ? createHttpsServer({ cert: opts.tls.cert, key: opts.tls.key }) : createServer();
   const wss = new WebSocketServer({ noServer: true, maxPayload: 64 * 1024 * 1024 });
   await new Promise<void>((resolve, reject) => {
@@ -189,9 +191,9 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
   const stunAt = stun ? (reachedAt: string | undefined): IceServer => (wildcard && reachedAt ? stun!.iceServerAt(reachedAt) : stun!.iceServer) : undefined;
   let cluster: Cluster | null = null;
   if (opts.cluster) {
-    if (!opts.secret) throw new MeshError('CLUSTER_NEEDS_SECRET', 'serve --redis needs --secret: every instance must open the same rooms (their ids come from the secret)');
+    // (opts.secret: checked before the port was bound)
     try {
-      cluster = await Cluster.join({ ...opts.cluster, url: opts.cluster.url ?? url, secret: opts.secret, log }, () => registry.rooms.map((r) => r.id));
+      cluster = await Cluster.join({ ...opts.cluster, url: opts.cluster.url ?? url, secret: opts.secret!, log }, () => registry.rooms.map((r) => r.id));
     } catch (e) {
       await stun?.close();
       server.close();
@@ -253,17 +255,21 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     const liveness = { heartbeatMs: opts.heartbeatMs ?? DEFAULT_LIVENESS.heartbeatMs, heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? DEFAULT_LIVENESS.heartbeatTimeoutMs };
     wss.handleUpgrade(req, socket, head, (ws) => (grant ? serveClient(registry, room, ws, grant) : admitPeer(room, ws, registry.relayLedger(room), { ...(origin ? { origin } : {}), ...(reachedAt ? { reachedAt } : {}) }, liveness)));
   }
-  // a model it cannot serve ends the server: nothing keeps the port for rooms that never open
-  try {
-    for (const location of opts.models) await registry.addRoom(location);
-    if (cluster) await joinRooms(cluster, registry, linked);
-  } catch (e) {
+  /** Everything this server opened, closed: its rooms and their peers, the cluster's links, STUN and the port. */
+  const shutdown = async (): Promise<void> => {
     await cluster?.close();
     await registry.dispose();
     await stun?.close();
     wss.close();
     server.closeAllConnections();
     await new Promise<void>((resolve) => server.close(() => resolve()));
+  };
+  // a model it cannot serve ends the server: nothing keeps the port for rooms that never open
+  try {
+    for (const location of opts.models) await registry.addRoom(location);
+    if (cluster) await joinRooms(cluster, registry, linked);
+  } catch (e) {
+    await shutdown();
     throw e;
   }
 
@@ -278,13 +284,6 @@ export async function startSignalingServer(opts: SignalingServerOptions): Promis
     joinUrl: (room) => `${url}/room/${room.id}#secret=${encodeURIComponent(room.secret)}${opts.tls?.ca ? `&ca=${opts.tls.ca.fingerprint}` : ''}`,
     addRoom: (location) => registry.addRoom(location),
     cluster,
-    async close() {
-      await cluster?.close();
-      await registry.dispose();
-      await stun?.close();
-      wss.close();
-      server.closeAllConnections();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
-    },
+    close: shutdown,
   };
 }
