@@ -9,13 +9,25 @@
 // streamed and whole replies differed). Here a stale worker's claim step is played at every pair
 // of points of a publication, by wrapping Atomics.store; no such claim may succeed, and each call
 // of the job runs exactly once.
-import { afterEach, describe, expect, it } from 'vitest';
+//
+// Between forward passes the workers sleep (`rest`) and a pass wakes them (`wake`): a worker
+// spinning on past its stage's pass took a core from the next stage of a route on the same
+// machine. Here the control word they read says so, and a real engine's passes, with rests and
+// wakes and gaps of every length between them, lose no wake-up and compute what one thread does.
+import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { ComputePool } from '../src/backends/cpu/compute-pool.ts';
 import type { KernelCall, PoolWorker } from '../src/backends/cpu/compute-pool.ts';
+import { createNodeCpuBackend } from '../src/backends/cpu/node-threads.ts';
+import type { StageBackend } from '../src/backends/types.ts';
+import { openTensorSource } from '../src/gguf/source.ts';
+import type { TensorSource } from '../src/gguf/types.ts';
+import { mulberry32 } from './support/prng.ts';
+import { syntheticModel } from './support/synthetic.ts';
 
 // control word indices and the worker's claim step, as WORKER_SOURCE reads them
 const CLAIM = 1;
 const TOTAL = 3;
+const REST = 6;
 const tagOf = (generation: number): number => (generation & 0x7fff) << 16;
 
 const realStore = Atomics.store;
@@ -40,7 +52,7 @@ const job = (n: number): KernelCall[] => Array.from({ length: n }, (_, i) => ({ 
 
 describe('the compute pool', () => {
   it('a worker left in the last job\'s claim loop never claims a call of the next job, wherever its steps fall in the publication', () => {
-    const stores = 4; // the publication's stores into the control words
+    const stores = 5; // the publication's stores into the control words (REST among them)
     let tried = 0;
     for (let read = 0; read <= stores; read++) {
       for (let exchange = read; exchange <= stores; exchange++) {
@@ -78,4 +90,56 @@ describe('the compute pool', () => {
     }
     expect(tried).toBe(((stores + 1) * (stores + 2)) / 2);
   });
+
+  it('tells idle workers to sleep between passes, and a pass (or a job) to spin again', () => {
+    const { pool, ctl } = poolWithPuppetWorker(new Array<number>(4).fill(0));
+    const words = ctl();
+    expect(Atomics.load(words, REST)).toBe(0);
+    pool.rest();
+    expect(Atomics.load(words, REST)).toBe(1);
+    pool.wake();
+    expect(Atomics.load(words, REST)).toBe(0);
+    pool.rest();
+    pool.run(job(2)); // a job without a wake still finds its workers spinning between its calls
+    expect(Atomics.load(words, REST)).toBe(0);
+    pool.dispose();
+  });
+});
+
+const opened: StageBackend[] = [];
+const sources: TensorSource[] = [];
+afterAll(async () => {
+  await Promise.all(opened.map((b) => b.dispose()));
+  await Promise.all(sources.map((s) => s.close()));
+});
+
+describe('the compute pool\'s workers between passes', () => {
+  it('wake for every pass after any gap (no lost wake-up), and the passes compute what one thread does', async () => {
+    const path = await syntheticModel({ layers: 2, embd: 256, ffn: 768, heads: 4, vocab: 512, type: 'f32', seed: 5 });
+    const engine = async (threads: number) => {
+      const b = createNodeCpuBackend({ threads });
+      opened.push(b);
+      const source = await openTensorSource(path);
+      sources.push(source);
+      await b.load(source, { start: 0, end: 2 });
+      await b.openSession('s', { contextLength: 256 });
+      return b;
+    };
+    const one = await engine(1);
+    const three = await engine(3);
+    const rand = mulberry32(3);
+    const logitsOf = async (b: StageBackend, token: number, position: number) => {
+      const r = await b.forward('s', { kind: 'tokens', tokens: Int32Array.of(token) }, position);
+      return r.output.kind === 'logits' ? r.output.logits : new Float32Array();
+    };
+    for (let position = 0; position < 48; position++) {
+      // no gap (workers still spinning on REST_SPINS), a short busy one, a sleep (workers asleep)
+      const gap = Math.floor(rand() * 3);
+      if (gap === 1) for (const t = performance.now(); performance.now() - t < 0.05; );
+      if (gap === 2) await new Promise((r) => setTimeout(r, 2));
+      const token = (position * 29 + 7) % 512;
+      const [a, b] = [await logitsOf(one, token, position), await logitsOf(three, token, position)];
+      expect(b, `position ${position}`).toEqual(a);
+    }
+  }, 60_000);
 });

@@ -114,22 +114,25 @@ export class CpuBackend implements StageBackend {
     const { config, shard, weights } = this.model();
     const kv = this.atPosition(sessionId, position);
     const started = performance.now();
-    const { x, n } = this.residual(input); // the residual stream [n × nEmbd]
-    if (n === 0) throw new MeshError('BAD_STAGE_INPUT', 'forward needs at least one token');
-
+    weights.arena.wake(); // the kernel threads wake while the input is read
     try {
-      forwardLayers(config, weights, kv, x, n);
-    } catch (e) {
-      // a forward that failed part-way (maybe after some of its batches) must not leave some
-      // layers' recurrent state or keys advanced: back to where it started
-      this.rewind(sessionId, kv, position);
-      throw e;
+      const { x, n } = this.residual(input); // the residual stream [n × nEmbd]
+      if (n === 0) throw new MeshError('BAD_STAGE_INPUT', 'forward needs at least one token');
+      try {
+        forwardLayers(config, weights, kv, x, n);
+      } catch (e) {
+        // a forward that failed part-way (maybe after some of its batches) must not leave some
+        // layers' recurrent state or keys advanced: back to where it started
+        this.rewind(sessionId, kv, position);
+        throw e;
+      }
+      const output: StageOutput = shardHasHead(shard, config.nLayer)
+        ? { kind: 'logits', logits: lastLogits(config, weights, x, n) }
+        : { kind: 'hidden', hidden: x, nTokens: n };
+      return { output, computeMs: performance.now() - started };
+    } finally {
+      weights.arena.rest(); // idle until the next pass: another stage may want the cores
     }
-
-    const output: StageOutput = shardHasHead(shard, config.nLayer)
-      ? { kind: 'logits', logits: lastLogits(config, weights, x, n) }
-      : { kind: 'hidden', hidden: x, nTokens: n };
-    return { output, computeMs: performance.now() - started };
   }
 
   /**
@@ -141,6 +144,15 @@ export class CpuBackend implements StageBackend {
     const { config, shard, weights } = this.model();
     if (new Set(steps.map((s) => s.sessionId)).size !== steps.length) throw new MeshError('BAD_STAGE_INPUT', 'a batch holds one step per session');
     const kvs = steps.map((s) => this.atPosition(s.sessionId, s.position));
+    weights.arena.wake();
+    try {
+      return this.batchPass(config, shard, weights, steps, kvs);
+    } finally {
+      weights.arena.rest();
+    }
+  }
+
+  private batchPass(config: ModelConfig, shard: ShardRange, weights: ShardWeights, steps: readonly BatchStep[], kvs: KvCache[]): ForwardResult[] {
     const started = performance.now();
     const x = new Float32Array(steps.length * config.nEmbd); // [B × nEmbd], row i = step i
     steps.forEach((s, i) => {

@@ -3,7 +3,11 @@
 // matmul, heads of attention) that the calling thread and the workers claim one at a time from
 // a shared counter. A thread that is descheduled (a busy machine) claims nothing and the others
 // finish its share, so a job never waits on a thread that has not started; the caller only
-// waits for calls already claimed. Idle workers spin briefly, then sleep in Atomics.wait.
+// waits for calls already claimed. Between the jobs of one forward pass idle workers spin, so
+// the next matmul finds them awake (a sleeping worker takes tens of µs to wake, and a decode
+// step is dozens of jobs); when the pass ends the caller says so (`rest`) and they sleep in
+// Atomics.wait at once. Spinning on past the pass would take a core from whatever runs next:
+// on a route of several stages on one machine, the next stage's own threads.
 //
 // Workers are plain scripts built from WORKER_SOURCE (no modules, no imports), started by a
 // factory the host provides: node:worker_threads in Node (./node-threads.ts), Blob URLs in a
@@ -77,10 +81,13 @@ const DONE = 2; // calls finished in this generation
 const TOTAL = 3; // calls in this generation
 const QUIT = 4;
 const FAILED = 5; // a worker's call threw (it still counts as done, so nobody waits forever)
+const REST = 6; // 1 between forward passes: idle workers sleep rather than spin
 const CTL_INTS = 8;
 
-/** spins before sleeping: about 20–50 µs, so a decode's next matmul finds the worker awake */
-const SPINS = 20000;
+/** spins before sleeping within a pass: some hundreds of µs, longer than any gap between its jobs */
+const SPINS = 200000;
+/** spins before sleeping between passes: a few µs, the gap of a single process's sampling */
+const REST_SPINS = 2000;
 
 // The worker: instantiate, then claim calls until told to quit. Kept in plain JS, standalone.
 const WORKER_SOURCE = `
@@ -96,7 +103,7 @@ onMessage((m) => {
   for (;;) {
     let spins = 0;
     while (Atomics.load(ctl, ${GEN}) === seen && Atomics.load(ctl, ${QUIT}) === 0) {
-      if (++spins > ${SPINS}) { Atomics.wait(ctl, ${GEN}, seen); spins = 0; }
+      if (++spins > (Atomics.load(ctl, ${REST}) === 0 ? ${SPINS} : ${REST_SPINS})) { Atomics.wait(ctl, ${GEN}, seen); spins = 0; }
     }
     if (Atomics.load(ctl, ${QUIT}) !== 0) return;
     seen = Atomics.load(ctl, ${GEN});
@@ -152,6 +159,20 @@ export class ComputePool {
     return this.workers.length + 1;
   }
 
+  /**
+   * A forward pass begins: sleeping workers wake now, while the caller prepares its first job,
+   * and spin between the pass's jobs.
+   */
+  wake(): void {
+    Atomics.store(this.ctl, REST, 0);
+    Atomics.notify(this.ctl, GEN);
+  }
+
+  /** The pass has ended: idle workers sleep (after a few µs) until the next `wake` or `run`. */
+  rest(): void {
+    Atomics.store(this.ctl, REST, 1);
+  }
+
   /** Runs every call, on this thread and the workers; returns when all are done. */
   run(calls: readonly KernelCall[]): void {
     if (this.failure) throw new MeshError('CPU_WORKER_FAILED', `a CPU engine worker failed: ${this.failure}`);
@@ -172,6 +193,7 @@ export class ComputePool {
     Atomics.store(ctl, CLAIM, tag);
     Atomics.store(ctl, DONE, 0);
     Atomics.store(ctl, TOTAL, calls.length);
+    Atomics.store(ctl, REST, 0);
     Atomics.store(ctl, GEN, gen);
     Atomics.notify(ctl, GEN);
     const fns = this.kernels.fns;

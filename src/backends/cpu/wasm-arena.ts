@@ -125,6 +125,16 @@ export class WasmArena {
     return this.pool?.threads ?? 1;
   }
 
+  /** a forward pass begins: the worker threads wake (./compute-pool.ts) */
+  wake(): void {
+    this.pool?.wake();
+  }
+
+  /** the pass has ended: the worker threads sleep rather than spin */
+  rest(): void {
+    this.pool?.rest();
+  }
+
   /** Runs the calls (on every thread when there are workers) and returns when all are done. */
   run(calls: readonly KernelCall[]): void {
     if (this.pool && calls.length > 1) return this.pool.run(calls);
