@@ -133,7 +133,7 @@ describe('the compute pool\'s workers between passes', () => {
       return r.output.kind === 'logits' ? r.output.logits : new Float32Array();
     };
     for (let position = 0; position < 48; position++) {
-      // no gap (workers still spinning on REST_SPINS), a short busy one, a sleep (workers asleep)
+      // no gap (workers still spinning, REST_SPIN_MS), a short busy one, a sleep (workers asleep)
       const gap = Math.floor(rand() * 3);
       if (gap === 1) for (const t = performance.now(); performance.now() - t < 0.05; );
       if (gap === 2) await new Promise((r) => setTimeout(r, 2));

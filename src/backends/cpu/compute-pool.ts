@@ -84,10 +84,18 @@ const FAILED = 5; // a worker's call threw (it still counts as done, so nobody w
 const REST = 6; // 1 between forward passes: idle workers sleep rather than spin
 const CTL_INTS = 8;
 
-/** spins before sleeping within a pass: some hundreds of µs, longer than any gap between its jobs */
-const SPINS = 200000;
-/** spins before sleeping between passes: a few µs, the gap of a single process's sampling */
-const REST_SPINS = 2000;
+// Spinning is bounded in time, not in turns (a turn is 2–20 ns, as warm as the JIT has it).
+/** ms an idle worker spins within a pass: longer than the gaps between its jobs (µs) */
+const SPIN_MS = 0.5;
+/** ms an idle worker spins between passes: the gap of a single process's sampling */
+const REST_SPIN_MS = 0.02;
+/**
+ * ms the caller spins for calls a worker claimed before it sleeps until they are done. Bounded
+ * because that worker may share the caller's core (after both slept, Linux on a VM often wakes
+ * a thread on its waker's CPU), and then it runs only once the caller stops spinning; not
+ * shorter, because sleeping after every job of a warm pass cost more than it saved (measured).
+ */
+const WAIT_SPIN_MS = 0.5;
 
 // The worker: instantiate, then claim calls until told to quit. Kept in plain JS, standalone.
 const WORKER_SOURCE = `
@@ -101,9 +109,12 @@ onMessage((m) => {
   const jobs = new Int32Array(m.jobs);
   let seen = Atomics.load(ctl, ${GEN});
   for (;;) {
-    let spins = 0;
-    while (Atomics.load(ctl, ${GEN}) === seen && Atomics.load(ctl, ${QUIT}) === 0) {
-      if (++spins > (Atomics.load(ctl, ${REST}) === 0 ? ${SPINS} : ${REST_SPINS})) { Atomics.wait(ctl, ${GEN}, seen); spins = 0; }
+    let since = performance.now();
+    for (let spins = 0; Atomics.load(ctl, ${GEN}) === seen && Atomics.load(ctl, ${QUIT}) === 0; ) {
+      if ((++spins & 63) !== 0) continue;
+      if (performance.now() - since < (Atomics.load(ctl, ${REST}) === 0 ? ${SPIN_MS} : ${REST_SPIN_MS})) continue;
+      Atomics.wait(ctl, ${GEN}, seen);
+      since = performance.now();
     }
     if (Atomics.load(ctl, ${QUIT}) !== 0) return;
     seen = Atomics.load(ctl, ${GEN});
@@ -168,7 +179,7 @@ export class ComputePool {
     Atomics.notify(this.ctl, GEN);
   }
 
-  /** The pass has ended: idle workers sleep (after a few µs) until the next `wake` or `run`. */
+  /** The pass has ended: idle workers sleep (after 20 µs) until the next `wake` or `run`. */
   rest(): void {
     Atomics.store(this.ctl, REST, 1);
   }
@@ -210,9 +221,10 @@ export class ComputePool {
       Atomics.add(ctl, DONE, 1);
     }
     // wait only for calls a worker has claimed and not finished
+    const since = performance.now();
     let spins = 0;
     for (let done = Atomics.load(ctl, DONE); done < calls.length; done = Atomics.load(ctl, DONE)) {
-      if (++spins > SPINS) Atomics.wait(ctl, DONE, done, 1);
+      if ((++spins & 63) === 0 && performance.now() - since > WAIT_SPIN_MS) Atomics.wait(ctl, DONE, done, 1);
     }
     if (Atomics.load(ctl, FAILED) !== 0) {
       this.failure = 'a kernel call trapped (a pointer outside the memory)';
