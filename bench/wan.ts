@@ -4,8 +4,9 @@
 // test-only shaping (peer/test-shaping.ts: the kernel here has no netem): decode ms/token and
 // prefill tok/s (the one-way token path; the climbing path's ms/token beside it) beside the
 // model's prediction `Σ compute + (S − 1)·hop + 1 return` (goal: within 10 %), its terms from
-// this run (bench/lib/wan-predict.ts: the stages' compute and overhead, the added latency, the
-// loopback hops from the heartbeat) — the prediction from the single process's compute and
+// this run (bench/lib/wan-predict.ts: the stages' compute and overhead, the added latency, one
+// loopback message a stage-to-stage hop, the entry and return as a one-stage route of the run
+// measured them; the S + 3 socket hops' version beside it) — the prediction from the single process's compute and
 // 0.2 ms a hop beside it — against the single process measured in the same run.
 //  - planner cases: 3 nodes, one 4× slower (slow-peer) or 40 ms of round trip away (far-peer);
 //    the memory split (serve --planner memory) against the planner that knows speed and links
@@ -25,7 +26,7 @@ import { argmax } from '../src/model/sampler.ts';
 import { killAllCli, spawnCli } from './processes.ts';
 import { arg, benchModel } from './route.ts';
 import { prefillComparison } from './wan-prefill.ts';
-import { hopRoundTrips, medianStep, predictFromRun, stepCost } from './lib/wan-predict.ts';
+import { entryReturnMs, hopRoundTrips, medianStep, predictFromRun, stepCost } from './lib/wan-predict.ts';
 import { median } from '../src/stats.ts';
 import type { RunPrediction, StepCost } from './lib/wan-predict.ts';
 import { finishLoad, goal, machineLoad } from './lib/goals.ts';
@@ -69,9 +70,12 @@ export async function run(args: string[]): Promise<unknown> {
   // the single process, for the ratio, the tokens and the prediction
   const { best, head, tokens: singleTokens } = await singleProcessDecode(path, shape.layers, prompt, nDecode, rounds);
   const predict = (stages: RouteRun['stages']): number => predictDecodeMs(best, shape.layers, head, stages);
+  // the entry and the return, measured on a one-stage route (bench/lib/wan-predict.ts)
+  const one = await routeRun(path, 'memory', [{}], prompt, nDecode, rounds, singleTokens);
+  const entryReturn = entryReturnMs(one.median_step);
   const measure = async (planner: 'memory' | 'speed', nodes: NodeShape[]): Promise<RouteRun> => {
     const r = await routeRun(path, planner, nodes, prompt, nDecode, rounds, singleTokens);
-    const run = predictFromRun(r.median_step, r.stages.map((st) => st.delayMs), r.loopbackHopMs);
+    const run = predictFromRun(r.median_step, r.stages.map((st) => st.delayMs), r.loopbackHopMs, entryReturn);
     return { ...r, predicted_ms_per_token: round(run.predicted_ms_per_token), prediction: run.terms, predicted_from_single_ms_per_token: round(predict(r.stages)) };
   };
   const cases: Record<string, unknown> = {};
@@ -95,7 +99,16 @@ export async function run(args: string[]): Promise<unknown> {
         }
         // the median token against the prediction from the median costs; the best round's mean beside it
         const within = (ms: number): number | null => (r.predicted_ms_per_token ? round(ms / r.predicted_ms_per_token, 3) : null);
-        sweep.push({ n_stages: stages, added_rtt_ms: rtt, ...r, ratio_vs_single: round(best / r.decode_ms_per_token, 3), within_prediction: within(r.median_step.ms), within_prediction_best_round: within(r.decode_ms_per_token) });
+        const asHops = r.prediction?.predicted_as_socket_hops_ms;
+        sweep.push({
+          n_stages: stages,
+          added_rtt_ms: rtt,
+          ...r,
+          ratio_vs_single: round(best / r.decode_ms_per_token, 3),
+          within_prediction: within(r.median_step.ms),
+          within_prediction_best_round: within(r.decode_ms_per_token),
+          within_prediction_as_socket_hops: asHops ? round(r.median_step.ms / asHops, 3) : null,
+        });
       }
     }
   }
@@ -109,7 +122,8 @@ export async function run(args: string[]): Promise<unknown> {
     if (r.within_prediction !== undefined) goals.push(goal(`|decode over ${r.n_stages} stages at +${r.added_rtt_ms} ms RTT / prediction − 1|`, Math.abs((r.within_prediction ?? NaN) - 1), 'max', 0.1));
   }
   if (pipelinedPrefill) goals.push(goal(`${pipelinedPrefill.prompt_tokens}-token prefill over ${pipelinedPrefill.n_stages} stages: stage by stage / pipelined`, pipelinedPrefill.speedup_pipelined, 'min', pipelinedPrefill.goal));
-  return { model: { path, ...shape }, single_process_decode_ms_per_token: round(best), cases, rtt_sweep: sweep, pipelined_prefill: pipelinedPrefill, goals, machine: finishLoad(load) };
+  const oneStage = { stages: one.stages, median_step: one.median_step, decode_ms_per_token: one.decode_ms_per_token, entry_return_ms: round(entryReturn, 3) };
+  return { model: { path, ...shape }, single_process_decode_ms_per_token: round(best), one_stage_route: oneStage, cases, rtt_sweep: sweep, pipelined_prefill: pipelinedPrefill, goals, machine: finishLoad(load) };
 }
 
 /** The single process's best decode ms/token over `rounds` of `nDecode` after `prompt`, its greedy tokens, and the head's layer-equivalents. */
