@@ -1,5 +1,5 @@
 // `npm run bench -- route [--layers 6 --embd 512 --ffn 1536 --vocab 2048 --decode 16 --rounds 4
-//   --prefill 128 --contexts 16,256,1024,2048 --threads N] [--no-processes]`
+//   --prefill 128 --contexts 16,256,1024,2048 --threads N] [--pin-threads] [--no-processes]`
 // A 3-stage route of CPU stages over loopback WebSockets (stage sampling, hidden states in f16)
 // — in this process, and as real `serve` + 3 `node` processes — against the same model in one
 // process (one CPU backend, no sockets), on a synthetic f32 llama model: decode tok/s over the
@@ -7,13 +7,18 @@
 // round interleaved with a single-process round so a shared machine's load hits all alike, and
 // their ratios (issue 18's goal ≥ 0.90, reported here); prefill tok/s per prefill chunk size
 // against decode tok/s on the route, the decode step time at several contexts, and bytes per
-// token per hop. Goals: decode step at context 1024 ≤ 1.3× the step at 16; route prefill ≥ 10×
+// token per hop. --pin-threads: every engine's threads on CPUs of their own, single process and
+// stages alike (backends/cpu/node-threads.ts; `node --pin-threads`), each engine here then in a
+// worker thread as a node runs it (a pinned thread passes its one CPU to the processes it
+// spawns). Goals: decode step at context 1024 ≤ 1.3× the step at 16; route prefill ≥ 10×
 // route decode (in this process and as processes).
 
 import { existsSync, mkdirSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { createNodeCpuBackend } from '../src/backends/cpu/node-threads.ts';
+import type { StageBackend } from '../src/backends/types.ts';
+import { cpuBackendInThread } from '../workers/stage-thread.ts';
 import { openTensorSource } from '../src/gguf/source.ts';
 import { makeModelFile } from '../src/model/synthetic-model.ts';
 import { InProcessChain } from '../src/route/generation.ts';
@@ -102,7 +107,9 @@ export async function run(args: string[]): Promise<unknown> {
   const ctxLen = nPrefill + 2 * rounds * nDecode + 8; // the single process decodes beside the in-process and the process routes
 
   // ---- single process: one backend over all layers, argmax here ----
-  const single = createNodeCpuBackend({ threads });
+  const pin = args.includes('--pin-threads');
+  const engine = (): StageBackend => (pin ? cpuBackendInThread({ threads, pinThreads: true }) : createNodeCpuBackend({ threads }));
+  const single = engine();
   await single.load(source, { start: 0, end: shape.layers });
   const chain = new InProcessChain([single]);
   await chain.openSession('single', ctxLen);
@@ -126,7 +133,7 @@ export async function run(args: string[]): Promise<unknown> {
   const cut = [0, Math.round(shape.layers / 3), Math.round((2 * shape.layers) / 3), shape.layers];
   const stages = [];
   for (let i = 0; i < 3; i++) {
-    const b = createNodeCpuBackend({ threads });
+    const b = engine();
     await b.load(source, { start: cut[i]!, end: cut[i + 1]! });
     stages.push({ backend: b, shard: { start: cut[i]!, end: cut[i + 1]! } });
   }
@@ -150,7 +157,7 @@ export async function run(args: string[]): Promise<unknown> {
   for (const s of stages) await s.backend.dispose();
 
   // ---- the same route as real processes: serve + 3 nodes on loopback, client over the server, rounds interleaved with the single process ----
-  const processes = args.includes('--no-processes') ? null : await processRoute(path, cut, prompt, nDecode, rounds, ctxLen, threads, singleDecode);
+  const processes = args.includes('--no-processes') ? null : await processRoute(path, cut, prompt, nDecode, rounds, ctxLen, threads, pin, singleDecode);
   await chain.releaseSession('single');
   await single.dispose();
   await source.close();
@@ -169,6 +176,7 @@ export async function run(args: string[]): Promise<unknown> {
   return {
     model: { path, ...shape, stages: cut.slice(0, 3).map((s, i) => `${s}-${cut[i + 1]}`) },
     threads_per_stage: threads,
+    pinned_threads: pin,
     // hidden states cross the hops as f16: where two logits of this random model nearly tie,
     // the route's greedy token may part from the one-process run (f32 hops give the same tokens)
     same_tokens: sameTokens(inProcess.direct) && sameTokens(inProcess.climb),
@@ -280,6 +288,7 @@ async function processRoute(
   rounds: number,
   ctxLen: number,
   threads: number,
+  pin: boolean,
   singleDecode: () => Promise<number>,
 ): Promise<{ times: { all: Record<string, number[]>; best: Record<string, number> }; prefillMs: Record<number, number>; sameTokens: boolean }> {
   try {
@@ -287,7 +296,7 @@ async function processRoute(
     // load or a chunk can keep it from answering pings for longer than the default 3.5 s
     const serve = ['serve', '--port', '0', '--ui', 'off', '--quiet', '--model', model, '--min-peers', '3', '--heartbeat-timeout', '30000'];
     const [, joinUrl] = await spawnCli(serve).waitFor(/join:\s+(\S+)/);
-    for (let i = 0; i < 3; i++) await spawnCli(['node', '--join', joinUrl!, '--no-cache', '--threads', String(threads), '--layers', `${cut[i]}-${cut[i + 1]}`]).waitFor(/joined room/);
+    for (let i = 0; i < 3; i++) await spawnCli(['node', '--join', joinUrl!, '--no-cache', '--threads', String(threads), ...(pin ? ['--pin-threads'] : []), '--layers', `${cut[i]}-${cut[i + 1]}`]).waitFor(/joined room/);
     const joined = await joinRoom(joinUrl!, undefined, 60_000);
     const target = { link: joined.link, routeId: joined.routeId };
     const prefillMs = await prefillTimes(target, prompt, ctxLen, rounds);

@@ -3,7 +3,7 @@
 // it is made with, and what it tells of itself after load. Each engine's modules are imported
 // only in the thread that runs it, so a CPU node never loads libllama.
 
-import type { CpuBackendOptions } from '../src/backends/cpu/backend.ts';
+import type { NodeCpuBackendOptions } from '../src/backends/cpu/node-threads.ts';
 import { CPU_ENGINE } from '../src/backends/cpu/in-worker.ts';
 import type { CpuWorkerInfo } from '../src/backends/cpu/in-worker.ts';
 import type { WorkerEngineSpec } from '../src/backends/in-worker.ts';
@@ -14,7 +14,7 @@ import { stageWorkerApi } from '../src/backends/worker-api.ts';
 
 export interface ThreadEngines {
   /** the CPU engine, its kernels on this thread and threads − 1 more (node-threads.ts) */
-  cpu: { options: Pick<CpuBackendOptions, 'threads' | 'weightStorage'>; info: CpuWorkerInfo };
+  cpu: { options: Pick<NodeCpuBackendOptions, 'threads' | 'weightStorage' | 'pinThreads'>; info: CpuWorkerInfo };
   /** llama.cpp over a layer range, from a shard GGUF written from the shard's tensors */
   'llamacpp-range': { options: LlamaCppRangeOptions; info: { weightBytes: number; weightBuffers: Record<string, number>; threads: number } };
   /** llama.cpp over the whole model, from the artifact's own local file (source.location) */

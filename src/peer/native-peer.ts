@@ -56,6 +56,8 @@ export interface NodePeerOptions {
   cacheDir?: string | null;
   /** cpu and llama.cpp: threads the engine computes on (default: cpu every core, llama.cpp all but one) */
   threads?: number;
+  /** cpu: each of the engine's threads on a CPU of its own (Linux) */
+  pinThreads?: boolean;
   /** WebRTC data channels to and from tabs (default true; off: those hops use the server relay) */
   webrtc?: boolean;
   /** the stage's limits (chunk size, frame and session caps, idle expiry) */
@@ -230,6 +232,7 @@ async function connect(p: PeerShared): Promise<Connection> {
   const env: NativeStageEnv = {
     backend: opts.backend, memoryBytes: opts.memoryBytes, carrier: opts.carrier ?? 'ws', cacheDir: p.cacheDir, base, secret: opts.secret, model, send, log,
     ...(opts.threads ? { threads: opts.threads } : {}),
+    ...(opts.pinThreads ? { pinThreads: true } : {}),
     peerId: () => core.peerId,
     takeSpareGpu: p.takeSpareGpu,
     // a browser next stage has no listen address: frames go through the server (peer/relay-link.ts)

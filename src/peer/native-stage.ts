@@ -33,13 +33,13 @@ export async function nodeWebGpuBackend(): Promise<WebGpuBackend> {
   return (await import('../backends/webgpu/node.ts')).createNodeWebGpuBackend();
 }
 
-async function makeBackend(kind: BackendKind, wholeModel: boolean, memoryBytes: number, threads: number | undefined): Promise<StageBackend> {
+async function makeBackend(kind: BackendKind, wholeModel: boolean, memoryBytes: number, threads: number | undefined, pinThreads: boolean): Promise<StageBackend> {
   if (kind === 'webgpu') return nodeWebGpuBackend();
   // in a worker thread: a load or a prefill chunk takes seconds on a real model, and this
   // thread must answer the server's heartbeat and read frames meanwhile
   const { stageBackendInThread } = await import('../../workers/stage-thread.ts');
   const given = threads ? { threads } : {};
-  if (kind === 'cpu') return stageBackendInThread('cpu', given);
+  if (kind === 'cpu') return stageBackendInThread('cpu', { ...given, ...(pinThreads ? { pinThreads } : {}) });
   // llama.cpp: the whole model from its own file (any architecture llama.cpp loads), a layer range from a shard GGUF
   if (!wholeModel) return stageBackendInThread('llamacpp-range', { kvType: 'f32', flashAttention: false, memoryBytes, ...given });
   return stageBackendInThread('llamacpp', { kvType: 'f32', flashAttention: false, ...given });
@@ -63,6 +63,8 @@ export interface NativeStageEnv {
   backend: BackendKind;
   /** cpu and llama.cpp: threads the engine computes on (default: cpu every core, llama.cpp all but one) */
   threads?: number;
+  /** cpu: each of the engine's threads on a CPU of its own (Linux; backends/cpu/node-threads.ts) */
+  pinThreads?: boolean;
   /** the memory this node offers (a llama.cpp range stage admits sessions within it) */
   memoryBytes: number;
   /** how hidden states go to the next stage */
@@ -165,7 +167,7 @@ export async function loadNativeShard(ctx: LoadContext, env: NativeStageEnv): Pr
     if (due(done, total)) env.send({ t: 'loading', routeId: a.routeId, stage: a.stage, bytesDone: done, bytesTotal: total });
   };
   // disposed if the load fails: a GPU device must not leak
-  const backend = ctx.keep(env.takeSpareGpu() ?? (await makeBackend(env.backend, isWholeModel(a), env.memoryBytes, env.threads)), (b) => b.dispose());
+  const backend = ctx.keep(env.takeSpareGpu() ?? (await makeBackend(env.backend, isWholeModel(a), env.memoryBytes, env.threads, env.pinThreads === true)), (b) => b.dispose());
   const { source, fetched } = await openShard(a, env, progress);
   ctx.keep(source, (s) => s.close());
   await backend.load(source, a.shard);

@@ -50,6 +50,7 @@ export const command: Command = {
     stop: { type: 'string', valueName: '<text>', description: 'stop when the text contains this (repeatable)', multiple: true },
     ctx: { type: 'string', valueName: '<n>', description: 'context length (default: prompt + n)' },
     threads: { type: 'string', valueName: '<n>', description: 'CPU threads (llamacpp default: all cores but one; cpu: every core)' },
+    'pin-threads': { type: 'boolean', description: 'cpu (Linux): each engine thread on a CPU of its own (as node --pin-threads)' },
     'flash-attn': { type: 'boolean', description: 'llamacpp: flash attention (default off)' },
     'kv-type': { type: 'string', valueName: '<f32|f16|q8_0|q4_0>', description: 'llamacpp: KV cache type', default: 'f32' },
     'weight-storage': { type: 'string', valueName: '<auto|f32|quantized>', description: 'cpu: auto = Q8_0/Q4_0 as int8 and the rest f32; f32; or as stored (smallest, slowest)', default: 'auto' },
@@ -111,6 +112,7 @@ interface GenerateOptions {
   stop: string[];
   ctx: number | undefined;
   threads: number | undefined;
+  pinThreads: boolean;
   flashAttention: boolean;
   kvType: KvType;
   weightStorage: WeightStorage;
@@ -152,6 +154,7 @@ function readOptions(args: ParsedArgs): GenerateOptions {
     stop,
     ctx,
     threads,
+    pinThreads: args.values['pin-threads'] === true,
     flashAttention: args.values['flash-attn'] === true,
     kvType: kvType as KvType,
     weightStorage,
@@ -181,7 +184,7 @@ async function openGenerator(opts: GenerateOptions, source: TensorSource, tokeni
         ? await (await import('../../backends/webgpu/node.ts')).createNodeWebGpuBackend()
         : opts.backend === 'llamacpp'
           ? new (await import('../../backends/llamacpp/range-stage.ts')).LlamaCppRangeStage({ flashAttention: opts.flashAttention, kvType: opts.kvType, ...(opts.threads ? { threads: opts.threads } : {}) })
-          : createNodeCpuBackend({ weightStorage: opts.weightStorage, ...(opts.threads ? { threads: opts.threads } : {}) });
+          : createNodeCpuBackend({ weightStorage: opts.weightStorage, pinThreads: opts.pinThreads, ...(opts.threads ? { threads: opts.threads } : {}) });
     await stage.load(source, shard);
     stages.push(stage);
   }
