@@ -42,23 +42,39 @@ export const nodeWorkers: WorkerFactory = (source) => {
 /** the sched_setaffinity/sched_getaffinity mask bytes (1024 CPUs) */
 const MASK_BYTES = 128;
 const AFFINITY_SIGNATURES = ['int sched_setaffinity(int pid, size_t len, uint8_t *mask)', 'int sched_getaffinity(int pid, size_t len, _Out_ uint8_t *mask)'] as const;
+const MADVISE_SIGNATURE = 'int madvise(void *addr, size_t len, int advice)';
 
 /** koffi's path, for a worker's own require (an eval'd worker resolves no package from here) */
 function koffiPath(): string {
   return createRequire(import.meta.url).resolve('koffi');
 }
 
+type LibcCall = (...args: unknown[]) => number;
+let libcCalls: Map<string, LibcCall> | null | undefined;
+
+/** libc's function of `signature` through koffi (loaded once), or null off Linux or where koffi does not load */
+function libcCall(signature: string): LibcCall | null {
+  if (libcCalls === undefined) {
+    libcCalls = null;
+    if (process.platform === 'linux') {
+      try {
+        const koffi = createRequire(import.meta.url)('koffi') as typeof import('koffi');
+        const libc = koffi.load('libc.so.6');
+        libcCalls = new Map(
+          [...AFFINITY_SIGNATURES, MADVISE_SIGNATURE].map((sig) => [sig, libc.func(sig) as unknown as LibcCall]),
+        );
+      } catch {
+        libcCalls = null;
+      }
+    }
+  }
+  return libcCalls?.get(signature) ?? null;
+}
+
 /** sched_*affinity of the calling thread (pid 0), or null off Linux or where koffi does not load */
 function affinityCalls(): { set: (pid: number, len: number, mask: Uint8Array) => number; get: (pid: number, len: number, mask: Uint8Array) => number } | null {
-  if (process.platform !== 'linux') return null;
-  try {
-    const koffi = createRequire(import.meta.url)('koffi') as typeof import('koffi');
-    const libc = koffi.load('libc.so.6');
-    const [set, get] = AFFINITY_SIGNATURES.map((sig) => libc.func(sig) as unknown as (pid: number, len: number, mask: Uint8Array) => number);
-    return { set: set!, get: get! };
-  } catch {
-    return null;
-  }
+  const [set, get] = AFFINITY_SIGNATURES.map(libcCall);
+  return set && get ? { set, get } : null;
 }
 
 /**
@@ -112,22 +128,10 @@ export function pinnedNodeWorkers(): WorkerFactory {
 let threadCpus: number[] | undefined;
 
 const MADV_HUGEPAGE = 14;
-let madvise: ((addr: Uint8Array, len: number, advice: number) => number) | null | undefined;
 
 /** madvise(MADV_HUGEPAGE) over the memory on Linux; nothing elsewhere or where it fails */
 export const hugePages: MemoryAdvisor = (memory) => {
-  if (madvise === undefined) {
-    madvise = null;
-    if (process.platform === 'linux') {
-      try {
-        const koffi = createRequire(import.meta.url)('koffi') as typeof import('koffi');
-        madvise = koffi.load('libc.so.6').func('int madvise(void *addr, size_t len, int advice)') as unknown as typeof madvise;
-      } catch {
-        madvise = null;
-      }
-    }
-  }
-  madvise?.(new Uint8Array(memory), memory.byteLength, MADV_HUGEPAGE);
+  libcCall(MADVISE_SIGNATURE)?.(new Uint8Array(memory), memory.byteLength, MADV_HUGEPAGE);
 };
 
 export interface NodeCpuBackendOptions extends CpuBackendOptions {
