@@ -114,8 +114,8 @@ export class CpuBackend implements StageBackend {
     const { config, shard, weights } = this.model();
     const kv = this.atPosition(sessionId, position);
     const started = performance.now();
-    weights.arena.wake(); // the kernel threads wake while the input is read
-    try {
+    // the kernel threads wake while the input is read, and rest after: another stage may want the cores
+    return weights.arena.pass(() => {
       const { x, n } = this.residual(input); // the residual stream [n × nEmbd]
       if (n === 0) throw new MeshError('BAD_STAGE_INPUT', 'forward needs at least one token');
       try {
@@ -130,9 +130,7 @@ export class CpuBackend implements StageBackend {
         ? { kind: 'logits', logits: lastLogits(config, weights, x, n) }
         : { kind: 'hidden', hidden: x, nTokens: n };
       return { output, computeMs: performance.now() - started };
-    } finally {
-      weights.arena.rest(); // idle until the next pass: another stage may want the cores
-    }
+    });
   }
 
   /**
@@ -144,38 +142,31 @@ export class CpuBackend implements StageBackend {
     const { config, shard, weights } = this.model();
     if (new Set(steps.map((s) => s.sessionId)).size !== steps.length) throw new MeshError('BAD_STAGE_INPUT', 'a batch holds one step per session');
     const kvs = steps.map((s) => this.atPosition(s.sessionId, s.position));
-    weights.arena.wake();
-    try {
-      return this.batchPass(config, shard, weights, steps, kvs);
-    } finally {
-      weights.arena.rest();
-    }
-  }
-
-  private batchPass(config: ModelConfig, shard: ShardRange, weights: ShardWeights, steps: readonly BatchStep[], kvs: KvCache[]): ForwardResult[] {
-    const started = performance.now();
-    const x = new Float32Array(steps.length * config.nEmbd); // [B × nEmbd], row i = step i
-    steps.forEach((s, i) => {
-      if (s.input.kind === 'rows') throw new MeshError('BAD_STAGE_INPUT', 'internal: encoded rows for a backend that takes f32');
-      const r = this.residual(s.input);
-      if (r.n !== 1) throw new MeshError('BAD_STAGE_INPUT', `a batched step is one token, session ${s.sessionId} sent ${r.n}`);
-      x.set(r.x, i * config.nEmbd);
-    });
-    const outputs: StageOutput[] = [];
-    for (let b0 = 0; b0 < steps.length; b0 += MAX_BATCH) {
-      const b1 = Math.min(steps.length, b0 + MAX_BATCH);
-      const rows = x.subarray(b0 * config.nEmbd, b1 * config.nEmbd);
-      try {
-        forwardSessions(config, weights, kvs.slice(b0, b1), rows);
-      } catch (e) {
-        steps.forEach((s, i) => this.rewind(s.sessionId, kvs[i]!, s.position));
-        throw e;
+    return weights.arena.pass(() => {
+      const started = performance.now();
+      const x = new Float32Array(steps.length * config.nEmbd); // [B × nEmbd], row i = step i
+      steps.forEach((s, i) => {
+        if (s.input.kind === 'rows') throw new MeshError('BAD_STAGE_INPUT', 'internal: encoded rows for a backend that takes f32');
+        const r = this.residual(s.input);
+        if (r.n !== 1) throw new MeshError('BAD_STAGE_INPUT', `a batched step is one token, session ${s.sessionId} sent ${r.n}`);
+        x.set(r.x, i * config.nEmbd);
+      });
+      const outputs: StageOutput[] = [];
+      for (let b0 = 0; b0 < steps.length; b0 += MAX_BATCH) {
+        const b1 = Math.min(steps.length, b0 + MAX_BATCH);
+        const rows = x.subarray(b0 * config.nEmbd, b1 * config.nEmbd);
+        try {
+          forwardSessions(config, weights, kvs.slice(b0, b1), rows);
+        } catch (e) {
+          steps.forEach((s, i) => this.rewind(s.sessionId, kvs[i]!, s.position));
+          throw e;
+        }
+        if (shardHasHead(shard, config.nLayer)) for (const logits of rowLogits(config, weights, rows, b1 - b0)) outputs.push({ kind: 'logits', logits });
+        else for (let i = 0; i < b1 - b0; i++) outputs.push({ kind: 'hidden', hidden: rows.slice(i * config.nEmbd, (i + 1) * config.nEmbd), nTokens: 1 });
       }
-      if (shardHasHead(shard, config.nLayer)) for (const logits of rowLogits(config, weights, rows, b1 - b0)) outputs.push({ kind: 'logits', logits });
-      else for (let i = 0; i < b1 - b0; i++) outputs.push({ kind: 'hidden', hidden: rows.slice(i * config.nEmbd, (i + 1) * config.nEmbd), nTokens: 1 });
-    }
-    const computeMs = performance.now() - started;
-    return outputs.map((output) => ({ output, computeMs }));
+      const computeMs = performance.now() - started;
+      return outputs.map((output) => ({ output, computeMs }));
+    });
   }
 
   sessionStats(sessionId: string): SessionStats {

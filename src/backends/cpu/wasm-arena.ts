@@ -125,14 +125,17 @@ export class WasmArena {
     return this.pool?.threads ?? 1;
   }
 
-  /** a forward pass begins: the worker threads wake (./compute-pool.ts) */
-  wake(): void {
+  /**
+   * `pass` as one forward pass: the worker threads wake as it begins (while it reads its input)
+   * and sleep rather than spin once it ends, however it ends (./compute-pool.ts)
+   */
+  pass<T>(pass: () => T): T {
     this.pool?.wake();
-  }
-
-  /** the pass has ended: the worker threads sleep rather than spin */
-  rest(): void {
-    this.pool?.rest();
+    try {
+      return pass();
+    } finally {
+      this.pool?.rest();
+    }
   }
 
   /** Runs the calls (on every thread when there are workers) and returns when all are done. */
