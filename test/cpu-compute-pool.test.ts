@@ -14,13 +14,12 @@
 // spinning on past its stage's pass took a core from the next stage of a route on the same
 // machine. Here the control word they read says so, and a real engine's passes, with rests and
 // wakes and gaps of every length between them, lose no wake-up and compute what one thread does.
-import { afterAll, afterEach, describe, expect, it } from 'vitest';
+import { afterEach, describe, expect, it } from 'vitest';
 import { ComputePool } from '../src/backends/cpu/compute-pool.ts';
 import type { KernelCall, PoolWorker } from '../src/backends/cpu/compute-pool.ts';
 import { createNodeCpuBackend } from '../src/backends/cpu/node-threads.ts';
 import type { StageBackend } from '../src/backends/types.ts';
-import { openTensorSource } from '../src/gguf/source.ts';
-import type { TensorSource } from '../src/gguf/types.ts';
+import { engineLoader } from './support/engines.ts';
 import { mulberry32 } from './support/prng.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
@@ -106,22 +105,13 @@ describe('the compute pool', () => {
   });
 });
 
-const opened: StageBackend[] = [];
-const sources: TensorSource[] = [];
-afterAll(async () => {
-  await Promise.all(opened.map((b) => b.dispose()));
-  await Promise.all(sources.map((s) => s.close()));
-});
+const load = engineLoader();
 
 describe('the compute pool\'s workers between passes', () => {
   it('wake for every pass after any gap (no lost wake-up), and the passes compute what one thread does', async () => {
     const path = await syntheticModel({ layers: 2, embd: 256, ffn: 768, heads: 4, vocab: 512, type: 'f32', seed: 5 });
     const engine = async (threads: number) => {
-      const b = createNodeCpuBackend({ threads });
-      opened.push(b);
-      const source = await openTensorSource(path);
-      sources.push(source);
-      await b.load(source, { start: 0, end: 2 });
+      const b = await load(createNodeCpuBackend({ threads }), path, { start: 0, end: 2 });
       await b.openSession('s', { contextLength: 256 });
       return b;
     };

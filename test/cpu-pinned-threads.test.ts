@@ -4,20 +4,14 @@
 // threads is allowed exactly one CPU, no two the same, this thread keeps the CPUs it had, and
 // the logits are the unpinned engine's.
 import { readdirSync, readFileSync } from 'node:fs';
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { allowedCpus, createNodeCpuBackend } from '../src/backends/cpu/node-threads.ts';
 import type { StageBackend } from '../src/backends/types.ts';
-import { openTensorSource } from '../src/gguf/source.ts';
-import type { TensorSource } from '../src/gguf/types.ts';
 import { cpuBackendInThread } from '../workers/stage-thread.ts';
+import { engineLoader } from './support/engines.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
-const opened: StageBackend[] = [];
-const sources: TensorSource[] = [];
-afterAll(async () => {
-  await Promise.all(opened.map((b) => b.dispose()));
-  await Promise.all(sources.map((s) => s.close()));
-});
+const load = engineLoader();
 
 /** each thread of this process and the CPUs it may run on, as Linux lists them */
 function threadCpus(): Map<string, string> {
@@ -40,10 +34,7 @@ describe('pinned CPU engine threads', () => {
     expect(cpus!.length, 'this test needs two CPUs (CI has two)').toBeGreaterThanOrEqual(2);
     const path = await syntheticModel({ layers: 2, embd: 256, ffn: 768, heads: 4, vocab: 512, type: 'f32', seed: 9 });
     const logitsOf = async (b: StageBackend): Promise<Float32Array> => {
-      opened.push(b);
-      const source = await openTensorSource(path);
-      sources.push(source);
-      await b.load(source, { start: 0, end: 2 });
+      await load(b, path, { start: 0, end: 2 });
       await b.openSession('s', { contextLength: 64 });
       const r = await b.forward('s', { kind: 'tokens', tokens: Int32Array.from([5, 77, 301, 12]) }, 0);
       return r.output.kind === 'logits' ? r.output.logits : new Float32Array();

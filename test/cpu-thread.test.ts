@@ -4,31 +4,22 @@
 // a prefill long enough to take a while runs in the thread while this thread's timers are
 // watched; the same call on the engine in this thread stalls them for as long as it computes
 // (so the check can fail), and both give the same logits.
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { createNodeCpuBackend } from '../src/backends/cpu/node-threads.ts';
 import type { StageBackend } from '../src/backends/types.ts';
-import { openTensorSource } from '../src/gguf/source.ts';
-import type { TensorSource } from '../src/gguf/types.ts';
 import { cpuBackendInThread } from '../workers/stage-thread.ts';
+import { engineLoader } from './support/engines.ts';
 import { longestStall } from './support/stall.ts';
 import { syntheticModel } from './support/synthetic.ts';
 
-const opened: StageBackend[] = [];
-const sources: TensorSource[] = [];
-afterAll(async () => {
-  await Promise.all(opened.map((b) => b.dispose()));
-  await Promise.all(sources.map((s) => s.close()));
-});
+const load = engineLoader();
 
 describe('the CPU engine in a worker thread', () => {
   it('keeps this thread responsive through a long prefill, with the in-thread engine\'s logits', async () => {
     const path = await syntheticModel({ layers: 4, embd: 512, ffn: 1536, heads: 8, vocab: 512, type: 'q8_0', seed: 11 });
     const tokens = Int32Array.from({ length: 768 }, (_, i) => (i * 37 + 5) % 512);
     const run = async (b: StageBackend) => {
-      opened.push(b);
-      const source = await openTensorSource(path);
-      sources.push(source);
-      await b.load(source, { start: 0, end: 4 });
+      await load(b, path, { start: 0, end: 4 });
       await b.openSession('s', { contextLength: 1024 });
       return longestStall(() => b.forward('s', { kind: 'tokens', tokens }, 0));
     };
