@@ -6,10 +6,12 @@
 // one-way token path (`direct`: N + 1 hops per token) and the climbing one (`climb`: 2N), each
 // round interleaved with a single-process round so a shared machine's load hits all alike, and
 // their ratios (issue 18's goal ≥ 0.90, reported here); prefill tok/s per prefill chunk size
-// against decode tok/s on the route, the decode step time at several contexts, and bytes per
-// token per hop. --pin-threads: every engine's threads on CPUs of their own, single process and
-// stages alike (backends/cpu/node-threads.ts; `node --pin-threads`), each engine here then in a
-// worker thread as a node runs it (a pinned thread passes its one CPU to the processes it
+// against decode tok/s on the route, the decode step time at several contexts, bytes per token
+// per hop, and the floor under the processes' ratio (bench/lib/handoff-floor.ts: the same
+// topology of bare ws relays — the best ratio any implementation could reach on this machine).
+// --pin-threads: every engine's threads on CPUs of their own, single process and stages alike
+// (backends/cpu/node-threads.ts; `node --pin-threads`), each engine here then in a worker
+// thread as a node runs it (a pinned thread passes its one CPU to the processes it
 // spawns). Goals: decode step at context 1024 ≤ 1.3× the step at 16; route prefill ≥ 10×
 // route decode (in this process and as processes).
 
@@ -32,6 +34,7 @@ import { stepBreakdown } from '../src/route/telemetry.ts';
 import type { StepStageTiming } from '../src/route/telemetry.ts';
 import { best, finishLoad, goal, machineLoad, round2 } from './lib/goals.ts';
 import { wakeupCost } from './lib/wakeup.ts';
+import { handoffFloor } from './lib/handoff-floor.ts';
 import { killAllCli, spawnCli } from './processes.ts';
 
 export function arg(args: string[], name: string, fallback: number): number {
@@ -163,6 +166,8 @@ export async function run(args: string[]): Promise<unknown> {
   await source.close();
   // what the route's hand-offs cost here, beside the figures they explain (the step's length as the idle gap)
   const wakeup = await wakeupCost(Math.max(1, Math.round(times.best.single! / nDecode)));
+  // the least the processes' topology can cost here: bare ws relays, each stage busy a third of the single's step
+  const floor = await handoffFloor(times.best.single! / nDecode / 3);
 
   const tokS = (ms: number): number => round((nDecode * 1000) / ms);
   const ratio = (ms: number, base: number): number => round(base / ms, 3);
@@ -204,6 +209,10 @@ export async function run(args: string[]): Promise<unknown> {
     // the processes' one-way token wakes 12 sleeping threads: client → server → (stage's socket
     // thread → engine thread → socket thread) × 3 → server → client; the single process none
     wakeups: { ...wakeup, per_token_processes: 12, per_token_ms: round2(12 * wakeup.per_wakeup_ms) },
+    // route: the topology the processes run (its best_ratio caps decode_ratio_processes_vs_single here); ring: the last stage straight to stage 0
+    handoff_floor: floor,
+    // the processes' one-way ratio as a share of what the topology allows here
+    processes_share_of_floor: processes ? round(ratio(processes.times.best.direct!, processes.times.best.single!) / floor.route.best_ratio, 3) : null,
     decode_step_ms: Object.fromEntries(Object.entries(stepMs).map(([k, v]) => [`context_${k}`, round2(v)])),
     decode_step_breakdown_ms: [0, 1, 2].map((k) => ({
       stage: k,
