@@ -5,7 +5,9 @@
 // this stage received, so a repair can tell the first position where a replacement's output
 // differs from what the lost stage had sent.
 
-import { DType } from '../protocol/frame.ts';
+import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame } from '../protocol/frame.ts';
+import type { Addressing } from '../protocol/payload.ts';
+import type { FrameLink } from '../transport/link.ts';
 
 export interface LoggedFrame {
   position: number;
@@ -96,6 +98,21 @@ export class ReplayLog {
       } else out.push(part);
     }
     return out;
+  }
+
+  /** Resend: the states logged for [start, end) go to `next` again as Replay frames of up to `maxTokens` rows, in order (a failure as `failed` makes it). */
+  async resend(at: Addressing, start: number, end: number, maxTokens: number, next: FrameLink, failed: (e: unknown) => Error): Promise<{ frames: number; bytes: number }> {
+    let frames = 0;
+    let bytes = 0;
+    for (const part of this.slice(start, end, maxTokens)) {
+      const out = makeFrame({ type: FrameType.Hidden, routeId: at.routeId, sessionId: at.sessionId, flags: FrameFlag.Replay, position: part.position, nTokens: part.nTokens, dtype: part.dtype, width: part.width, payload: part.payload });
+      await next.request(out).catch((e: unknown) => {
+        throw failed(e);
+      });
+      frames++;
+      bytes += HEADER_BYTES + part.payload.byteLength;
+    }
+    return { frames, bytes };
   }
 
   /** hashes of the rows sent for positions [start, end) */
