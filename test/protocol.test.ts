@@ -159,7 +159,7 @@ describe('strict decoding names the wrong field', () => {
     ['magic', patched(DECODE_HEX, 0, [0x47, 0x47, 0x55, 0x46]), 'FRAME_BAD_MAGIC', 'magic'],
     ['version', patched(DECODE_HEX, 4, [2]), 'FRAME_BAD_VERSION', 'version'],
     ['type', patched(DECODE_HEX, 5, [99]), 'FRAME_BAD_TYPE', 'type'],
-    ['flags', patched(DECODE_HEX, 7, [0x01]), 'FRAME_BAD_FLAGS', 'flags'],
+    ['flags', patched(DECODE_HEX, 7, [0x04]), 'FRAME_BAD_FLAGS', 'flags'],
     ['reserved', patched(DECODE_HEX, 42, [1]), 'FRAME_BAD_RESERVED', 'reserved'],
     ['dtype for type', patched(DECODE_HEX, 40, [DType.F16]), 'FRAME_BAD_DTYPE', 'dtype'],
     ['unknown dtype', patched(HIDDEN_HEX, 40, [77]), 'FRAME_BAD_DTYPE', 'dtype'],

@@ -202,7 +202,7 @@ describe('lifetimes', () => {
     const r = await stubRoute([[0, 3], [3, 6]]);
     const c = await RouteSessionClient.open(r.clientLink, r.route.id, { contextLength: 64 });
     await c.prefill(PROMPT);
-    expect(r.servers.map((s) => s.connections.size)).toEqual([2, 2]); // control + entry on stage 0; control + downstream on stage 1
+    expect(r.servers.map((s) => s.connections.size)).toEqual([3, 2]); // control, entry and the last stage's ring link on stage 0; control + downstream on stage 1
     await r.close();
     expect(r.manager.liveCount()).toBe(0);
     expect(r.services.map((s) => s.openSessions)).toEqual([0, 0]);

@@ -30,6 +30,8 @@ export interface LoopbackOptions {
   sessions?: SessionManagerOptions;
   /** the one-way token path (FrameFlag.ReturnDirect): the last stage hands tokens straight to the session manager (default true) */
   directReturn?: boolean;
+  /** the ring (FrameFlag.Ring): the last stage also links to stage 0, for sessions that open with tokenPath 'ring' (default true, with directReturn, on 2 stages or more) */
+  ring?: boolean;
   /** every stage's limits (chunk size, frame and session caps) */
   stageLimits?: Partial<Pick<StageServiceOptions, 'chunkTokens' | 'maxFrameTokens' | 'maxSessions' | 'idleTtlMs'>>;
 }
@@ -83,16 +85,20 @@ export async function startLoopbackRoute(stages: LoopbackStage[], opts: Loopback
   const control: Array<FrameLink | null> = [];
   for (let i = 0; i < services.length; i++) control.push(await connect(i));
   const entry = await connect(0);
+  // the last stage's own link to stage 0, for ring tokens (answered by a Status nobody waits for)
+  const ringLink = opts.ring !== false && opts.directReturn !== false && services.length > 1 ? await connect(0) : null;
   const route: RouteHandle = {
     id: 1,
     entry: () => entry,
     stageLinks: () => control,
     stagePeers: () => services.map((_, i) => servers[i]?.url ?? `local-${i}`),
     directReturn: () => opts.directReturn !== false,
+    ring: () => ringLink !== null,
     verify: () => true,
   };
   const manager = new SessionManager((id) => (id === route.id ? route : undefined), opts.sessions);
   for (const svc of services) svc.setReturnTo((answer) => void manager.deliverReturn(answer));
+  if (ringLink) services[services.length - 1]!.setReturnTo((answer) => void manager.deliverReturn(answer), (token) => void ringLink.request(token).catch(() => undefined));
   const clientLink = new LocalLink((f) => manager.handle(f));
   return {
     manager,

@@ -3,7 +3,8 @@
 // the last stage — samples the next token (or returns logits when asked). The reply travels
 // back up the chain — or, on the one-way token path (FrameFlag.ReturnDirect), the last stage
 // hands the token straight to the session's owner (`returnTo`) and the stages answer each
-// other with a Status off the token's critical path: N + 1 hops per token instead of 2N.
+// other with a Status off the token's critical path: N + 1 hops per token instead of 2N — on the
+// ring (FrameFlag.Ring) to stage 0 too, where the next step waits for it (stage-ring.ts).
 //
 // Session open/close/status frames act on this stage only: the session's owner sends them to
 // every stage itself, so a lost stage can never keep another stage's KV cache alive.
@@ -18,7 +19,7 @@
 import { MeshError } from '../errors.ts';
 import type { HiddenRows, StageBackend, StageInput, ShardRange } from '../backends/types.ts';
 import { argmax, tokenLogprob } from '../model/sampler.ts';
-import { DType, FrameFlag, FrameType, HEADER_BYTES, makeFrame } from '../protocol/frame.ts';
+import { DType, FrameFlag, FrameType, HEADER_BYTES } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, decodeRows, hiddenFrame, hiddenRowsFrame, jsonFrame, logitsFrame, payloadBody, replyAddress, sampledFrame, timingsOf, withTimings } from '../protocol/payload.ts';
 import type { StepTiming } from '../protocol/payload.ts';
@@ -33,13 +34,12 @@ import { frameChunk, hiddenRowsOf, inputSlice } from './stage-input.ts';
 import { stageForward, stageQueue } from './stage-forward.ts';
 import { dropRejected, forgetFrom, verifies, verifyAnswer } from './stage-verify.ts';
 import { sessionCounters } from './stage-status.ts';
+import { RingInbox, ringTokenFrame } from './stage-ring.ts';
 import type { StepTotals } from './stage-status.ts';
 import type { StageQueue } from './stage-forward.ts';
+import type { SamplerFactory, StageSession, StepCost, TokenSampler } from './stage-session.ts';
 
-/** Picks a token from the logits; history: the session's tokens at positions [0, p) (for penalties). */
-export type TokenSampler = (logits: Float32Array, history: readonly number[]) => number;
-/** A sampler for a session's settings that has already made `draws` random draws. */
-export type SamplerFactory = (settings: SamplerSettings, draws: number) => TokenSampler;
+export type { SamplerFactory, TokenSampler } from './stage-session.ts';
 export type { StatusQuery } from '../protocol/session.ts';
 type Input = StageInput | HiddenRows;
 
@@ -76,44 +76,12 @@ export interface StageServiceOptions {
    * here as an Error (position = the step's end). Absent: answers climb back as replies.
    */
   returnTo?: ((token: Frame) => void) | undefined;
+  /** the last stage's way to stage 0 for a Ring step's token (a Ring-flagged Status: `{token, generation}`) */
+  ring?: ((token: Frame) => void) | undefined;
 }
-
 
 /** Defaults of the stage's limits (docs/ARCHITECTURE.md lists them). */
 export const STAGE_LIMITS = { chunkTokens: 64, maxFrameTokens: 512, maxSessions: 64, idleTtlMs: 15 * 60_000 };
-
-interface StageSession {
-  sample: TokenSampler | null;
-  settings: SamplerSettings;
-  /** the session's token ids by position, as far as this stage knows them (the client's `tokens`, then what it sampled): the penalties' history */
-  history: number[];
-  /** top alternatives to report with each sampled token's log-probability; null: none */
-  logprobs: number | null;
-  /** hidden states sent downstream, and hashes of rows received (for repairs) */
-  log: ReplayLog;
-  hiddenDtype: DType.F16 | DType.F32;
-  /** totals over the session's steps, for telemetry */
-  timing: StepTotals;
-  /** the first failure of a pipelined prefill chunk downstream, reported on the next frame */
-  pipelineError: MeshError | null;
-  /** performance.now() of the session's last frame, for expiry */
-  lastUsed: number;
-  /** positions from here on are drafts of the last Verify frame (stage-verify.ts); Infinity: none */
-  tentative: number;
-  /** bumped by every Rewind: a frame that started before it neither logs nor goes downstream, and its late failures are not this session's */
-  epoch: number;
-}
-
-/** What one frame's compute adds up to (over its chunks), and the timing records it carries forward (ReturnDirect). */
-interface StepCost {
-  computeMs: number;
-  downstreamMs: number;
-  bytesOut: number;
-  /** waiting in the compute queue behind other sessions' work */
-  queueMs: number;
-  /** the records of the stages before (from the incoming Hidden frame's trailer) and this one's, as of now */
-  records(): StepTiming[];
-}
 
 export class StageService {
   private sessions = new Map<string, StageSession>();
@@ -123,8 +91,11 @@ export class StageService {
   /** whole frames (header + payload) sent downstream, and how many */
   wireBytesOut = 0;
   framesOut = 0;
-  /** tokens this (last) stage sent one-way to the session's owner (ReturnDirect) */
+  /** tokens this (last) stage sent one-way to the session's owner (ReturnDirect), and to stage 0 (Ring) */
   tokensReturned = 0;
+  tokensRinged = 0;
+  /** stage 0: ring steps waiting for their token, and tokens for steps not yet here */
+  private readonly inbox = new RingInbox();
 
   private readonly queue: StageQueue;
   private readonly limits: typeof STAGE_LIMITS;
@@ -152,8 +123,10 @@ export class StageService {
     this.opts.downstream = link;
   }
 
-  setReturnTo(send: ((token: Frame) => void) | undefined): void {
+  /** the one-way way to the session's owner, and (the last stage) the ring's to stage 0 */
+  setReturnTo(send: ((token: Frame) => void) | undefined, ring = this.opts.ring): void {
     this.opts.returnTo = send;
+    this.opts.ring = ring;
   }
 
   readonly handle = async (f: Frame): Promise<Frame> => {
@@ -174,6 +147,7 @@ export class StageService {
       case FrameType.SessionClose:
         return this.close(f);
       case FrameType.Status:
+        if (f.flags & FrameFlag.Ring) return this.ringToken(f);
         return jsonFrame(FrameType.Status, replyAddress(f), f.sessionId === '0'.repeat(32) ? this.status() : this.sessionStatus(f.sessionId, f.dtype === DType.Json ? parseStatusQuery(decodeJson(f.payload)) : {}));
       case FrameType.Rewind:
         return this.rewind(f);
@@ -183,6 +157,7 @@ export class StageService {
       case FrameType.Decode:
         this.checkFrameTokens(f);
         if (!this.isFirst) throw new MeshError('STAGE_INPUT_KIND', `stage ${this.opts.stage} takes hidden states, not token ids`);
+        if (f.flags & FrameFlag.AwaitsToken) return this.ringStep(f);
         return this.compute(f, { kind: 'tokens', tokens: decodeI32(f.payload) });
       case FrameType.Hidden: {
         this.checkFrameTokens(f);
@@ -197,6 +172,29 @@ export class StageService {
       default:
         throw new MeshError('FRAME_BAD_TYPE', `frame type: a stage does not accept ${FrameType[f.type]} frames`, { field: 'type' });
     }
+  }
+
+  /** Stage 0: a ring token from the last stage, for the step at its position (of the session's ring generation only). */
+  private ringToken(f: Frame): Frame {
+    if (!this.isFirst) throw new MeshError('FRAME_BAD_TYPE', `frame flags: stage ${this.opts.stage} takes no ring tokens (stage 0 does)`, { field: 'flags' });
+    const ringed = this.inbox.accept(f, this.session(f.sessionId).ringGeneration);
+    return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: f.position, ringed });
+  }
+
+  /**
+   * Stage 0: a Decode sent ahead on the ring, answered at once (so it holds up none of the
+   * session's frames behind it); it computes as a plain Decode once the last stage's token for its
+   * position is here, its failure going to the owner one-way — unless a Rewind or close came first.
+   */
+  private ringStep(f: Frame): Frame {
+    const s = this.session(f.sessionId);
+    const epoch = s.epoch;
+    const end = f.position + 1;
+    void this.inbox
+      .tokenFor(f.sessionId, f.position)
+      .then((token) => this.handle({ ...f, flags: f.flags & ~FrameFlag.AwaitsToken, payload: new Uint8Array(Int32Array.of(token).buffer) }))
+      .catch((e: unknown) => void (s.epoch === epoch && this.sessions.get(f.sessionId) === s && this.opts.returnTo?.({ ...errorReplyFor(f, e), position: end })));
+    return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: end, awaiting: true });
   }
 
   /** Public rooms, the last stage: report what arrives for this session. */
@@ -234,6 +232,7 @@ export class StageService {
       lastUsed: performance.now(),
       tentative: Infinity,
       epoch: 0,
+      ringGeneration: 0,
     });
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, state: 'open', position: 0 });
   }
@@ -253,7 +252,10 @@ export class StageService {
     // the session's frames queued here predate it (a repair's chunks in flight): dropped, and the one
     // computing neither logs nor goes downstream — once this answers nothing stale leaves this stage
     s.epoch++;
-    await this.queue.cancel(f.sessionId, new MeshError('SESSION_REWOUND', `session ${f.sessionId} was rewound to position ${f.position} on stage ${this.opts.stage} before this frame was computed`));
+    const rewound = new MeshError('SESSION_REWOUND', `session ${f.sessionId} was rewound to position ${f.position} on stage ${this.opts.stage} before this frame was computed`);
+    this.inbox.drop(f.sessionId, f.position, rewound);
+    if (body.ring !== undefined) s.ringGeneration = body.ring;
+    await this.queue.cancel(f.sessionId, rewound);
     // a continued session (KV reuse) sends its prompt at once; held from now (as an open)
     await this.queue.holdWhile(f.sessionId, () => forgetFrom(f.sessionId, f.position, s, this.opts.backend, this.opts.spotCheck));
     s.pipelineError = null;
@@ -274,18 +276,7 @@ export class StageService {
     const next = this.opts.downstream;
     if (!next) throw new MeshError('STAGE_UNREACHABLE', `stage ${this.opts.stage} has no next stage to resend to`, { stage: this.opts.stage + 1 });
     if (body.end > s.log.end) throw new MeshError('POSITION_MISMATCH', `stage ${this.opts.stage} logged hidden states up to ${s.log.end}, asked to resend up to ${body.end}`, { expected: s.log.end, got: body.end });
-    let frames = 0;
-    let bytes = 0;
-    for (const part of s.log.slice(f.position, body.end, body.maxTokens)) {
-      const out = makeFrame({ type: FrameType.Hidden, routeId: f.routeId, sessionId: f.sessionId, flags: FrameFlag.Replay, position: part.position, nTokens: part.nTokens, dtype: part.dtype, width: part.width, payload: part.payload });
-      try {
-        await next.request(out);
-      } catch (e) {
-        throw this.downstreamError(e, next);
-      }
-      frames++;
-      bytes += HEADER_BYTES + part.payload.byteLength;
-    }
+    const { frames, bytes } = await s.log.resend(f, f.position, body.end, body.maxTokens, next, (e) => this.downstreamError(e, next));
     return jsonFrame(FrameType.Status, replyAddress(f), { stage: this.opts.stage, position: body.end, frames, bytes });
   }
 
@@ -298,7 +289,9 @@ export class StageService {
   /** Forgets a session: its queued chunks are dropped, the one computing finishes, then its KV is freed. */
   private async release(sessionId: string, why: string): Promise<void> {
     this.sessions.delete(sessionId);
-    await this.queue.cancel(sessionId, new MeshError('SESSION_CLOSED', `session ${sessionId} was ${why} on stage ${this.opts.stage}`));
+    const closed = new MeshError('SESSION_CLOSED', `session ${sessionId} was ${why} on stage ${this.opts.stage}`);
+    this.inbox.drop(sessionId, 0, closed);
+    await this.queue.cancel(sessionId, closed);
     await this.opts.spotCheck?.close(sessionId);
     await this.opts.backend.releaseSession(sessionId);
   }
@@ -396,7 +389,7 @@ export class StageService {
     const replay = (f.flags & FrameFlag.Replay) !== 0;
     const sampleNow = !replay && (f.type === FrameType.Decode || (f.flags & FrameFlag.Sample) !== 0);
     if (output.kind !== 'logits') {
-      const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.ReturnDirect | FrameFlag.Verify)) | (sampleNow ? FrameFlag.Sample : 0);
+      const flags = (f.flags & (FrameFlag.Sample | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.ReturnDirect | FrameFlag.Verify | FrameFlag.Ring)) | (sampleNow ? FrameFlag.Sample : 0);
       const at = { routeId: f.routeId, sessionId: f.sessionId };
       const out =
         output.kind === 'rows'
@@ -455,6 +448,11 @@ export class StageService {
     const sampled = s.sample!(output.logits, s.history.length > nextPosition ? s.history.slice(0, nextPosition) : s.history);
     // the token sampled here occupies position nextPosition: it joins the history when the history reaches that far
     if (s.history.length === nextPosition) s.history.push(sampled);
+    // the ring: stage 0 holds the next step already, waiting for this token (sent before the owner's: it is on the critical path)
+    if (f.flags & FrameFlag.Ring && f.flags & FrameFlag.ReturnDirect && this.opts.ring) {
+      this.opts.ring(ringTokenFrame(at, nextPosition, sampled, s.ringGeneration));
+      this.tokensRinged++;
+    }
     return this.answer(f, sampledFrame(at, nextPosition, sampled, s.logprobs === null ? null : tokenLogprob(output.logits, sampled, s.logprobs)), step);
   }
 

@@ -81,8 +81,17 @@ export enum FrameFlag {
    * token after each of the frame's positions
    */
   Verify = 1 << 7,
+  /**
+   * the ring (with ReturnDirect, on a Decode and the Hidden frames it makes): the last stage
+   * also sends its sampled Token straight to stage 0, where the session manager has already
+   * sent the next step as an AwaitsToken Decode — so the next step starts there, not a server
+   * round trip later
+   */
+  Ring = 1 << 8,
+  /** a Decode sent ahead on the ring: its token is the one the last stage samples for this position and sends stage 0 (the payload's is ignored) */
+  AwaitsToken = 1 << 9,
 }
-const KNOWN_FLAGS = FrameFlag.Sample | FrameFlag.Reply | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.Timings | FrameFlag.Replay | FrameFlag.ReturnDirect | FrameFlag.Verify;
+const KNOWN_FLAGS = FrameFlag.Sample | FrameFlag.Reply | FrameFlag.WantLogits | FrameFlag.WantTimings | FrameFlag.Timings | FrameFlag.Replay | FrameFlag.ReturnDirect | FrameFlag.Verify | FrameFlag.Ring | FrameFlag.AwaitsToken;
 
 /** One stage's step timing in a trailer: 8 u32 (see docs/protocol.md). */
 export const TIMING_RECORD_BYTES = 32;

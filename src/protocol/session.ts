@@ -57,8 +57,8 @@ export const sessionOpenSchema = v.object({
   tokens: v.optional(tokenIds),
   /** the last stage answers each sampled token with its log-probability and this many top alternatives (0–20); absent: no log-probabilities */
   logprobs: v.optional(logprobCount),
-  /** how the sampled token reaches the session manager: 'direct' (default, where every stage takes it: the last stage sends it one-way) or 'climb' (back up through every stage) */
-  tokenPath: v.optional(v.picklist(['direct', 'climb'])),
+  /** how the sampled token reaches the session manager: 'direct' (default, where every stage takes it: the last stage sends it one-way), 'climb' (back up through every stage) or 'ring' (one-way, and straight to stage 0 too, where the next step waits: route/ring-ahead.ts; 'direct' on a route without the ring) */
+  tokenPath: v.optional(v.picklist(['direct', 'climb', 'ring'])),
   /** speculative decoding (route/speculation.ts): drafts verified per route pass, 0 = off; absent: the server's default (`serve --speculate N`). Greedy sessions only */
   speculate: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(MAX_DRAFT_TOKENS))),
 });
@@ -80,6 +80,8 @@ const rewindSchema = v.object({
   sampler: v.optional(samplerSchema),
   /** new log-probability setting from now on (null: none) */
   logprobs: v.optional(v.nullable(logprobCount)),
+  /** the session's ring generation from now on (route/ring-ahead.ts): stage 0 drops ring tokens of an older one */
+  ring: v.optional(count),
 });
 /**
  * Body of a Rewind frame: the sampler's draws for the positions kept. A repair sends it to the

@@ -130,6 +130,8 @@ export async function generateOnRoute(link: FrameLink, routeId: number, tokenize
       ...(penalties ? { tokens: prompt } : {}),
       ...(req.logprobs !== undefined ? { logprobs: req.logprobs } : {}),
       ...(req.speculate !== undefined ? { speculate: req.speculate } : {}),
+      // the next step waits on stage 0 for the last stage's token, where the route takes the ring
+      tokenPath: 'ring',
     };
     stepper = await RouteStepper.open(link, routeId, body, req.prefillChunk);
   }
@@ -174,5 +176,6 @@ function summarize(info: SessionInfo, promptMs: number, promptTokens: number, de
     bytesPerHop: stages.slice(0, -1).map((t) => Math.round((t.bytesOut / steps) * 10) / 10),
     stages,
     ...(info.speculation ? { speculation: info.speculation } : {}),
+    ...(info.ring ? { ring: info.ring } : {}),
   };
 }

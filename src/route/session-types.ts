@@ -13,6 +13,7 @@ import type { FrameLink } from '../transport/link.ts';
 import type { HistoryEntry } from './repair.ts';
 import type { PrefillPipeline } from './prefill-pipeline.ts';
 import type { Speculation, SpeculationStats } from './speculation.ts';
+import type { RingAhead, RingStats } from './ring-ahead.ts';
 import type { SessionFailure, SessionLifecycle, SessionState } from './session-state.ts';
 import type { HopLink, HopTelemetry } from './telemetry.ts';
 
@@ -48,6 +49,8 @@ export interface RouteHandle {
   directReturn?(): boolean;
   /** the one-way path's N + 1 hops' estimated one-way latencies (ms: server → stage 0, stage k → k + 1, last → server), to share a step's wire time by (token-return.ts) */
   hopLatencyMs?(): number[];
+  /** the last stage reaches stage 0 directly: a session may take the ring (FrameFlag.Ring, ring-ahead.ts) */
+  ring?(): boolean;
   /** every stage takes FrameFlag.Verify: the session manager may speculate (speculation.ts) */
   verify?(): boolean;
   /** a single-token decode step that ran alone on the route: each stage's timing record (step-observer.ts) */
@@ -72,6 +75,8 @@ export interface SessionInfo {
   hops?: HopTelemetry[];
   /** speculative decoding's counts, for a session that speculates */
   speculation?: SpeculationStats;
+  /** the ring's steps sent ahead, taken and dropped (ring-ahead.ts) */
+  ring?: RingStats;
 }
 
 export interface SessionManagerOptions {
@@ -172,6 +177,8 @@ export interface Session {
   hopWireMs: number[];
   /** speculative decoding, for a greedy session where the server or the session asks for it (speculation.ts) */
   spec: Speculation | null;
+  /** the ring, for a session that opened with tokenPath 'ring' (ring-ahead.ts) */
+  ring: RingAhead | null;
 }
 
 /** Step errors that a stage leaving causes downstream of the news: the hop to it broke, or a stage before it already dropped the session. */

@@ -16,7 +16,10 @@ import type { Frame } from '../protocol/frame.ts';
 import { decodeI32, decodeJson, jsonFrame, repairFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
 import { DirectReturns } from './token-return.ts';
 import { StepObserver } from './step-observer.ts';
+import { SessionEvents } from './session-events.ts';
 import { Speculation } from './speculation.ts';
+import { RingAhead } from './ring-ahead.ts';
+import type { RingRoute } from './ring-ahead.ts';
 import { PrefillPipeline } from './prefill-pipeline.ts';
 import { SessionLifecycle, isTerminal } from './session-state.ts';
 import type { SessionFailure, SessionState } from './session-state.ts';
@@ -26,7 +29,7 @@ import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
 import { hopTelemetry } from './telemetry.ts';
 import { historyBefore, reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
 import type { HistoryEntry, RebuildResult } from './repair.ts';
-import { checkSessionLimits, failureWithin, DEFAULT_STATUS_TIMEOUT_MS, stageStatuses, DEFAULT_STEP_TIMEOUT_MS, EVENT_BUFFER, failureError, FINISHED_EVENTS, LOSS_NEWS_GRACE_MS, LOSS_SYMPTOMS, MAX_REPAIR_ATTEMPTS, quiet, SESSION_LIMITS, withTimeout } from './session-types.ts';
+import { checkSessionLimits, failureWithin, DEFAULT_STATUS_TIMEOUT_MS, stageStatuses, DEFAULT_STEP_TIMEOUT_MS, failureError, FINISHED_EVENTS, LOSS_NEWS_GRACE_MS, LOSS_SYMPTOMS, MAX_REPAIR_ATTEMPTS, quiet, SESSION_LIMITS, withTimeout } from './session-types.ts';
 import type { RouteHandle, RouteRepair, Session, SessionInfo, SessionManagerOptions } from './session-types.ts';
 
 export { SESSION_LIMITS } from './session-types.ts';
@@ -34,8 +37,7 @@ export type { RouteHandle, RouteRepair, SessionInfo, SessionManagerOptions } fro
 
 export class SessionManager {
   private sessions = new Map<string, Session>();
-  private listeners = new Map<string, Set<TelemetryListener>>();
-  private buffers = new Map<string, TelemetryEvent[]>();
+  private events = new SessionEvents();
   private sweeper: NodeJS.Timeout;
   /** one-way answers of steps in flight (token-return.ts) */
   private returns = new DirectReturns();
@@ -55,24 +57,13 @@ export class SessionManager {
 
   /** Adds a telemetry event to a session's stream. */
   publish(sessionId: string, e: TelemetryEvent): void {
-    let buf = this.buffers.get(sessionId);
-    if (!buf) this.buffers.set(sessionId, (buf = []));
-    buf.push(e);
-    if (buf.length > EVENT_BUFFER) buf.shift();
-    for (const l of this.listeners.get(sessionId) ?? []) l(e);
+    this.events.publish(sessionId, e);
   }
 
   /** Replays a session's events so far (unless `fromNow`: a kept session continued by a new request), then delivers new ones until unsubscribed. */
   subscribe(sessionId: string, listener: TelemetryListener, fromNow = false): () => void {
     this.get(sessionId);
-    if (!fromNow) for (const e of this.buffers.get(sessionId) ?? []) listener(e);
-    let set = this.listeners.get(sessionId);
-    if (!set) this.listeners.set(sessionId, (set = new Set()));
-    set.add(listener);
-    return () => {
-      set.delete(listener);
-      if (set.size === 0) this.listeners.delete(sessionId);
-    };
+    return this.events.subscribe(sessionId, listener, fromNow);
   }
 
   /** Answers a client's frame (open, prefill, decode, close, status). */
@@ -113,7 +104,9 @@ export class SessionManager {
     const s: Session = { // (confirmedDraws: a session opened again elsewhere, resuming-link.ts, samples on after its draws)
       life: new SessionLifecycle(sessionId), route, position: 0, promptTokens: 0, generated: 0, owner, principal, promptLength: body.promptLength ?? null, onFail: new Set(),
       body, history: [], confirmedEntries: 0, confirmedPosition: 0, confirmedDraws: body.draws ?? 0, peers: route.stagePeers(), lock: Promise.resolve(), repairSeen: null, repairs: 0, parked: false, onPark: new Set(), pipe: new PrefillPipeline(), hopWireMs: [], spec: Speculation.forSession(body, this.opts.speculate),
+      ring: null,
     };
+    if (body.tokenPath === 'ring' && !s.spec) s.ring = new RingAhead(routeId, sessionId, this.ringRoute(s)); // (a speculating session verifies drafts instead)
     this.sessions.set(sessionId, s);
     this.prune();
     this.opts.onChange?.(sessionId, 'opening');
@@ -157,6 +150,7 @@ export class SessionManager {
       // a chunk nobody waits on goes on at once (prefill-pipeline.ts); its failure meets the next waiting step
       reply = await this.locked(s, async () => {
         const sent = s.spec ? await s.spec.prepare(s, f, maxTokens) : f;
+        if (s.ring && !s.ring.takes(sent)) await s.ring.settle(); // the stages back at the session's position
         s.history.push({ type: sent.type as HistoryEntry['type'], position: sent.position, tokens: decodeI32(sent.payload), flags: sent.flags });
         const answer = await this.observer.run(s.route, sent, (g) => (PrefillPipeline.takes(g, s.route) ? s.pipe.send(s.route, s.peers, g) : this.deliver(s, g)));
         return s.spec ? s.spec.answered(s, f, sent, answer) : answer;
@@ -231,7 +225,13 @@ export class SessionManager {
   private send(s: Session, f: Frame): Promise<Frame> {
     const entry = s.route.entry();
     if (!(f.flags & FrameFlag.Sample) || f.flags & FrameFlag.WantLogits || s.body.tokenPath === 'climb' || !s.route.directReturn?.()) return entry.request(f);
+    if (s.ring && f.type === FrameType.Decode && !(f.flags & FrameFlag.Verify) && s.route.ring?.()) return s.ring.step(f);
     return this.returns.send(entry, f, s.onFail, s.route.id, s.route.hopLatencyMs?.(), s.hopWireMs);
+  }
+
+  /** The ring's way to the session's route (ring-ahead.ts). */
+  private ringRoute(s: Session): RingRoute {
+    return { send: (g) => this.returns.send(s.route.entry(), g, s.onFail, s.route.id), stageLinks: () => s.route.stageLinks(), confirmedDraws: () => s.confirmedDraws, cancel: (end, why) => this.returns.cancel(s.life.sessionId, end, why) };
   }
 
   /** A one-way answer (ReturnDirect): the last stage's Token, or a stage's Error; false when no step waits for it. */
@@ -289,6 +289,8 @@ export class SessionManager {
     const since = s.repairSeen?.since ?? Date.now();
     const routePeers = s.route.stagePeers();
     s.pipe.reset(); // the replay below sends every unconfirmed chunk again
+    s.ring?.abandon(); // (its rewinds drop the step ahead) — and one-way from here: the new stages start at ring generation 0
+    s.ring = null;
     const result: RebuildResult = await rebuildSession(
       { sessionId: s.life.sessionId, routeId: s.route.id, body: s.body, history: s.history, confirmedEntries: s.confirmedEntries, confirmedPosition: s.confirmedPosition, confirmedDraws: s.confirmedDraws, peers: s.peers },
       s.route.stageLinks(),
@@ -318,6 +320,7 @@ export class SessionManager {
     const links = s.route.stageLinks();
     try {
       await this.answerOf(s, s.pipe.drain()); // the pipelined chunks before it went well
+      await s.ring?.settle();
       await Promise.all(links.map((l, i) => (l ? l.request(repairFrame(FrameType.Rewind, { routeId: s.route.id, sessionId: f.sessionId }, f.position, body)) : Promise.reject(new MeshError('STAGE_UNREACHABLE', `stage ${i} has no peer`, { stage: i })))));
     } catch (e) {
       const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
@@ -402,17 +405,13 @@ export class SessionManager {
   brief(sessionId: string): Omit<SessionInfo, 'stages'> {
     const s = this.get(sessionId);
     return {
-      sessionId,
-      routeId: s.route.id,
-      state: s.life.state,
-      position: s.position,
-      promptTokens: s.promptTokens,
-      generatedTokens: s.generated,
-      failure: s.life.failure,
+      sessionId, routeId: s.route.id, state: s.life.state, position: s.position,
+      promptTokens: s.promptTokens, generatedTokens: s.generated, failure: s.life.failure,
       history: [...s.life.history],
       repairs: s.repairs,
       repairing: s.route.repair?.() ? true : false,
       ...(s.spec ? { speculation: { ...s.spec.stats } } : {}),
+      ...(s.ring?.stats.sentAhead ? { ring: { ...s.ring.stats } } : {}),
     };
   }
 
@@ -455,11 +454,11 @@ export class SessionManager {
     this.opts.onChange?.(s.life.sessionId, to);
     this.publish(s.life.sessionId, { type: 'session_state', sessionId: s.life.sessionId, state: to });
     if (!isTerminal(to)) return;
+    s.ring?.abandon();
     // kept for status queries only: its replay history goes, and all but its last events
     s.history = [];
     s.confirmedEntries = 0;
-    const buf = this.buffers.get(s.life.sessionId);
-    if (buf && buf.length > FINISHED_EVENTS) buf.splice(0, buf.length - FINISHED_EVENTS);
+    this.events.trim(s.life.sessionId, FINISHED_EVENTS);
   }
 
   private async fail(s: Session, failure: SessionFailure): Promise<void> {
@@ -494,7 +493,7 @@ export class SessionManager {
     const finished = [...this.sessions.entries()].filter(([, s]) => isTerminal(s.life.state));
     for (const [id] of finished.slice(0, Math.max(0, finished.length - (this.opts.keepFinished ?? 1000)))) {
       this.sessions.delete(id);
-      this.buffers.delete(id);
+      this.events.forget(id);
     }
   }
 }

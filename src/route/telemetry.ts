@@ -2,6 +2,7 @@
 // names its kind in `type`; times are in milliseconds, sizes in bytes.
 
 import type { SpeculationStats } from './speculation.ts';
+import type { RingStats } from './ring-ahead.ts';
 import type { SampledLogprob, StepTiming } from '../protocol/payload.ts';
 import type { CandidatePair } from '../protocol/control.ts';
 
@@ -111,6 +112,8 @@ export type TelemetryEvent =
       stages: StageTiming[];
       /** speculative decoding's counts (route passes, drafts proposed and accepted, tokens), where the session speculated */
       speculation?: SpeculationStats;
+      /** the ring's steps sent ahead, taken and dropped, where the session took the ring */
+      ring?: RingStats;
     }
   | { type: 'session_state'; sessionId: string; state: string }
   /** a stage's peer was lost (left, stopped answering, failed); sessionId absent on the room's stream */

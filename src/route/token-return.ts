@@ -73,6 +73,13 @@ export class DirectReturns {
     });
   }
 
+  /** The step of `sessionId` ending at `end` will never be answered (a ring step dropped): its wait fails with `why`. */
+  cancel(sessionId: string, end: number, why: MeshError): void {
+    const key = `${sessionId}:${end}`;
+    this.waiting.get(key)?.reject(why);
+    this.waiting.delete(key);
+  }
+
   /** A one-way answer: the last stage's Token, or a stage's Error; false when no step waits for it. */
   deliver(frame: Frame): boolean {
     const key = `${frame.sessionId}:${frame.position}`;
