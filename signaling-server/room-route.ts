@@ -33,6 +33,8 @@ export interface RouteStage {
   error?: { code: string; message: string };
   /** bytes of the shard loaded so far (native peers report while loading) */
   loading?: { bytesDone: number; bytesTotal: number };
+  /** the last stage linked to stage 0 for the ring (its `ready`) */
+  ring?: boolean;
   /** the stage's own report (browser peers): load progress, hop to the next stage, frame counters */
   telemetry?: Record<string, unknown>;
 }
@@ -116,6 +118,15 @@ export class Route implements RouteHandle {
     const peers = this.stagePeers().map(at);
     const between = peers.slice(1).map((b, i) => this.room.links?.oneWayMs(peers[i]!.id, b.id) ?? starLinkMs(peers[i]!, b));
     return [peers[0]!.rttMs / 2, ...between, peers.at(-1)!.rttMs / 2];
+  }
+
+  /**
+   * the ring (FrameFlag.Ring): every stage's peer takes it and the last stage linked to stage 0 —
+   * never after a repair or hand-over (the last stage's link may lead to a stage 0 that left, and
+   * the sessions the repair rebuilt go one-way from then on)
+   */
+  ring(): boolean {
+    return this.stages.length > 1 && this.stages.at(-1)!.ring === true && !this.history.includes('repairing') && this.stages.every((s) => this.room.peers.get(s.peerId)?.hello.ring === true);
   }
 
   /** every stage's peer takes FrameFlag.Verify (speculative decoding) */

@@ -258,6 +258,7 @@ export class Room implements RoomHost {
     if (msg.t === 'ready') {
       st.loadMs = msg.loadMs;
       st.bytesRead = msg.bytesRead;
+      st.ring = msg.ring === true;
       this.log(`route ${r.id}: stage ${st.stage} ready on ${peer.id} (${msg.bytesRead} bytes read in ${Math.round(msg.loadMs)} ms)`);
       this.emit({ type: 'stage_ready', routeId: r.id, stage: st.stage, loadMs: msg.loadMs, bytesRead: msg.bytesRead });
       if (replacing) return void this.keeper.replacementReady(r, peer);
@@ -317,7 +318,15 @@ export class Room implements RoomHost {
     const nextHello = next ? this.peers.get(next.peerId)?.hello : undefined;
     const upstreamPeer = r.stages[stage - 1]?.peerId ?? null;
     const check = stage === 0 ? this.publicRoom?.checkShard(r) : null;
-    this.send(peer, { t: 'assign', routeId: r.id, stage, shard: { ...st.shard }, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), ...this.downstreamOf(next?.peerId ?? null, nextHello), upstreamPeer, sources: shardSources(this, peer, st.shard), ...(check ? { check } : {}) });
+    const ring = !next ? this.ringOf(r, peer) : null;
+    this.send(peer, { t: 'assign', routeId: r.id, stage, shard: { ...st.shard }, nLayer: this.model.nLayer, modelUrl: this.modelUrlFor(peer), ...this.downstreamOf(next?.peerId ?? null, nextHello), upstreamPeer, sources: shardSources(this, peer, st.shard), ...(check ? { check } : {}), ...(ring ? { ring } : {}) });
+  }
+
+  /** The ring for the last stage (`last`) of `r`: stage 0's listen address, where both take the ring and no spot check re-runs sessions (a public room). */
+  private ringOf(r: Route, last: Peer): { listen: string; peer: string } | null {
+    const first = this.peers.get(r.stages[0]!.peerId);
+    if (r.stages.length < 2 || this.publicRoom || !first?.hello.listen || first.hello.ring !== true || last.hello.ring !== true) return null;
+    return { listen: first.hello.listen, peer: first.id };
   }
 
   /** How a stage reaches peer `peerId` as its next stage: its listen address, and whether it answers data channels (tabs always do; a native node says so in its hello). */

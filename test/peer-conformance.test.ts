@@ -129,7 +129,7 @@ async function frameProbes(sock: RawSocket, greedy: number[]): Promise<Record<st
   await probe('version 2', patched(prefill(1, 0, [1]), [4, 2]));
   await probe('reserved byte', patched(prefill(1, 0, [1]), [42, 1]));
   await probe('type 99', patched(prefill(1, 0, [1]), [5, 99]));
-  await probe('flag bit 8', patched(prefill(1, 0, [1]), [7, 1]));
+  await probe('flag bit 12', patched(prefill(1, 0, [1]), [7, 0x10]));
   await probe('prefill as f32', patched(prefill(1, 0, [1]), [40, DType.F32]));
   await probe('prefill of 0 tokens', patched(prefill(1, 0, [1]), [36, 0]));
   await probe('decode of width 2', patched(tokensFrame(FrameType.Decode, at(1), 0, [1]), [44, 2]));
@@ -349,7 +349,7 @@ describe.each(IMPLEMENTATIONS)('a %s peer serving stories260K alone', (impl) => 
       'version 2': bad('FRAME_BAD_VERSION', 'version'),
       'reserved byte': bad('FRAME_BAD_RESERVED', 'reserved'),
       'type 99': bad('FRAME_BAD_TYPE', 'type'),
-      'flag bit 8': bad('FRAME_BAD_FLAGS', 'flags'),
+      'flag bit 12': bad('FRAME_BAD_FLAGS', 'flags'),
       'prefill as f32': bad('FRAME_BAD_DTYPE', 'dtype'),
       'prefill of 0 tokens': bad('FRAME_BAD_DIMENSION', 'token count'),
       'decode of width 2': bad('FRAME_BAD_DIMENSION', 'width'),

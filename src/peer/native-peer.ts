@@ -166,6 +166,7 @@ function helloOffer(opts: NodePeerOptions, server: FrameServer, has: { artifact:
     ...(has.rtc ? { rtc: true } : {}),
     ...(has.speed ? { speed: has.speed } : {}),
     probesLinks: true,
+    ring: true,
   };
 }
 

@@ -377,10 +377,12 @@ export class PeerCore {
       const target: NextStage = rewire && ('downstream' in rewire || 'downstreamPeer' in rewire) ? { ...a, downstream: rewire.downstream ?? null, downstreamPeer: rewire.downstreamPeer ?? null, downstreamRtc: rewire.downstreamRtc } : a;
       if (rewire?.upstreamPeer !== undefined) this.opts.onUpstream?.(rewire.upstreamPeer);
       const link = await this.opts.linkNext(target, this.context(a, next, () => seq === this.seq));
+      const ringLink = await this.ringLink(a, this.context(a, next, () => seq === this.seq));
       if (!ctx.current) throw new MeshError('LOAD_FAILED', 'superseded');
-      // the last stage's one-way token goes to the server over the control socket
+      // the last stage's one-way token goes to the server over the control socket (and, on the ring, to stage 0)
       const returnTo = (token: Frame): void => this.opts.send({ t: 'return', routeId: a.routeId, stage: a.stage, frame: toBase64(encodeFrame(token)) });
-      const service = new StageService({ ...this.opts.limits, backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: link.link, samplerFactory: stageSampler, spotCheck, returnTo });
+      const ring = ringLink ? (token: Frame): void => void ringLink.request(token).catch(() => undefined) : undefined;
+      const service = new StageService({ ...this.opts.limits, backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: link.link, samplerFactory: stageSampler, spotCheck, returnTo, ring });
       this.serving = { assignment: a, service, kept, next };
       // a neighbour replaced while this stage was linking: link to it now
       const late = this.pendingRewire as Rewire | null;
@@ -388,7 +390,7 @@ export class PeerCore {
       if (late) await this.rewire(late);
       this.opts.onReady?.(a, load, link);
       this.opts.log(`stage ${a.stage} of route ${a.routeId}: layers ${a.shard.start}-${a.shard.end} ready (${warm ? 'from the standby shard; ' : ''}${load.detail}; ${link.detail})`);
-      this.opts.send({ t: 'ready', routeId: a.routeId, stage: a.stage, loadMs: performance.now() - t0, bytesRead: warm ? 0 : load.bytesRead });
+      this.opts.send({ t: 'ready', routeId: a.routeId, stage: a.stage, loadMs: performance.now() - t0, bytesRead: warm ? 0 : load.bytesRead, ...(a.ring ? { ring: ringLink !== null } : {}) });
       if (rewire) this.opts.send({ t: 'rewired', routeId: a.routeId, stage: a.stage });
     } catch (e) {
       await next.undo().catch(() => undefined);
@@ -399,6 +401,14 @@ export class PeerCore {
       this.opts.log(`stage ${a.stage} of route ${a.routeId}: load failed: ${err.code} ${err.message}`);
       this.opts.send({ t: 'load-failed', routeId: a.routeId, stage: a.stage, code: err.code, message: err.message });
     }
+  }
+
+  /** The last stage of a ring route: its own link to stage 0's listen address, for the ring's tokens; null (said in the log) when none opens. */
+  private async ringLink(a: Assignment, ctx: LoadContext): Promise<FrameLink | null> {
+    if (!a.ring) return null;
+    const l = await this.opts.linkNext({ ...a, downstream: a.ring.listen, downstreamPeer: a.ring.peer, downstreamRtc: false }, ctx).catch((e: Error) => ({ link: null, detail: e.message }));
+    if (!l.link) this.opts.log(`stage ${a.stage} of route ${a.routeId}: no ring link to stage 0 at ${a.ring.listen} (${l.detail}); tokens go the one-way path only`);
+    return l.link;
   }
 
   /**

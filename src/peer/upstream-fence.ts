@@ -11,10 +11,12 @@
 // only be that peer. Once a repair has given the stage another upstream, only declared frames
 // from it are served. Frames that arrive other than through the listening carriers (the
 // control socket: the server's session control and repair requests, relayed frames the server
-// checked) have no origin and are never fenced.
+// checked) have no origin and are never fenced. Ring tokens (a Ring-flagged Status, from the last
+// stage to stage 0) pass from any peer: they only complete a step the session manager sent ahead
+// (and only at the session's ring generation), and a session a repair rebuilt sends none ahead.
 
 import { MeshError } from '../errors.ts';
-import { FrameType } from '../protocol/frame.ts';
+import { FrameFlag, FrameType } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
 import type { FrameOrigin } from '../transport/link.ts';
 
@@ -56,7 +58,7 @@ export class UpstreamFence {
 
   /** Throws NOT_UPSTREAM when `f` came from a connection that is not the current upstream's. */
   admit(f: Frame, origin: FrameOrigin | undefined): void {
-    if (!origin) return;
+    if (!origin || (f.type === FrameType.Status && f.flags & FrameFlag.Ring)) return;
     const declared = origin.peer;
     if (declared === null ? f.type !== FrameType.Hidden || !this.rewired : declared === this.upstream) return;
     this.refused++;

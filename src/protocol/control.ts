@@ -77,6 +77,8 @@ export const helloSchema = v.object({
   directReturn: v.optional(v.boolean()),
   /** takes FrameFlag.Verify (speculative decoding): drops rejected drafts and, as the last stage, answers the greedy token after each position */
   verify: v.optional(v.boolean()),
+  /** takes the ring (FrameFlag.Ring, AwaitsToken): as stage 0 the steps sent ahead and the ring tokens; as the last stage, given `ring` in its assignment, links to stage 0 and sends them */
+  ring: v.optional(v.boolean()),
   /** its own measured speed (peer/calibrate.ts), for the planner that knows speed (route/speed-planner.ts) */
   speed: v.optional(peerSpeed),
   /** measures its round trip to other peers' listen addresses when asked (`probe-links`) */
@@ -149,7 +151,8 @@ const base64 = (max: number) => v.pipe(v.string(), v.maxLength(max), v.regex(/^[
 /** Every message a peer may send the server, by `t` (the fuzzer in test/hardening walks this). */
 export const PEER_MESSAGES = {
   hello: helloSchema,
-  ready: v.object({ t: v.literal('ready'), routeId: u32, stage: u32, loadMs: v.pipe(finiteNumber, v.minValue(0)), bytesRead: count }),
+  /** ring: the last stage linked to stage 0 as its assignment's `ring` asked */
+  ready: v.object({ t: v.literal('ready'), routeId: u32, stage: u32, loadMs: v.pipe(finiteNumber, v.minValue(0)), bytesRead: count, ring: v.optional(v.boolean()) }),
   'load-failed': v.object({ t: v.literal('load-failed'), routeId: u32, stage: u32, code: errorCode, message: text(4096) }),
   /** native peers while loading: verified shard bytes so far */
   loading: v.object({ t: v.literal('loading'), routeId: u32, stage: u32, bytesDone: count, bytesTotal: count }),
@@ -224,6 +227,8 @@ export const SERVER_MESSAGES = {
     sources: v.optional(list(text(64), 64)),
     /** public rooms, the first stage: also load these layers (the untrusted stages') and re-run a fraction of sessions through them */
     check: v.optional(v.object({ shard: shardRange, fraction: v.pipe(v.number(), v.minValue(0), v.maxValue(1)) })),
+    /** the last stage of a ring route: stage 0's listen address and peer, to send each Ring step's token to */
+    ring: v.optional(v.object({ listen: v.pipe(text(512), v.regex(/^wss?:\/\//)), peer: text(64) })),
   }),
   /** public rooms, the last stage: report what arrives for this session ('actual' checks) */
   watch: v.object({ t: v.literal('watch'), routeId: u32, sessionId: v.pipe(v.string(), v.regex(/^[0-9a-f]{32}$/)) }),
