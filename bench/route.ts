@@ -145,11 +145,12 @@ export async function run(args: string[]): Promise<unknown> {
   const inProcess: Record<TokenPath, RouteDecoder> = {
     direct: await routeDecoder(route.clientLink, route.route.id, 'direct', prompt, ctxLen, nDecode),
     climb: await routeDecoder(route.clientLink, route.route.id, 'climb', prompt, ctxLen, nDecode),
+    ring: await routeDecoder(route.clientLink, route.route.id, 'ring', prompt, ctxLen, nDecode),
   };
   const before = route.services.map((s) => s.wireBytesOut);
   const framesBefore = route.services.map((s) => s.framesOut);
   // interleaved rounds, best of each: the machine is shared, so the minimum is the least noisy
-  const times = await interleaved({ single: singleDecode, direct: inProcess.direct.round, climb: inProcess.climb.round }, rounds);
+  const times = await interleaved({ single: singleDecode, direct: inProcess.direct.round, climb: inProcess.climb.round, ring: inProcess.ring.round }, rounds);
   const hopBytes = route.services.slice(0, 2).map((s, i) => (s.wireBytesOut - before[i]!) / (s.framesOut - framesBefore[i]!));
   const sameTokens = (d: RouteDecoder): boolean => JSON.stringify(singleTokens.slice(0, d.tokens.length)) === JSON.stringify(d.tokens);
   const steps = inProcess.direct.steps;
@@ -184,28 +185,28 @@ export async function run(args: string[]): Promise<unknown> {
     pinned_threads: pin,
     // hidden states cross the hops as f16: where two logits of this random model nearly tie,
     // the route's greedy token may part from the one-process run (f32 hops give the same tokens)
-    same_tokens: sameTokens(inProcess.direct) && sameTokens(inProcess.climb),
+    same_tokens: sameTokens(inProcess.direct) && sameTokens(inProcess.climb) && sameTokens(inProcess.ring),
     decode_rounds: { rounds, tokens_per_round: nDecode, ms: Object.fromEntries(Object.entries(times.all).map(([k, v]) => [k, v.map((x) => round(x))])) },
     single_process: { prefill_tok_s: round((nPrefill * 1000) / singlePrefillMs), decode_tok_s: tokS(times.best.single!) },
     route_3_stage_loopback_ws: {
       prefill_tok_s: prefillTokS(routePrefill),
-      decode_tok_s: { direct: tokS(times.best.direct!), climb: tokS(times.best.climb!) },
-      decode_ratio_vs_single: { direct: ratio(times.best.direct!, times.best.single!), climb: ratio(times.best.climb!, times.best.single!) },
+      decode_tok_s: { direct: tokS(times.best.direct!), climb: tokS(times.best.climb!), ring: tokS(times.best.ring!) },
+      decode_ratio_vs_single: { direct: ratio(times.best.direct!, times.best.single!), climb: ratio(times.best.climb!, times.best.single!), ring: ratio(times.best.ring!, times.best.single!) },
     },
     ...(processes
       ? {
           route_3_node_processes: {
             decode_ms_per_round: Object.fromEntries(Object.entries(processes.times.all).map(([k, v]) => [k, v.map((x) => round(x))])),
-            decode_tok_s: { single: tokS(processes.times.best.single!), direct: tokS(processes.times.best.direct!), climb: tokS(processes.times.best.climb!), openai_api: tokS(processes.times.best.api!) },
+            decode_tok_s: { single: tokS(processes.times.best.single!), direct: tokS(processes.times.best.direct!), climb: tokS(processes.times.best.climb!), ring: tokS(processes.times.best.ring!), openai_api: tokS(processes.times.best.api!) },
             prefill_tok_s: prefillTokS(processes.prefillMs),
             same_tokens: processes.sameTokens,
           },
           // direct and climb: a client process joined to serve drives each step (its round trip to serve on every token's path); openai_api: serve's own API does (docs/openai.md)
-          decode_ratio_processes_vs_single: { direct: ratio(processes.times.best.direct!, processes.times.best.single!), climb: ratio(processes.times.best.climb!, processes.times.best.single!), openai_api: ratio(processes.times.best.api!, processes.times.best.single!) },
+          decode_ratio_processes_vs_single: { direct: ratio(processes.times.best.direct!, processes.times.best.single!), climb: ratio(processes.times.best.climb!, processes.times.best.single!), ring: ratio(processes.times.best.ring!, processes.times.best.single!), openai_api: ratio(processes.times.best.api!, processes.times.best.single!) },
         }
       : {}),
     goal_ratio: 0.9,
-    hops_per_token: { direct: 'N + 1 = 4 (server → stage 0 → 1 → 2 → server)', climb: '2N = 6 (server → 0 → 1 → 2 → 1 → 0 → server)' },
+    hops_per_token: { direct: 'N + 1 = 4 (server → stage 0 → 1 → 2 → server)', climb: '2N = 6 (server → 0 → 1 → 2 → 1 → 0 → server)', ring: 'N = 3 (0 → 1 → 2 → 0; the server hears of each token off that path)' },
     // the processes' one-way token wakes 12 sleeping threads: client → server → (stage's socket
     // thread → engine thread → socket thread) × 3 → server → client; the single process none
     wakeups: { ...wakeup, per_token_processes: 12, per_token_ms: round2(12 * wakeup.per_wakeup_ms) },
@@ -227,7 +228,7 @@ export async function run(args: string[]): Promise<unknown> {
   };
 }
 
-type TokenPath = 'direct' | 'climb';
+type TokenPath = 'direct' | 'climb' | 'ring';
 
 /** One session decoding rounds of `nDecode` tokens on a route, over either token path. */
 interface RouteDecoder {
@@ -311,11 +312,13 @@ async function processRoute(
     const prefillMs = await prefillTimes(target, prompt, ctxLen, rounds);
     const direct = await routeDecoder(joined.link, joined.routeId, 'direct', prompt, ctxLen, nDecode);
     const climb = await routeDecoder(joined.link, joined.routeId, 'climb', prompt, ctxLen, nDecode);
+    const ring = await routeDecoder(joined.link, joined.routeId, 'ring', prompt, ctxLen, nDecode);
     const api = apiDecoder(joinUrl!, prompt, nDecode);
-    const times = await interleaved({ single: singleDecode, direct: direct.round, climb: climb.round, api }, rounds);
-    const sameTokens = JSON.stringify(direct.tokens) === JSON.stringify(climb.tokens);
+    const times = await interleaved({ single: singleDecode, direct: direct.round, climb: climb.round, ring: ring.round, api }, rounds);
+    const sameTokens = JSON.stringify(direct.tokens) === JSON.stringify(climb.tokens) && JSON.stringify(direct.tokens) === JSON.stringify(ring.tokens);
     await direct.client.close();
     await climb.client.close();
+    await ring.client.close();
     await joined.close();
     return { times, prefillMs, sameTokens };
   } finally {

@@ -43,6 +43,8 @@ interface LabRun {
   decode_ms_per_token: number;
   /** best round, the token climbing back through every stage (2N hops) */
   climbing_path_ms_per_token: number;
+  /** best round on the ring (the last stage's token straight to stage 0: N hops, the server off the path) */
+  ring_ms_per_token: number;
   predicted_ms_per_token: number;
   prediction: RunPrediction['terms'];
   predicted_from_single_ms_per_token: number;
@@ -116,10 +118,10 @@ async function labRun(model: string, kind: StageKind, rtt: number, prompt: numbe
     const code = await client.exited;
     const line = client.output().trim().split('\n').filter((l) => l.startsWith('{')).at(-1);
     if (code !== 0 || !line) throw new Error(`lab-decode exited with ${code}:\n${client.output()}\n${serve.output()}`);
-    const { direct, climb, tokens, steps, hopRoundTrips } = JSON.parse(line) as { direct: number; climb: number; tokens: number[]; steps: StepCost[]; hopRoundTrips: number[][] };
+    const { direct, climb, ring, tokens, steps, hopRoundTrips } = JSON.parse(line) as { direct: number; climb: number; ring: number; tokens: number[]; steps: StepCost[]; hopRoundTrips: number[][] };
     // a climbing hop's round trip crosses both nodes' links twice (the delay is on the wire here, not in a stage's handling)
     const loopbackHopMs = median(hopRoundTrips.flat().map((ms) => (ms - 4 * delay) / 2));
-    return { added_rtt_ms: rtt, stage_kind: kind, link_delay_ms: { serve: 0, node: delay }, stages: stages.filter(Boolean), decode_ms_per_token: round(direct), climbing_path_ms_per_token: round(climb), tokens, median_step: medianStep(steps), loopbackHopMs };
+    return { added_rtt_ms: rtt, stage_kind: kind, link_delay_ms: { serve: 0, node: delay }, stages: stages.filter(Boolean), decode_ms_per_token: round(direct), climbing_path_ms_per_token: round(climb), ring_ms_per_token: round(ring), tokens, median_step: medianStep(steps), loopbackHopMs };
   } finally {
     for (const b of browsers) await b.close();
     await killAll();

@@ -45,6 +45,8 @@ interface RouteRun {
   decode_ms_per_token: number;
   /** the same route with the token climbing back through every stage (session tokenPath 'climb') */
   climbing_path_ms_per_token: number;
+  /** the same route on the ring (tokenPath 'ring': the last stage's token straight to stage 0, the next step already there) */
+  ring_ms_per_token: number;
   /** the prediction from what this run measured (bench/lib/wan-predict.ts) */
   predicted_ms_per_token: number | null;
   prediction: RunPrediction['terms'] | null;
@@ -105,6 +107,8 @@ export async function run(args: string[]): Promise<unknown> {
           added_rtt_ms: rtt,
           ...r,
           ratio_vs_single: round(best / r.decode_ms_per_token, 3),
+          // the ring: S stage-to-stage hops a token where the one-way path pays S − 1 and the server's two (here each half a peer link's delay)
+          ring_speedup_vs_one_way: round(r.decode_ms_per_token / r.ring_ms_per_token, 3),
           within_prediction: within(r.median_step.ms),
           within_prediction_best_round: within(r.decode_ms_per_token),
           within_prediction_as_socket_hops: asHops ? round(r.median_step.ms / asHops, 3) : null,
@@ -171,11 +175,11 @@ export function predictDecodeMs(singleMs: number, layers: number, head: number, 
  * of the same route (rounds interleaved), the one-way path's tokens, each of its steps with its
  * stages' costs (their timing records) and one loopback message's time (bench/lib/wan-predict.ts).
  */
-export async function decodeRounds(joined: JoinedRoom, prompt: number[], nDecode: number, rounds: number): Promise<{ direct: number; climb: number; tokens: number[]; steps: StepCost[]; hopRoundTrips: number[][] }> {
+export async function decodeRounds(joined: JoinedRoom, prompt: number[], nDecode: number, rounds: number): Promise<{ direct: number; climb: number; ring: number; ringTokens: number[]; tokens: number[]; steps: StepCost[]; hopRoundTrips: number[][] }> {
   const steps: StepCost[] = [];
   /** per climbing step, each stage-to-stage hop's round trip */
   const hops: number[][] = [];
-  const decoder = async (tokenPath: 'direct' | 'climb'): Promise<{ tokens: number[]; round(): Promise<number>; close(): Promise<void> }> => {
+  const decoder = async (tokenPath: 'direct' | 'climb' | 'ring'): Promise<{ tokens: number[]; round(): Promise<number>; close(): Promise<void> }> => {
     const c = await RouteSessionClient.open(joined.link, joined.routeId, { contextLength: prompt.length + nDecode * rounds + 8, hiddenDtype: 'f16', tokenPath });
     c.wantTimings = true;
     let tok = await c.prefill(prompt, prompt.length);
@@ -188,7 +192,7 @@ export async function decodeRounds(joined: JoinedRoom, prompt: number[], nDecode
           const s0 = performance.now();
           tokens.push((tok = await c.decode(tok)));
           if (tokenPath === 'direct') steps.push(stepCost(performance.now() - s0, c.lastTimings));
-          else hops.push(hopRoundTrips(c.lastTimings));
+          else if (tokenPath === 'climb') hops.push(hopRoundTrips(c.lastTimings));
         }
         return (performance.now() - t0) / nDecode;
       },
@@ -197,16 +201,18 @@ export async function decodeRounds(joined: JoinedRoom, prompt: number[], nDecode
   };
   const direct = await decoder('direct');
   const climb = await decoder('climb');
+  const ring = await decoder('ring');
   let best = Infinity;
   let bestClimb = Infinity;
+  let bestRing = Infinity;
   for (let r = 0; r < rounds; r++) {
     best = Math.min(best, await direct.round());
     bestClimb = Math.min(bestClimb, await climb.round());
+    bestRing = Math.min(bestRing, await ring.round());
   }
   const tokens = direct.tokens;
-  await direct.close();
-  await climb.close();
-  return { direct: best, climb: bestClimb, tokens, steps, hopRoundTrips: hops };
+  for (const d of [direct, climb, ring]) await d.close();
+  return { direct: best, climb: bestClimb, ring: bestRing, ringTokens: ring.tokens, tokens, steps, hopRoundTrips: hops };
 }
 
 /** One route of real processes: serve with `planner`, one node per shape, then prefill and decode through the server. */
@@ -232,7 +238,7 @@ async function routeRun(model: string, planner: 'memory' | 'speed', nodes: NodeS
       await p.close();
     }
     const { peers } = await fetchJson<{ peers: Array<{ id: string; memoryBytes: number; speed?: { decodeMsPerLayer: number }; rttMs: number | null }> }>(`${joined.base}/v1/rooms/${joined.roomId}/peers`, joined.secret);
-    const { direct: best, climb: bestClimb, tokens, steps, hopRoundTrips: hops } = await decodeRounds(joined, prompt, nDecode, rounds);
+    const { direct: best, climb: bestClimb, ring, ringTokens, tokens, steps, hopRoundTrips: hops } = await decodeRounds(joined, prompt, nDecode, rounds);
     const delays = route.stages.map((s) => shapeOf(s.peerId).delayMs ?? 0);
     // a climbing hop k → k + 1 waits on k's link delay out and back and k + 1's on the answer (its delay in is in its handling)
     const loopbackHopMs = median(hops.flatMap((h) => h.map((ms, k) => (ms - 2 * delays[k]! - delays[k + 1]!) / 2)));
@@ -242,6 +248,7 @@ async function routeRun(model: string, planner: 'memory' | 'speed', nodes: NodeS
       stages: route.stages.map((s) => ({ peer: s.peerId, layers: `${s.shard.start}-${s.shard.end}`, slow: shapeOf(s.peerId).slow ?? 1, delayMs: shapeOf(s.peerId).delayMs ?? 0 })),
       decode_ms_per_token: round(best),
       climbing_path_ms_per_token: round(bestClimb),
+      ring_ms_per_token: round(ring),
       predicted_ms_per_token: null,
       prediction: null,
       predicted_from_single_ms_per_token: null,
@@ -249,7 +256,7 @@ async function routeRun(model: string, planner: 'memory' | 'speed', nodes: NodeS
       loopbackHopMs,
       calibrated: peers.map((p) => ({ peer: p.id, decode_ms_per_layer: p.speed ? round(p.speed.decodeMsPerLayer, 3) : null, rtt_ms: p.rttMs === null ? null : round(p.rttMs) })),
       prefill_tok_s: prefill as RouteRun['prefill_tok_s'],
-      same_tokens_as_single: JSON.stringify(tokens) === JSON.stringify(singleTokens.slice(0, tokens.length)),
+      same_tokens_as_single: JSON.stringify(tokens) === JSON.stringify(singleTokens.slice(0, tokens.length)) && JSON.stringify(ringTokens) === JSON.stringify(tokens),
     };
   } finally {
     killAllCli();
