@@ -115,6 +115,16 @@ describe('the ring over a 3-stage loopback route', () => {
     await ring.close();
   });
 
+  it('sends no step ahead past the session\'s context', async () => {
+    const ctx = PROMPT.length + 6; // room for 6 decode steps
+    const direct = await open({ contextLength: ctx });
+    const ring = await open({ contextLength: ctx, tokenPath: 'ring' });
+    expect(await generate(ring, 6)).toEqual(await generate(direct, 6));
+    expect((await ring.info()).ring).toEqual({ sentAhead: 5, taken: 5, dropped: 0 });
+    await direct.close();
+    await ring.close();
+  });
+
   it('leaves nothing waiting on stage 0 once a session that stopped with a step ahead closes', async () => {
     const ring = await open({ tokenPath: 'ring' });
     await generate(ring, 5);

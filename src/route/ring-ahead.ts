@@ -46,6 +46,8 @@ export interface RingRoute {
   confirmedDraws(): number;
   /** the step ending at `end` will never be answered: its one-way wait fails with `why` */
   cancel(end: number, why: MeshError): void;
+  /** the session's context: no step goes ahead past its last position */
+  contextLength: number;
 }
 
 /** How long a settle waits for a step ahead to finish before rewinding past it anyway (ms). */
@@ -83,6 +85,10 @@ export class RingAhead {
     } else {
       await this.settle();
       answer = route.send({ ...f, flags: f.flags | flags });
+    }
+    if (f.position + 1 >= route.contextLength) {
+      this.ahead = null; // the session's last position: nothing goes ahead
+      return answer;
     }
     const next: StepAhead = { position: f.position + 1, answer: route.send(tokensFrame(FrameType.Decode, { routeId: this.routeId, sessionId: this.sessionId }, f.position + 1, [0], flags | FrameFlag.AwaitsToken)), token: null, orphaned: false };
     next.answer.catch(() => undefined); // awaited by whoever takes or settles it

@@ -150,7 +150,7 @@ export class SessionManager {
       // a chunk nobody waits on goes on at once (prefill-pipeline.ts); its failure meets the next waiting step
       reply = await this.locked(s, async () => {
         const sent = s.spec ? await s.spec.prepare(s, f, maxTokens) : f;
-        if (s.ring && !s.ring.takes(sent)) await s.ring.settle(); // the stages back at the session's position
+        if (s.ring && !(s.ring.takes(sent) && s.route.ring?.())) await s.ring.settle(); // the stages back at the session's position
         s.history.push({ type: sent.type as HistoryEntry['type'], position: sent.position, tokens: decodeI32(sent.payload), flags: sent.flags });
         const answer = await this.observer.run(s.route, sent, (g) => (PrefillPipeline.takes(g, s.route) ? s.pipe.send(s.route, s.peers, g) : this.deliver(s, g)));
         return s.spec ? s.spec.answered(s, f, sent, answer) : answer;
@@ -231,7 +231,7 @@ export class SessionManager {
 
   /** The ring's way to the session's route (ring-ahead.ts). */
   private ringRoute(s: Session): RingRoute {
-    return { send: (g) => this.returns.send(s.route.entry(), g, s.onFail, s.route.id), stageLinks: () => s.route.stageLinks(), confirmedDraws: () => s.confirmedDraws, cancel: (end, why) => this.returns.cancel(s.life.sessionId, end, why) };
+    return { send: (g) => this.returns.send(s.route.entry(), g, s.onFail, s.route.id), stageLinks: () => s.route.stageLinks(), confirmedDraws: () => s.confirmedDraws, cancel: (end, why) => this.returns.cancel(s.life.sessionId, end, why), contextLength: s.body.contextLength };
   }
 
   /** A one-way answer (ReturnDirect): the last stage's Token, or a stage's Error; false when no step waits for it. */
