@@ -172,6 +172,7 @@ const ROUTE = {
   BAD_CHAIN: { status: 500, meaning: 'a chain of stages is empty, or its outputs do not chain (logits before the last stage, hidden states after it)' },
   STAGE_FAILED: { status: 502, meaning: 'a stage failed with an error that was not a MeshError' },
   STAGE_UNREACHABLE: { status: 502, meaning: 'the next stage has no peer, or the hop to it broke' },
+  RING_BROKEN: { status: 502, meaning: "the last stage could not send a ring token to stage 0: the step sent ahead for it is dropped, and the session goes on one-way" },
   STAGE_LOST: { status: 502, meaning: "a stage's peer left the room while sessions ran on it, and no replacement took over in time" },
   STAGE_STALLED: { status: 502, meaning: 'a step got no answer within the step deadline: a stage stopped answering' },
   STAGE_NOT_LOADED: { status: 500, meaning: 'the peer serves no stage yet' },

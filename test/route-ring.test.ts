@@ -125,6 +125,23 @@ describe('the ring over a 3-stage loopback route', () => {
     await ring.close();
   });
 
+  it('goes on one-way, with the same tokens, when a ring token cannot reach stage 0 (RING_BROKEN)', async () => {
+    const svc = last() as unknown as { opts: { ring: (f: unknown) => Promise<unknown> } };
+    const ring0 = svc.opts.ring;
+    last().setReturnTo((answer) => void route.manager.deliverReturn(answer), () => Promise.reject(new Error('the link to stage 0 broke')));
+    try {
+      const direct = await open({});
+      const ring = await open({ tokenPath: 'ring' });
+      expect(await generate(ring, 20)).toEqual(await generate(direct, 20));
+      // the first step rang (and failed), the second found its step ahead broken and went one-way, as every step after it
+      expect((await ring.info()).ring).toEqual({ sentAhead: 2, taken: 1, dropped: 0 });
+      await direct.close();
+      await ring.close();
+    } finally {
+      last().setReturnTo((answer) => void route.manager.deliverReturn(answer), ring0);
+    }
+  });
+
   it('leaves nothing waiting on stage 0 once a session that stopped with a step ahead closes', async () => {
     const ring = await open({ tokenPath: 'ring' });
     await generate(ring, 5);

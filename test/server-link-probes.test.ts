@@ -32,7 +32,8 @@ describe('link probes between native nodes', () => {
     const [pa, pb, ghost] = ['a', 'b', 'ghost'].map((n) => peers.find((p) => p.name === n));
     // b timed its link to a: its own delay on every frame's way out and back
     expect(pb.links[pa.id]).toMatchObject({ source: 'probe' });
-    expect(pb.links[pa.id].rttMs).toBeGreaterThanOrEqual(2 * 25);
+    // (a timer may fire up to a millisecond early against performance.now(): libuv dates it from the loop's cached clock)
+    expect(pb.links[pa.id].rttMs).toBeGreaterThanOrEqual(2 * 25 - 2);
     expect(pb.links[pa.id].rttMs).toBeLessThan(2 * 25 + 40);
     expect(pa.links).toEqual({ [pb.id]: pb.links[pa.id] }); // one figure per pair, seen from either end
     expect(ghost.links).toEqual({}); // unreachable: the planner keeps the star through the server for it

@@ -98,7 +98,7 @@ export async function startLoopbackRoute(stages: LoopbackStage[], opts: Loopback
   };
   const manager = new SessionManager((id) => (id === route.id ? route : undefined), opts.sessions);
   for (const svc of services) svc.setReturnTo((answer) => void manager.deliverReturn(answer));
-  if (ringLink) services[services.length - 1]!.setReturnTo((answer) => void manager.deliverReturn(answer), (token) => void ringLink.request(token).catch(() => undefined));
+  if (ringLink) services[services.length - 1]!.setReturnTo((answer) => void manager.deliverReturn(answer), (token) => ringLink.request(token));
   const clientLink = new LocalLink((f) => manager.handle(f));
   return {
     manager,

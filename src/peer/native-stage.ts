@@ -140,7 +140,7 @@ async function connectNext(a: NextStage, env: NativeStageEnv): Promise<NextHop> 
     return relayed(env.relayTo(a.downstreamPeer));
   }
   try {
-    if (env.carrier === 'http') return { link: await httpLinkTo(a.downstream, auth), kind: 'http', candidatePair: null };
+    if (env.carrier === 'http' && !a.ringLink) return { link: await httpLinkTo(a.downstream, auth), kind: 'http', candidatePair: null };
     return { link: await WsLink.connect(a.downstream, { headers: auth, connectTimeoutMs: 5000 }), kind: 'ws', candidatePair: null };
   } catch (e) {
     // reachable by the server but not by us (NAT, firewall): relay rather than fail

@@ -117,6 +117,8 @@ export interface NextStage {
   downstreamPeer?: string | null | undefined;
   /** the next stage answers a WebRTC data channel (a tab, or a native node with WebRTC) */
   downstreamRtc?: boolean | undefined;
+  /** the ring's link from the last stage to stage 0: Status frames go on it, which binary HTTP has no endpoint for (so WebSocket, whatever the carrier) */
+  ringLink?: boolean | undefined;
 }
 
 export interface NextLink {
@@ -381,7 +383,7 @@ export class PeerCore {
       if (!ctx.current) throw new MeshError('LOAD_FAILED', 'superseded');
       // the last stage's one-way token goes to the server over the control socket (and, on the ring, to stage 0)
       const returnTo = (token: Frame): void => this.opts.send({ t: 'return', routeId: a.routeId, stage: a.stage, frame: toBase64(encodeFrame(token)) });
-      const ring = ringLink ? (token: Frame): void => void ringLink.request(token).catch(() => undefined) : undefined;
+      const ring = ringLink ? (token: Frame): Promise<unknown> => ringLink.request(token) : undefined;
       const service = new StageService({ ...this.opts.limits, backend: load.backend, stage: a.stage, shard: a.shard, nLayer: a.nLayer, downstream: link.link, samplerFactory: stageSampler, spotCheck, returnTo, ring });
       this.serving = { assignment: a, service, kept, next };
       // a neighbour replaced while this stage was linking: link to it now
@@ -406,7 +408,7 @@ export class PeerCore {
   /** The last stage of a ring route: its own link to stage 0's listen address, for the ring's tokens; null (said in the log) when none opens. */
   private async ringLink(a: Assignment, ctx: LoadContext): Promise<FrameLink | null> {
     if (!a.ring) return null;
-    const l = await this.opts.linkNext({ ...a, downstream: a.ring.listen, downstreamPeer: a.ring.peer, downstreamRtc: false }, ctx).catch((e: Error) => ({ link: null, detail: e.message }));
+    const l = await this.opts.linkNext({ ...a, downstream: a.ring.listen, downstreamPeer: a.ring.peer, downstreamRtc: false, ringLink: true }, ctx).catch((e: Error) => ({ link: null, detail: e.message }));
     if (!l.link) this.opts.log(`stage ${a.stage} of route ${a.routeId}: no ring link to stage 0 at ${a.ring.listen} (${l.detail}); tokens go the one-way path only`);
     return l.link;
   }

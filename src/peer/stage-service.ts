@@ -76,8 +76,8 @@ export interface StageServiceOptions {
    * here as an Error (position = the step's end). Absent: answers climb back as replies.
    */
   returnTo?: ((token: Frame) => void) | undefined;
-  /** the last stage's way to stage 0 for a Ring step's token (a Ring-flagged Status: `{token, generation}`) */
-  ring?: ((token: Frame) => void) | undefined;
+  /** the last stage's way to stage 0 for a Ring step's token (a Ring-flagged Status: `{token, generation}`); rejects when it does not get there */
+  ring?: ((token: Frame) => Promise<unknown>) | undefined;
 }
 
 /** Defaults of the stage's limits (docs/ARCHITECTURE.md lists them). */
@@ -124,7 +124,7 @@ export class StageService {
   }
 
   /** the one-way way to the session's owner, and (the last stage) the ring's to stage 0 */
-  setReturnTo(send: ((token: Frame) => void) | undefined, ring = this.opts.ring): void {
+  setReturnTo(send: ((token: Frame) => void) | undefined, ring: StageServiceOptions['ring'] = this.opts.ring): void {
     this.opts.returnTo = send;
     this.opts.ring = ring;
   }
@@ -450,7 +450,9 @@ export class StageService {
     if (s.history.length === nextPosition) s.history.push(sampled);
     // the ring: stage 0 holds the next step already, waiting for this token (sent before the owner's: it is on the critical path)
     if (f.flags & FrameFlag.Ring && f.flags & FrameFlag.ReturnDirect && this.opts.ring) {
-      this.opts.ring(ringTokenFrame(at, nextPosition, sampled, s.ringGeneration));
+      // a token that never gets there leaves the step sent ahead for it waiting: that step fails, one-way
+      const broken = (e: unknown): void => this.opts.returnTo?.({ ...errorReplyFor(f, new MeshError('RING_BROKEN', `stage ${this.opts.stage}: the ring token for position ${nextPosition} did not reach stage 0: ${(e as Error).message}`, { stage: this.opts.stage })), position: nextPosition + 1 });
+      this.opts.ring(ringTokenFrame(at, nextPosition, sampled, s.ringGeneration)).catch(broken);
       this.tokensRinged++;
     }
     return this.answer(f, sampledFrame(at, nextPosition, sampled, s.logprobs === null ? null : tokenLogprob(output.logits, sampled, s.logprobs)), step);

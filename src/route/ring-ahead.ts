@@ -58,6 +58,8 @@ export class RingAhead {
   private ahead: StepAhead | null = null;
   /** bumped by every rewind this session's ring makes (stage 0 takes ring tokens of the current one only) */
   private generation = 0;
+  /** a ring token did not reach stage 0 (RING_BROKEN): the session goes on one-way */
+  private broken = false;
 
   constructor(
     private readonly routeId: number,
@@ -77,10 +79,11 @@ export class RingAhead {
    */
   async step(f: Frame): Promise<Frame> {
     const route = this.route;
+    if (this.broken) return route.send(f);
     const flags = (f.flags & FrameFlag.WantTimings) | FrameFlag.Sample | FrameFlag.Ring;
     let answer: Promise<Frame>;
     if (this.takes(f)) {
-      answer = this.ahead!.answer;
+      answer = this.ahead!.answer.catch((e: unknown) => this.oneWayAfter(e, f));
       this.stats.taken++;
     } else {
       await this.settle();
@@ -123,12 +126,29 @@ export class RingAhead {
       clearTimeout(timer);
     }
     route.cancel(a.position + 1, this.dropped(a)); // (no-op once it answered)
+    await this.rewind(a.position);
+  }
+
+  /** Every stage forgets the session's positions from `position` on, under a new ring generation. */
+  private async rewind(position: number): Promise<void> {
     this.generation++;
-    const body: RewindBody = { draws: route.confirmedDraws(), ring: this.generation };
+    const body: RewindBody = { draws: this.route.confirmedDraws(), ring: this.generation };
     const at = { routeId: this.routeId, sessionId: this.sessionId };
     await Promise.all(
-      route.stageLinks().map((l, i) => (l ? l.request(repairFrame(FrameType.Rewind, at, a.position, body)) : Promise.reject(new MeshError('STAGE_UNREACHABLE', `stage ${i} has no peer`, { stage: i })))),
+      this.route.stageLinks().map((l, i) => (l ? l.request(repairFrame(FrameType.Rewind, at, position, body)) : Promise.reject(new MeshError('STAGE_UNREACHABLE', `stage ${i} has no peer`, { stage: i })))),
     );
+  }
+
+  /**
+   * The step taken failed: when its token never reached stage 0 (RING_BROKEN), the steps ahead are
+   * dropped there and `f` goes one-way, as every later step of the session; any other failure is the step's.
+   */
+  private async oneWayAfter(e: unknown, f: Frame): Promise<Frame> {
+    if (!(e instanceof MeshError) || e.code !== 'RING_BROKEN') throw e;
+    this.broken = true;
+    this.abandon();
+    await this.rewind(f.position);
+    return this.route.send({ ...f, flags: f.flags & ~FrameFlag.Ring });
   }
 
   /** The session closed, failed or was rebuilt by a repair (whose rewinds cover the step ahead): the ring forgets it. */
