@@ -1,6 +1,6 @@
 // Stage 0's side of the ring (FrameFlag.Ring): the session manager sends a decode step ahead,
 // flagged AwaitsToken, before the token it computes exists; the last stage, once it has sampled
-// that token, sends it here as a Token frame. The two meet in whichever order they arrive — the
+// that token, sends it here (ringTokenFrame: a Ring-flagged Status). The two meet in whichever order they arrive — the
 // step waits for its token, or a token waits (boundedly) for its step.
 
 import { MeshError } from '../errors.ts';

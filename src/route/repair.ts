@@ -105,6 +105,11 @@ function linkOf(links: ReadonlyArray<FrameLink | null>, stage: number): FrameLin
   return l;
 }
 
+/** Every stage forgets the session's positions from `position` on (a Rewind with `body`); STAGE_UNREACHABLE where a stage has no peer. */
+export async function rewindEveryStage(links: ReadonlyArray<FrameLink | null>, at: { routeId: number; sessionId: string }, position: number, body: RewindBody): Promise<void> {
+  await Promise.all(links.map(async (_, i) => linkOf(links, i).request(repairFrame(FrameType.Rewind, at, position, body))));
+}
+
 /** Asks `stage` for row hashes of what it sent or received over [0, end). */
 async function hashes(link: FrameLink, t: RebuildTarget, which: 'sentHashes' | 'receivedHashes', end: number): Promise<number[]> {
   const r = await link.request(jsonFrame(FrameType.Status, { routeId: t.routeId, sessionId: t.sessionId }, { [which]: [0, end] }));

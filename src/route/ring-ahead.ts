@@ -15,9 +15,9 @@
 import { MeshError } from '../errors.ts';
 import { FrameFlag, FrameType } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, repairFrame, tokensFrame } from '../protocol/payload.ts';
-import type { RewindBody } from '../protocol/session.ts';
+import { decodeI32, tokensFrame } from '../protocol/payload.ts';
 import type { FrameLink } from '../transport/link.ts';
+import { rewindEveryStage } from './repair.ts';
 
 /** A decode step sent ahead: its position, its one-way answer, and the token it computes once known. */
 interface StepAhead {
@@ -132,11 +132,7 @@ export class RingAhead {
   /** Every stage forgets the session's positions from `position` on, under a new ring generation. */
   private async rewind(position: number): Promise<void> {
     this.generation++;
-    const body: RewindBody = { draws: this.route.confirmedDraws(), ring: this.generation };
-    const at = { routeId: this.routeId, sessionId: this.sessionId };
-    await Promise.all(
-      this.route.stageLinks().map((l, i) => (l ? l.request(repairFrame(FrameType.Rewind, at, position, body)) : Promise.reject(new MeshError('STAGE_UNREACHABLE', `stage ${i} has no peer`, { stage: i })))),
-    );
+    await rewindEveryStage(this.route.stageLinks(), { routeId: this.routeId, sessionId: this.sessionId }, position, { draws: this.route.confirmedDraws(), ring: this.generation });
   }
 
   /**

@@ -13,7 +13,7 @@
 import { MeshError } from '../errors.ts';
 import { FrameFlag, FrameType, makeFrame } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, decodeJson, jsonFrame, repairFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
+import { decodeI32, decodeJson, jsonFrame, replyAddress, tokensFrame } from '../protocol/payload.ts';
 import { DirectReturns } from './token-return.ts';
 import { StepObserver } from './step-observer.ts';
 import { SessionEvents } from './session-events.ts';
@@ -27,7 +27,7 @@ import { continuedBody, parseRewind, parseSessionOpen } from '../protocol/sessio
 import type { RewindBody, SessionOpenBody } from '../protocol/session.ts';
 import type { TelemetryEvent, TelemetryListener } from './telemetry.ts';
 import { hopTelemetry } from './telemetry.ts';
-import { historyBefore, reachedLastStage, rebuildSession, replacedStages } from './repair.ts';
+import { historyBefore, reachedLastStage, rebuildSession, replacedStages, rewindEveryStage } from './repair.ts';
 import type { HistoryEntry, RebuildResult } from './repair.ts';
 import { checkSessionLimits, failureWithin, DEFAULT_STATUS_TIMEOUT_MS, stageStatuses, DEFAULT_STEP_TIMEOUT_MS, failureError, FINISHED_EVENTS, LOSS_NEWS_GRACE_MS, LOSS_SYMPTOMS, MAX_REPAIR_ATTEMPTS, quiet, SESSION_LIMITS, withTimeout } from './session-types.ts';
 import type { RouteHandle, RouteRepair, Session, SessionInfo, SessionManagerOptions } from './session-types.ts';
@@ -321,7 +321,7 @@ export class SessionManager {
     try {
       await this.answerOf(s, s.pipe.drain()); // the pipelined chunks before it went well
       await s.ring?.settle();
-      await Promise.all(links.map((l, i) => (l ? l.request(repairFrame(FrameType.Rewind, { routeId: s.route.id, sessionId: f.sessionId }, f.position, body)) : Promise.reject(new MeshError('STAGE_UNREACHABLE', `stage ${i} has no peer`, { stage: i })))));
+      await rewindEveryStage(links, { routeId: s.route.id, sessionId: f.sessionId }, f.position, body);
     } catch (e) {
       const err = e instanceof MeshError ? e : new MeshError('STAGE_FAILED', String(e));
       await this.fail(s, { code: err.code, message: `continuing the session failed: ${err.message}`, ...(typeof err.details?.stage === 'number' ? { stage: err.details.stage } : {}) });

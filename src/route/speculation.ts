@@ -15,12 +15,12 @@
 
 import { FrameFlag, FrameType } from '../protocol/frame.ts';
 import type { Frame } from '../protocol/frame.ts';
-import { decodeI32, payloadBody, repairFrame, timingsOf, tokensFrame, withTimings } from '../protocol/payload.ts';
+import { decodeI32, payloadBody, timingsOf, tokensFrame, withTimings } from '../protocol/payload.ts';
 import { MAX_DRAFT_TOKENS, usesPenalties } from '../protocol/session.ts';
 import type { RewindBody, SessionOpenBody } from '../protocol/session.ts';
 import { MeshError } from '../errors.ts';
 import type { FrameLink } from '../transport/link.ts';
-import { historyBefore, historyTokens } from './repair.ts';
+import { historyBefore, historyTokens, rewindEveryStage } from './repair.ts';
 import type { HistoryEntry } from './repair.ts';
 
 /** What of a session (session-types.ts' Session) speculation reads and keeps true. */
@@ -127,7 +127,7 @@ export class Speculation {
     if (this.held <= f.position || verifying) return;
     const at = { routeId: s.route.id, sessionId: s.life.sessionId };
     const body: RewindBody = { draws: s.confirmedDraws };
-    await Promise.all(s.route.stageLinks().map((l, i) => (l ? l.request(repairFrame(FrameType.Rewind, at, f.position, body)) : Promise.reject(new MeshError('STAGE_UNREACHABLE', `stage ${i} has no peer`, { stage: i })))));
+    await rewindEveryStage(s.route.stageLinks(), at, f.position, body);
     this.held = f.position;
   }
 
